@@ -1,0 +1,1 @@
+pytest_plugins = ["distbench.pytest_plugin"]

@@ -1,0 +1,1 @@
+"""Rank processes, the job protocol, and device/backend selection."""

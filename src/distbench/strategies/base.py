@@ -1,0 +1,203 @@
+"""The uniform trainer every strategy implements, and what all strategies share.
+
+A strategy turns (model, RunConfig, RankContext) into a Trainer whose `step(micro_batches)` runs one
+optimizer step over this rank's share of the global batch and returns the loss averaged over the whole
+global batch, defined identically for every strategy: the mean of the per-micro-batch token-mean
+cross-entropies (all micro-batches have the same number of tokens).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import RunConfig
+from ..errors import CheckpointError
+from ..runtime.context import RankContext
+
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """A registry entry. `target` is "module:Class", imported only when the strategy is used."""
+
+    name: str
+    description: str
+    target: str
+    cpu: bool = True
+    min_world_size: int = 1
+    max_world_size: int | None = None
+    family: str = ""
+    defaults: tuple[tuple[str, Any], ...] = ()
+
+    def unsupported_reason(self, device_type: str, world_size: int, device_count: int | None = None) -> str | None:
+        """Why this strategy cannot run here, or None if it can."""
+        if device_type == "cpu" and not self.cpu:
+            return f"{self.name} needs CUDA GPUs (it does not run on CPU/gloo)"
+        if world_size < self.min_world_size:
+            return f"{self.name} needs world size >= {self.min_world_size}"
+        if self.max_world_size is not None and world_size > self.max_world_size:
+            return f"{self.name} runs on at most {self.max_world_size} rank(s)"
+        if device_type == "cuda" and device_count is not None and world_size > device_count:
+            return f"world size {world_size} needs {world_size} CUDA devices, found {device_count}"
+        return None
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Token-mean next-token cross-entropy, computed in fp32 whatever the compute dtype."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1))
+
+
+def model_logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    out = model(input_ids=input_ids)
+    return out.logits if hasattr(out, "logits") else out
+
+
+def build_optimizer(params, cfg: RunConfig) -> torch.optim.Optimizer:
+    """AdamW with the run's hyper-parameters; the same for every torch-native strategy."""
+    return torch.optim.AdamW(
+        params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=False
+    )
+
+
+def build_scheduler(opt: torch.optim.Optimizer, cfg: RunConfig) -> torch.optim.lr_scheduler.LRScheduler:
+    """Linear warm-up over `lr_warmup_steps`: makes LR state part of what a checkpoint must restore."""
+    return torch.optim.lr_scheduler.LinearLR(
+        opt, start_factor=0.25, end_factor=1.0, total_iters=max(1, cfg.lr_warmup_steps)
+    )
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks to shard or wrap one by one: HF `_no_split_modules` classes, else ModuleList children."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        for m in model.modules():
+            if isinstance(m, nn.ModuleList) and len(m) > 1:
+                blocks = list(m)
+                break
+    return blocks
+
+
+def rng_state(ctx: RankContext) -> dict[str, Any]:
+    state = {"cpu": torch.get_rng_state()}
+    if ctx.is_cuda:
+        state["cuda"] = torch.cuda.get_rng_state(ctx.device)
+    return state
+
+
+def set_rng_state(ctx: RankContext, state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if ctx.is_cuda and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], ctx.device)
+
+
+class Trainer(ABC):
+    """One rank's view of a model and optimizer wrapped by a strategy."""
+
+    #: True when this strategy runs bf16 through torch.autocast (single, DDP); False when the
+    #: wrapper owns the precision policy (FSDP MixedPrecisionPolicy, DeepSpeed's bf16 section).
+    autocast_bf16: bool = True
+
+    def __init__(self, ctx: RankContext, cfg: RunConfig, model: nn.Module) -> None:
+        self.ctx = ctx
+        self.cfg = cfg
+        self.steps_done = 0
+
+    # --- what each strategy provides -------------------------------------------------------------
+    @abstractmethod
+    def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
+        """Forward and backward one micro-batch, scaled for accumulation; return its detached mean loss.
+        `sync` is False on all but the last micro-batch of a step: strategies skip gradient sync then."""
+
+    @abstractmethod
+    def optimizer_step(self) -> None:
+        """Apply the accumulated gradients, step the LR schedule, zero the gradients."""
+
+    @abstractmethod
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) model parameters as CPU fp32 tensors, on every rank; keys as in the bare model."""
+
+    @abstractmethod
+    def save_checkpoint(self, path: str) -> None:
+        """Save model, optimizer, scheduler, RNG and data position in this strategy's native format."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: str) -> None:
+        """Restore everything `save_checkpoint` wrote; raise CheckpointError on a bad checkpoint."""
+
+    def close(self) -> None:
+        """Release what the strategy holds (engines, process groups it created)."""
+
+    # --- shared ------------------------------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.cfg.precision == "bf16" and self.autocast_bf16:
+            return torch.autocast(self.ctx.device_type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def step(self, micro_batches: list[Batch]) -> float:
+        """One optimizer step over this rank's micro-batches; returns the global-batch mean loss."""
+        total = torch.zeros((), device=self.ctx.device, dtype=torch.float64)
+        n = len(micro_batches)
+        for i, mb in enumerate(micro_batches):
+            total += self.forward_backward(mb, sync=(i == n - 1)).double()
+        self.optimizer_step()
+        self.steps_done += 1
+        return self.global_mean(total / n)
+
+    def global_mean(self, value: torch.Tensor) -> float:
+        if self.ctx.world_size > 1:
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            value /= self.ctx.world_size
+        return float(value.item())
+
+    def extra_state(self) -> dict[str, Any]:
+        """Harness state a resume needs besides model and optimizer: data position and RNG."""
+        return {"steps_done": self.steps_done, "rng": rng_state(self.ctx)}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.steps_done = int(state["steps_done"])
+        set_rng_state(self.ctx, state["rng"])
+
+    def save_extra_state(self, path: str) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        torch.save(self.extra_state(), os.path.join(path, f"extra_rank{self.ctx.rank}.pt"))
+
+    def restore_extra_state(self, path: str) -> None:
+        f = os.path.join(path, f"extra_rank{self.ctx.rank}.pt")
+        self.load_extra_state(torch_load(f))
+
+
+def torch_load(path: str, **kw: Any) -> Any:
+    """torch.load with weights_only=True and errors that say which file is bad and why."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"checkpoint file {path} is missing; was the checkpoint saved completely?")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, **kw)
+    except Exception as e:  # torch raises RuntimeError/EOFError/UnpicklingError for damaged files
+        raise CheckpointError(
+            f"cannot read checkpoint file {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+            "(truncated or corrupted; re-save it)"
+        ) from e
+
+
+@contextlib.contextmanager
+def no_sync_if(module: nn.Module, skip: bool) -> Iterator[None]:
+    """DDP's no_sync() when `skip` is true, else nothing."""
+    if skip and hasattr(module, "no_sync"):
+        with module.no_sync():
+            yield
+    else:
+        yield
