@@ -40,11 +40,12 @@ class StrategySpec:
     max_world_size: int | None = None
     family: str = ""
     defaults: tuple[tuple[str, Any], ...] = ()
+    gpu_only_why: str = ""
 
     def unsupported_reason(self, device_type: str, world_size: int, device_count: int | None = None) -> str | None:
         """Why this strategy cannot run here, or None if it can."""
         if device_type == "cpu" and not self.cpu:
-            return f"{self.name} needs CUDA GPUs (it does not run on CPU/gloo)"
+            return f"{self.name} needs CUDA GPUs ({self.gpu_only_why or 'it does not run on CPU/gloo'})"
         if world_size < self.min_world_size:
             return f"{self.name} needs world size >= {self.min_world_size}"
         if self.max_world_size is not None and world_size > self.max_world_size:
@@ -88,6 +89,14 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
                 blocks = list(m)
                 break
     return blocks
+
+
+def maybe_compile(model: nn.Module, cfg: RunConfig) -> nn.Module:
+    """torch.compile each transformer block in place (the granularity FSDP and DDP both compose with)."""
+    if cfg.compile:
+        for block in transformer_blocks(model) or [model]:
+            block.compile()
+    return model
 
 
 def rng_state(ctx: RankContext) -> dict[str, Any]:
@@ -137,7 +146,7 @@ class Trainer(ABC):
     def load_checkpoint(self, path: str) -> None:
         """Restore everything `save_checkpoint` wrote; raise CheckpointError on a bad checkpoint."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, most strategies hold nothing to release
         """Release what the strategy holds (engines, process groups it created)."""
 
     # --- shared ------------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Correctness invariants: independent references and the checks tests assert."""

@@ -1,0 +1,57 @@
+"""The independent single-process reference every strategy is compared against.
+
+Deliberately shares nothing with the strategies or the Trainer: a hand-written loop over the global
+batch with gradient accumulation, torch's AdamW and LR schedule configured from the same hyper-parameters.
+Only the inputs are shared: the model built from the seed and the samples of each step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..config import RunConfig
+from ..runtime.context import RankContext
+from ..workloads import get_model
+from ..workloads.data import global_batch
+
+
+def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Per-step losses, final parameters and last-step gradients of plain gradient accumulation."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    spec = get_model(cfg.model)
+    seq_len = cfg.seq_len or spec.seq_len
+    model = spec.build(cfg.seed, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                            weight_decay=cfg.weight_decay, foreach=False)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, end_factor=1.0,
+                                              total_iters=max(1, cfg.lr_warmup_steps))
+    n_micro = cfg.global_batch // cfg.micro_batch
+    losses, grads = [], {}
+    for step in range(cfg.steps):
+        tokens = global_batch(cfg, step, seq_len, spec.vocab_size).to(device)
+        total = 0.0
+        for chunk in tokens.split(cfg.micro_batch):
+            out = model(input_ids=chunk[:, :-1])
+            logits = out.logits if hasattr(out, "logits") else out
+            loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten())
+            (loss / n_micro).backward()
+            total += loss.item()
+        if step == cfg.steps - 1:
+            grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters() if p.grad is not None}
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(total / n_micro)
+    params = {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
+    return {"losses": losses, "params": params, "grads": grads}
+
+
+def reference_job(ctx: RankContext, cfg: dict[str, Any], with_tensors: bool = False) -> dict[str, Any]:
+    """Pool job wrapper (world size 1) so the reference runs on the same device type as the strategies."""
+    out = reference_run(RunConfig.from_dict(cfg), ctx.device)
+    return out if with_tensors else {"losses": out["losses"]}

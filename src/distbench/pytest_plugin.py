@@ -1,0 +1,120 @@
+"""pytest plugin: markers, options, tier-aware parametrization and the `suite` fixture.
+
+A test that takes `strategy` and/or `world_size` arguments is generated for both tiers:
+`test_loss_parity[zero3-ws2]` runs on CPU with gloo and a tiny model; `test_loss_parity[zero3-ws2-gpu]` is
+marked `gpu` and runs on CUDA with NCCL and a GPU-size model. Plain `pytest` deselects the gpu tier
+(addopts `-m 'not gpu'`); `pytest -m gpu` selects it. Cases that cannot run here skip with the reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .runtime.pool import cuda_device_count
+from .strategies import REGISTRY, get_spec
+from .suite import TIER_DEFAULTS, Suite
+
+TIERS = (("cpu", ""), ("cuda", "-gpu"))
+
+
+def _csv(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("distbench")
+    g.addoption("--strategies", default=None, help="comma-separated strategies to test (default: all)")
+    g.addoption("--world-sizes", default=None, help="comma-separated world sizes (default: cpu 1,2; gpu 1,2,4)")
+    g.addoption("--models", default=None, help="comma-separated models for the tier being run "
+                "(default: cpu gpt2-tiny; gpu gpt2-124m)")
+    g.addoption("--steps", type=int, default=5, help="optimizer steps per training job (default 5)")
+    g.addoption("--job-timeout", type=float, default=600.0, help="seconds before a hung job fails (default 600)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: GPU tier (NCCL, GPU-size models); run with `pytest -m gpu`")
+    config.addinivalue_line("markers", "world_size(n): the test needs n ranks")
+    config.addinivalue_line("markers", "strategies(*names): restrict a strategy-parametrized test to these")
+    for name in _csv(config.getoption("--strategies")) or []:
+        get_spec(name)  # unknown names fail the session at once, with the list of known ones
+
+
+def _tier_world_sizes(config: pytest.Config, device_type: str) -> list[int]:
+    opt = _csv(config.getoption("--world-sizes"))
+    return [int(x) for x in opt] if opt else list(TIER_DEFAULTS[device_type]["world_sizes"])
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    names = metafunc.fixturenames
+    if "strategy" not in names and "world_size" not in names:
+        return
+    selected = _csv(metafunc.config.getoption("--strategies")) or list(REGISTRY)
+    marker = metafunc.definition.get_closest_marker("strategies")
+    if marker:  # a test may restrict itself, e.g. @pytest.mark.strategies("ddp", "fsdp_full")
+        selected = [s for s in selected if s in marker.args]
+    params = []
+    for device_type, suffix in TIERS:
+        marks = [pytest.mark.gpu] if device_type == "cuda" else []
+        for ws in _tier_world_sizes(metafunc.config, device_type):
+            if "strategy" in names:
+                for s in selected:
+                    spec = REGISTRY[s]
+                    if spec.max_world_size is not None and ws > spec.max_world_size:
+                        continue
+                    params.append(pytest.param(device_type, s, ws, id=f"{s}-ws{ws}{suffix}", marks=marks))
+            else:
+                params.append(pytest.param(device_type, ws, id=f"ws{ws}{suffix}", marks=marks))
+    argnames = ["device_type", "strategy", "world_size"] if "strategy" in names else ["device_type", "world_size"]
+    metafunc.parametrize(argnames, params)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    n_cuda: int | None = None
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params if callspec else {}
+        device_type = params.get("device_type", "cuda" if item.get_closest_marker("gpu") else "cpu")
+        ws_marker = item.get_closest_marker("world_size")
+        ws = params.get("world_size") or (ws_marker.args[0] if ws_marker else 1)
+        if device_type == "cuda":
+            n_cuda = cuda_device_count() if n_cuda is None else n_cuda
+            if n_cuda == 0:
+                item.add_marker(pytest.mark.skip(reason="gpu tier: no CUDA device on this machine"))
+                continue
+            if ws > n_cuda:
+                item.add_marker(pytest.mark.skip(reason=f"needs {ws} CUDA devices, this machine has {n_cuda}"))
+                continue
+        strategy = params.get("strategy")
+        if strategy:
+            reason = get_spec(strategy).unsupported_reason(device_type, ws)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def _suites(request: pytest.FixtureRequest):
+    cfg = request.config
+    suites: dict[str, Suite] = {}
+
+    def get(device_type: str) -> Suite:
+        if device_type not in suites:
+            models = _csv(cfg.getoption("--models"))
+            suites[device_type] = Suite(device_type, steps=cfg.getoption("--steps"),
+                                        timeout=cfg.getoption("--job-timeout"), models=models or [])
+        return suites[device_type]
+
+    yield get
+    for s in suites.values():
+        s.close()
+
+
+@pytest.fixture
+def device_type(request: pytest.FixtureRequest) -> str:
+    """The tier of a test not parametrized by the plugin: cuda when marked gpu, else cpu."""
+    return "cuda" if request.node.get_closest_marker("gpu") else "cpu"
+
+
+@pytest.fixture
+def suite(_suites, device_type: str) -> Suite:
+    """The session's Suite for this test's tier: pools, tier defaults and cached references."""
+    return _suites(device_type)

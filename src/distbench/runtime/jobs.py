@@ -1,0 +1,86 @@
+"""Jobs the rank pool runs in every rank. Each takes (ctx, **kwargs) and returns plain picklable data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..config import RunConfig
+from ..strategies import build_trainer
+from ..strategies.base import Trainer
+from ..workloads import get_model
+from ..workloads.data import rank_micro_batches
+from .context import RankContext
+
+
+def set_numerics(cfg: RunConfig) -> None:
+    """Parity runs: fp32 without TF32 and deterministic kernels. Performance runs: as users run them."""
+    torch.use_deterministic_algorithms(cfg.deterministic, warn_only=True)
+    tf32 = not cfg.deterministic
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.deterministic = cfg.deterministic
+    torch.backends.cudnn.benchmark = not cfg.deterministic
+
+
+def make_trainer(ctx: RankContext, cfg: RunConfig) -> Trainer:
+    """Build the model from the config's seed on this rank's device and wrap it with the strategy."""
+    set_numerics(cfg)
+    spec = get_model(cfg.model)
+    model = spec.build(cfg.seed, ctx.device)
+    return build_trainer(ctx, cfg, model)
+
+
+def seq_len_of(cfg: RunConfig) -> int:
+    return cfg.seq_len or get_model(cfg.model).seq_len
+
+
+def run_steps(ctx: RankContext, trainer: Trainer, cfg: RunConfig, until: int) -> list[float]:
+    """Train from trainer.steps_done up to step `until`; the data of step s is a pure function of s."""
+    spec = get_model(cfg.model)
+    seq_len = seq_len_of(cfg)
+    losses = []
+    while trainer.steps_done < until:
+        mbs = rank_micro_batches(cfg, trainer.steps_done, ctx.rank, seq_len, spec.vocab_size, ctx.device)
+        losses.append(trainer.step(mbs))
+    return losses
+
+
+def train(
+    ctx: RankContext,
+    cfg: dict[str, Any],
+    *,
+    save_at: int | None = None,
+    checkpoint_dir: str | None = None,
+    resume_from: str | None = None,
+    reshard: bool = False,
+    return_params: bool = False,
+) -> dict[str, Any]:
+    """Train cfg.steps optimizer steps and return the per-step global-batch losses.
+
+    save_at + checkpoint_dir: save a checkpoint after step `save_at` (training continues).
+    resume_from: load that checkpoint first and continue from its step; `reshard` allows another world size.
+    return_params: also return the gathered full parameters after the last step (CPU fp32).
+    """
+    rc = RunConfig.from_dict(cfg)
+    trainer = make_trainer(ctx, rc)
+    try:
+        start = 0
+        if resume_from:
+            if reshard:
+                trainer.load_checkpoint(resume_from, reshard=True)  # type: ignore[call-arg]
+            else:
+                trainer.load_checkpoint(resume_from)
+            start = trainer.steps_done
+        losses: list[float] = []
+        if save_at is not None and start < save_at:
+            losses += run_steps(ctx, trainer, rc, save_at)
+            trainer.save_checkpoint(checkpoint_dir or "")
+        losses += run_steps(ctx, trainer, rc, rc.steps)
+        out: dict[str, Any] = {"rank": ctx.rank, "start_step": start, "losses": losses}
+        if return_params:
+            out["params"] = trainer.full_state_dict()
+        return out
+    finally:
+        trainer.close()

@@ -1,0 +1,111 @@
+"""The loop each rank process runs: join the process group once, then execute jobs until told to stop.
+
+Jobs are named "package.module:function" and called as function(ctx, **kwargs) in every rank. Results
+travel back pickled to bytes with the plain pickler, so tensors are copied by value rather than through
+torch's shared-memory reductions (which leak file descriptors across many jobs).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import gc
+import importlib
+import os
+import pickle
+import queue
+import signal
+import sys
+import traceback
+from typing import Any
+
+#: State that outlives one job inside this rank process (e.g. a trainer kept between benchmark rounds).
+STATE: dict[str, Any] = {}
+
+STACK_SIGNAL = signal.SIGUSR1
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when the pytest process dies: no orphan ranks."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def resolve(target: str):
+    module_name, _, fn_name = target.partition(":")
+    return getattr(importlib.import_module(module_name), fn_name)
+
+
+def worker_main(
+    rank: int,
+    world_size: int,
+    device_type: str,
+    port: int,
+    env: dict[str, str],
+    task_q,
+    result_q,
+    stack_file: str,
+) -> None:
+    _die_with_parent()
+    os.environ.update(env)
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    stack_out = open(stack_file, "w")  # noqa: SIM115 - must stay open for faulthandler
+    faulthandler.register(STACK_SIGNAL, file=stack_out, all_threads=True)
+    parent = os.getppid()
+
+    import torch
+    import torch.distributed as dist
+
+    from .context import RankContext
+
+    try:
+        if device_type == "cuda":
+            torch.cuda.set_device(rank)
+            device = torch.device("cuda", rank)
+            backend = "nccl"
+        else:
+            device = torch.device("cpu")
+            backend = "gloo"
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        kw = {"device_id": device} if device_type == "cuda" else {}
+        dist.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, **kw
+        )
+        ctx = RankContext(rank, world_size, rank, device, backend)
+    except BaseException:
+        result_q.put((-1, rank, "error", "ProcessGroupInit", traceback.format_exc()))
+        return
+    result_q.put((-1, rank, "ok", None, None))
+
+    while True:
+        try:
+            msg = task_q.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:
+                break
+            continue
+        if msg is None:
+            break
+        job_id, target, kwargs = msg
+        try:
+            out = resolve(target)(ctx, **kwargs)
+            reply = (job_id, rank, "ok", None, pickle.dumps(out))
+        except BaseException as e:  # report everything, including KeyboardInterrupt in a rank
+            reply = (job_id, rank, "error", type(e).__name__, traceback.format_exc())
+        finally:
+            gc.collect()
+            if device_type == "cuda":
+                torch.cuda.empty_cache()
+        result_q.put(reply)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass

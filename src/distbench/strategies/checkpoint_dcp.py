@@ -1,0 +1,63 @@
+"""Sharded checkpoints through torch.distributed.checkpoint (DCP), shared by FSDP2 and FSDP1.
+
+DCP stores each tensor shard with its global layout, so a checkpoint saved at one world size loads at
+another (resharding). get_state_dict/set_state_dict key optimizer state by parameter name, which is what
+makes optimizer state reshardable too.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from ..errors import CheckpointError
+from .base import Trainer, torch_load
+
+
+class DCPCheckpointMixin(Trainer):
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+    def save_checkpoint(self, path: str) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=os.path.join(path, "dcp"))
+        if self.ctx.rank == 0:
+            torch.save({"scheduler": self.scheduler.state_dict(), "world_size": self.ctx.world_size},
+                       os.path.join(path, "trainer.pt"))
+        self.save_extra_state(path)
+        if self.ctx.world_size > 1:
+            dist.barrier()
+
+    def load_checkpoint(self, path: str, *, reshard: bool = False) -> None:
+        """Load a DCP checkpoint. `reshard=True` accepts one saved at another world size (fresh RNG then)."""
+        meta = torch_load(os.path.join(path, "trainer.pt"))
+        saved_ws = int(meta["world_size"])
+        if saved_ws != self.ctx.world_size and not reshard:
+            raise CheckpointError(
+                f"checkpoint {path} was saved at world size {saved_ws}, this run has {self.ctx.world_size}; "
+                "load it with resharding (load_checkpoint(path, reshard=True) / --reshard) to continue at a "
+                "new world size"
+            )
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optimizer": optim_sd}
+        try:
+            dcp.load(state, checkpoint_id=os.path.join(path, "dcp"))
+        except Exception as e:  # DCP raises CheckpointException wrapping per-rank failures
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"cannot load DCP checkpoint {path}: {first} (missing, truncated, or saved "
+                                  "from a different model)") from e
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(strict=True))
+        self.scheduler.load_state_dict(meta["scheduler"])
+        if saved_ws == self.ctx.world_size:
+            self.restore_extra_state(path)
+        else:
+            self.steps_done = int(torch_load(os.path.join(path, "extra_rank0.pt"))["steps_done"])

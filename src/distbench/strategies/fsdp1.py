@@ -1,0 +1,61 @@
+"""Legacy FSDP1 (FullyShardedDataParallel): fsdp1_full and fsdp1_grad. GPU only: FSDP1 needs CUDA."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FullStateDictConfig, MixedPrecision, ShardingStrategy, StateDictType
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+from ..config import RunConfig
+from ..runtime.context import RankContext
+from .base import (
+    Batch,
+    build_optimizer,
+    build_scheduler,
+    lm_loss,
+    maybe_compile,
+    model_logits,
+    no_sync_if,
+    transformer_blocks,
+)
+from .checkpoint_dcp import DCPCheckpointMixin
+
+
+class FSDP1Trainer(DCPCheckpointMixin):
+    autocast_bf16 = False  # FSDP1's MixedPrecision owns the precision
+
+    def __init__(self, ctx: RankContext, cfg: RunConfig, model: nn.Module, *, sharding: str = "FULL_SHARD") -> None:
+        super().__init__(ctx, cfg, model)
+        mp = (MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
+              if cfg.precision == "bf16" else None)
+        block_types = {type(b) for b in transformer_blocks(model)}
+        maybe_compile(model, cfg)
+        self.model = FSDP(
+            model,
+            sharding_strategy=ShardingStrategy[sharding],
+            auto_wrap_policy=ModuleWrapPolicy(block_types) if block_types else None,
+            mixed_precision=mp,
+            device_id=ctx.device,
+            use_orig_params=True,
+        )
+        self.optimizer = build_optimizer(self.model.parameters(), cfg)
+        self.scheduler = build_scheduler(self.optimizer, cfg)
+
+    def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
+        with no_sync_if(self.model, skip=not sync):
+            logits = model_logits(self.model, batch["input_ids"])
+            loss = lm_loss(logits, batch["labels"])
+            (loss / self.cfg.accum_steps).backward()
+        return loss.detach()
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        cfg = FullStateDictConfig(offload_to_cpu=True, rank0_only=False)
+        with FSDP.state_dict_type(self.model, StateDictType.FULL_STATE_DICT, cfg):
+            return {k: v.detach().float().cpu().clone() for k, v in self.model.state_dict().items()}

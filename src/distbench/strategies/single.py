@@ -1,0 +1,81 @@
+"""`single` and the shared plain-module trainer that DDP extends."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..config import RunConfig
+from ..errors import CheckpointError
+from ..runtime.context import RankContext
+from .base import (
+    Batch,
+    Trainer,
+    build_optimizer,
+    build_scheduler,
+    lm_loss,
+    maybe_compile,
+    model_logits,
+    torch_load,
+)
+
+
+class SingleTrainer(Trainer):
+    """A bare module on one device; accumulates gradients over all micro-batches of the global batch."""
+
+    def __init__(self, ctx: RankContext, cfg: RunConfig, model: nn.Module) -> None:
+        super().__init__(ctx, cfg, model)
+        self.module = maybe_compile(model, cfg)
+        self.model = self.wrap(self.module)
+        self.optimizer = build_optimizer(self.module.parameters(), cfg)
+        self.scheduler = build_scheduler(self.optimizer, cfg)
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        return module
+
+    def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
+        with self.autocast():
+            logits = model_logits(self.model, batch["input_ids"])
+        loss = lm_loss(logits, batch["labels"])
+        (loss / self.cfg.accum_steps).backward()
+        return loss.detach()
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().float().cpu().clone() for k, v in self.module.state_dict().items()}
+
+    def save_checkpoint(self, path: str) -> None:
+        """A plain torch state dict written by rank 0 (replicas are identical), plus per-rank RNG."""
+        Path(path).mkdir(parents=True, exist_ok=True)
+        if self.ctx.rank == 0:
+            state = {
+                "model": self.module.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "world_size": self.ctx.world_size,
+            }
+            tmp = os.path.join(path, "checkpoint.pt.tmp")
+            torch.save(state, tmp)
+            os.replace(tmp, os.path.join(path, "checkpoint.pt"))
+        self.save_extra_state(path)
+        if self.ctx.world_size > 1:
+            dist.barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        state = torch_load(os.path.join(path, "checkpoint.pt"))
+        try:
+            self.module.load_state_dict(state["model"])
+        except RuntimeError as e:
+            raise CheckpointError(f"checkpoint {path} does not match this model: {str(e).splitlines()[0]} "
+                                  f"(was it saved with another --model?)") from e
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.restore_extra_state(path)

@@ -1,0 +1,73 @@
+"""What tests use to run jobs: the tier's defaults, the pools, and cached references.
+
+One Suite per device type (cpu tier: gloo + tiny models; gpu tier: NCCL + GPU-size models), shared by
+every test of a pytest session so rank pools and reference runs are built once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import RunConfig
+from .runtime.pool import PoolManager
+
+TRAIN_JOB = "distbench.runtime.jobs:train"
+REFERENCE_JOB = "distbench.invariants.reference:reference_job"
+
+#: Per-tier defaults: small enough for 2 CPU cores, real enough on GPUs.
+TIER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "cpu": {"models": ["gpt2-tiny"], "world_sizes": [1, 2], "global_batch": 8, "micro_batch": 2, "seq_len": 0},
+    "cuda": {"models": ["gpt2-124m"], "world_sizes": [1, 2, 4], "global_batch": 8, "micro_batch": 2,
+             "seq_len": 256},
+}
+
+#: Loss parity tolerance: fp32, TF32 off, deterministic kernels; only reduction order differs.
+PARITY_RTOL = 1e-5
+PARITY_ATOL = 1e-6
+
+
+@dataclass
+class Suite:
+    device_type: str
+    steps: int = 5
+    timeout: float = 600.0
+    models: list[str] = field(default_factory=list)
+    pools: PoolManager | None = None
+    _references: dict[tuple, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.models = self.models or list(TIER_DEFAULTS[self.device_type]["models"])
+
+    @property
+    def pool_manager(self) -> PoolManager:
+        if self.pools is None:
+            self.pools = PoolManager(self.device_type)
+        return self.pools
+
+    def config(self, strategy: str = "single", world_size: int = 1, model: str | None = None,
+               **overrides: Any) -> RunConfig:
+        d = TIER_DEFAULTS[self.device_type]
+        base = {"strategy": strategy, "world_size": world_size, "model": model or self.models[0],
+                "global_batch": d["global_batch"], "micro_batch": d["micro_batch"], "seq_len": d["seq_len"],
+                "steps": self.steps}
+        return RunConfig(**{**base, **overrides})
+
+    def run(self, world_size: int, job: str, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        return self.pool_manager.run(world_size, job, kwargs, timeout or self.timeout)
+
+    def train(self, cfg: RunConfig, **kwargs: Any) -> list[dict[str, Any]]:
+        """Run the train job at cfg.world_size; per-rank outputs (see runtime.jobs.train)."""
+        return self.run(cfg.world_size, TRAIN_JOB, cfg=cfg.to_dict(), **kwargs)
+
+    def reference(self, cfg: RunConfig, with_tensors: bool = False) -> dict[str, Any]:
+        """The independent single-process reference for cfg's workload, computed once per session."""
+        ref_cfg = cfg.replace(strategy="single", world_size=1, options={})
+        key = (tuple(sorted(ref_cfg.to_dict().items(), key=lambda kv: kv[0], )).__repr__(), with_tensors)
+        if key not in self._references:
+            self._references[key] = self.run(1, REFERENCE_JOB, cfg=ref_cfg.to_dict(), with_tensors=with_tensors)[0]
+        return self._references[key]
+
+    def close(self) -> None:
+        if self.pools is not None:
+            self.pools.close_all()
