@@ -41,6 +41,7 @@ METRIC_DIRECTIONS: dict[str, int] = {
     "mfu": +1,
     "tflops_per_gpu": +1,
     "scaling_efficiency": +1,
+    "speedup": +1,
     "busbw_gbps": +1,
     "algbw_gbps": +1,
     "step_time_s": -1,

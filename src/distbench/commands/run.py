@@ -1,0 +1,139 @@
+"""`distbench run`: benchmark a matrix of configurations, write results, print a seed-style table."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="benchmark strategies x world sizes on this machine and write results",
+                       description="Without flags: GPUs when present (bf16, gpt2-124m, every power-of-two GPU "
+                       "count), otherwise gloo on CPU with a tiny model.")
+    p.add_argument("--config", help="matrix YAML (strategies, world_sizes, models, precisions, repeats, "
+                   "and RunConfig fields); flags given too override it")
+    p.add_argument("--strategy", "-s", action="append", help="strategy name; repeat or comma-separate")
+    p.add_argument("--world-size", "-n", action="append", help="world size; repeat or comma-separate")
+    p.add_argument("--model", "-m", action="append", help="model name or module:function factory")
+    p.add_argument("--precision", action="append", choices=["fp32", "bf16"])
+    p.add_argument("--steps", type=int, help="timed steps")
+    p.add_argument("--warmup", type=int, help="untimed warm-up steps")
+    p.add_argument("--global-batch", type=int)
+    p.add_argument("--micro-batch", type=int)
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--repeats", type=int, help="separate runs of each configuration (the compare gate wants >= 6)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
+    p.add_argument("--ds-config", help="DeepSpeed config JSON merged into the zero* strategies' config")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is present")
+    p.add_argument("--output", "-o", default="distbench-results", help="directory for result JSON files")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a hung configuration fails")
+    p.set_defaults(func=run)
+
+
+def _many(values: list[str] | None, cast=str) -> list[Any] | None:
+    if not values:
+        return None
+    return [cast(x.strip()) for v in values for x in v.split(",") if x.strip()]
+
+
+def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
+    from ..matrix import default_matrix, load_matrix
+
+    m = load_matrix(args.config) if args.config else default_matrix(device_type, device_count)
+    m.strategies = _many(args.strategy) or m.strategies
+    m.world_sizes = _many(args.world_size, int) or m.world_sizes
+    m.models = _many(args.model) or m.models
+    m.precisions = args.precision or m.precisions
+    m.repeats = args.repeats or m.repeats
+    for key in ("steps", "warmup", "global_batch", "micro_batch", "seq_len"):
+        if getattr(args, key) is not None:
+            m.base[key] = getattr(args, key)
+    if args.compile:
+        m.base["compile"] = True
+    if args.ds_config:
+        m.base["options"] = {**m.base.get("options", {}), "ds_config": args.ds_config}
+    return m
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..errors import DistbenchError
+    from ..matrix import run_matrix
+    from ..runtime.pool import PoolManager, cuda_device_count
+    from ..strategies import get_spec
+
+    console = Console(width=None if Console().is_terminal else 140)
+    n_cuda = cuda_device_count()
+    device_type = args.device or ("cuda" if n_cuda else "cpu")
+    if device_type == "cuda" and not n_cuda:
+        console.print("[red]error:[/] --device cuda but no CUDA device is visible; use --device cpu")
+        return 2
+    try:
+        matrix = build_matrix(args, device_type, n_cuda)
+        for s in matrix.strategies:
+            get_spec(s)
+        pools = PoolManager(device_type)
+        if device_type == "cuda":
+            for ws in matrix.world_sizes:
+                pools.check_world_size(ws)
+        configs, skipped = matrix.configs(device_type, n_cuda if device_type == "cuda" else None)
+    except DistbenchError as e:
+        console.print(f"[red]error:[/] {e}")
+        return 2
+    for note in skipped:
+        console.print(f"[yellow]skip[/] {note}")
+    if not configs:
+        console.print("[red]error:[/] nothing to run: every configuration was skipped")
+        return 2
+    console.print(f"distbench run: {len(configs)} configuration(s) x {matrix.repeats} on {device_type}; "
+                  f"results -> {args.output}")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task("running", total=len(configs) * matrix.repeats)
+
+        def advance(cfg, result):
+            progress.update(task, advance=1, description=f"{cfg.strategy} ws{cfg.world_size} {result['status']}")
+
+        try:
+            results = run_matrix(matrix, out_dir=args.output, pools=pools, on_result=advance,
+                                 timeout=args.timeout)
+        finally:
+            pools.close_all()
+    console.print(results_table(results))
+    failed = [r for r in results if r["status"] == "error"]
+    return 1 if failed else 0
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / 2**30:.2f}"
+
+
+def results_table(results: list[dict[str, Any]]):
+    """A seed-004-style console table: throughput, speedup, efficiency, step time, MFU, memory."""
+    from rich.table import Table
+
+    workloads = sorted({f"{r['config']['model']} {r['config']['precision']} seq {r['config']['seq_len']} "
+                        f"global batch {r['config']['global_batch']}" for r in results})
+    t = Table("strategy", "ws", "tok/s", "tok/s/GPU", "speedup", "eff", "step s [p10-p90]", "MFU",
+              "peak GiB alloc/resv/nvml", "loss", "status", title="; ".join(workloads))
+    for r in results:
+        c, m = r["config"], r["metrics"]
+        st = r.get("step_time_s") or {}
+        step = f"{st['median']:.3f} [{st['p10']:.3f}-{st['p90']:.3f}]" if st else "-"
+        nvml = r.get("nvml") or {}
+        status = r["status"] + (" throttled" if nvml.get("throttled") else "")
+        losses = r.get("losses") or []
+        mem = "/".join(_gib(m.get(k)) for k in
+                       ("mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes"))
+        t.add_row(
+            c["strategy"], str(c["world_size"]),
+            f"{m['tokens_per_s']:,.0f}" if "tokens_per_s" in m else "-",
+            f"{m['tokens_per_s_per_gpu']:,.0f}" if "tokens_per_s_per_gpu" in m else "-",
+            f"{m['speedup']:.2f}x" if "speedup" in m else "-",
+            f"{m['scaling_efficiency']:.0%}" if "scaling_efficiency" in m else "-",
+            step, f"{m['mfu']:.1%}" if "mfu" in m else "-", mem,
+            f"{losses[-1]:.4f}" if losses else "-", status,
+        )
+    return t

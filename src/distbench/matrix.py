@@ -1,0 +1,130 @@
+"""A benchmark matrix (strategies x world sizes x models x precisions), from flags or YAML, and running it.
+
+Configurations run smallest world size first so each multi-GPU result can carry its scaling efficiency
+against the same strategy and workload on one GPU (or `single` when that strategy has no 1-GPU run).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import RunConfig
+from .errors import ConfigError
+from .results import save_result
+from .runtime.pool import PoolManager, cuda_device_count
+from .strategies import get_spec
+from .workloads import get_model
+
+MATRIX_KEYS = {"strategies", "world_sizes", "models", "precisions", "repeats"}
+
+
+@dataclass
+class Matrix:
+    strategies: list[str]
+    world_sizes: list[int]
+    models: list[str]
+    precisions: list[str]
+    base: dict[str, Any] = field(default_factory=dict)  # other RunConfig fields
+    repeats: int = 1
+
+    def configs(self, device_type: str, device_count: int | None = None) -> tuple[list[RunConfig], list[str]]:
+        """The runnable configurations, and a note for each one skipped and why."""
+        out, skipped = [], []
+        for model, precision, ws, strategy in itertools.product(
+            self.models, self.precisions, sorted(self.world_sizes), self.strategies
+        ):
+            reason = get_spec(strategy).unsupported_reason(device_type, ws, device_count)
+            if reason:
+                skipped.append(f"{strategy} ws{ws}: {reason}")
+                continue
+            base = dict(self.base)
+            if not base.get("global_batch"):
+                base["global_batch"] = base.get("micro_batch", 2) * max(self.world_sizes)
+            out.append(RunConfig(strategy=strategy, world_size=ws, model=model, precision=precision, **base))
+        return out, skipped
+
+
+def default_matrix(device_type: str, device_count: int) -> Matrix:
+    """`distbench run` without flags: a seed-004-style sweep sized for the machine at hand."""
+    if device_type == "cpu":
+        return Matrix(["single", "ddp", "fsdp_full", "fsdp_grad", "zero2"], [1, 2], ["gpt2-tiny"], ["fp32"],
+                      {"micro_batch": 2, "steps": 8, "warmup": 2, "deterministic": False})
+    sizes = [n for n in (1, 2, 4, 8) if n <= device_count]
+    return Matrix(["single", "ddp", "fsdp_full", "fsdp_grad", "zero2", "zero3"], sizes, ["gpt2-124m"], ["bf16"],
+                  {"micro_batch": 8, "seq_len": 1024, "steps": 15, "warmup": 5, "deterministic": False})
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """Read a matrix YAML: lists under strategies/world_sizes/models/precisions, other keys are RunConfig fields."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read matrix file {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"matrix file {path} must hold a mapping, not {type(data).__name__}")
+
+    def as_list(key: str, single: str) -> list[Any] | None:
+        v = data.pop(key, data.pop(single, None))
+        return None if v is None else (v if isinstance(v, list) else [v])
+
+    strategies = as_list("strategies", "strategy")
+    world_sizes = as_list("world_sizes", "world_size")
+    models = as_list("models", "model") or ["gpt2-tiny"]
+    precisions = as_list("precisions", "precision") or ["bf16"]
+    repeats = int(data.pop("repeats", 1))
+    if not strategies or not world_sizes:
+        raise ConfigError(f"matrix file {path} needs `strategies` and `world_sizes`")
+    RunConfig.from_dict({k: v for k, v in data.items()})  # unknown keys fail here, naming the known ones
+    return Matrix([str(s) for s in strategies], [int(w) for w in world_sizes], [str(m) for m in models],
+                  [str(p) for p in precisions], data, repeats)
+
+
+def scaling_reference(done: list[dict[str, Any]], cfg: RunConfig) -> float | None:
+    """Tokens/s of the same workload on one GPU: same strategy at ws1, else `single`."""
+    def same_workload(r: dict[str, Any]) -> bool:
+        c = r["config"]
+        return (r["status"] == "ok" and c["world_size"] == 1 and c["model"] == cfg.model
+                and c["precision"] == cfg.precision and c["micro_batch"] == cfg.micro_batch
+                and c["seq_len"] == (cfg.seq_len or get_model(cfg.model).seq_len))
+    for name in (cfg.strategy, "single"):
+        hits = [r for r in done if same_workload(r) and r["config"]["strategy"] == name]
+        if hits:
+            return hits[-1]["metrics"]["tokens_per_s"]
+    return None
+
+
+def run_matrix(
+    matrix: Matrix,
+    *,
+    device_type: str | None = None,
+    out_dir: str | Path | None = None,
+    pools: PoolManager | None = None,
+    on_result: Callable[[RunConfig, dict[str, Any]], None] | None = None,
+    timeout: float = 1800.0,
+) -> list[dict[str, Any]]:
+    """Run every configuration `repeats` times in the rank pools; save each result as it lands."""
+    from .measure.bench import run_benchmark
+
+    pools = pools or PoolManager(device_type)
+    n_dev = cuda_device_count() if pools.device_type == "cuda" else None
+    configs, _ = matrix.configs(pools.device_type, n_dev)
+    results: list[dict[str, Any]] = []
+    for cfg in configs:
+        for _ in range(matrix.repeats):
+            ref = scaling_reference(results, cfg) if cfg.world_size > 1 else None
+            result = run_benchmark(pools.get(cfg.world_size), cfg, timeout=timeout,
+                                   reference_tokens_per_s_1gpu=ref)
+            if cfg.world_size == 1 and result["status"] == "ok":
+                result["metrics"].update(speedup=1.0, scaling_efficiency=1.0)
+            results.append(result)
+            if out_dir is not None:
+                save_result(result, out_dir)
+            if on_result:
+                on_result(cfg, result)
+    return results

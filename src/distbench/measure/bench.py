@@ -1,0 +1,372 @@
+"""Benchmark jobs that run inside the ranks, and the pytest-process functions that turn them into results.
+
+In-rank jobs (run through the rank pool as "distbench.measure.bench:<name>"):
+
+* bench(ctx, cfg): build, `cfg.warmup` untimed steps, `cfg.steps` timed steps, measurements; one job.
+  This is what `distbench run` uses.
+* bench_setup / bench_step / bench_finish: the same split in three, with the trainer kept alive in the
+  worker's STATE between jobs, so pytest-benchmark's `benchmark.pedantic` can time one step per round
+  from the pytest process (bench_step is also timed in-rank; those are the numbers results report).
+* harness_overhead(ctx, cfg, steps): the harness's `single` trainer against a hand-written loop.
+
+Step times are measured inside the ranks between device synchronizations, warm-up excluded; the
+reported step time is the median over steps of the slowest rank's time. Memory peaks cover the timed
+steps (peaks are reset after warm-up). `losses` holds every step's global-batch loss, warm-up included.
+
+A CUDA out-of-memory in the ranks becomes a result with status "oom", not an exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..config import RunConfig
+from ..errors import ConfigError
+from ..results import make_result
+from ..runtime import worker
+from ..runtime.context import RankContext
+from ..runtime.fingerprint import environment_fingerprint
+from ..runtime.jobs import set_numerics
+from ..runtime.pool import JobError
+from ..strategies import build_trainer
+from ..strategies.base import Trainer
+from ..workloads.data import rank_micro_batches
+from ..workloads.models import count_params, get_model
+from .memory import memory_stats, reset_peaks
+from .mfu import mfu, model_flops, peak_dtype, peak_flops, tflops_per_gpu
+from .nvml import NvmlSampler
+from .timing import per_step_max, step_stats, throughput, timed
+
+STATE_KEY = "bench"
+JOB = f"{__name__}:bench"
+
+
+# --- in-rank ---------------------------------------------------------------------------------------------
+@dataclass
+class _Bench:
+    cfg: RunConfig
+    trainer: Trainer
+    seq_len: int
+    vocab_size: int
+    flops: dict[str, Any]
+    n_params: int
+    step: int = 0
+    losses: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    sampler: NvmlSampler | None = None
+
+
+def _free(ctx: RankContext) -> None:
+    """Drop the kept trainer and give its memory back, so the next job starts clean."""
+    b = worker.STATE.pop(STATE_KEY, None)
+    if b is not None:
+        if b.sampler is not None:
+            b.sampler.stop()
+        try:
+            b.trainer.close()
+        finally:
+            del b
+    gc.collect()
+    if ctx.is_cuda:
+        torch.cuda.empty_cache()
+
+
+def _setup(ctx: RankContext, cfg: dict[str, Any], nvml: bool) -> _Bench:
+    _free(ctx)  # a benchmark abandoned without bench_finish
+    rc = RunConfig.from_dict(cfg)
+    set_numerics(rc)
+    spec = get_model(rc.model)
+    seq_len = rc.seq_len or spec.seq_len
+    model = spec.build(rc.seed, ctx.device)
+    flops = model_flops(model, seq_len)  # before wrapping: sharded parameters would undercount
+    n_params = count_params(model)
+    b = _Bench(rc, build_trainer(ctx, rc, model), seq_len, spec.vocab_size, flops, n_params)
+    del model
+    worker.STATE[STATE_KEY] = b
+    for _ in range(rc.warmup):
+        _step(ctx, b)
+    reset_peaks(ctx)
+    if ctx.world_size > 1:
+        dist.barrier()
+    if nvml:
+        b.sampler = NvmlSampler(ctx.device).start()
+    return b
+
+
+def _step(ctx: RankContext, b: _Bench) -> tuple[float, float]:
+    """One optimizer step, data prepared outside the timed window; returns (loss, seconds)."""
+    mbs = rank_micro_batches(b.cfg, b.step, ctx.rank, b.seq_len, b.vocab_size, ctx.device)
+    loss, dt = timed(ctx, lambda: b.trainer.step(mbs))
+    b.step += 1
+    b.losses.append(loss)
+    return loss, dt
+
+
+def _finish(ctx: RankContext, b: _Bench) -> dict[str, Any]:
+    nv = b.sampler.stop() if b.sampler is not None else None
+    b.sampler = None
+    return {
+        "rank": ctx.rank,
+        "device_type": ctx.device_type,
+        "device_name": torch.cuda.get_device_name(ctx.device) if ctx.is_cuda else None,
+        "peak_dtype": peak_dtype(b.cfg.precision),
+        "seq_len": b.seq_len,
+        "n_params": b.n_params,
+        "flops": b.flops,
+        "step_times_s": list(b.times),
+        "losses": list(b.losses),
+        "memory": memory_stats(ctx, nv["mem_used_peak_bytes"] if nv else None),
+        "nvml": nv,
+    }
+
+
+def bench_setup(ctx: RankContext, cfg: dict[str, Any], nvml: bool = True) -> dict[str, Any]:
+    """Build model and trainer, run cfg["warmup"] steps, keep the trainer in the worker for bench_step."""
+    try:
+        b = _setup(ctx, cfg, nvml)
+    except BaseException:
+        _free(ctx)
+        raise
+    return {"rank": ctx.rank, "seq_len": b.seq_len, "n_params": b.n_params, "warmup_losses": list(b.losses)}
+
+
+def bench_step(ctx: RankContext) -> dict[str, float]:
+    """One timed, synchronized optimizer step of the trainer bench_setup built."""
+    b = worker.STATE.get(STATE_KEY)
+    if b is None:
+        raise RuntimeError("bench_step without a benchmark: run bench_setup first (or it was freed by an error)")
+    try:
+        loss, dt = _step(ctx, b)
+    except BaseException:
+        _free(ctx)
+        raise
+    b.times.append(dt)
+    return {"loss": loss, "step_time_s": dt}
+
+
+def bench_finish(ctx: RankContext) -> dict[str, Any]:
+    """This rank's measurements since bench_setup; frees the trainer."""
+    b = worker.STATE.get(STATE_KEY)
+    if b is None:
+        raise RuntimeError("bench_finish without a benchmark: run bench_setup first")
+    try:
+        return _finish(ctx, b)
+    finally:
+        _free(ctx)
+
+
+def bench(ctx: RankContext, cfg: dict[str, Any], nvml: bool = True) -> dict[str, Any]:
+    """setup + cfg["steps"] timed steps + finish, in one job: this rank's measurements."""
+    try:
+        b = _setup(ctx, cfg, nvml)
+        for _ in range(b.cfg.steps):
+            b.times.append(_step(ctx, b)[1])
+        return _finish(ctx, b)
+    finally:
+        _free(ctx)
+
+
+def harness_overhead(
+    ctx: RankContext, cfg: dict[str, Any], steps: int, rounds: int = 3, warmup: int = 2
+) -> dict[str, Any]:
+    """Throughput of the `single` Trainer.step loop against a hand-written loop, same process, same data.
+
+    The bare loop is what a user writes: forward, token-mean cross-entropy, backward (scaled for
+    accumulation), torch.optim.AdamW with its defaults (foreach on GPU), zero_grad. Both train their own
+    copy of the same model on the same `steps` steps of data, in `rounds` rounds whose order alternates
+    (bare first, then harness first, ...) so clock and thermal drift cancel. overhead = median over rounds
+    of harness time / bare time in that round, minus 1 (positive: the harness is slower); pairing within a
+    round keeps slow drift out of the ratio. `first_step_loss` must agree between the two (same weights,
+    same data): it shows both loops do the same work.
+    """
+    if ctx.world_size != 1:
+        raise ConfigError("harness_overhead compares one process with a bare loop: run it at world size 1")
+    rc = RunConfig.from_dict({**cfg, "strategy": "single", "world_size": 1})
+    set_numerics(rc)
+    spec = get_model(rc.model)
+    seq_len = rc.seq_len or spec.seq_len
+    data = [rank_micro_batches(rc, s, 0, seq_len, spec.vocab_size, ctx.device) for s in range(steps)]
+
+    bare = spec.build(rc.seed, ctx.device)
+    opt = torch.optim.AdamW(bare.parameters(), lr=rc.lr, betas=rc.betas, eps=rc.eps, weight_decay=rc.weight_decay)
+    trainer = build_trainer(ctx, rc, spec.build(rc.seed, ctx.device))
+
+    def amp() -> contextlib.AbstractContextManager:
+        bf16 = rc.precision == "bf16"
+        return torch.autocast(ctx.device_type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+    def bare_step(mbs: list[dict[str, torch.Tensor]]) -> float:
+        total = 0.0
+        for mb in mbs:
+            with amp():
+                out = bare(input_ids=mb["input_ids"])
+            logits = out.logits if hasattr(out, "logits") else out
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), mb["labels"].reshape(-1))
+            (loss / len(mbs)).backward()
+            total += loss.detach()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return total / len(mbs)
+
+    loops = {
+        "bare": lambda: [bare_step(mbs) for mbs in data],
+        "harness": lambda: [trainer.step(mbs) for mbs in data],
+    }
+    try:
+        first = {"bare": float(bare_step(data[0])), "harness": trainer.step(data[0])}
+        for mbs in data[1:warmup]:
+            bare_step(mbs)
+            trainer.step(mbs)
+        times: dict[str, list[float]] = {"bare": [], "harness": []}
+        for r in range(rounds):
+            for name in (("bare", "harness") if r % 2 == 0 else ("harness", "bare")):
+                times[name].append(timed(ctx, loops[name])[1])
+    finally:
+        trainer.close()  # memory goes back when the job returns (the worker collects after every job)
+
+    tokens = steps * rc.global_batch * seq_len
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "steps": steps,
+        "rounds": [{"bare_s": b, "harness_s": h} for b, h in zip(times["bare"], times["harness"], strict=True)],
+        "bare_step_time_s": med["bare"] / steps,
+        "harness_step_time_s": med["harness"] / steps,
+        "bare_tokens_per_s": tokens / med["bare"],
+        "harness_tokens_per_s": tokens / med["harness"],
+        "overhead": statistics.median(h / b for b, h in zip(times["bare"], times["harness"], strict=True)) - 1.0,
+        "first_step_loss": first,
+    }
+
+
+# --- pytest process --------------------------------------------------------------------------------------
+def result_config(cfg: RunConfig, device_type: str | None) -> dict[str, Any]:
+    """The config section of a result: the RunConfig with seq_len resolved, plus device and accumulation."""
+    return {
+        **cfg.to_dict(),
+        "seq_len": cfg.seq_len or get_model(cfg.model).seq_len,
+        "accum_steps": cfg.accum_steps,
+        "device": device_type,
+    }
+
+
+def is_oom(e: JobError) -> bool:
+    """True when a rank ran out of device memory (torch's OutOfMemoryError, or NCCL failing to allocate)."""
+    return any(
+        o.exc_type == "OutOfMemoryError" or "CUDA out of memory" in o.text or "CUDA error: out of memory" in o.text
+        for o in e.outcomes
+    )
+
+
+def _oom_message(e: JobError) -> str:
+    ranks = [o.rank for o in e.outcomes if o.exc_type == "OutOfMemoryError" or "out of memory" in o.text]
+    first = next((o.text for o in e.outcomes if "out of memory" in o.text), "")
+    line = next((ln for ln in first.splitlines() if "out of memory" in ln), "out of memory")
+    return f"out of device memory on rank(s) {','.join(map(str, ranks))}: {line.strip()[:300]}"
+
+
+def _aggregate_nvml(summaries: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    got = [s for s in summaries if s]
+    if not got:
+        return None
+
+    def across(field_: str, stat: str, how) -> float | None:
+        xs = [s[field_][stat] for s in got if s.get(field_)]
+        return how(xs) if xs else None
+
+    return {
+        "throttled": any(s["throttled"] for s in got),
+        "throttle_reasons": sorted({r for s in got for r in s["throttle_reasons"]}),
+        "power_capped": any(s["power_capped"] for s in got),
+        "gpu_util_pct_mean": across("gpu_util_pct", "mean", statistics.fmean),
+        "sm_clock_mhz_median": across("sm_clock_mhz", "median", statistics.median),
+        "power_w_mean": across("power_w", "mean", statistics.fmean),
+        "temp_c_max": across("temp_c", "max", max),
+        "per_rank": summaries,
+    }
+
+
+def summarize_bench(
+    cfg: RunConfig,
+    replies: list[dict[str, Any]],
+    *,
+    reference_tokens_per_s_1gpu: float | None = None,
+    env: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A result from the per-rank replies of `bench` (or `bench_finish`)."""
+    r0 = replies[0]
+    config = result_config(cfg, r0["device_type"])
+    stats = step_stats(per_step_max([r["step_times_s"] for r in replies]))
+    metrics: dict[str, float] = {
+        **throughput(cfg.global_batch, r0["seq_len"], cfg.world_size, stats["median"]),
+        "step_time_s": stats["median"],
+    }
+    fpt = r0["flops"]["flops_per_token"]
+    peak = peak_flops(r0["device_name"], r0["peak_dtype"])
+    metrics["tflops_per_gpu"] = tflops_per_gpu(metrics["tokens_per_s_per_gpu"], fpt)
+    util = mfu(metrics["tokens_per_s_per_gpu"], fpt, peak)
+    if util is not None:
+        metrics["mfu"] = util
+    for key in ("mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes"):
+        vals = [r["memory"][key] for r in replies if r["memory"][key] is not None]
+        if vals:
+            metrics[key] = max(vals)
+    if reference_tokens_per_s_1gpu:
+        metrics["speedup"] = metrics["tokens_per_s"] / reference_tokens_per_s_1gpu
+        metrics["scaling_efficiency"] = metrics["speedup"] / cfg.world_size
+    flops = {**r0["flops"], "n_params": r0["n_params"], "device_name": r0["device_name"],
+             "peak_dtype": r0["peak_dtype"], "peak_flops": peak}
+    per_rank = [
+        {"rank": r["rank"], "step_time_s": step_stats(r["step_times_s"]), **r["memory"]} for r in replies
+    ]
+    return make_result(
+        config, metrics=metrics, env=env, step_time_s=stats, losses=r0["losses"],
+        nvml=_aggregate_nvml([r["nvml"] for r in replies]), flops=flops, per_rank=per_rank,
+    )
+
+
+def run_benchmark(
+    pool: Any,
+    cfg: RunConfig,
+    *,
+    timeout: float = 1800,
+    reference_tokens_per_s_1gpu: float | None = None,
+    nvml: bool = True,
+) -> dict[str, Any]:
+    """Run `bench` on every rank of `pool` (a RankPool of cfg.world_size) and return one result.
+
+    Out of memory on any rank gives a result with status "oom"; other failures raise JobError. After an
+    OOM at world size > 1 the pool is closed (RankPool.run restarts it): ranks may have stopped at
+    different collectives, leaving work queued that would desynchronise the next job.
+    """
+    env = environment_fingerprint()
+    try:
+        replies = pool.run(JOB, {"cfg": cfg.to_dict(), "nvml": nvml}, timeout)
+    except JobError as e:
+        if not is_oom(e):
+            raise
+        if cfg.world_size > 1:
+            pool.close()
+        per_rank = [{"rank": o.rank, "status": o.status, "exc_type": o.exc_type} for o in e.outcomes]
+        return make_result(result_config(cfg, getattr(pool, "device_type", None)), status="oom",
+                           error=_oom_message(e), env=env, per_rank=per_rank)
+    return summarize_bench(cfg, replies, reference_tokens_per_s_1gpu=reference_tokens_per_s_1gpu, env=env)
+
+
+def sweep_micro_batch(pool: Any, cfg: RunConfig, sizes: list[int], **kwargs: Any) -> list[dict[str, Any]]:
+    """Benchmark increasing micro-batch sizes (global batch = micro * world_size * cfg's accumulation)
+    up to and including the first that runs out of memory; kwargs go to run_benchmark."""
+    results = []
+    for mb in sorted(set(sizes)):
+        c = cfg.replace(micro_batch=mb, global_batch=mb * cfg.world_size * cfg.accum_steps)
+        results.append(run_benchmark(pool, c, **kwargs))
+        if results[-1]["status"] == "oom":
+            break
+    return results
