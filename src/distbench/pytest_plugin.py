@@ -92,7 +92,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def _suites(request: pytest.FixtureRequest):
+def _suites(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     cfg = request.config
     suites: dict[str, Suite] = {}
 
@@ -100,7 +100,8 @@ def _suites(request: pytest.FixtureRequest):
         if device_type not in suites:
             models = _csv(cfg.getoption("--models"))
             suites[device_type] = Suite(device_type, steps=cfg.getoption("--steps"),
-                                        timeout=cfg.getoption("--job-timeout"), models=models or [])
+                                        timeout=cfg.getoption("--job-timeout"), models=models or [],
+                                        workdir=tmp_path_factory.mktemp(f"distbench-{device_type}"))
         return suites[device_type]
 
     yield get

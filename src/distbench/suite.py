@@ -7,6 +7,7 @@ every test of a pytest session so rank pools and reference runs are built once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .config import RunConfig
@@ -34,7 +35,9 @@ class Suite:
     timeout: float = 600.0
     models: list[str] = field(default_factory=list)
     pools: PoolManager | None = None
-    _references: dict[tuple, dict[str, Any]] = field(default_factory=dict)
+    workdir: Path | None = None  # where session-wide checkpoints go
+    _references: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _runs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.models = self.models or list(TIER_DEFAULTS[self.device_type]["models"])
@@ -60,13 +63,29 @@ class Suite:
         """Run the train job at cfg.world_size; per-rank outputs (see runtime.jobs.train)."""
         return self.run(cfg.world_size, TRAIN_JOB, cfg=cfg.to_dict(), **kwargs)
 
-    def reference(self, cfg: RunConfig, with_tensors: bool = False) -> dict[str, Any]:
-        """The independent single-process reference for cfg's workload, computed once per session."""
+    def reference(self, cfg: RunConfig) -> dict[str, Any]:
+        """The independent single-process reference for cfg's workload (losses, final params, last
+        gradients), computed once per session."""
         ref_cfg = cfg.replace(strategy="single", world_size=1, options={})
-        key = (tuple(sorted(ref_cfg.to_dict().items(), key=lambda kv: kv[0], )).__repr__(), with_tensors)
+        key = repr(sorted(ref_cfg.to_dict().items()))
         if key not in self._references:
-            self._references[key] = self.run(1, REFERENCE_JOB, cfg=ref_cfg.to_dict(), with_tensors=with_tensors)[0]
+            self._references[key] = self.run(1, REFERENCE_JOB, cfg=ref_cfg.to_dict(), with_tensors=True)[0]
         return self._references[key]
+
+    def checkpointed_run(self, cfg: RunConfig) -> dict[str, Any]:
+        """One uninterrupted run of cfg, computed once per session and shared by the invariants: losses,
+        final full parameters and last-step gradients (rank 0), and a checkpoint saved after step
+        `save_at` (half-way) in the strategy's native format at `checkpoint`."""
+        key = repr(sorted(cfg.to_dict().items()))
+        if key not in self._runs:
+            assert self.workdir is not None, "Suite.workdir must be set for checkpointed runs"
+            ckpt = self.workdir / f"ckpt-{len(self._runs)}-{cfg.strategy}-ws{cfg.world_size}"
+            save_at = max(1, cfg.steps // 2)
+            outs = self.train(cfg, save_at=save_at, checkpoint_dir=str(ckpt), return_params=True,
+                              return_grads=True)
+            self._runs[key] = {**outs[0], "per_rank_losses": [o["losses"] for o in outs],
+                               "checkpoint": str(ckpt), "save_at": save_at}
+        return self._runs[key]
 
     def close(self) -> None:
         if self.pools is not None:

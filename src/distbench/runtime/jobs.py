@@ -36,14 +36,16 @@ def seq_len_of(cfg: RunConfig) -> int:
     return cfg.seq_len or get_model(cfg.model).seq_len
 
 
-def run_steps(ctx: RankContext, trainer: Trainer, cfg: RunConfig, until: int) -> list[float]:
+def run_steps(ctx: RankContext, trainer: Trainer, cfg: RunConfig, until: int, capture_last_grads: bool = False
+              ) -> list[float]:
     """Train from trainer.steps_done up to step `until`; the data of step s is a pure function of s."""
     spec = get_model(cfg.model)
     seq_len = seq_len_of(cfg)
     losses = []
     while trainer.steps_done < until:
         mbs = rank_micro_batches(cfg, trainer.steps_done, ctx.rank, seq_len, spec.vocab_size, ctx.device)
-        losses.append(trainer.step(mbs))
+        last = trainer.steps_done == until - 1
+        losses.append(trainer.step(mbs, capture_grads=capture_last_grads and last))
     return losses
 
 
@@ -56,12 +58,14 @@ def train(
     resume_from: str | None = None,
     reshard: bool = False,
     return_params: bool = False,
+    return_grads: bool = False,
 ) -> dict[str, Any]:
     """Train cfg.steps optimizer steps and return the per-step global-batch losses.
 
     save_at + checkpoint_dir: save a checkpoint after step `save_at` (training continues).
     resume_from: load that checkpoint first and continue from its step; `reshard` allows another world size.
     return_params: also return the gathered full parameters after the last step (CPU fp32).
+    return_grads: also return the full gradients of the last step, taken before its optimizer step.
     """
     rc = RunConfig.from_dict(cfg)
     trainer = make_trainer(ctx, rc)
@@ -77,10 +81,14 @@ def train(
         if save_at is not None and start < save_at:
             losses += run_steps(ctx, trainer, rc, save_at)
             trainer.save_checkpoint(checkpoint_dir or "")
-        losses += run_steps(ctx, trainer, rc, rc.steps)
+        losses += run_steps(ctx, trainer, rc, rc.steps, capture_last_grads=return_grads)
         out: dict[str, Any] = {"rank": ctx.rank, "start_step": start, "losses": losses}
         if return_params:
-            out["params"] = trainer.full_state_dict()
+            params = trainer.full_state_dict()  # collective: every rank gathers, rank 0 returns
+            if ctx.rank == 0:
+                out["params"] = params
+        if return_grads and ctx.rank == 0:
+            out["grads"] = trainer.last_grads
         return out
     finally:
         trainer.close()

@@ -138,6 +138,11 @@ class Trainer(ABC):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) model parameters as CPU fp32 tensors, on every rank; keys as in the bare model."""
 
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        """Full gradients (CPU fp32) keyed like `named_parameters()` of the bare model, taken after the
+        last micro-batch and before the optimizer step; every rank gets them."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose gradients")
+
     @abstractmethod
     def save_checkpoint(self, path: str) -> None:
         """Save model, optimizer, scheduler, RNG and data position in this strategy's native format."""
@@ -155,12 +160,15 @@ class Trainer(ABC):
             return torch.autocast(self.ctx.device_type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def step(self, micro_batches: list[Batch]) -> float:
-        """One optimizer step over this rank's micro-batches; returns the global-batch mean loss."""
+    def step(self, micro_batches: list[Batch], capture_grads: bool = False) -> float:
+        """One optimizer step over this rank's micro-batches; returns the global-batch mean loss.
+        With `capture_grads`, keeps `full_grads()` of this step in `self.last_grads`."""
         total = torch.zeros((), device=self.ctx.device, dtype=torch.float64)
         n = len(micro_batches)
         for i, mb in enumerate(micro_batches):
             total += self.forward_backward(mb, sync=(i == n - 1)).double()
+        if capture_grads:
+            self.last_grads = self.full_grads()
         self.optimizer_step()
         self.steps_done += 1
         return self.global_mean(total / n)

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ..errors import CheckpointError
@@ -49,7 +50,7 @@ class DCPCheckpointMixin(Trainer):
         state = {"model": model_sd, "optimizer": optim_sd}
         try:
             dcp.load(state, checkpoint_id=os.path.join(path, "dcp"))
-        except Exception as e:  # DCP raises CheckpointException wrapping per-rank failures
+        except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise CheckpointError(f"cannot load DCP checkpoint {path}: {first} (missing, truncated, or saved "
                                   "from a different model)") from e

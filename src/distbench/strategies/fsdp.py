@@ -65,6 +65,14 @@ class FSDP2Trainer(DCPCheckpointMixin):
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for n, p in self.model.named_parameters():
+            if p.grad is not None:
+                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                out[n] = g.detach().float().cpu().clone()
+        return out
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         out = {}
         for k, v in self.model.state_dict().items():

@@ -55,6 +55,11 @@ class FSDP1Trainer(DCPCheckpointMixin):
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        with FSDP.summon_full_params(self.model, with_grads=True, writeback=False):
+            return {n: p.grad.detach().float().cpu().clone()
+                    for n, p in self.model.named_parameters() if p.grad is not None}
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         cfg = FullStateDictConfig(offload_to_cpu=True, rank0_only=False)
         with FSDP.state_dict_type(self.model, StateDictType.FULL_STATE_DICT, cfg):

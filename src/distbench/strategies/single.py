@@ -52,6 +52,10 @@ class SingleTrainer(Trainer):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().float().cpu().clone() for k, v in self.module.state_dict().items()}
 
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        return {n: p.grad.detach().float().cpu().clone()
+                for n, p in self.module.named_parameters() if p.grad is not None}
+
     def save_checkpoint(self, path: str) -> None:
         """A plain torch state dict written by rank 0 (replicas are identical), plus per-rank RNG."""
         Path(path).mkdir(parents=True, exist_ok=True)

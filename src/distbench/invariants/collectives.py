@@ -1,0 +1,54 @@
+"""Count the collectives a training step issues, from the profiler's record of c10d dispatcher ops.
+
+Every collective a process group runs (DDP's bucketed all-reduce, FSDP's all-gather and reduce-scatter)
+passes through a c10d dispatcher op that torch.profiler records by name, whatever the backend (gloo or
+NCCL). Counting those is exact and independent of timing.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from torch.profiler import ProfilerActivity, profile
+
+from ..config import RunConfig
+from ..runtime.context import RankContext
+from ..runtime.jobs import make_trainer, run_steps
+
+#: c10d op name -> collective kind
+C10D_OPS = {
+    "c10d::allreduce_": "all_reduce",
+    "c10d::allreduce_coalesced_": "all_reduce",
+    "c10d::_reduce_scatter_base_": "reduce_scatter",
+    "c10d::reduce_scatter_": "reduce_scatter",
+    "c10d::reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "c10d::_allgather_base_": "all_gather",
+    "c10d::allgather_": "all_gather",
+    "c10d::allgather_into_tensor_coalesced_": "all_gather",
+    "c10d::broadcast_": "broadcast",
+}
+
+
+def count_collectives(ctx: RankContext, cfg: dict[str, Any], steps: int = 2) -> dict[str, float]:
+    """Collectives per optimizer step, by kind, over `steps` steps after one untimed step.
+
+    The harness's own loss all-reduce (one per step at world size > 1) is subtracted so the counts are
+    the strategy's gradient and parameter traffic alone.
+    """
+    rc = RunConfig.from_dict(cfg)
+    trainer = make_trainer(ctx, rc)
+    try:
+        run_steps(ctx, trainer, rc, 1)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            run_steps(ctx, trainer, rc, 1 + steps)
+    finally:
+        trainer.close()
+    counts: collections.Counter[str] = collections.Counter()
+    for e in prof.events():
+        kind = C10D_OPS.get(e.name)
+        if kind:
+            counts[kind] += 1
+    if ctx.world_size > 1:
+        counts["all_reduce"] -= steps  # Trainer.global_mean's loss all-reduce
+    return {k: v / steps for k, v in counts.items()}

@@ -1,0 +1,48 @@
+"""Invariant: gradient accumulation communicates once per optimizer step, and changes nothing else.
+
+DDP must skip the gradient all-reduce (no_sync) and FSDP2 the reduce-scatter
+(set_requires_gradient_sync(False)) on all but the last micro-batch: the count of gradient collectives
+per optimizer step is the same with k micro-batches as with one. Counted from the c10d ops the profiler
+records, not from timing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from distbench.suite import PARITY_ATOL, PARITY_RTOL
+
+COUNT_JOB = "distbench.invariants.collectives:count_collectives"
+
+
+def grad_collectives(counts: dict[str, float]) -> float:
+    """Gradient reductions: all-reduce (DDP, HSDP's replicate dim) plus reduce-scatter (FSDP)."""
+    return counts.get("all_reduce", 0) + counts.get("reduce_scatter", 0)
+
+
+@pytest.mark.strategies("ddp", "fsdp_full", "fsdp_grad", "fsdp_hybrid", "fsdp_offload")
+def test_gradient_sync_once_per_step(suite, strategy, world_size):
+    if world_size < 2:
+        pytest.skip("one rank has no gradient collectives to count")
+    one = suite.config(strategy, world_size)
+    one = one.replace(micro_batch=one.per_rank_batch)  # no accumulation
+    many = one.replace(micro_batch=1)  # accumulate over every sample of the rank
+    assert many.accum_steps > 1
+    c_one = suite.run(world_size, COUNT_JOB, cfg=one.to_dict())[0]
+    c_many = suite.run(world_size, COUNT_JOB, cfg=many.to_dict())[0]
+    assert grad_collectives(c_one) >= 1, f"{strategy} issued no gradient collective per step: {c_one}"
+    assert grad_collectives(c_many) == grad_collectives(c_one), (
+        f"{strategy} issued {c_many} collectives per step with {many.accum_steps} micro-batches, "
+        f"{c_one} without accumulation: gradients are synchronised on every micro-batch"
+    )
+
+
+def test_accumulation_preserves_losses(suite, strategy, world_size):
+    """The same global batch in k micro-batches per rank gives the losses of one micro-batch per rank."""
+    one = suite.config(strategy, world_size)
+    one = one.replace(micro_batch=one.per_rank_batch)
+    many = one.replace(micro_batch=1)
+    a = suite.train(one)[0]["losses"]
+    b = suite.train(many)[0]["losses"]
+    np.testing.assert_allclose(b, a, rtol=PARITY_RTOL, atol=PARITY_ATOL)

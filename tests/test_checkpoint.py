@@ -1,0 +1,91 @@
+"""Invariants: checkpoints round-trip exactly, reshard across world sizes, and bad ones fail clearly."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from distbench.runtime.pool import JobError
+from distbench.suite import PARITY_ATOL, PARITY_RTOL
+
+
+def test_checkpoint_roundtrip(suite, strategy, world_size):
+    """Train k steps, save, build everything fresh, load, train on to n: steps k+1..n are bitwise equal to
+    the uninterrupted run, so optimizer state, LR schedule, RNG and data position were all restored."""
+    cfg = suite.config(strategy, world_size)
+    run = suite.checkpointed_run(cfg)
+    k = run["save_at"]
+    resumed = suite.train(cfg, resume_from=run["checkpoint"])[0]
+    assert resumed["start_step"] == k, f"resumed at step {resumed['start_step']}, saved at {k}"
+    assert resumed["losses"] == run["losses"][k:], (
+        f"{strategy} ws{world_size}: losses after resume {resumed['losses']} differ from the uninterrupted "
+        f"run {run['losses'][k:]}"
+    )
+
+
+def _pairs(device_type: str) -> list:
+    sizes = [1, 2] if device_type == "cpu" else [1, 2, 4]
+    marks = [pytest.mark.gpu] if device_type == "cuda" else []
+    sfx = "-gpu" if device_type == "cuda" else ""
+    return [pytest.param(device_type, a, b, id=f"ws{a}-to-ws{b}{sfx}", marks=marks)
+            for a in sizes for b in sizes if a != b and (device_type == "cuda" or a > 0)]
+
+
+@pytest.mark.parametrize("device_type,saved_ws,loaded_ws", _pairs("cpu") + _pairs("cuda"))
+@pytest.mark.parametrize("strategy_name", ["fsdp_full", "fsdp_grad"])
+def test_dcp_resharding(suite, device_type, strategy_name, saved_ws, loaded_ws):
+    """A DCP checkpoint saved at one world size continues at another and matches the reference."""
+    from distbench.runtime.pool import cuda_device_count
+
+    if device_type == "cuda" and max(saved_ws, loaded_ws) > cuda_device_count():
+        pytest.skip(f"needs {max(saved_ws, loaded_ws)} CUDA devices")
+    saved = suite.config(strategy_name, saved_ws)
+    run = suite.checkpointed_run(saved)
+    k = run["save_at"]
+    resumed = suite.train(saved.replace(world_size=loaded_ws), resume_from=run["checkpoint"], reshard=True)[0]
+    assert resumed["start_step"] == k
+    ref = suite.reference(saved)["losses"]
+    np.testing.assert_allclose(resumed["losses"], ref[k:], rtol=PARITY_RTOL, atol=PARITY_ATOL)
+
+
+def _expect_checkpoint_error(suite, cfg, path, *needles, **kw) -> str:
+    with pytest.raises(JobError) as info:
+        suite.train(cfg, resume_from=str(path), **kw)
+    err = info.value
+    assert err.exc_types == {"CheckpointError"}, f"expected CheckpointError on every rank, got {err}"
+    text = str(err)
+    for needle in needles:
+        assert needle in text, f"{needle!r} not in error:\n{text}"
+    return text
+
+
+@pytest.mark.parametrize("strategy_name", ["ddp", "fsdp_full"])
+def test_truncated_checkpoint_fails_clearly(suite, strategy_name, tmp_path):
+    cfg = suite.config(strategy_name, 1)
+    run = suite.checkpointed_run(cfg)
+    bad = tmp_path / "ckpt"
+    os.system(f"cp -r {run['checkpoint']} {bad}")
+    biggest = max((p for p in bad.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = biggest.read_bytes()
+    biggest.write_bytes(data[: len(data) // 3])
+    _expect_checkpoint_error(suite, cfg, bad, str(bad))
+
+
+def test_world_size_mismatch_needs_reshard(suite):
+    cfg = suite.config("fsdp_full", 2)
+    run = suite.checkpointed_run(cfg)
+    _expect_checkpoint_error(suite, cfg.replace(world_size=1), run["checkpoint"],
+                             "saved at world size 2", "reshard")
+
+
+@pytest.mark.parametrize("strategy_name", ["ddp", "fsdp_full"])
+def test_other_model_checkpoint_fails_clearly(suite, strategy_name):
+    cfg = suite.config(strategy_name, 1)
+    run = suite.checkpointed_run(cfg)
+    _expect_checkpoint_error(suite, cfg.replace(model="llama-tiny"), run["checkpoint"], run["checkpoint"])
+
+
+def test_missing_checkpoint_fails_clearly(suite, tmp_path):
+    _expect_checkpoint_error(suite, suite.config("ddp", 1), tmp_path / "nowhere", "missing")
