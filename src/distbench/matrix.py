@@ -21,7 +21,7 @@ from .runtime.pool import PoolManager, cuda_device_count
 from .strategies import get_spec
 from .workloads import get_model
 
-MATRIX_KEYS = {"strategies", "world_sizes", "models", "precisions", "repeats"}
+TRACE_METRICS = ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct")
 
 
 @dataclass
@@ -32,6 +32,7 @@ class Matrix:
     precisions: list[str]
     base: dict[str, Any] = field(default_factory=dict)  # other RunConfig fields
     repeats: int = 1
+    trace: bool = False  # also profile each configuration and attach the HTA breakdown
 
     def configs(self, device_type: str, device_count: int | None = None) -> tuple[list[RunConfig], list[str]]:
         """The runnable configurations, and a note for each one skipped and why."""
@@ -78,11 +79,12 @@ def load_matrix(path: str | Path) -> Matrix:
     models = as_list("models", "model") or ["gpt2-tiny"]
     precisions = as_list("precisions", "precision") or ["bf16"]
     repeats = int(data.pop("repeats", 1))
+    trace = bool(data.pop("trace", False))
     if not strategies or not world_sizes:
         raise ConfigError(f"matrix file {path} needs `strategies` and `world_sizes`")
     RunConfig.from_dict({k: v for k, v in data.items()})  # unknown keys fail here, naming the known ones
     return Matrix([str(s) for s in strategies], [int(w) for w in world_sizes], [str(m) for m in models],
-                  [str(p) for p in precisions], data, repeats)
+                  [str(p) for p in precisions], data, repeats, trace)
 
 
 def scaling_reference(done: list[dict[str, Any]], cfg: RunConfig) -> float | None:
@@ -109,7 +111,7 @@ def run_matrix(
     timeout: float = 1800.0,
 ) -> list[dict[str, Any]]:
     """Run every configuration `repeats` times in the rank pools; save each result as it lands."""
-    from .measure.bench import run_benchmark
+    from .measure.bench import run_benchmark, run_trace
 
     pools = pools or PoolManager(device_type)
     n_dev = cuda_device_count() if pools.device_type == "cuda" else None
@@ -122,6 +124,11 @@ def run_matrix(
                                    reference_tokens_per_s_1gpu=ref)
             if cfg.world_size == 1 and result["status"] == "ok":
                 result["metrics"].update(speedup=1.0, scaling_efficiency=1.0)
+            if matrix.trace and result["status"] == "ok" and out_dir is not None:
+                tdir = Path(out_dir) / "traces" / result["id"]
+                result["trace"] = run_trace(pools.get(cfg.world_size), cfg, str(tdir), timeout=timeout)
+                result["metrics"].update({k: result["trace"][k] for k in TRACE_METRICS
+                                          if result["trace"].get(k) is not None})
             results.append(result)
             if out_dir is not None:
                 save_result(result, out_dir)

@@ -29,6 +29,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 "(default: cpu gpt2-tiny; gpu gpt2-124m)")
     g.addoption("--steps", type=int, default=5, help="optimizer steps per training job (default 5)")
     g.addoption("--job-timeout", type=float, default=600.0, help="seconds before a hung job fails (default 600)")
+    g.addoption("--results-dir", default=None, help="also write each benchmark test's result JSON here")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -119,3 +120,17 @@ def device_type(request: pytest.FixtureRequest) -> str:
 def suite(_suites, device_type: str) -> Suite:
     """The session's Suite for this test's tier: pools, tier defaults and cached references."""
     return _suites(device_type)
+
+
+@pytest.fixture
+def save_result(request: pytest.FixtureRequest):
+    """Write a result JSON into --results-dir when given (benchmark tests call it with every result)."""
+    from .results import save_result as _save
+
+    out = request.config.getoption("--results-dir")
+
+    def save(result: dict) -> None:
+        if out:
+            _save(result, out)
+
+    return save

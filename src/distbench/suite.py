@@ -23,6 +23,12 @@ TIER_DEFAULTS: dict[str, dict[str, Any]] = {
              "seq_len": 256},
 }
 
+#: Benchmark workloads per tier: bf16 as users run it on GPUs (seed 004's sequence and micro-batch).
+BENCH_DEFAULTS: dict[str, dict[str, Any]] = {
+    "cpu": {"precision": "fp32", "micro_batch": 2, "seq_len": 0, "steps": 3, "warmup": 1},
+    "cuda": {"precision": "bf16", "micro_batch": 8, "seq_len": 1024, "steps": 10, "warmup": 3},
+}
+
 #: Loss parity tolerance: fp32, TF32 off, deterministic kernels; only reduction order differs.
 PARITY_RTOL = 1e-5
 PARITY_ATOL = 1e-6
@@ -55,6 +61,12 @@ class Suite:
                 "global_batch": d["global_batch"], "micro_batch": d["micro_batch"], "seq_len": d["seq_len"],
                 "steps": self.steps}
         return RunConfig(**{**base, **overrides})
+
+    def bench_config(self, strategy: str, world_size: int, model: str | None = None, **overrides: Any) -> RunConfig:
+        """A performance configuration: non-deterministic kernels allowed, global batch = micro x 4 GPUs."""
+        b = BENCH_DEFAULTS[self.device_type]
+        base = {**b, "global_batch": b["micro_batch"] * 4, "deterministic": False}
+        return self.config(strategy, world_size, model, **{**base, **overrides})
 
     def run(self, world_size: int, job: str, timeout: float | None = None, **kwargs: Any) -> list[Any]:
         return self.pool_manager.run(world_size, job, kwargs, timeout or self.timeout)

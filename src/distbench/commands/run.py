@@ -23,6 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--repeats", type=int, help="separate runs of each configuration (the compare gate wants >= 6)")
     p.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
+    p.add_argument("--trace", action="store_true", help="also profile each configuration (GPU) and record "
+                   "HolisticTraceAnalysis's compute/non-compute/idle and overlap breakdown")
     p.add_argument("--ds-config", help="DeepSpeed config JSON merged into the zero* strategies' config")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is present")
     p.add_argument("--output", "-o", default="distbench-results", help="directory for result JSON files")
@@ -45,6 +47,7 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
     m.models = _many(args.model) or m.models
     m.precisions = args.precision or m.precisions
     m.repeats = args.repeats or m.repeats
+    m.trace = args.trace or m.trace
     for key in ("steps", "warmup", "global_batch", "micro_batch", "seq_len"):
         if getattr(args, key) is not None:
             m.base[key] = getattr(args, key)

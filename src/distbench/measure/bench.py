@@ -370,3 +370,23 @@ def sweep_micro_batch(pool: Any, cfg: RunConfig, sizes: list[int], **kwargs: Any
         if results[-1]["status"] == "oom":
             break
     return results
+
+
+def trace(ctx: RankContext, cfg: dict[str, Any], out_dir: str, steps: int = 3) -> dict[str, Any]:
+    """Build, warm up, then profile `steps` steps into this rank's chrome trace under `out_dir`."""
+    from .trace import profile_steps
+
+    try:
+        b = _setup(ctx, cfg, nvml=False)
+        profile_steps(ctx, lambda: _step(ctx, b), steps, out_dir, warmup=1)
+        return {"rank": ctx.rank, "trace_dir": out_dir}
+    finally:
+        _free(ctx)
+
+
+def run_trace(pool: Any, cfg: RunConfig, out_dir: str, *, steps: int = 3, timeout: float = 1800) -> dict[str, Any]:
+    """Trace mode: profile every rank and return HolisticTraceAnalysis's breakdown per step."""
+    from .trace import analyze_traces
+
+    pool.run(f"{__name__}:trace", {"cfg": cfg.to_dict(), "out_dir": out_dir, "steps": steps}, timeout)
+    return analyze_traces(out_dir, steps=steps)

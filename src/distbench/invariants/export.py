@@ -1,0 +1,68 @@
+"""Export a training checkpoint to a plain model and a transformers directory, single-process, on CPU.
+
+What users do after training: consolidate ZeRO-3 shards with DeepSpeed's zero_to_fp32, or gather an FSDP2
+DCP checkpoint with torch's dcp_to_torch_save, load the result into the bare model and `save_pretrained` it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import RunConfig
+from ..errors import CheckpointError
+from ..workloads import get_model
+from ..workloads.data import global_batch
+
+
+def full_state_dict_from_checkpoint(path: str | os.PathLike[str], family: str) -> dict[str, torch.Tensor]:
+    """fp32 full model state dict from a `deepspeed` (ZeRO) or `fsdp` (DCP) checkpoint directory."""
+    path = str(path)
+    if family == "deepspeed":
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return dict(get_fp32_state_dict_from_zero_checkpoint(path))
+    if family in ("fsdp", "fsdp1"):
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "full.pt")
+            dcp_to_torch_save(os.path.join(path, "dcp"), out)
+            return torch.load(out, map_location="cpu", weights_only=True)["model"]
+    raise CheckpointError(f"no exporter for strategy family {family!r}")
+
+
+def load_into_model(state: dict[str, torch.Tensor], model_name: str) -> nn.Module:
+    """A fresh bare model holding `state`; only weights tied to another key may be absent from it."""
+    model = get_model(model_name).build(seed=0, device="cpu")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {k for k in missing if k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False)}
+    if set(missing) - tied or unexpected:
+        raise CheckpointError(f"exported state does not fit {model_name}: missing {sorted(set(missing) - tied)}, "
+                              f"unexpected {sorted(unexpected)}")
+    model.tie_weights()
+    return model
+
+
+def save_and_reload_pretrained(model: nn.Module, out_dir: str | os.PathLike[str]) -> nn.Module:
+    """save_pretrained then from_pretrained, as a user shipping the model would."""
+    model.save_pretrained(out_dir)
+    return type(model).from_pretrained(str(Path(out_dir)), attn_implementation="sdpa").float()
+
+
+@torch.no_grad()
+def global_batch_loss(model: nn.Module, cfg: RunConfig, step: int) -> float:
+    """Mean next-token loss of `model` over the global batch of `step`, micro-batch by micro-batch."""
+    spec = get_model(cfg.model)
+    tokens = global_batch(cfg, step, cfg.seq_len or spec.seq_len, spec.vocab_size)
+    model.eval()
+    losses = []
+    for chunk in tokens.split(cfg.micro_batch):
+        logits = model(input_ids=chunk[:, :-1]).logits
+        losses.append(F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten()).item())
+    return sum(losses) / len(losses)
