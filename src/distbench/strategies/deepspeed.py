@@ -1,0 +1,142 @@
+"""DeepSpeed ZeRO stages 1-3 (and stage 3 with CPU offload) behind the uniform Trainer interface."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..config import RunConfig
+from ..errors import CheckpointError, ConfigError
+from ..runtime.context import RankContext
+from .base import Batch, Trainer, build_optimizer, build_scheduler, lm_loss, model_logits
+from .ds_config import build_ds_config
+
+_META = "distbench_deepspeed.json"
+
+
+class DeepSpeedTrainer(Trainer):
+    """A DeepSpeed engine around torch's AdamW and LinearLR, built exactly as for the torch-native strategies."""
+
+    autocast_bf16 = False  # DeepSpeed's bf16 section owns the precision policy
+
+    def __init__(self, ctx: RankContext, cfg: RunConfig, model: nn.Module, stage: int, offload: bool = False,
+                 ds_config: dict | str | None = None) -> None:
+        super().__init__(ctx, cfg, model)
+        self.stage, self.offload = stage, offload
+        deepspeed = _import_deepspeed(ctx)  # first: importing it picks the accelerator
+        self.ds_config = build_ds_config(cfg, stage, offload, ds_config,
+                                         n_params=sum(p.numel() for p in model.parameters()))
+        opt = build_optimizer(model.parameters(), cfg)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=opt, lr_scheduler=build_scheduler(opt, cfg), config=self.ds_config,
+            dist_init_required=False,
+        )
+
+    def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
+        if self.engine.is_gradient_accumulation_boundary() != sync:
+            raise ConfigError(
+                f"DeepSpeed expects {self.engine.gradient_accumulation_steps()} micro-batches per step "
+                "(RunConfig.accum_steps) and got a different number"
+            )
+        loss = lm_loss(model_logits(self.engine, batch["input_ids"]), batch["labels"])
+        self.engine.backward(loss)  # divides by gradient_accumulation_steps itself; reduces at the boundary
+        if not sync:
+            self.engine.step()  # only counts the micro-step; the boundary's step is optimizer_step()
+        return loss.detach()
+
+    def optimizer_step(self) -> None:
+        """At the accumulation boundary engine.step() steps the optimizer and LR schedule and zeroes gradients.
+
+        It runs here rather than in forward_backward so that full_grads() can still see the step's gradients.
+        """
+        self.engine.step()
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        from deepspeed.utils import safe_get_full_grad
+
+        # Collective under ZeRO (the owners of each partition contribute), so every rank calls it for every param.
+        return {n: safe_get_full_grad(p).detach().float().cpu().clone()
+                for n, p in self.engine.module.named_parameters()}
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        module = self.engine.module
+        # safe_get_full_fp32_param gathers the optimizer's fp32 master copy (a collective under ZeRO-3), so
+        # under bf16 this returns what training holds, not the bf16 compute copy; tied weights map to one tensor.
+        full: dict[int, torch.Tensor] = {}
+        out = {}
+        for key, t in module.state_dict(keep_vars=True).items():
+            if isinstance(t, nn.Parameter):
+                if id(t) not in full:
+                    full[id(t)] = safe_get_full_fp32_param(t).detach().float().cpu().clone()
+                out[key] = full[id(t)]
+            else:
+                out[key] = t.detach().float().cpu().clone()
+        return out
+
+    def save_checkpoint(self, path: str) -> None:
+        self.engine.save_checkpoint(path)  # model, optimizer shards and the LR scheduler's state
+        if self.ctx.rank == 0:
+            with open(os.path.join(path, _META), "w") as f:
+                json.dump({"world_size": self.ctx.world_size, "stage": self.stage, "offload": self.offload}, f)
+        self.save_extra_state(path)
+        if self.ctx.world_size > 1:
+            dist.barrier()  # complete on every rank when save returns on any
+
+    def load_checkpoint(self, path: str, reshard: bool = False) -> None:
+        """Restore a checkpoint of the same world size and stage: ZeRO shards optimizer state by rank."""
+        meta_file = os.path.join(path, _META)
+        if not os.path.isdir(path):
+            raise CheckpointError(f"DeepSpeed checkpoint directory {path} is missing")
+        if not os.path.exists(meta_file):
+            raise CheckpointError(f"DeepSpeed checkpoint {path} is incomplete (no {_META}); was it saved "
+                                  "completely, and by a DeepSpeed strategy?")
+        with open(meta_file) as f:
+            meta = json.load(f)
+        here = {"world_size": self.ctx.world_size, "stage": self.stage, "offload": self.offload}
+        if reshard or meta != here:
+            raise CheckpointError(
+                f"DeepSpeed checkpoint {path} was saved at world size {meta['world_size']}, ZeRO stage "
+                f"{meta['stage']}, offload {meta['offload']}; this run has world size {self.ctx.world_size}, "
+                f"stage {self.stage}, offload {self.offload}. distbench cannot reshard DeepSpeed checkpoints: "
+                "resume with the saved world size and strategy (a DeepSpeed universal checkpoint, made with "
+                "deepspeed.checkpoint.ds_to_universal, is the way to change them outside distbench)"
+            )
+        try:
+            loaded, _ = self.engine.load_checkpoint(path, load_optimizer_states=True, load_lr_scheduler_states=True)
+        except Exception as e:  # DeepSpeed raises assorted errors for damaged files or another model
+            raise CheckpointError(f"cannot load DeepSpeed checkpoint {path}: {type(e).__name__}: {e}") from e
+        if loaded is None:
+            raise CheckpointError(f"DeepSpeed checkpoint {path} is incomplete: its 'latest' tag file is missing")
+        self.restore_extra_state(path)
+
+    def close(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            if hasattr(engine, "destroy"):  # releases ZeRO hooks and buffers; absent in old DeepSpeed
+                engine.destroy()
+            del self.engine
+        gc.collect()
+
+
+def _import_deepspeed(ctx: RankContext) -> Any:
+    """deepspeed, with its accelerator matching the rank's device (it would pick CUDA on a GPU host)."""
+    os.environ.setdefault("DS_ACCELERATOR", ctx.device_type)
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator, set_accelerator
+
+    if get_accelerator().device_name() != ctx.device_type:
+        if ctx.device_type != "cpu":
+            raise ConfigError(f"DeepSpeed's accelerator is {get_accelerator().device_name()!r} but this rank runs "
+                              f"on {ctx.device_type!r}; unset DS_ACCELERATOR")
+        from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+        set_accelerator(CPU_Accelerator())
+    return deepspeed
