@@ -1,0 +1,57 @@
+"""Invariant (GPU): per-rank memory of parameters, gradients and optimizer state follows the analytic
+model, and a sharded strategy's per-rank memory shrinks as the world grows."""
+
+from __future__ import annotations
+
+import pytest
+
+from distbench.invariants.memory import LAYOUT, analytic_bytes
+
+JOB = "distbench.invariants.memory:state_memory"
+#: Allowed excess over the model: 15% plus 1.5 GiB for communication buckets and allocator rounding
+#: (DeepSpeed reserves reduce/all-gather buckets of up to 5e8 elements by default).
+REL_TOL, ABS_SLACK = 0.15, 1.5 * 2**30
+
+
+_measured: dict[tuple[str, int], tuple] = {}
+
+
+def _measure(suite, strategy, world_size):
+    """The most loaded rank's measurement, once per (strategy, world size) per session."""
+    key = (strategy, world_size)
+    if key not in _measured:
+        cfg = suite.bench_config(strategy, world_size, model="gpt2-355m", micro_batch=1, global_batch=4,
+                                 seq_len=256, steps=2, warmup=0)
+        outs = suite.run(world_size, JOB, cfg=cfg.to_dict())
+        _measured[key] = (cfg, max(outs, key=lambda o: o["before_optimizer_step"]))
+    return _measured[key]
+
+
+@pytest.mark.gpu
+@pytest.mark.strategies(*LAYOUT)
+def test_memory_model(suite, strategy, world_size):
+    cfg, m = _measure(suite, strategy, world_size)
+    model = analytic_bytes(strategy, m["n_params"], world_size, cfg.precision)
+    predicted = sum(model.values())
+    measured = m["before_optimizer_step"]
+    gib = 2**30
+    print(f"{strategy} ws{world_size}: measured {measured / gib:.2f} GiB (after step "
+          f"{m['after_optimizer_step'] / gib:.2f}), predicted {predicted / gib:.2f} GiB {model}")
+    assert measured <= predicted * (1 + REL_TOL) + ABS_SLACK, (
+        f"{strategy} ws{world_size} holds {measured / gib:.2f} GiB per rank, the model predicts "
+        f"{predicted / gib:.2f} GiB: a replica or buffer the strategy should not keep")
+    assert measured >= predicted * (1 - REL_TOL) - 0.25 * gib, (
+        f"{strategy} ws{world_size} holds {measured / gib:.2f} GiB, less than the {predicted / gib:.2f} GiB "
+        "its state needs: the measurement or the model is wrong")
+
+
+@pytest.mark.gpu
+@pytest.mark.strategies(*[s for s, (sharded, _) in LAYOUT.items() if sharded])
+def test_sharded_memory_shrinks_with_world_size(suite, strategy, world_size):
+    if world_size < 2:
+        pytest.skip("compares against world size 1")
+    _, one = _measure(suite, strategy, 1)
+    _, many = _measure(suite, strategy, world_size)
+    assert many["before_optimizer_step"] < 0.8 * one["before_optimizer_step"], (
+        f"{strategy}: {many['before_optimizer_step'] / 2**30:.2f} GiB per rank at world size {world_size} vs "
+        f"{one['before_optimizer_step'] / 2**30:.2f} GiB at 1: sharding does not shrink per-rank memory")
