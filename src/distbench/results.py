@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import uuid
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,6 +46,7 @@ METRIC_DIRECTIONS: dict[str, int] = {
     "busbw_gbps": +1,
     "algbw_gbps": +1,
     "step_time_s": -1,
+    "config_overhead_s": -1,
     "mem_allocated_peak_bytes": -1,
     "mem_reserved_peak_bytes": -1,
     "nvml_mem_used_peak_bytes": -1,
@@ -86,6 +88,7 @@ def make_result(
             config.get("precision"),
             f"mb{config.get('micro_batch')}",
             created.replace(":", "").replace("+0000", "Z"),
+            uuid.uuid4().hex[:6],  # repeats of one configuration saved within a second stay distinct
         )
     )
     return {

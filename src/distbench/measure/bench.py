@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,7 @@ class _Bench:
     step: int = 0
     losses: list[float] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
+    warmup_times: list[float] = field(default_factory=list)
     sampler: NvmlSampler | None = None
 
 
@@ -92,7 +94,7 @@ def _setup(ctx: RankContext, cfg: dict[str, Any], nvml: bool) -> _Bench:
     del model
     worker.STATE[STATE_KEY] = b
     for _ in range(rc.warmup):
-        _step(ctx, b)
+        b.warmup_times.append(_step(ctx, b)[1])
     reset_peaks(ctx)
     if ctx.world_size > 1:
         dist.barrier()
@@ -122,6 +124,7 @@ def _finish(ctx: RankContext, b: _Bench) -> dict[str, Any]:
         "n_params": b.n_params,
         "flops": b.flops,
         "step_times_s": list(b.times),
+        "warmup_step_times_s": list(b.warmup_times),
         "losses": list(b.losses),
         "memory": memory_stats(ctx, nv["mem_used_peak_bytes"] if nv else None),
         "nvml": nv,
@@ -347,6 +350,7 @@ def run_benchmark(
     different collectives, leaving work queued that would desynchronise the next job.
     """
     env = environment_fingerprint()
+    t0 = time.perf_counter()
     try:
         replies = pool.run(JOB, {"cfg": cfg.to_dict(), "nvml": nvml}, timeout)
     except JobError as e:
@@ -357,7 +361,13 @@ def run_benchmark(
         per_rank = [{"rank": o.rank, "status": o.status, "exc_type": o.exc_type} for o in e.outcomes]
         return make_result(result_config(cfg, getattr(pool, "device_type", None)), status="oom",
                            error=_oom_message(e), env=env, per_rank=per_rank)
-    return summarize_bench(cfg, replies, reference_tokens_per_s_1gpu=reference_tokens_per_s_1gpu, env=env)
+    wall = time.perf_counter() - t0
+    result = summarize_bench(cfg, replies, reference_tokens_per_s_1gpu=reference_tokens_per_s_1gpu, env=env)
+    # What a configuration costs beyond its training steps in a warm pool: build, wrap, teardown, IPC.
+    steps_s = max(sum(r["step_times_s"]) + sum(r.get("warmup_step_times_s", [])) for r in replies)
+    result["wall_s"] = wall
+    result["metrics"]["config_overhead_s"] = wall - steps_s
+    return result
 
 
 def sweep_micro_batch(pool: Any, cfg: RunConfig, sizes: list[int], **kwargs: Any) -> list[dict[str, Any]]:
