@@ -1,0 +1,12 @@
+"""Subcommands of the `distbench` CLI: one module each, exposing `add_parser(subparsers)` and `run(args)`.
+
+`distbench.cli` calls `add_parser` for every module in COMMANDS; `add_parser` sets `func=run`, and `run`
+returns the process exit status. Modules import their heavy dependencies inside `run`, so `distbench --help`
+stays fast.
+"""
+
+from __future__ import annotations
+
+from . import compare, doctor, report, run, strategies
+
+COMMANDS = [run, strategies, compare, report, doctor]

@@ -1,0 +1,223 @@
+"""Markdown tables in the shape of seed 004: strategy x world size, throughput, scaling, time, MFU, memory.
+
+Repeated runs of one configuration are aggregated by their median. Speedup is tokens/s over the 1-GPU
+baseline of the same workload: the `single` strategy when present (as in seed 004), else the same strategy
+at world size 1; scaling efficiency is speedup / world size.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from ..results import config_key
+
+GIB = 1024**3
+
+
+def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A GitHub markdown table as lines ('|' in cells escaped)."""
+    def cells(xs: Sequence[str]) -> str:
+        return "| " + " | ".join(str(x).replace("|", "\\|") for x in xs) + " |"
+
+    return [cells(head), "|" + "---|" * len(head), *(cells(r) for r in rows)]
+
+
+def fmt_metric(metric: str, value: float | None) -> str:
+    """A metric value in the unit people read it in (GiB, ms, %, GB/s)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if metric.endswith("_bytes"):
+        return f"{value / GIB:.2f} GiB"
+    if metric == "step_time_s":
+        return f"{value * 1000:.1f} ms"
+    if metric in ("mfu", "scaling_efficiency"):
+        return f"{value:.1%}"
+    if metric.endswith("_pct"):
+        return f"{value:.2f}%"
+    if metric.endswith("_gbps"):
+        return f"{value:.1f} GB/s"
+    if metric.startswith(("tokens_per_s", "samples_per_s")):
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def config_label(cfg: dict[str, Any]) -> str:
+    """Short unambiguous name of a configuration (everything in `results.config_key`)."""
+    label = (f"{cfg.get('strategy')} ws{cfg.get('world_size')} {cfg.get('model')} {cfg.get('precision')} "
+             f"s{cfg.get('seq_len')} gb{cfg.get('global_batch')} mb{cfg.get('micro_batch')}")
+    return label + (" compiled" if cfg.get("compile") else "")
+
+
+def workload_key(cfg: dict[str, Any]) -> tuple:
+    """What a strategy x world size table holds fixed."""
+    return (cfg.get("model"), cfg.get("precision"), cfg.get("seq_len"), cfg.get("global_batch"),
+            cfg.get("micro_batch"), bool(cfg.get("compile")))
+
+
+def workload_title(cfg: dict[str, Any]) -> str:
+    title = (f"{cfg.get('model')} · precision {cfg.get('precision')} · seq {cfg.get('seq_len')} · "
+             f"global batch {cfg.get('global_batch')} · micro-batch {cfg.get('micro_batch')}")
+    return title + (" · torch.compile" if cfg.get("compile") else "")
+
+
+def machine_line(env: dict[str, Any]) -> str:
+    gpus = f"{env.get('gpu_count')}x {env.get('gpu_model')}" if env.get("gpu_count") else "CPU only"
+    sw = ", ".join(f"{k} {env[k]}" for k in ("torch", "cuda", "nccl", "driver", "deepspeed", "transformers")
+                   if env.get(k))
+    commit = f", commit {str(env['git_commit'])[:12]}" if env.get("git_commit") else ""
+    return f"{gpus}" + (f"; {sw}" if sw else "") + commit
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+    return statistics.median(xs) if xs else None
+
+
+class Cell:
+    """The runs of one configuration, aggregated by median."""
+
+    def __init__(self, runs: list[dict[str, Any]]) -> None:
+        self.runs = runs
+        self.cfg = runs[0]["config"]
+        self.strategy: str = self.cfg.get("strategy")
+        self.world_size: int = int(self.cfg.get("world_size") or 1)
+
+    def metric(self, name: str) -> float | None:
+        return _median([(r.get("metrics") or {}).get(name) for r in self.runs])
+
+    def step(self, stat: str) -> float | None:
+        return _median([(r.get("step_time_s") or {}).get(stat) for r in self.runs])
+
+    def trace(self, name: str) -> float | None:
+        return _median([(r.get("trace") or {}).get(name) for r in self.runs])
+
+    @property
+    def has_trace(self) -> bool:
+        return any(r.get("trace") for r in self.runs)
+
+    def throttled(self) -> str:
+        sampled = [r["nvml"] for r in self.runs if r.get("nvml")]
+        if not sampled:
+            return "n/a"
+        n = sum(bool(s.get("throttled")) for s in sampled)
+        return f"**yes** ({n}/{len(sampled)})" if n else "no"
+
+
+def cells_by_workload(results: list[dict[str, Any]]) -> dict[tuple, list[Cell]]:
+    """ok results -> {workload: [Cell per (strategy, world size)]}, `single` first, then by strategy and size."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in results:
+        if r.get("status") == "ok":
+            groups.setdefault(config_key(r), []).append(r)
+    out: dict[tuple, list[Cell]] = {}
+    for runs in groups.values():
+        cell = Cell(runs)
+        out.setdefault(workload_key(cell.cfg), []).append(cell)
+    for cells in out.values():
+        cells.sort(key=lambda c: (c.strategy != "single", c.strategy, c.world_size))
+    return out
+
+
+def baseline_tps(cells: list[Cell], strategy: str) -> float | None:
+    """tokens/s of the 1-GPU baseline: `single` if it ran, else `strategy` at world size 1."""
+    by = {(c.strategy, c.world_size): c for c in cells}
+    base = by.get(("single", 1)) or by.get((strategy, 1))
+    return base.metric("tokens_per_s") if base else None
+
+
+def scaling(cells: list[Cell], cell: Cell) -> tuple[float | None, float | None]:
+    """(speedup vs 1 GPU, scaling efficiency); efficiency falls back to the run's own metric."""
+    base, tps = baseline_tps(cells, cell.strategy), cell.metric("tokens_per_s")
+    if base and tps:
+        return tps / base, tps / base / cell.world_size
+    return None, cell.metric("scaling_efficiency")
+
+
+def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
+    return "—" if v is None else f"{v:{spec}}{suffix}"
+
+
+def throughput_table(cells: list[Cell]) -> list[str]:
+    rows = []
+    for c in cells:
+        speedup, eff = scaling(cells, c)
+        p10, p90 = c.step("p10"), c.step("p90")
+        spread = f" [{p10 * 1000:.1f}–{p90 * 1000:.1f}]" if p10 is not None and p90 is not None else ""
+        median = c.step("median") or c.metric("step_time_s")
+        rows.append([
+            c.strategy, str(c.world_size), str(len(c.runs)),
+            fmt_metric("tokens_per_s", c.metric("tokens_per_s")),
+            fmt_metric("tokens_per_s", c.metric("tokens_per_s_per_gpu")),
+            _fmt(speedup, ".2f", "x"), fmt_metric("scaling_efficiency", eff),
+            _fmt(None if median is None else median * 1000, ".1f", spread),
+            fmt_metric("mfu", c.metric("mfu")), c.throttled(),
+        ])
+    return md_table(["Strategy", "GPUs", "Runs", "Tokens/s", "Tokens/s/GPU", "Speedup vs 1 GPU",
+                     "Scaling eff.", "Step time ms median [p10–p90]", "MFU", "Throttled"], rows)
+
+
+def memory_table(cells: list[Cell]) -> list[str]:
+    rows = [[c.strategy, str(c.world_size)] + [fmt_metric(m, c.metric(m)) for m in (
+        "mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes")] for c in cells]
+    return md_table(["Strategy", "GPUs", "Peak allocated", "Peak reserved", "Peak NVML (device)"], rows)
+
+
+TRACE_COLUMNS = (("compute_ms", "Compute ms", ".1f"), ("non_compute_ms", "Non-compute ms", ".1f"),
+                 ("idle_ms", "Idle ms", ".1f"), ("compute_pct", "Compute %", ".2f"),
+                 ("non_compute_pct", "Non-compute %", ".2f"), ("idle_pct", "Idle %", ".2f"),
+                 ("overlap_pct", "Comm overlap %", ".2f"), ("exposed_comm_ms", "Exposed comm ms", ".1f"))
+
+
+def trace_table(cells: list[Cell]) -> list[str]:
+    rows = [[c.strategy, str(c.world_size)] + [_fmt(c.trace(k), spec) for k, _, spec in TRACE_COLUMNS]
+            for c in cells if c.has_trace]
+    return md_table(["Strategy", "GPUs", *(title for _, title, _ in TRACE_COLUMNS)], rows)
+
+
+def failures_table(results: list[dict[str, Any]]) -> list[str]:
+    bad = [r for r in results if r.get("status") != "ok"]
+    return md_table(["Config", "Status", "Error"],
+                    [[config_label(r["config"]), str(r.get("status")), str(r.get("error") or "")[:200]]
+                     for r in bad]) if bad else []
+
+
+def machines(results: list[dict[str, Any]]) -> list[str]:
+    return sorted({machine_line(r.get("env") or {}) for r in results})
+
+
+def report_markdown(results: list[dict[str, Any]], images: dict[tuple, list[tuple[str, str]]]) -> str:
+    """The full report; `images` maps a workload to (caption, relative path) pairs to embed."""
+    lines = ["# distbench report", "", f"{len(results)} results.", "", "Machine: " + "; ".join(machines(results))]
+    lines += ["", "Speedup is tokens/s over the 1-GPU baseline of the same workload (`single` when it ran, "
+              "else the same strategy on 1 GPU); scaling efficiency = speedup / GPUs. Step times are medians "
+              "over steady-state steps, [p10–p90] their spread; repeated runs are aggregated by median. "
+              "Throttled runs are not comparable."]
+    for wk, cells in cells_by_workload(results).items():
+        lines += ["", f"## {workload_title(cells[0].cfg)}", "", "### Throughput and scaling", ""]
+        lines += throughput_table(cells)
+        lines += ["", "### Peak memory per GPU", ""] + memory_table(cells)
+        if any(c.has_trace for c in cells):
+            lines += ["", "### Trace breakdown (compute / non-compute / idle)", ""] + trace_table(cells)
+        for caption, path in images.get(wk, []):
+            lines += ["", f"![{caption}]({path})"]
+    failures = failures_table(results)
+    if failures:
+        lines += ["", "## Failed runs", ""] + failures
+    return "\n".join(lines) + "\n"
+
+
+def job_summary_markdown(results: list[dict[str, Any]]) -> str:
+    """A compact summary for $GITHUB_STEP_SUMMARY: machine, throughput tables and failures."""
+    ok = sum(r.get("status") == "ok" for r in results)
+    lines = [f"## distbench: {ok}/{len(results)} runs ok", ""]
+    if results:
+        lines += ["Machine: " + "; ".join(machines(results)), ""]
+    for cells in cells_by_workload(results).values():
+        lines += [f"### {workload_title(cells[0].cfg)}", ""] + throughput_table(cells) + [""]
+    failures = failures_table(results)
+    if failures:
+        lines += ["### Failed runs", ""] + failures
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,76 @@
+"""doctor runs on a bare CPU machine and names the known breakages with their fix."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from distbench import doctor
+from distbench.doctor import FAIL, INFO, OK, WARN, check_cuda_arch_list, check_multicast, render, run_checks
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_runs_cleanly_without_gpu_or_nvidia_smi(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(doctor, "gpus", lambda: [])
+    checks = by_name(run_checks({}))
+    assert {"python", "torch", "deepspeed", "transformers", "gpus", "topology", "nccl env",
+            "nvlink multicast", "TORCH_CUDA_ARCH_LIST", "CUDA_DEVICE_MAX_CONNECTIONS"} <= set(checks)
+    assert checks["topology"].status == INFO and "nvidia-smi not found" in checks["topology"].detail
+    assert checks["gpus"].status == INFO and "CPU tier only" in checks["gpus"].detail
+    assert checks["nvlink multicast"].status == INFO  # no GPUs: nothing to break
+    assert all(c.status in (OK, WARN, FAIL, INFO) for c in checks.values())
+    assert "failed" in render(list(checks.values()))
+
+
+def test_arch_list_with_letter_suffix_fires_with_its_fix(monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    monkeypatch.setattr(doctor, "_version", lambda dist: "0.16.0" if dist == "deepspeed" else "5.0")
+    check = by_name(run_checks())["TORCH_CUDA_ARCH_LIST"]
+    assert check.status == FAIL
+    assert "invalid literal for int() with base 10: '0a'" in check.detail
+    assert check.fix == "export TORCH_CUDA_ARCH_LIST=9.0"
+    assert "fix: export TORCH_CUDA_ARCH_LIST=9.0" in render([check])
+
+
+def test_arch_list_without_suffix_passes(monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    assert by_name(run_checks())["TORCH_CUDA_ARCH_LIST"].status == OK
+
+
+@pytest.mark.parametrize("value, fix", [
+    ("8.0;9.0a", "export TORCH_CUDA_ARCH_LIST=8.0;9.0"),
+    ("9.0a 10.0a+PTX", "export TORCH_CUDA_ARCH_LIST=9.0;10.0+PTX"),
+])
+def test_arch_list_mixed_entries(value, fix):
+    check = check_cuda_arch_list({"TORCH_CUDA_ARCH_LIST": value}, deepspeed_installed=True)
+    assert check.status == FAIL and check.fix == fix
+
+
+@pytest.mark.parametrize("value", ["8.0;8.6;9.0", "7.5 8.0 9.0+PTX", "9.0+PTX"])
+def test_arch_lists_deepspeed_parses_are_ok(value):
+    assert check_cuda_arch_list({"TORCH_CUDA_ARCH_LIST": value}, deepspeed_installed=True).status == OK
+
+
+def test_arch_suffix_without_deepspeed_is_a_warning():
+    check = check_cuda_arch_list({"TORCH_CUDA_ARCH_LIST": "9.0a"}, deepspeed_installed=False)
+    assert check.status == WARN and "not installed" in check.detail
+
+
+def test_multicast_reported_and_fixed():
+    on = check_multicast({"NCCL_NVLS_ENABLE": "1"}, have_gpus=True)
+    assert on.status == WARN and "NCCL_NVLS_ENABLE=1" in on.detail
+    assert on.fix == "export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
+    off = check_multicast({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                           "NVSHMEM_DISABLE_NVLS": "1"}, have_gpus=True)
+    assert off.status == OK
+
+
+def test_nccl_env_and_max_connections_listed():
+    checks = by_name(run_checks({"NCCL_DEBUG": "INFO", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}))
+    assert "NCCL_DEBUG=INFO" in checks["nccl env"].detail
+    assert checks["CUDA_DEVICE_MAX_CONNECTIONS"].fix

@@ -1,0 +1,117 @@
+"""report.md has the seed-004 tables with the right rows and values; figures are written."""
+
+from __future__ import annotations
+
+import argparse
+
+from distbench.commands import report as report_cmd
+from distbench.report import job_summary_markdown, write_report
+from distbench.results import make_result, save_result
+
+GIB = 1024**3
+WORKLOAD = {"model": "gpt2-large", "precision": "bf16", "seq_len": 1024, "global_batch": 32, "micro_batch": 8}
+ENV = {"gpu_model": "NVIDIA H200", "gpu_count": 2, "torch": "2.11.0", "cuda": "13.0", "git_commit": "0123456789abcdef"}
+# (strategy, world size, tokens/s, peak allocated GiB) in the spirit of seed 004
+RUNS = [("single", 1, 32582, 12.0), ("ddp", 2, 62870, 12.0), ("fsdp_full", 2, 62244, 4.0),
+        ("fsdp_grad", 2, 62495, 8.0)]
+TRACE = {"fsdp_grad": {"compute_ms": 6828.7, "non_compute_ms": 87.1, "idle_ms": 72.6, "compute_pct": 97.71,
+                       "non_compute_pct": 1.25, "idle_pct": 1.04, "overlap_pct": 98.06,
+                       "exposed_comm_ms": 1.7}}
+
+
+def result(strategy, ws, tps, mem_gib, *, throttled=False, cfg=None):
+    st = 32 * 1024 / tps
+    return make_result(
+        {"strategy": strategy, "world_size": ws, **(cfg or WORKLOAD)},
+        metrics={"tokens_per_s": tps, "tokens_per_s_per_gpu": tps / ws, "step_time_s": st, "mfu": 0.45,
+                 "mem_allocated_peak_bytes": mem_gib * GIB, "mem_reserved_peak_bytes": (mem_gib + 1) * GIB,
+                 "nvml_mem_used_peak_bytes": (mem_gib + 2) * GIB},
+        env=ENV, step_time_s={"median": st, "p10": st * 0.98, "p90": st * 1.02, "mean": st, "std": 0.0, "n": 20},
+        nvml={"throttled": throttled}, trace=TRACE.get(strategy))
+
+
+def results():
+    out = [result(*r) for r in RUNS]
+    out.append(result("ddp", 2, 60000, 12.0, throttled=True))  # a second ddp run: median of two
+    out.append(make_result({"strategy": "ddp", "world_size": 8, **WORKLOAD}, status="oom",
+                           error="CUDA out of memory", env=ENV))
+    return out
+
+
+def table_rows(md: str, header_start: str) -> list[list[str]]:
+    lines = md.splitlines()
+    i = next(n for n, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[i + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def test_write_report_tables_and_figures(tmp_path):
+    path = write_report(results(), tmp_path)
+    md = path.read_text()
+    assert path == tmp_path / "report.md"
+    assert "2x NVIDIA H200" in md and "torch 2.11.0" in md and "commit 0123456789ab" in md
+    assert "## gpt2-large · precision bf16 · seq 1024 · global batch 32 · micro-batch 8" in md
+
+    rows = {(r[0], r[1]): r for r in table_rows(md, "| Strategy | GPUs | Runs | Tokens/s")}
+    assert set(rows) == {("single", "1"), ("ddp", "2"), ("fsdp_full", "2"), ("fsdp_grad", "2")}
+    ddp = rows[("ddp", "2")]
+    assert ddp[2] == "2" and ddp[3] == f"{(62870 + 60000) / 2:,.0f}"  # median of the two runs
+    fsdp_grad = rows[("fsdp_grad", "2")]
+    assert fsdp_grad[3] == "62,495" and fsdp_grad[4] == "31,248"
+    assert fsdp_grad[5] == f"{62495 / 32582:.2f}x"  # speedup vs the single-GPU baseline: 1.92x
+    assert fsdp_grad[6] == f"{62495 / 32582 / 2:.1%}"
+    st = 32 * 1024 / 62495 * 1000
+    assert fsdp_grad[7] == f"{st:.1f} [{st * 0.98:.1f}–{st * 1.02:.1f}]"
+    assert fsdp_grad[8] == "45.0%" and fsdp_grad[9] == "no"
+    assert ddp[9] == "**yes** (1/2)"
+    assert rows[("single", "1")][5] == "1.00x"
+
+    mem = {(r[0], r[1]): r for r in table_rows(md, "| Strategy | GPUs | Peak allocated")}
+    assert mem[("fsdp_full", "2")][2:] == ["4.00 GiB", "5.00 GiB", "6.00 GiB"]
+
+    trace = table_rows(md, "| Strategy | GPUs | Compute ms")
+    assert trace == [["fsdp_grad", "2", "6828.7", "87.1", "72.6", "97.71", "1.25", "1.04", "98.06", "1.7"]]
+
+    failed = table_rows(md, "| Config | Status | Error")
+    assert failed == [["ddp ws8 gpt2-large bf16 s1024 gb32 mb8", "oom", "CUDA out of memory"]]
+
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert [p.split("-")[0] for p in pngs] == ["breakdown", "memory", "throughput"]
+    for name in pngs:
+        assert (tmp_path / name).stat().st_size > 1000
+        assert f"]({name})" in md
+
+
+def test_one_table_per_workload_and_no_trace_table_without_traces(tmp_path):
+    small = dict(WORKLOAD, model="gpt2-tiny", seq_len=32, global_batch=8, micro_batch=2)
+    rs = [result("ddp", ws, 1000.0 * ws, 0.1, cfg=small) for ws in (1, 2)]
+    md = write_report(rs + [result(*RUNS[0])], tmp_path).read_text()
+    assert md.count("### Throughput and scaling") == 2
+    assert md.count("### Trace breakdown") == 0
+    rows = {(r[0], r[1]): r for r in table_rows(md, "| Strategy | GPUs | Runs | Tokens/s")}
+    assert rows[("ddp", "2")][5] == "2.00x"  # no `single` run: baseline is ddp on 1 GPU
+    assert not list(tmp_path.glob("breakdown-*.png"))
+
+
+def test_job_summary(tmp_path):
+    md = job_summary_markdown(results())
+    assert md.startswith("## distbench: 5/6 runs ok")
+    assert "| fsdp_grad | 2 |" in md and "CUDA out of memory" in md
+
+
+def test_report_command_writes_report_and_summary(tmp_path, monkeypatch):
+    for i, r in enumerate(results()):
+        r["id"] += f"-{i}"  # ids have one-second resolution; these runs were made in the same second
+        save_result(r, tmp_path / "results")
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    args = argparse.Namespace(results=[tmp_path / "results"], out=tmp_path / "out", github_summary=True)
+    assert report_cmd.run(args) == 0
+    assert (tmp_path / "out" / "report.md").exists()
+    assert "distbench: 5/6 runs ok" in summary.read_text()
+    args.results = [tmp_path / "missing"]
+    assert report_cmd.run(args) == 2
