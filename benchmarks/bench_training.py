@@ -1,0 +1,190 @@
+"""Training and collective metrics per strategy x world size, tracked by asv.
+
+Direction: asv 0.6 reads an increase of any benchmark as a regression and has no attribute to say that
+higher is better (airspeed-velocity/asv#1617 asks for one and is open). So every track is kept in a
+lower-is-better form: step time and peak memory as measured, and MFU, scaling efficiency and bus bandwidth
+as their inverses (x the time at peak FLOP/s, x the ideal linear-scaling time, ms per GB of bus traffic).
+A drop in MFU then shows in asv as a rise, flagged like any slowdown.
+
+Grid: with CUDA GPUs, the model in DISTBENCH_ASV_MODEL (default gpt2-large) in bf16, micro-batch 8, at
+world sizes 1, 2, 4, 8 up to the GPU count; without, gpt2-tiny in fp32 on gloo at world sizes 1 and 2, small
+enough for `asv run --quick` on a laptop. DISTBENCH_ASV_STRATEGIES (comma-separated) overrides the strategies.
+
+Every configuration is measured once, in the module-level `setup_cache`: asv runs it in one process and
+hands its pickled results to every benchmark. `_train` and `_busbw` are cached per process as well, so a
+configuration runs once however often the grid asks for it (the 1-GPU baseline serves every world size).
+Unsupported strategy x world size pairs are skipped (n/a); a run that fails or runs out of memory is a
+failed benchmark, which `asv continuous` reports as a regression.
+"""
+
+from __future__ import annotations
+
+import functools as _functools
+import os as _os
+from typing import Any
+
+from distbench.runtime.pool import cuda_device_count as _cuda_device_count
+from distbench.strategies import get_spec as _get_spec
+
+GPUS = _cuda_device_count()
+DEVICE = "cuda" if GPUS else "cpu"
+if GPUS:
+    _DEFAULT_STRATEGIES = "single,ddp,fsdp_full,fsdp_grad,zero2,zero3"
+    WORLD_SIZES = [n for n in (1, 2, 4, 8) if n <= GPUS]
+    WORKLOAD: dict[str, Any] = {"model": _os.environ.get("DISTBENCH_ASV_MODEL", "gpt2-large"),
+                                "precision": "bf16", "micro_batch": 8, "global_batch": 8 * max(WORLD_SIZES),
+                                "steps": 20, "warmup": 5}
+else:
+    _DEFAULT_STRATEGIES = "single,ddp,fsdp_full"
+    WORLD_SIZES = [1, 2]
+    WORKLOAD = {"model": "gpt2-tiny", "precision": "fp32", "micro_batch": 2, "global_batch": 8,
+                "steps": 5, "warmup": 2}
+STRATEGIES = [_get_spec(s.strip()).name for s in
+              _os.environ.get("DISTBENCH_ASV_STRATEGIES", _DEFAULT_STRATEGIES).split(",") if s.strip()]
+BASELINE = "single" if "single" in STRATEGIES else None  # else each strategy's own 1-GPU run
+OPS = ["all_reduce", "all_gather", "reduce_scatter"]
+
+
+@_functools.cache
+def _pools() -> Any:
+    from distbench.runtime.pool import PoolManager
+
+    return PoolManager(device_type=DEVICE)
+
+
+@_functools.cache
+def _train(strategy: str, world_size: int) -> dict[str, Any]:
+    """One benchmark result, or {"skip": why} for a pair the strategy does not support."""
+    from distbench.config import RunConfig
+    from distbench.measure.bench import run_benchmark
+
+    why = _get_spec(strategy).unsupported_reason(DEVICE, world_size, GPUS)
+    if why:
+        return {"skip": why}
+    base = BASELINE or strategy
+    reference = None
+    if (strategy, world_size) != (base, 1):
+        b = _train(base, 1)
+        reference = b["metrics"]["tokens_per_s"] if b.get("status") == "ok" else None
+    cfg = RunConfig(strategy=strategy, world_size=world_size, deterministic=False, **WORKLOAD)
+    try:
+        return run_benchmark(_pools().get(world_size), cfg, reference_tokens_per_s_1gpu=reference)
+    except Exception as e:  # one broken configuration must not take the whole grid down
+        return {"status": "error", "error": f"{type(e).__name__}: {e}"}
+
+
+@_functools.cache
+def _busbw(world_size: int) -> dict[str, Any]:
+    """Rank 0's table of collective_bandwidth (every rank returns the same one)."""
+    try:
+        return _pools().get(world_size).run("distbench.measure.busbw:collective_bandwidth", {}, 900)[0]
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def setup_cache() -> dict[str, Any]:
+    """Everything, once: training results per strategy/world size, collective tables per world size > 1."""
+    train = {f"{s}/{ws}": _train(s, ws) for s in STRATEGIES for ws in WORLD_SIZES}
+    busbw = {ws: _busbw(ws) for ws in WORLD_SIZES if ws > 1}
+    return {"train": train, "busbw": busbw}
+
+
+setup_cache.timeout = 4 * 3600 if GPUS else 1800  # the whole grid runs inside it
+
+
+class _Training:
+    """Common setup: pick the configuration's result, skip it where the metric cannot exist."""
+
+    params = (STRATEGIES, WORLD_SIZES)
+    param_names = ("strategy", "world_size")
+    needs = "step_time_s"
+
+    def setup(self, cache: dict[str, Any], strategy: str, world_size: int) -> None:
+        r = cache["train"][f"{strategy}/{world_size}"]
+        if "skip" in r:
+            raise NotImplementedError(r["skip"])
+        if r["status"] == "ok" and r["metrics"].get(self.needs) is None:
+            raise NotImplementedError(f"no {self.needs} in this result (not measured on {DEVICE}, "
+                                      "or this is the 1-GPU baseline itself)")
+        self.result = r
+
+    def metric(self, name: str) -> float:
+        if self.result["status"] != "ok":
+            raise RuntimeError(f"run {self.result['status']}: {self.result.get('error')}")
+        return float(self.result["metrics"][name])
+
+
+class StepTime(_Training):
+    def track_step_time(self, cache: dict[str, Any], strategy: str, world_size: int) -> float:
+        """Median steady-state optimizer step time."""
+        return self.metric("step_time_s")
+
+    track_step_time.unit = "seconds"
+
+
+class Memory(_Training):
+    needs = "mem_allocated_peak_bytes"  # torch.cuda memory stats: GPU only
+
+    def track_peak_mem_allocated(self, cache: dict[str, Any], strategy: str, world_size: int) -> float:
+        """torch peak allocated bytes per GPU over the timed steps (max over ranks)."""
+        return self.metric("mem_allocated_peak_bytes")
+
+    track_peak_mem_allocated.unit = "bytes"
+
+    def track_peak_mem_reserved(self, cache: dict[str, Any], strategy: str, world_size: int) -> float:
+        """torch caching-allocator peak reserved bytes per GPU (max over ranks)."""
+        return self.metric("mem_reserved_peak_bytes")
+
+    track_peak_mem_reserved.unit = "bytes"
+
+
+class DeviceMemory(_Training):
+    needs = "nvml_mem_used_peak_bytes"
+
+    def track_peak_mem_nvml(self, cache: dict[str, Any], strategy: str, world_size: int) -> float:
+        """NVML device memory peak: adds NCCL buffers and the CUDA context, which torch does not see."""
+        return self.metric("nvml_mem_used_peak_bytes")
+
+    track_peak_mem_nvml.unit = "bytes"
+
+
+class Mfu(_Training):
+    needs = "mfu"
+
+    def track_inverse_mfu(self, cache: dict[str, Any], strategy: str, world_size: int) -> float:
+        """1 / MFU: step time as a multiple of the time at the GPU's peak FLOP/s (lower is better)."""
+        return 1.0 / self.metric("mfu")
+
+    track_inverse_mfu.unit = "x peak-FLOP time"
+
+
+class Scaling(_Training):
+    needs = "scaling_efficiency"
+
+    def track_inverse_scaling_efficiency(self, cache: dict[str, Any], strategy: str, world_size: int) -> float:
+        """1 / scaling efficiency vs the 1-GPU baseline: 1.0 is linear scaling (lower is better)."""
+        return 1.0 / self.metric("scaling_efficiency")
+
+    track_inverse_scaling_efficiency.unit = "x ideal time"
+
+
+class BusBandwidth:
+    params = (OPS, WORLD_SIZES)
+    param_names = ("op", "world_size")
+
+    def setup(self, cache: dict[str, Any], op: str, world_size: int) -> None:
+        if world_size == 1:
+            raise NotImplementedError("collectives need world size > 1")
+        table = cache["busbw"][world_size]
+        if "error" in table:
+            raise RuntimeError(table["error"])
+        rows = [r for r in table["results"] if r["op"] == op]
+        if not rows:
+            raise NotImplementedError(f"{table['backend']} did not run {op}")
+        self.row = max(rows, key=lambda r: r["size_bytes"])
+
+    def track_ms_per_bus_gb(self, cache: dict[str, Any], op: str, world_size: int) -> float:
+        """1000 / busbw (nccl-tests convention) at the largest message size: ms per GB (lower is better)."""
+        return 1000.0 / self.row["busbw_gbps"]
+
+    track_ms_per_bus_gb.unit = "ms/GB"
