@@ -1,0 +1,159 @@
+"""The GitHub workflows keep their security and scheduling policy: pinned actions, least privilege, a PR
+guard on the self-hosted GPU runner, one job per runner at a time, timeouts, multicast off."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = ROOT / ".github" / "workflows"
+CI, GPU = WORKFLOWS / "ci.yml", WORKFLOWS / "gpu.yml"
+PINNED = re.compile(r"^[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}$")
+
+
+def load(path: Path) -> dict:
+    wf = yaml.safe_load(path.read_text())
+    wf["on"] = wf.pop(True, wf.get("on"))  # YAML 1.1 reads the key `on` as a boolean
+    return wf
+
+
+def steps(wf: dict) -> list[dict]:
+    return [s for job in wf["jobs"].values() for s in job.get("steps", [])]
+
+
+def runs(wf: dict) -> str:
+    return "\n".join(s["run"] for s in steps(wf) if "run" in s)
+
+
+@pytest.mark.parametrize("path", [CI, GPU], ids=lambda p: p.name)
+def test_every_action_is_pinned_to_a_commit_with_its_version(path):
+    uses = [s["uses"] for s in steps(load(path)) if "uses" in s]
+    assert uses
+    for u in uses:
+        assert PINNED.match(u), f"{u} is not pinned to a full commit SHA"
+    for line in path.read_text().splitlines():
+        if "uses:" in line:
+            assert re.search(r"@[0-9a-f]{40} # v\d+(\.\d+)*$", line), f"no version comment: {line.strip()}"
+
+
+@pytest.mark.parametrize("path", [CI, GPU], ids=lambda p: p.name)
+def test_read_only_by_default_and_timeouts_everywhere(path):
+    wf = load(path)
+    assert wf["permissions"] == {"contents": "read"}
+    for name, job in wf["jobs"].items():
+        assert isinstance(job.get("timeout-minutes"), int), f"job {name} has no timeout-minutes"
+
+
+def test_only_the_pages_job_may_write():
+    for path in (CI, GPU):
+        for name, job in load(path)["jobs"].items():
+            if path == GPU and name == "pages":
+                assert job["permissions"] == {"pages": "write", "id-token": "write"}
+                assert any("actions/deploy-pages@" in s.get("uses", "") for s in job["steps"])
+            else:
+                assert "permissions" not in job, f"{path.name}:{name} widens permissions"
+
+
+def test_ci_matrix_installs_cpu_torch_and_runs_the_linters():
+    wf = load(CI)
+    test = wf["jobs"]["test"]
+    assert test["strategy"]["matrix"]["python-version"] == ["3.10", "3.11", "3.12"]
+    assert test["runs-on"] == "ubuntu-latest"
+    script = runs(wf)
+    assert "--index-url https://download.pytorch.org/whl/cpu" in script
+    assert re.search(r"^ruff check", script, re.M)
+    assert re.search(r"^pytest$", script, re.M)  # the README's test command, as is
+    for linter in ("actionlint", "check-jsonschema", "zizmor"):
+        assert re.search(rf"^{linter}\b", script, re.M), f"ci.yml does not run {linter}"
+
+
+def test_gpu_runs_on_the_self_hosted_h200_runner_one_job_at_a_time():
+    job = load(GPU)["jobs"]["gpu"]
+    assert job["runs-on"] == ["self-hosted", "linux", "gpu", "h200"]
+    assert job["concurrency"]["group"] and job["concurrency"]["cancel-in-progress"] is False
+
+
+def test_gpu_pull_requests_need_the_label_and_a_branch_of_this_repository():
+    wf = load(GPU)
+    assert "schedule" in wf["on"] and "pull_request" in wf["on"]
+    assert "pull_request_target" not in wf["on"]  # would run fork code with a write token
+    guard = " ".join(wf["jobs"]["gpu"]["if"].split())
+    assert "github.event_name != 'pull_request' ||" in guard
+    assert "contains(github.event.pull_request.labels.*.name, 'gpu') &&" in guard
+    assert "github.event.pull_request.head.repo.full_name == github.repository" in guard
+    assert "github.event.action != 'labeled' || github.event.label.name == 'gpu'" in guard  # not other labels
+    assert wf["jobs"]["pages"]["if"] == "github.event_name != 'pull_request' && github.ref == 'refs/heads/main'"
+
+
+def test_gpu_multicast_off_and_the_full_pipeline_present():
+    wf = load(GPU)
+    assert {k: wf["env"][k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+                                      "NVSHMEM_DISABLE_NVLS")} == {
+        "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    script = runs(wf)
+    for needle in ("pytest -m gpu", "distbench run", "asv continuous", "main HEAD", "asv publish",
+                   "--github-summary"):
+        assert needle in script
+    uses = " ".join(s.get("uses", "") for s in steps(wf))
+    for action in ("actions/upload-artifact@", "actions/upload-pages-artifact@", "actions/deploy-pages@"):
+        assert action in uses
+
+
+BROKEN = """\
+name: broken
+on:
+  pull_request_target:
+jobs:
+  t:
+    runs-on: ubuntu-latest
+    tiemout-minutes: 5
+    steps:
+      - uses: actions/checkout@v4
+        with:
+          ref: ${{ github.event.pull_request.head.sha }}
+      - run: echo "${{ github.event.pull_request.title }}"
+"""
+
+
+def _lint(tool: str, *args: str) -> subprocess.CompletedProcess:
+    exe = shutil.which(tool)
+    assert exe, f"{tool} is missing: pip install -e '.[dev]' installs it"
+    return subprocess.run([exe, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def _schema(*paths: Path) -> subprocess.CompletedProcess:
+    return _lint("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *map(str, paths))
+
+
+def _zizmor(path: Path) -> subprocess.CompletedProcess:
+    return _lint("zizmor", "--offline", "--no-progress", str(path))
+
+
+def test_workflows_match_githubs_schema():
+    """The schema check catches typos GitHub would only report once the workflow is pushed."""
+    proc = _schema(CI, GPU)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_zizmor_finds_no_security_issue():
+    proc = _zizmor(WORKFLOWS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_linters_catch_a_broken_workflow(tmp_path):
+    """Both linters fail on a workflow with a misspelt key, a fork-code trigger, an unpinned action and a
+    template injection, so a green lint above means something."""
+    bad = tmp_path / "broken.yml"
+    bad.write_text(BROKEN)
+    schema = _schema(bad)
+    assert schema.returncode != 0 and "tiemout-minutes" in schema.stdout
+    audit = _zizmor(bad)
+    assert audit.returncode != 0
+    for finding in ("dangerous-triggers", "unpinned-uses", "template-injection"):
+        assert finding in audit.stdout + audit.stderr
