@@ -8,17 +8,11 @@ records, not from timing.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from distbench.suite import PARITY_ATOL, PARITY_RTOL
+from distbench.invariants.checks import assert_losses_match, assert_sync_once_per_step
 
 COUNT_JOB = "distbench.invariants.collectives:count_collectives"
-
-
-def grad_collectives(counts: dict[str, float]) -> float:
-    """Gradient reductions: all-reduce (DDP, HSDP's replicate dim) plus reduce-scatter (FSDP)."""
-    return counts.get("all_reduce", 0) + counts.get("reduce_scatter", 0)
 
 
 @pytest.mark.strategies("ddp", "fsdp_full", "fsdp_grad", "fsdp_hybrid", "fsdp_offload")
@@ -31,11 +25,7 @@ def test_gradient_sync_once_per_step(suite, strategy, world_size):
     assert many.accum_steps > 1
     c_one = suite.run(world_size, COUNT_JOB, cfg=one.to_dict())[0]
     c_many = suite.run(world_size, COUNT_JOB, cfg=many.to_dict())[0]
-    assert grad_collectives(c_one) >= 1, f"{strategy} issued no gradient collective per step: {c_one}"
-    assert grad_collectives(c_many) == grad_collectives(c_one), (
-        f"{strategy} issued {c_many} collectives per step with {many.accum_steps} micro-batches, "
-        f"{c_one} without accumulation: gradients are synchronised on every micro-batch"
-    )
+    assert_sync_once_per_step(c_one, c_many, f"{strategy} ws{world_size} ({many.accum_steps} micro-batches)")
 
 
 def test_accumulation_preserves_losses(suite, strategy, world_size):
@@ -45,4 +35,4 @@ def test_accumulation_preserves_losses(suite, strategy, world_size):
     many = one.replace(micro_batch=1)
     a = suite.train(one)[0]["losses"]
     b = suite.train(many)[0]["losses"]
-    np.testing.assert_allclose(b, a, rtol=PARITY_RTOL, atol=PARITY_ATOL)
+    assert_losses_match(b, a, f"{strategy} ws{world_size} accumulating {many.accum_steps} micro-batches")

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 
+from distbench.invariants.checks import assert_losses_match, assert_resume_exact
 from distbench.runtime.pool import JobError
-from distbench.suite import PARITY_ATOL, PARITY_RTOL
 
 
 def test_checkpoint_roundtrip(suite, strategy, world_size):
@@ -16,13 +15,8 @@ def test_checkpoint_roundtrip(suite, strategy, world_size):
     the uninterrupted run, so optimizer state, LR schedule, RNG and data position were all restored."""
     cfg = suite.config(strategy, world_size)
     run = suite.checkpointed_run(cfg)
-    k = run["save_at"]
     resumed = suite.train(cfg, resume_from=run["checkpoint"])[0]
-    assert resumed["start_step"] == k, f"resumed at step {resumed['start_step']}, saved at {k}"
-    assert resumed["losses"] == run["losses"][k:], (
-        f"{strategy} ws{world_size}: losses after resume {resumed['losses']} differ from the uninterrupted "
-        f"run {run['losses'][k:]}"
-    )
+    assert_resume_exact(resumed, run["losses"], run["save_at"], f"{strategy} ws{world_size}")
 
 
 def _pairs(device_type: str) -> list:
@@ -47,7 +41,7 @@ def test_dcp_resharding(suite, device_type, strategy_name, saved_ws, loaded_ws):
     resumed = suite.train(saved.replace(world_size=loaded_ws), resume_from=run["checkpoint"], reshard=True)[0]
     assert resumed["start_step"] == k
     ref = suite.reference(saved)["losses"]
-    np.testing.assert_allclose(resumed["losses"], ref[k:], rtol=PARITY_RTOL, atol=PARITY_ATOL)
+    assert_losses_match(resumed["losses"], ref[k:], f"{strategy_name} saved at ws{saved_ws}, resumed at ws{loaded_ws}")
 
 
 def _expect_checkpoint_error(suite, cfg, path, *needles, **kw) -> str:

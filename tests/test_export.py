@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from distbench.invariants.checks import PARITY_RTOL
 from distbench.invariants.export import (
     full_state_dict_from_checkpoint,
     global_batch_loss,
@@ -12,7 +13,6 @@ from distbench.invariants.export import (
     save_and_reload_pretrained,
 )
 from distbench.strategies import get_spec
-from distbench.suite import PARITY_RTOL
 
 
 @pytest.mark.strategies("zero3", "fsdp_full")

@@ -29,10 +29,6 @@ BENCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "cuda": {"precision": "bf16", "micro_batch": 8, "seq_len": 1024, "steps": 10, "warmup": 3},
 }
 
-#: Loss parity tolerance: fp32, TF32 off, deterministic kernels; only reduction order differs.
-PARITY_RTOL = 1e-5
-PARITY_ATOL = 1e-6
-
 
 @dataclass
 class Suite:

@@ -1,0 +1,75 @@
+"""Deliberately broken trainers, run in the rank pool, to prove each invariant's check can fail.
+
+Each mutation breaks one property a real incident breaks, on top of a correct DDP trainer:
+  no_grad_sync       ranks never all-reduce gradients (replicas silently diverge)
+  sum_not_mean       gradients are summed across ranks instead of averaged (a missing 1/world_size)
+  sync_every_micro   gradients are all-reduced on every micro-batch (no_sync forgotten)
+  fresh_optimizer    a resume restores the model but silently resets the optimizer state
+
+The rank processes import this module by name: spawned ranks inherit the pytest process's sys.path, on which
+pytest puts this directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch.distributed as dist
+
+import distbench.invariants.collectives as collectives
+import distbench.runtime.jobs as jobs
+from distbench.strategies.ddp import DDPTrainer
+
+
+def _sum_hook(state, bucket):  # unannotated: DDP rejects the string annotations of `from __future__`
+    """DDP comm hook that all-reduces without dividing by the world size."""
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def _mutate(trainer: DDPTrainer, mutation: str) -> None:
+    assert isinstance(trainer, DDPTrainer), "mutations are written against the ddp strategy"
+    if mutation == "no_grad_sync":
+        trainer.forward_backward = lambda batch, sync: DDPTrainer.forward_backward(trainer, batch, False)
+    elif mutation == "sync_every_micro":
+        trainer.forward_backward = lambda batch, sync: DDPTrainer.forward_backward(trainer, batch, True)
+    elif mutation == "sum_not_mean":
+        trainer.model.register_comm_hook(None, _sum_hook)
+    elif mutation == "fresh_optimizer":
+        load = trainer.load_checkpoint
+
+        def load_but_reset_optimizer(path: str) -> None:
+            load(path)
+            trainer.optimizer.state.clear()
+
+        trainer.load_checkpoint = load_but_reset_optimizer
+    else:
+        raise ValueError(f"unknown mutation {mutation!r}")
+
+
+@contextlib.contextmanager
+def _mutated(mutation: str) -> Iterator[None]:
+    """Every trainer the jobs build while inside is mutated (the modules hold make_trainer by name)."""
+    def make(ctx: Any, cfg: Any) -> Any:
+        trainer = original(ctx, cfg)
+        _mutate(trainer, mutation)
+        return trainer
+
+    original = jobs.make_trainer
+    jobs.make_trainer = collectives.make_trainer = make
+    try:
+        yield
+    finally:
+        jobs.make_trainer = collectives.make_trainer = original
+
+
+def train(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
+    with _mutated(mutation):
+        return jobs.train(ctx, **kwargs)
+
+
+def count_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, float]:
+    with _mutated(mutation):
+        return collectives.count_collectives(ctx, **kwargs)

@@ -1,0 +1,60 @@
+"""The invariant checks fail when the property they guard is broken on purpose (tests/mutants.py).
+
+A check that cannot fail proves nothing: each test here runs a DDP trainer with one defect a real incident
+has, through the same job and the same assertion the invariant tests use, and expects that assertion to fail.
+The unmutated run beside each passes, so the failure is the mutation's doing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from distbench.invariants.checks import (
+    assert_losses_match,
+    assert_params_and_grads_match,
+    assert_resume_exact,
+    assert_sync_once_per_step,
+)
+
+WS = 2
+
+
+def _mutant(suite, job: str, mutation: str, **kwargs):
+    return suite.run(WS, f"mutants:{job}", mutation=mutation, **kwargs)
+
+
+def test_loss_parity_catches_ranks_that_never_sync_gradients(suite):
+    cfg = suite.config("ddp", WS)
+    ref = suite.reference(cfg)["losses"]
+    assert_losses_match(suite.checkpointed_run(cfg)["losses"], ref, "ddp")
+    broken = _mutant(suite, "train", "no_grad_sync", cfg=cfg.to_dict())[0]["losses"]
+    with pytest.raises(AssertionError, match="diverges from the single-process reference"):
+        assert_losses_match(broken, ref, "ddp without gradient sync")
+
+
+def test_grad_parity_catches_a_missing_average(suite):
+    """Adam is nearly invariant to a gradient scale, so losses barely move; gradients show the x2 at once."""
+    cfg = suite.config("ddp", WS)
+    ref = suite.reference(cfg)
+    assert_params_and_grads_match(suite.checkpointed_run(cfg), ref, cfg.lr, "ddp")
+    broken = _mutant(suite, "train", "sum_not_mean", cfg=cfg.to_dict(), return_params=True, return_grads=True)[0]
+    with pytest.raises(AssertionError, match="gradient"):
+        assert_params_and_grads_match(broken, ref, cfg.lr, "ddp summing gradients")
+
+
+def test_accumulation_check_catches_sync_on_every_micro_batch(suite):
+    one = suite.config("ddp", WS)
+    one = one.replace(micro_batch=one.per_rank_batch)
+    many = one.replace(micro_batch=1)
+    c_one = suite.run(WS, "distbench.invariants.collectives:count_collectives", cfg=one.to_dict())[0]
+    c_broken = _mutant(suite, "count_collectives", "sync_every_micro", cfg=many.to_dict())[0]
+    with pytest.raises(AssertionError, match="synchronised on every micro-batch"):
+        assert_sync_once_per_step(c_one, c_broken, "ddp without no_sync")
+
+
+def test_resume_check_catches_a_reset_optimizer(suite):
+    cfg = suite.config("ddp", WS)
+    run = suite.checkpointed_run(cfg)
+    resumed = _mutant(suite, "train", "fresh_optimizer", cfg=cfg.to_dict(), resume_from=run["checkpoint"])[0]
+    with pytest.raises(AssertionError, match="was not restored"):
+        assert_resume_exact(resumed, run["losses"], run["save_at"], "ddp resuming with a fresh optimizer")

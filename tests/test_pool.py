@@ -1,0 +1,82 @@
+"""The rank pool: results come back per rank, failures fail the job with every rank's story, the pool
+recovers, and nothing outlives it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from distbench.errors import ResourceError
+from distbench.runtime.pool import JobError, PoolManager, RankPool
+
+JOBS = "rank_jobs"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = RankPool(2, "cpu", error_grace=2.0)
+    yield p
+    p.close()
+
+
+def _pids(pool: RankPool) -> set[int]:
+    return {r["pid"] for r in pool.run(f"{JOBS}:whoami")}
+
+
+def test_jobs_run_in_every_rank_and_reuse_the_processes(pool):
+    out = pool.run(f"{JOBS}:whoami")
+    assert [r["rank"] for r in out] == [0, 1] and {r["backend"] for r in out} == {"gloo"}
+    assert _pids(pool) == {r["pid"] for r in out}, "a second job started new processes"
+
+
+def test_an_exception_reports_the_traceback_and_every_rank(pool):
+    before = _pids(pool)
+    with pytest.raises(JobError) as info:
+        pool.run(f"{JOBS}:raise_in", {"rank": 1}, timeout=60)
+    text = str(info.value)
+    assert "rank 1 raised ValueError" in text and "planted failure in rank 1" in text
+    assert "===== rank 0:" in text  # the healthy rank's state is reported too
+    assert [r["rank"] for r in pool.run(f"{JOBS}:whoami")] == [0, 1], "the pool did not recover"
+    assert _pids(pool) != before, "rank 0 was stuck in a barrier: the pool must be rebuilt"
+
+
+def test_a_hang_fails_with_each_ranks_python_stack_and_the_pool_is_rebuilt(pool):
+    with pytest.raises(JobError) as info:
+        pool.run(f"{JOBS}:hang_in", {"rank": 0}, timeout=3)
+    err = info.value
+    assert {o.status for o in err.outcomes} == {"timeout"}
+    assert "did not finish in 3s" in str(err)
+    stacks = {o.rank: o.text for o in err.outcomes}
+    assert "planted_hang" in stacks[0], stacks[0]  # faulthandler's stack names the hung function
+    assert "barrier" in stacks[1], stacks[1]  # and shows where the other rank waits
+    assert [r["rank"] for r in pool.run(f"{JOBS}:whoami")] == [0, 1]
+
+
+def test_a_crashed_rank_is_reported_and_the_pool_is_rebuilt(pool):
+    with pytest.raises(JobError) as info:
+        pool.run(f"{JOBS}:crash_in", {"rank": 1}, timeout=60)
+    outcomes = {o.rank: o for o in info.value.outcomes}
+    assert outcomes[1].status == "crashed" and "code 17" in outcomes[1].text
+    assert [r["rank"] for r in pool.run(f"{JOBS}:whoami")] == [0, 1]
+
+
+def test_an_unknown_job_fails_clearly(pool):
+    with pytest.raises(JobError, match="ModuleNotFoundError|AttributeError"):
+        pool.run("rank_jobs:no_such_job")
+
+
+def test_close_leaves_no_process_behind():
+    p = RankPool(2, "cpu")
+    pids = _pids(p)
+    procs = list(p._procs)
+    p.close()
+    assert not any(proc.is_alive() for proc in procs)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_more_ranks_than_gpus_is_refused_with_the_fix():
+    with pytest.raises(ResourceError, match=r"world size 64 needs 64 CUDA devices.*--world-size"):
+        PoolManager("cuda").check_world_size(64)
