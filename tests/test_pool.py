@@ -43,10 +43,10 @@ def test_an_exception_reports_the_traceback_and_every_rank(pool):
 
 def test_a_hang_fails_with_each_ranks_python_stack_and_the_pool_is_rebuilt(pool):
     with pytest.raises(JobError) as info:
-        pool.run(f"{JOBS}:hang_in", {"rank": 0}, timeout=3)
+        pool.run(f"{JOBS}:hang_in", {"rank": 0}, timeout=2)
     err = info.value
     assert {o.status for o in err.outcomes} == {"timeout"}
-    assert "did not finish in 3s" in str(err)
+    assert "did not finish in 2s" in str(err)
     stacks = {o.rank: o.text for o in err.outcomes}
     assert "planted_hang" in stacks[0], stacks[0]  # faulthandler's stack names the hung function
     assert "barrier" in stacks[1], stacks[1]  # and shows where the other rank waits

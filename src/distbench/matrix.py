@@ -17,7 +17,7 @@ import yaml
 from .config import RunConfig
 from .errors import ConfigError
 from .results import save_result
-from .runtime.pool import PoolManager, cuda_device_count
+from .runtime.pool import JobError, PoolManager, cuda_device_count
 from .strategies import get_spec
 from .workloads import get_model
 
@@ -35,7 +35,10 @@ class Matrix:
     trace: bool = False  # also profile each configuration and attach the HTA breakdown
 
     def configs(self, device_type: str, device_count: int | None = None) -> tuple[list[RunConfig], list[str]]:
-        """The runnable configurations, and a note for each one skipped and why."""
+        """The runnable configurations, and a note for each one skipped and why; ConfigError for an unknown
+        strategy or model, before anything runs."""
+        for model in self.models:
+            get_model(model)
         out, skipped = [], []
         for model, precision, ws, strategy in itertools.product(
             self.models, self.precisions, sorted(self.world_sizes), self.strategies
@@ -110,8 +113,12 @@ def run_matrix(
     on_result: Callable[[RunConfig, dict[str, Any]], None] | None = None,
     timeout: float = 1800.0,
 ) -> list[dict[str, Any]]:
-    """Run every configuration `repeats` times in the rank pools; save each result as it lands."""
-    from .measure.bench import run_benchmark, run_trace
+    """Run every configuration `repeats` times in the rank pools; save each result as it lands.
+
+    A configuration that fails (an exception, a hang, a crashed rank) becomes a result with status "error"
+    carrying every rank's traceback, and the matrix goes on.
+    """
+    from .measure.bench import failure_result, run_benchmark, run_trace
 
     pools = pools or PoolManager(device_type)
     n_dev = cuda_device_count() if pools.device_type == "cuda" else None
@@ -120,8 +127,11 @@ def run_matrix(
     for cfg in configs:
         for _ in range(matrix.repeats):
             ref = scaling_reference(results, cfg) if cfg.world_size > 1 else None
-            result = run_benchmark(pools.get(cfg.world_size), cfg, timeout=timeout,
-                                   reference_tokens_per_s_1gpu=ref)
+            try:
+                result = run_benchmark(pools.get(cfg.world_size), cfg, timeout=timeout,
+                                       reference_tokens_per_s_1gpu=ref)
+            except JobError as e:  # recorded, and the matrix goes on: one broken strategy is one red row
+                result = failure_result(cfg, pools.device_type, e)
             if cfg.world_size == 1 and result["status"] == "ok":
                 result["metrics"].update(speedup=1.0, scaling_efficiency=1.0)
             if matrix.trace and result["status"] == "ok" and out_dir is not None:

@@ -16,10 +16,11 @@ from .runtime.pool import PoolManager
 TRAIN_JOB = "distbench.runtime.jobs:train"
 REFERENCE_JOB = "distbench.invariants.reference:reference_job"
 
-#: Per-tier defaults: small enough for 2 CPU cores, real enough on GPUs.
+#: Per-tier defaults: small enough for 2 CPU cores, real enough on GPUs. The global batch makes every
+#: world size of the tier accumulate at least 2 micro-batches, so the parity runs exercise accumulation too.
 TIER_DEFAULTS: dict[str, dict[str, Any]] = {
     "cpu": {"models": ["gpt2-tiny"], "world_sizes": [1, 2], "global_batch": 8, "micro_batch": 2, "seq_len": 0},
-    "cuda": {"models": ["gpt2-124m"], "world_sizes": [1, 2, 4], "global_batch": 8, "micro_batch": 2,
+    "cuda": {"models": ["gpt2-124m"], "world_sizes": [1, 2, 4], "global_batch": 16, "micro_batch": 2,
              "seq_len": 256},
 }
 

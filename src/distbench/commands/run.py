@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from ..matrix import run_matrix
     from ..runtime.pool import PoolManager, cuda_device_count
     from ..strategies import get_spec
+    from ..strategies.ds_config import check_run_config
 
     console = Console(width=None if Console().is_terminal else 140)
     n_cuda = cuda_device_count()
@@ -82,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
             for ws in matrix.world_sizes:
                 pools.check_world_size(ws)
         configs, skipped = matrix.configs(device_type, n_cuda if device_type == "cuda" else None)
+        if args.ds_config or any("ds_config" in c.options for c in configs):
+            for cfg in configs:
+                check_run_config(cfg)
     except DistbenchError as e:
         console.print(f"[red]error:[/] {e}")
         return 2
@@ -106,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
             pools.close_all()
     console.print(results_table(results))
     failed = [r for r in results if r["status"] == "error"]
+    for r in failed:
+        c = r["config"]
+        first = (r.get("error") or "").splitlines()[:1]
+        console.print(f"[red]failed[/] {c['strategy']} ws{c['world_size']} {c['model']}: {first[0] if first else ''} "
+                      f"(every rank's traceback is in the result JSON under {args.output})")
     return 1 if failed else 0
 
 

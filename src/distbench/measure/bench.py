@@ -275,6 +275,16 @@ def _oom_message(e: JobError) -> str:
     return f"out of device memory on rank(s) {','.join(map(str, ranks))}: {line.strip()[:300]}"
 
 
+def failure_result(cfg: RunConfig, device_type: str | None, e: JobError, env: dict[str, Any] | None = None
+                   ) -> dict[str, Any]:
+    """A result recording a configuration that failed: status "oom" or "error", and every rank's outcome."""
+    oom = is_oom(e)
+    per_rank = [{"rank": o.rank, "status": o.status, "exc_type": o.exc_type} for o in e.outcomes]
+    return make_result(result_config(cfg, device_type), status="oom" if oom else "error",
+                       error=_oom_message(e) if oom else str(e), env=env or environment_fingerprint(),
+                       per_rank=per_rank)
+
+
 def _aggregate_nvml(summaries: list[dict[str, Any] | None]) -> dict[str, Any] | None:
     got = [s for s in summaries if s]
     if not got:
@@ -358,9 +368,7 @@ def run_benchmark(
             raise
         if cfg.world_size > 1:
             pool.close()
-        per_rank = [{"rank": o.rank, "status": o.status, "exc_type": o.exc_type} for o in e.outcomes]
-        return make_result(result_config(cfg, getattr(pool, "device_type", None)), status="oom",
-                           error=_oom_message(e), env=env, per_rank=per_rank)
+        return failure_result(cfg, getattr(pool, "device_type", None), e, env)
     wall = time.perf_counter() - t0
     result = summarize_bench(cfg, replies, reference_tokens_per_s_1gpu=reference_tokens_per_s_1gpu, env=env)
     # What a configuration costs beyond its training steps in a warm pool: build, wrap, teardown, IPC.

@@ -40,6 +40,18 @@ def build_ds_config(cfg: RunConfig, stage: int, offload: bool, user: dict | str 
     return merged
 
 
+def check_run_config(cfg: RunConfig) -> None:
+    """Build cfg's DeepSpeed config here, so a bad ds_config fails before any rank starts (no-op for other
+    strategies)."""
+    from . import get_spec
+
+    spec = get_spec(cfg.strategy)
+    if spec.family != "deepspeed":
+        return
+    options = {**dict(spec.defaults), **cfg.options}
+    build_ds_config(cfg, options["stage"], options.get("offload", False), options.get("ds_config"))
+
+
 def harness_config(cfg: RunConfig, stage: int, offload: bool, n_params: int | None = None) -> dict[str, Any]:
     """What distbench sets unless the user's ds_config says otherwise (harness-owned keys: see _controlled).
 

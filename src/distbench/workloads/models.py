@@ -116,8 +116,11 @@ def _custom(ref: str) -> ModelSpec:
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"cannot load model factory {ref!r}: {e}; is the module on PYTHONPATH?") from e
     torch.manual_seed(0)
-    with torch.device("meta"):
-        probe = fn()
+    try:
+        with torch.device("meta"):
+            probe = fn()
+    except Exception as e:
+        raise ConfigError(f"model factory {ref!r} raised {type(e).__name__}: {e}") from e
     vocab = getattr(getattr(probe, "config", None), "vocab_size", None) or getattr(probe, "vocab_size", None)
     if not vocab:
         raise ConfigError(f"model factory {ref!r} must expose config.vocab_size or vocab_size")

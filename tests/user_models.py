@@ -1,0 +1,40 @@
+"""Models as a user brings them: `--model user_models:tiny_lm`, a plain nn.Module that is not a transformers
+model. Spawned ranks import this module by name from the pytest process's sys.path."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+VOCAB = 256
+
+
+class TinyLM(nn.Module):
+    """Embedding, two residual MLP blocks, and an untied head: enough to have blocks to shard."""
+
+    vocab_size = VOCAB
+    seq_len = 16
+
+    def __init__(self, width: int = 32, out_vocab: int = VOCAB) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, width)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+            for _ in range(2)
+        )
+        self.head = nn.Linear(width, out_vocab)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(input_ids)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)
+
+
+def tiny_lm() -> nn.Module:
+    return TinyLM()
+
+
+def wrong_vocab_lm() -> nn.Module:
+    """Claims a 256-token vocabulary but predicts 8 tokens: its loss fails inside the ranks."""
+    return TinyLM(out_vocab=8)
