@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -14,7 +15,7 @@ from torch import nn
 from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
 from ..runtime.context import RankContext
-from .base import Batch, Trainer, build_optimizer, build_scheduler, lm_loss, model_logits
+from .base import Batch, Trainer, build_optimizer, build_scheduler, lm_loss, model_logits, torch_load
 from .ds_config import build_ds_config
 
 _META = "distbench_deepspeed.json"
@@ -91,7 +92,8 @@ class DeepSpeedTrainer(Trainer):
             dist.barrier()  # complete on every rank when save returns on any
 
     def load_checkpoint(self, path: str, reshard: bool = False) -> None:
-        """Restore a checkpoint of the same world size and stage: ZeRO shards optimizer state by rank."""
+        """Restore a checkpoint of the same stage and offload. One saved at another world size needs
+        `reshard=True` and goes through DeepSpeed's universal checkpoint (see _to_universal); RNG is then fresh."""
         meta_file = os.path.join(path, _META)
         if not os.path.isdir(path):
             raise CheckpointError(f"DeepSpeed checkpoint directory {path} is missing")
@@ -100,22 +102,58 @@ class DeepSpeedTrainer(Trainer):
                                   "completely, and by a DeepSpeed strategy?")
         with open(meta_file) as f:
             meta = json.load(f)
-        here = {"world_size": self.ctx.world_size, "stage": self.stage, "offload": self.offload}
-        if reshard or meta != here:
+        if (meta["stage"], meta["offload"]) != (self.stage, self.offload):
             raise CheckpointError(
-                f"DeepSpeed checkpoint {path} was saved at world size {meta['world_size']}, ZeRO stage "
-                f"{meta['stage']}, offload {meta['offload']}; this run has world size {self.ctx.world_size}, "
-                f"stage {self.stage}, offload {self.offload}. distbench cannot reshard DeepSpeed checkpoints: "
-                "resume with the saved world size and strategy (a DeepSpeed universal checkpoint, made with "
-                "deepspeed.checkpoint.ds_to_universal, is the way to change them outside distbench)"
-            )
+                f"DeepSpeed checkpoint {path} was saved with ZeRO stage {meta['stage']}, offload {meta['offload']}; "
+                f"this run has stage {self.stage}, offload {self.offload}: resume with the strategy that saved it")
+        other_ws = meta["world_size"] != self.ctx.world_size
+        if other_ws and not reshard:
+            raise CheckpointError(
+                f"DeepSpeed checkpoint {path} was saved at world size {meta['world_size']}, this run has "
+                f"{self.ctx.world_size}; load it with resharding (load_checkpoint(path, reshard=True)), which "
+                "converts it to a DeepSpeed universal checkpoint")
+        if other_ws:
+            self._to_universal(path)
+            # The engine reads this at load time; it is a config key only because DeepSpeed expects to know
+            # before initialize() whether a resume will be universal.
+            self.engine._config.load_universal_checkpoint = True
         try:
             loaded, _ = self.engine.load_checkpoint(path, load_optimizer_states=True, load_lr_scheduler_states=True)
         except Exception as e:  # DeepSpeed raises assorted errors for damaged files or another model
             raise CheckpointError(f"cannot load DeepSpeed checkpoint {path}: {type(e).__name__}: {e}") from e
+        finally:
+            self.engine._config.load_universal_checkpoint = False
         if loaded is None:
             raise CheckpointError(f"DeepSpeed checkpoint {path} is incomplete: its 'latest' tag file is missing")
-        self.restore_extra_state(path)
+        if other_ws:
+            self.steps_done = int(torch_load(os.path.join(path, "extra_rank0.pt"))["steps_done"])
+        else:
+            self.restore_extra_state(path)
+
+    def _to_universal(self, path: str) -> None:
+        """Convert the checkpoint's latest tag to DeepSpeed's universal format once (rank 0), next to it:
+        `<tag>_universal/` and a `latest_universal` file, which is where engine.load_checkpoint looks."""
+        latest = os.path.join(path, "latest")
+        if not os.path.exists(latest):
+            raise CheckpointError(f"DeepSpeed checkpoint {path} is incomplete: its 'latest' tag file is missing")
+        with open(latest) as f:
+            tag = f.read().strip()
+        universal = f"{tag}_universal"
+        if self.ctx.rank == 0 and not os.path.exists(os.path.join(path, "latest_universal")):
+            from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+            args = argparse.Namespace(input_folder=os.path.join(path, tag), output_folder=os.path.join(path, universal),
+                                      num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
+                                      strict=True, inject_missing_state=True)
+            try:
+                ds_to_universal(args)
+            except Exception as e:
+                raise CheckpointError(f"cannot convert DeepSpeed checkpoint {path} to a universal checkpoint: "
+                                      f"{type(e).__name__}: {e}") from e
+            with open(os.path.join(path, "latest_universal"), "w") as f:
+                f.write(universal)
+        if self.ctx.world_size > 1:
+            dist.barrier()
 
     def close(self) -> None:
         engine = getattr(self, "engine", None)
