@@ -73,6 +73,12 @@ def test_ci_matrix_installs_cpu_torch_and_runs_the_linters():
         assert re.search(rf"^{linter}\b", script, re.M), f"ci.yml does not run {linter}"
 
 
+def test_ci_smoke_tests_asv_on_the_cpu_grid():
+    script = "\n".join(s["run"] for s in load(CI)["jobs"]["asv-smoke"]["steps"] if "run" in s)
+    assert re.search(r"asv run --python=same --quick --set-commit-hash", script)  # results are saved
+    assert "asv publish" in script
+
+
 def test_gpu_runs_on_the_self_hosted_h200_runner_one_job_at_a_time():
     job = load(GPU)["jobs"]["gpu"]
     assert job["runs-on"] == ["self-hosted", "linux", "gpu", "h200"]
