@@ -118,6 +118,9 @@ class Trainer(ABC):
     #: True when this strategy runs bf16 through torch.autocast (single, DDP); False when the
     #: wrapper owns the precision policy (FSDP MixedPrecisionPolicy, DeepSpeed's bf16 section).
     autocast_bf16: bool = True
+    #: Torch-native strategies set these; optimizer_step uses them.
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
 
     def __init__(self, ctx: RankContext, cfg: RunConfig, model: nn.Module) -> None:
         self.ctx = ctx
@@ -130,9 +133,12 @@ class Trainer(ABC):
         """Forward and backward one micro-batch, scaled for accumulation; return its detached mean loss.
         `sync` is False on all but the last micro-batch of a step: strategies skip gradient sync then."""
 
-    @abstractmethod
     def optimizer_step(self) -> None:
-        """Apply the accumulated gradients, step the LR schedule, zero the gradients."""
+        """Apply the accumulated gradients, step the LR schedule, zero the gradients (torch-native
+        strategies; DeepSpeed's engine does all three itself)."""
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     @abstractmethod
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -159,6 +165,15 @@ class Trainer(ABC):
         if self.cfg.precision == "bf16" and self.autocast_bf16:
             return torch.autocast(self.ctx.device_type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    def accumulate(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """Forward and backward one micro-batch through `model` with the loss scaled by 1/accum_steps, so
+        the accumulated gradient is the global-batch mean; returns the micro-batch's detached mean loss."""
+        with self.autocast():
+            logits = model_logits(model, batch["input_ids"])
+        loss = lm_loss(logits, batch["labels"])
+        (loss / self.cfg.accum_steps).backward()
+        return loss.detach()
 
     def step(self, micro_batches: list[Batch], capture_grads: bool = False) -> float:
         """One optimizer step over this rank's micro-batches; returns the global-batch mean loss.

@@ -17,9 +17,7 @@ from .base import (
     Batch,
     build_optimizer,
     build_scheduler,
-    lm_loss,
     maybe_compile,
-    model_logits,
     transformer_blocks,
 )
 from .checkpoint_dcp import DCPCheckpointMixin
@@ -55,15 +53,7 @@ class FSDP2Trainer(DCPCheckpointMixin):
 
     def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
         self.model.set_requires_gradient_sync(sync)
-        logits = model_logits(self.model, batch["input_ids"])
-        loss = lm_loss(logits, batch["labels"])
-        (loss / self.cfg.accum_steps).backward()
-        return loss.detach()
-
-    def optimizer_step(self) -> None:
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        return self.accumulate(self.model, batch)
 
     def full_grads(self) -> dict[str, torch.Tensor]:
         out = {}

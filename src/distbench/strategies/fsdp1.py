@@ -14,9 +14,7 @@ from .base import (
     Batch,
     build_optimizer,
     build_scheduler,
-    lm_loss,
     maybe_compile,
-    model_logits,
     no_sync_if,
     transformer_blocks,
 )
@@ -45,15 +43,7 @@ class FSDP1Trainer(DCPCheckpointMixin):
 
     def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
         with no_sync_if(self.model, skip=not sync):
-            logits = model_logits(self.model, batch["input_ids"])
-            loss = lm_loss(logits, batch["labels"])
-            (loss / self.cfg.accum_steps).backward()
-        return loss.detach()
-
-    def optimizer_step(self) -> None:
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            return self.accumulate(self.model, batch)
 
     def full_grads(self) -> dict[str, torch.Tensor]:
         with FSDP.summon_full_params(self.model, with_grads=True, writeback=False):

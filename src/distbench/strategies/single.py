@@ -17,9 +17,7 @@ from .base import (
     Trainer,
     build_optimizer,
     build_scheduler,
-    lm_loss,
     maybe_compile,
-    model_logits,
     torch_load,
 )
 
@@ -38,16 +36,7 @@ class SingleTrainer(Trainer):
         return module
 
     def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
-        with self.autocast():
-            logits = model_logits(self.model, batch["input_ids"])
-        loss = lm_loss(logits, batch["labels"])
-        (loss / self.cfg.accum_steps).backward()
-        return loss.detach()
-
-    def optimizer_step(self) -> None:
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        return self.accumulate(self.model, batch)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().float().cpu().clone() for k, v in self.module.state_dict().items()}
