@@ -97,6 +97,17 @@ def test_one_table_per_workload_and_no_trace_table_without_traces(tmp_path):
     assert not list(tmp_path.glob("breakdown-*.png"))
 
 
+def test_no_memory_figure_without_device_memory(tmp_path):
+    """CPU runs measure no device memory: the report says so in its table and draws no empty figure."""
+    small = dict(WORKLOAD, model="gpt2-tiny", seq_len=32, global_batch=8, micro_batch=2)
+    rs = [result("ddp", ws, 1000.0 * ws, 0.1, cfg=small) for ws in (1, 2)]
+    for r in rs:
+        for m in ("mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes"):
+            r["metrics"].pop(m, None)
+    write_report(rs, tmp_path)
+    assert [p.name.split("-")[0] for p in tmp_path.glob("*.png")] == ["throughput"]
+
+
 def test_job_summary(tmp_path):
     md = job_summary_markdown(results())
     assert md.startswith("## distbench: 5/6 runs ok")

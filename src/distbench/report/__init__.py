@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .markdown import cells_by_workload, job_summary_markdown, report_markdown
+from .markdown import MEMORY_METRICS, cells_by_workload, job_summary_markdown, report_markdown
 
 __all__ = ["write_report", "job_summary_markdown"]
 
@@ -30,8 +30,9 @@ def write_report(results: list[dict[str, Any]], out_dir: str | os.PathLike[str])
     images: dict[tuple, list[tuple[str, str]]] = {}
     for wk, cells in cells_by_workload(results).items():
         slug = _slug(cells[0].cfg)
-        figs = [("Throughput vs GPU count", plots.throughput_plot, f"throughput-{slug}.png"),
-                ("Peak memory per GPU", plots.memory_plot, f"memory-{slug}.png")]
+        figs = [("Throughput vs GPU count", plots.throughput_plot, f"throughput-{slug}.png")]
+        if any(c.metric(m) for c in cells for m in MEMORY_METRICS):  # device memory: not measured on CPU
+            figs.append(("Peak memory per GPU", plots.memory_plot, f"memory-{slug}.png"))
         if any(c.has_trace for c in cells):
             figs.append(("Compute / non-compute / idle breakdown", plots.breakdown_plot, f"breakdown-{slug}.png"))
         images[wk] = [(caption, fn(cells, out / name).name) for caption, fn, name in figs]

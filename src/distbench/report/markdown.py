@@ -159,9 +159,12 @@ def throughput_table(cells: list[Cell]) -> list[str]:
                      "Scaling eff.", "Step time ms median [p10–p90]", "MFU", "Throttled"], rows)
 
 
+#: Peak device memory per GPU: torch allocated, torch reserved, NVML (adds NCCL buffers and the CUDA context).
+MEMORY_METRICS = ("mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes")
+
+
 def memory_table(cells: list[Cell]) -> list[str]:
-    rows = [[c.strategy, str(c.world_size)] + [fmt_metric(m, c.metric(m)) for m in (
-        "mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes")] for c in cells]
+    rows = [[c.strategy, str(c.world_size)] + [fmt_metric(m, c.metric(m)) for m in MEMORY_METRICS] for c in cells]
     return md_table(["Strategy", "GPUs", "Peak allocated", "Peak reserved", "Peak NVML (device)"], rows)
 
 

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .markdown import GIB, Cell, baseline_tps, workload_title  # noqa: E402
+from .markdown import GIB, MEMORY_METRICS, Cell, baseline_tps, workload_title  # noqa: E402
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
@@ -43,8 +43,7 @@ def throughput_plot(cells: list[Cell], path: Path) -> Path:
 
 def memory_plot(cells: list[Cell], path: Path) -> Path:
     """Peak allocated / reserved / NVML memory per GPU for every strategy x world size."""
-    series = (("mem_allocated_peak_bytes", "allocated"), ("mem_reserved_peak_bytes", "reserved"),
-              ("nvml_mem_used_peak_bytes", "NVML device"))
+    series = tuple(zip(MEMORY_METRICS, ("allocated", "reserved", "NVML device"), strict=True))
     labels = [f"{c.strategy}\n{c.world_size} GPU" for c in cells]
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(cells)), 4.5))
