@@ -7,6 +7,8 @@ The reference is a hand-written single-process loop accumulating gradients over 
 
 from __future__ import annotations
 
+import pytest
+
 from distbench.invariants.checks import assert_losses_match, assert_params_and_grads_match
 
 
@@ -33,3 +35,14 @@ def test_rerun_is_bitwise_identical(suite, strategy, world_size):
     first = suite.checkpointed_run(cfg)["losses"]
     second = suite.train(cfg)[0]["losses"]
     assert first == second, f"{strategy} ws{world_size} is not deterministic: {first} vs {second}"
+
+
+@pytest.mark.strategies("single", "ddp", "fsdp_full", "fsdp_grad")
+def test_compiled_loss_parity(suite, strategy, world_size):
+    """torch.compile per transformer block trains to the reference's losses: a torch upgrade that breaks
+    compile, or changes what it computes, fails here."""
+    if suite.device_type == "cpu":
+        pytest.skip("GPU tier: inductor's first compile costs ~40 s on 2 CPU cores, over the CPU tier's budget")
+    cfg = suite.config(strategy, world_size, compile=True)
+    assert_losses_match(suite.train(cfg)[0]["losses"], suite.reference(cfg)["losses"],
+                        f"{strategy} ws{world_size} compiled")
