@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from .errors import ConfigError
 from .runtime.pool import cuda_device_count
 from .strategies import REGISTRY, get_spec
 from .suite import TIER_DEFAULTS, Suite
@@ -37,7 +38,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "world_size(n): the test needs n ranks")
     config.addinivalue_line("markers", "strategies(*names): restrict a strategy-parametrized test to these")
     for name in _csv(config.getoption("--strategies")) or []:
-        get_spec(name)  # unknown names fail the session at once, with the list of known ones
+        try:
+            get_spec(name)
+        except ConfigError as e:  # a usage error, not an internal one: one line with the known names
+            raise pytest.UsageError(str(e)) from None
 
 
 def _tier_world_sizes(config: pytest.Config, device_type: str) -> list[int]:
@@ -53,19 +57,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("strategies")
     if marker:  # a test may restrict itself, e.g. @pytest.mark.strategies("ddp", "fsdp_full")
         selected = [s for s in selected if s in marker.args]
+    # A test marked gpu is GPU-tier only: generating its CPU-tier cases would run them under `-m gpu` on gloo.
+    gpu_only = metafunc.definition.get_closest_marker("gpu") is not None
+    # The tier travels as the device_type parameter where the test uses it (through `suite`), else as the
+    # gpu mark alone, which the device_type fixture and pytest_collection_modifyitems fall back to.
+    with_tier = "device_type" in names
+    argnames = [n for n in ("device_type", "strategy", "world_size") if n in names and (n != "device_type" or with_tier)]
     params = []
     for device_type, suffix in TIERS:
+        if gpu_only and device_type == "cpu":
+            continue
         marks = [pytest.mark.gpu] if device_type == "cuda" else []
+        tier = [device_type] if with_tier else []
         for ws in _tier_world_sizes(metafunc.config, device_type):
             if "strategy" in names:
                 for s in selected:
                     spec = REGISTRY[s]
                     if spec.max_world_size is not None and ws > spec.max_world_size:
                         continue
-                    params.append(pytest.param(device_type, s, ws, id=f"{s}-ws{ws}{suffix}", marks=marks))
+                    params.append(pytest.param(*tier, s, ws, id=f"{s}-ws{ws}{suffix}", marks=marks))
             else:
-                params.append(pytest.param(device_type, ws, id=f"ws{ws}{suffix}", marks=marks))
-    argnames = ["device_type", "strategy", "world_size"] if "strategy" in names else ["device_type", "world_size"]
+                params.append(pytest.param(*tier, ws, id=f"ws{ws}{suffix}", marks=marks))
     metafunc.parametrize(argnames, params)
 
 

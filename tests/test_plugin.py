@@ -1,0 +1,65 @@
+"""The pytest plugin: readable ids, one test written once for both tiers, GPU-only tests kept off the CPU
+tier, and reasons for what cannot run here."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+TESTS = """
+import pytest
+
+def test_parity(strategy, world_size):
+    pass
+
+@pytest.mark.gpu
+@pytest.mark.strategies("ddp", "zero3")
+def test_gpu_only(strategy, world_size):
+    pass
+"""
+
+
+@pytest.fixture
+def collect(pytester: pytest.Pytester):
+    pytester.makepyfile(test_ids=TESTS)
+
+    def run(*args: str) -> list[str]:
+        result = pytester.runpytest("-p", "distbench.pytest_plugin", "--collect-only", "-q", *args)
+        return [ln for ln in result.outlines if "::" in ln]
+
+    return run
+
+
+def test_ids_name_strategy_world_size_and_tier(collect):
+    ids = collect("--strategies", "zero3,single", "--world-sizes", "1,2")
+    assert "test_ids.py::test_parity[zero3-ws2]" in ids
+    assert "test_ids.py::test_parity[zero3-ws2-gpu]" in ids
+    assert "test_ids.py::test_parity[single-ws1]" in ids
+    assert not any("single-ws2" in i for i in ids), "single runs on one rank only"
+
+
+def test_gpu_marked_tests_have_no_cpu_tier_cases(collect):
+    ids = [i for i in collect("-m", "gpu", "--world-sizes", "1,2") if "test_gpu_only" in i]
+    assert ids == [f"test_ids.py::test_gpu_only[{s}-ws{n}-gpu]" for n in (1, 2) for s in ("ddp", "zero3")]
+
+
+def test_plain_pytest_deselects_the_gpu_tier(collect):
+    ids = collect("-m", "not gpu", "--strategies", "ddp", "--world-sizes", "2")
+    assert ids == ["test_ids.py::test_parity[ddp-ws2]"]
+
+
+def test_unknown_strategy_option_fails_the_session_with_the_known_names(pytester):
+    pytester.makepyfile(test_ids=TESTS)
+    result = pytester.runpytest("-p", "distbench.pytest_plugin", "--collect-only", "--strategies", "zero4")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: unknown strategy 'zero4'. Did you mean zero3*"])
+    assert "INTERNALERROR" not in result.stderr.str()
+
+
+def test_what_cannot_run_here_skips_with_the_reason(pytester):
+    pytester.makepyfile(test_ids=TESTS)
+    result = pytester.runpytest("-p", "distbench.pytest_plugin", "-rs", "-m", "not gpu",
+                                "--strategies", "fsdp1_full,ddp", "--world-sizes", "1")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*fsdp1_full needs CUDA GPUs (legacy FSDP1 requires CUDA)*"])
