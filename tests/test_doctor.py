@@ -43,8 +43,8 @@ def test_arch_list_without_suffix_passes(monkeypatch):
 
 
 @pytest.mark.parametrize("value, fix", [
-    ("8.0;9.0a", "export TORCH_CUDA_ARCH_LIST=8.0;9.0"),
-    ("9.0a 10.0a+PTX", "export TORCH_CUDA_ARCH_LIST=9.0;10.0+PTX"),
+    ("8.0;9.0a", 'export TORCH_CUDA_ARCH_LIST="8.0;9.0"'),
+    ("9.0a 10.0a+PTX", 'export TORCH_CUDA_ARCH_LIST="9.0;10.0+PTX"'),
 ])
 def test_arch_list_mixed_entries(value, fix):
     check = check_cuda_arch_list({"TORCH_CUDA_ARCH_LIST": value}, deepspeed_installed=True)

@@ -148,7 +148,9 @@ def check_cuda_arch_list(env: Mapping[str, str], deepspeed_installed: bool) -> C
               f"'{bad[0].split('.', 1)[-1].split('+')[0]}'`")
     if not deepspeed_installed:
         detail += " (DeepSpeed is not installed yet)"
-    fix = f"export TORCH_CUDA_ARCH_LIST={';'.join(fixed)}" if fixed else "unset TORCH_CUDA_ARCH_LIST"
+    value = ";".join(fixed)
+    value = f'"{value}"' if ";" in value else value  # unquoted, the shell would run "9.0" as a command
+    fix = f"export TORCH_CUDA_ARCH_LIST={value}" if fixed else "unset TORCH_CUDA_ARCH_LIST"
     return Check("TORCH_CUDA_ARCH_LIST", FAIL if deepspeed_installed else WARN, detail, fix)
 
 

@@ -44,6 +44,20 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(e)) from None
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Known environment breakages (`distbench doctor`), up front: a DeepSpeed op build failing in every rank
+    on TORCH_CUDA_ARCH_LIST=9.0a reads as a strategy bug otherwise."""
+    import importlib.util
+    import os
+
+    from .doctor import FAIL, WARN, check_cuda_arch_list, check_multicast
+
+    checks = [check_cuda_arch_list(os.environ, importlib.util.find_spec("deepspeed") is not None),
+              check_multicast(os.environ, cuda_device_count() > 0)]
+    return [f"distbench: {c.status.upper()} {c.name}: {c.detail}" + (f"; fix: {c.fix}" if c.fix else "")
+            for c in checks if c.status in (WARN, FAIL)]
+
+
 def _tier_world_sizes(config: pytest.Config, device_type: str) -> list[int]:
     opt = _csv(config.getoption("--world-sizes"))
     return [int(x) for x in opt] if opt else list(TIER_DEFAULTS[device_type]["world_sizes"])
