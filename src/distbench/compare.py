@@ -10,9 +10,13 @@ by `results.config_key`; for every configuration and metric the gate compares th
   an outlier that drags a mean and inflates a variance, while a rank test shrugs it off. With 6 runs a side
   the exact test can still reach p = 0.0022, so alpha = 0.01 is usable at the minimum run count (Welch's t
   with n = 6 would lean on a normality assumption it cannot check).
-* noise-aware threshold: a significant change also has to exceed max(min_effect, noise_k x pooled CV),
-  the pooled run-to-run coefficient of variation of both sides. Significance alone is not enough: with
-  tight enough runs a real but tiny 0.2% drift is "significant" and not worth a red build.
+* noise-aware threshold: a significant change also has to exceed max(min_effect, noise_k x SE), where
+  SE = pooled run-to-run CV x sqrt(1/n_base + 1/n_head) is the standard error of the relative difference.
+  Significance alone is not enough: with tight enough runs a real but tiny 0.2% drift is "significant" and
+  not worth a red build (the min_effect floor), and at alpha = 0.01 one configuration in a hundred would
+  be flagged by chance, too often for a nightly matrix of dozens (the noise_k x SE term). The threshold
+  shrinks as runs are added, so more repeats resolve what noise hides; a multiple of the CV alone would stay
+  blind to a 16% slowdown on runs that vary by 8%, however many were collected.
 
 Verdict per row: regression, improvement, unchanged, or insufficient-data (fewer than `min_runs` usable runs
 on a side, including a configuration that exists on one side only). Runs whose NVML sampling saw throttling,
@@ -64,7 +68,10 @@ TIME_METRICS = frozenset({"tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s
 TRACE_PARTS = ("compute", "non_compute", "idle")
 
 MIN_EFFECT = 0.01  # 1%: below this a move is not worth a red build whatever the noise
-NOISE_K = 3.0  # a change must exceed 3 pooled CVs (about 4 standard errors of a median difference at n=6)
+#: A change must exceed 5 standard errors of the relative difference: at the minimum of 6 runs a side that
+#: is 2.9 pooled CVs, the margin that keeps identical reruns quiet across a whole nightly matrix of
+#: configurations; with more runs it tightens like the standard error does.
+NOISE_K = 5.0
 
 
 @dataclass(frozen=True)
@@ -170,7 +177,8 @@ class CompareReport:
 
     def _criteria(self) -> str:
         return (f"Mann-Whitney U two-sided, alpha={self.alpha}; a change counts when significant and larger "
-                f"than max({self.min_effect:.1%}, {self.noise_k:g} x pooled run-to-run CV); "
+                f"than max({self.min_effect:.1%}, {self.noise_k:g} x its standard error from the pooled run-to-run "
+                f"CV); "
                 f"at least {self.min_runs} runs per side.")
 
     def _table(self) -> tuple[list[str], list[list[str]]]:
@@ -319,7 +327,7 @@ def _compare_metric(key: tuple, label: str, metric: str, base_runs: list[dict[st
     row.change = (mh - mb) / abs(mb) if mb else (0.0 if mh == mb else math.copysign(math.inf, mh - mb))
     row.p_value = _p_value(base, head)
     row.noise_cv = math.sqrt((_cv(base) ** 2 + _cv(head) ** 2) / 2)
-    row.threshold = max(min_effect, noise_k * row.noise_cv)
+    row.threshold = max(min_effect, noise_k * row.noise_cv * math.sqrt(1 / len(base) + 1 / len(head)))
     if row.p_value < alpha and abs(row.change) > row.threshold:
         row.verdict = IMPROVEMENT if row.change * METRIC_DIRECTIONS[metric] > 0 else REGRESSION
     else:
