@@ -28,7 +28,8 @@ def test_strategies_lists_every_name_and_where_it_runs(capsys, monkeypatch):
     (["-s", "ddp", "-n", "3", "--global-batch", "8"], "use a global batch of 6 or 12"),
     (["--device", "cuda"], "no CUDA device is visible"),
     (["-m", "user_models:no_such_factory"], "cannot load model factory"),
-], ids=["strategy", "strategy-typo", "model", "batch", "gpu", "factory"])
+    (["-m", "user_models:[red]x"], "has no attribute '[red]x'"),  # printed as is, not read as markup
+], ids=["strategy", "strategy-typo", "model", "batch", "gpu", "factory", "markup"])
 def test_bad_input_is_refused_with_the_fix(argv, needle, capsys, tmp_path):
     assert main(["run", *argv, "-o", str(tmp_path)]) == 2
     assert needle in " ".join(capsys.readouterr().out.split())

@@ -60,6 +60,7 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..errors import DistbenchError
@@ -83,11 +84,11 @@ def run(args: argparse.Namespace) -> int:
             for ws in matrix.world_sizes:
                 pools.check_world_size(ws)
         configs, skipped = matrix.configs(device_type, n_cuda if device_type == "cuda" else None)
-        if args.ds_config or any("ds_config" in c.options for c in configs):
-            for cfg in configs:
+        for cfg in configs:
+            if "ds_config" in cfg.options:
                 check_run_config(cfg)
     except DistbenchError as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}")
         return 2
     for note in skipped:
         console.print(f"[yellow]skip[/] {note}")
@@ -113,8 +114,9 @@ def run(args: argparse.Namespace) -> int:
     for r in failed:
         c = r["config"]
         first = (r.get("error") or "").splitlines()[:1]
-        console.print(f"[red]failed[/] {c['strategy']} ws{c['world_size']} {c['model']}: {first[0] if first else ''} "
-                      f"(every rank's traceback is in the result JSON under {args.output})")
+        console.print(f"[red]failed[/] {c['strategy']} ws{c['world_size']} {c['model']}: "
+                      f"{escape(first[0] if first else '')} (every rank's traceback is in the result JSON under "
+                      f"{escape(str(args.output))})")
     return 1 if failed else 0
 
 
