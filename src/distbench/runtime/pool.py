@@ -131,14 +131,14 @@ class RankPool:
             raise JobError("<process group start>", self.world_size, outcomes,
                            "ranks could not join the process group")
 
-    def close(self) -> None:
-        """Stop every rank: politely, then by signal. Safe to call twice."""
+    def close(self, grace: float = _EXIT_GRACE_S) -> None:
+        """Stop every rank: politely within `grace` seconds, then by signal. Safe to call twice."""
         for q in self._task_qs:
             try:
                 q.put_nowait(None)
             except Exception:
                 pass
-        deadline = time.monotonic() + _EXIT_GRACE_S
+        deadline = time.monotonic() + grace
         for p in self._procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
         for p in self._procs:
@@ -165,8 +165,9 @@ class RankPool:
         statuses = {o.status for o in outcomes}
         same_error = statuses == {"error"} and len({o.exc_type for o in outcomes}) == 1
         if not same_error:
-            # Ranks disagree about where the job ended: the process group may be mid-collective. Rebuild.
-            self.close()
+            # Ranks disagree about where the job ended: some may be stuck in a collective and would never
+            # read the polite stop, so the pool is killed at once and rebuilt on next use.
+            self.close(grace=0.0)
         raise JobError(target, self.world_size, outcomes, _why(outcomes, timeout))
 
     def _collect(self, job_id: int, deadline: float, target: str = "") -> list[RankOutcome]:
