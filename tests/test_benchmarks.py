@@ -9,7 +9,6 @@ trip); the in-rank step times and every other metric go to `extra_info`, so `--b
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 
@@ -49,15 +48,12 @@ def test_pool_overhead_per_configuration(suite, strategy, world_size):
     """Once the pool is warm a configuration costs its steps plus at most 3 s (build, wrap, teardown)."""
     cfg = suite.bench_config(strategy, world_size, model=None if suite.device_type == "cpu" else "gpt2-large",
                              steps=3, warmup=1)
-    suite.run(world_size, f"{BENCH}:bench", cfg=cfg.to_dict(), nvml=False)  # warm the pool and the imports
-    t0 = time.perf_counter()
-    replies = suite.run(world_size, f"{BENCH}:bench", cfg=cfg.to_dict(), nvml=False)
-    wall = time.perf_counter() - t0
-    steps_s = max(sum(r["step_times_s"]) for r in replies)
-    per_step = steps_s / len(replies[0]["step_times_s"])
-    overhead = wall - per_step * (cfg.steps + cfg.warmup)
-    print(f"{strategy} ws{world_size} {cfg.model}: wall {wall:.2f}s, steps {per_step * (cfg.steps + cfg.warmup):.2f}s, "
-          f"overhead {overhead:.2f}s")
+    pool = suite.pool_manager.get(world_size)
+    run_benchmark(pool, cfg, nvml=False)  # warm the pool and the imports
+    result = run_benchmark(pool, cfg, nvml=False)
+    assert result["status"] == "ok", result.get("error")
+    overhead = result["metrics"]["config_overhead_s"]
+    print(f"{strategy} ws{world_size} {cfg.model}: wall {result['wall_s']:.2f}s, overhead {overhead:.2f}s")
     assert overhead <= 3.0, f"{strategy} ws{world_size}: {overhead:.2f}s of overhead per configuration"
 
 

@@ -76,7 +76,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # The tier travels as the device_type parameter where the test uses it (through `suite`), else as the
     # gpu mark alone, which the device_type fixture and pytest_collection_modifyitems fall back to.
     with_tier = "device_type" in names
-    argnames = [n for n in ("device_type", "strategy", "world_size") if n in names and (n != "device_type" or with_tier)]
+    argnames = [n for n in ("device_type", "strategy", "world_size") if n in names]
     params = []
     for device_type, suffix in TIERS:
         if gpu_only and device_type == "cpu":

@@ -78,5 +78,4 @@ def build_trainer(ctx: RankContext, cfg: RunConfig, model: nn.Module) -> Trainer
         raise ConfigError(reason)
     module_name, cls_name = spec.target.split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
-    options = {**dict(spec.defaults), **cfg.options}
-    return cls(ctx, cfg, model, **options)
+    return cls(ctx, cfg, model, **spec.options_for(cfg))

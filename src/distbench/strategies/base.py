@@ -42,6 +42,10 @@ class StrategySpec:
     defaults: tuple[tuple[str, Any], ...] = ()
     gpu_only_why: str = ""
 
+    def options_for(self, cfg: RunConfig) -> dict[str, Any]:
+        """The strategy's constructor options: its registry defaults, overridden by the run's."""
+        return {**dict(self.defaults), **cfg.options}
+
     def unsupported_reason(self, device_type: str, world_size: int, device_count: int | None = None) -> str | None:
         """Why this strategy cannot run here, or None if it can."""
         if device_type == "cpu" and not self.cpu:

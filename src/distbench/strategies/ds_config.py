@@ -48,7 +48,7 @@ def check_run_config(cfg: RunConfig) -> None:
     spec = get_spec(cfg.strategy)
     if spec.family != "deepspeed":
         return
-    options = {**dict(spec.defaults), **cfg.options}
+    options = spec.options_for(cfg)
     build_ds_config(cfg, options["stage"], options.get("offload", False), options.get("ds_config"))
 
 
