@@ -136,7 +136,10 @@ def run_matrix(
                 result["metrics"].update(speedup=1.0, scaling_efficiency=1.0)
             if matrix.trace and result["status"] == "ok" and out_dir is not None:
                 tdir = Path(out_dir) / "traces" / result["id"]
-                result["trace"] = run_trace(pools.get(cfg.world_size), cfg, str(tdir), timeout=timeout)
+                try:
+                    result["trace"] = run_trace(pools.get(cfg.world_size), cfg, str(tdir), timeout=timeout)
+                except Exception as e:  # a trace HTA cannot analyse costs its breakdown, not the matrix
+                    result["trace"] = {"error": f"{type(e).__name__}: {e}", "trace_dir": str(tdir)}
                 result["metrics"].update({k: result["trace"][k] for k in TRACE_METRICS
                                           if result["trace"].get(k) is not None})
             results.append(result)

@@ -70,10 +70,12 @@ def model_logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def build_optimizer(params, cfg: RunConfig) -> torch.optim.Optimizer:
-    """AdamW with the run's hyper-parameters; the same for every torch-native strategy."""
-    return torch.optim.AdamW(
-        params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=False
-    )
+    """AdamW with the run's hyper-parameters; the same for every torch-native strategy.
+
+    torch's default implementation (foreach on GPU), as users run it: the per-parameter loop costs GPT-2
+    355M about 11 ms a step on an H100 (7% of its step time), which the harness-fidelity benchmark caught.
+    """
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
 def build_scheduler(opt: torch.optim.Optimizer, cfg: RunConfig) -> torch.optim.lr_scheduler.LRScheduler:

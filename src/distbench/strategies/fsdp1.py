@@ -38,6 +38,8 @@ class FSDP1Trainer(DCPCheckpointMixin):
             device_id=ctx.device,
             use_orig_params=True,
         )
+        if mp is not None:
+            _allow_low_precision_grads(self.model)
         self.optimizer = build_optimizer(self.model.parameters(), cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
 
@@ -54,3 +56,13 @@ class FSDP1Trainer(DCPCheckpointMixin):
         cfg = FullStateDictConfig(offload_to_cpu=True, rank0_only=False)
         with FSDP.state_dict_type(self.model, StateDictType.FULL_STATE_DICT, cfg):
             return {k: v.detach().float().cpu().clone() for k, v in self.model.state_dict().items()}
+
+
+def _allow_low_precision_grads(model: nn.Module) -> None:
+    """FSDP1 with use_orig_params and bf16 MixedPrecision points each fp32 parameter's .grad at a bf16 view
+    of the unsharded gradient between micro-batches (no_sync); torch >= 2.10 refuses that unless the
+    parameter's grad_dtype is None ("attempting to assign a gradient with dtype BFloat16 to a tensor with
+    grad_dtype Float"). FSDP1 still reduces and hands the optimizer fp32 gradients."""
+    for p in model.parameters():
+        if hasattr(p, "grad_dtype"):
+            p.grad_dtype = None
