@@ -56,16 +56,24 @@ class FSDP2Trainer(DCPCheckpointMixin):
         return self.accumulate(self.model, batch)
 
     def full_grads(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for n, p in self.model.named_parameters():
-            if p.grad is not None:
-                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-                out[n] = g.detach().float().cpu().clone()
-        return out
+        return {n: self._gather(p.grad) for n, p in self.model.named_parameters() if p.grad is not None}
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for k, v in self.model.state_dict().items():
-            full = v.full_tensor() if hasattr(v, "full_tensor") else v
-            out[k] = full.detach().float().cpu().clone()
-        return out
+        return {k: self._gather(v) for k, v in self.model.state_dict().items()}
+
+    def _gather(self, t: torch.Tensor) -> torch.Tensor:
+        """The full tensor of a sharded DTensor, as CPU fp32 (a collective: every rank calls it).
+
+        Under CPUOffloadPolicy the shards live in host memory while the mesh is CUDA's, and NCCL cannot
+        all-gather host tensors ("No backend type associated with device type cpu"): the shard travels to
+        the rank's device first.
+        """
+        from torch.distributed.tensor import DTensor
+
+        t = t.detach()
+        if isinstance(t, DTensor):
+            if t.device.type != self.ctx.device.type:
+                t = DTensor.from_local(t.to_local().to(self.ctx.device), t.device_mesh, t.placements,
+                                       run_check=False, shape=t.shape, stride=t.stride())
+            t = t.full_tensor()
+        return t.float().cpu().clone()
