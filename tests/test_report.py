@@ -126,3 +126,28 @@ def test_report_command_writes_report_and_summary(tmp_path, monkeypatch):
     assert "distbench: 5/6 runs ok" in summary.read_text()
     args.results = [tmp_path / "missing"]
     assert report_cmd.run(args) == 2
+
+
+def test_report_spread_and_kernel_diff(tmp_path):
+    """Repeated runs get their run-to-run CV; traced strategies get seed 004's kernel diff against DDP."""
+    def kernels(*rows):
+        return [{"name": n, "type": t, "total_us": us, "count": c} for n, t, us, c in rows]
+
+    def traced(strategy, top):
+        r = result(strategy, 2, 62000, 8.0)
+        r["trace"] = {**TRACE["fsdp_grad"], "steps": 3, "top_kernels": top}
+        return r
+
+    gemm = ("sm90_gemm_bf16", "COMPUTATION", 5000.0, 30)
+    runs = [traced("ddp", kernels(gemm, ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "COMMUNICATION", 600.0, 3))),
+            traced("fsdp_full", kernels(gemm, ("ncclDevKernel_AllGather_RING_LL", "COMMUNICATION", 900.0, 6)))]
+    runs += [result("zero2", 2, tps, 8.0) for tps in (100.0, 110.0, 90.0)]
+    md = write_report(runs, tmp_path).read_text()
+
+    diff = {r[0]: r for r in table_rows(md, "| Operation | ddp Duration (us) | fsdp_full")}
+    assert set(diff) == {"`ncclDevKernel_AllGather_RING_LL`", "`ncclDevKernel_AllReduce_Sum_f32_RING_LL`"}
+    assert diff["`ncclDevKernel_AllGather_RING_LL`"][-1] == "NEW"
+    assert diff["`ncclDevKernel_AllReduce_Sum_f32_RING_LL`"][-1] == "REMOVED"
+
+    spread = table_rows(md, "| Strategy | GPUs | Separate runs")
+    assert spread == [["zero2", "2", "3", "90", "100", "110", "10.00%"]]

@@ -180,6 +180,40 @@ def trace_table(cells: list[Cell]) -> list[str]:
     return md_table(["Strategy", "GPUs", *(title for _, title, _ in TRACE_COLUMNS)], rows)
 
 
+def spread_table(cells: list[Cell]) -> list[str]:
+    """Run-to-run spread of configurations run 3+ times: separate runs, not steps of one run (seed 004's
+    repeat target is a coefficient of variation of at most 0.3%)."""
+    rows = []
+    for c in cells:
+        tps = [t for t in ((r.get("metrics") or {}).get("tokens_per_s") for r in c.runs) if t is not None]
+        if len(tps) >= 3:
+            mean = statistics.fmean(tps)
+            rows.append([c.strategy, str(c.world_size), str(len(tps)), _fmt(min(tps), ",.0f"),
+                         _fmt(statistics.median(tps), ",.0f"), _fmt(max(tps), ",.0f"),
+                         f"{100 * statistics.stdev(tps) / mean:.2f}%"])
+    return md_table(["Strategy", "GPUs", "Separate runs", "Tokens/s min", "median", "max", "CV"], rows) if rows else []
+
+
+def kernel_diff_sections(cells: list[Cell], top: int = 8) -> list[str]:
+    """Seed 004 section 4.5: what changes between strategies at the kernel level, each traced strategy
+    against DDP at the same GPU count (the largest changes first)."""
+    from ..measure.trace import kernel_diff, render_kernel_diff_markdown
+
+    def traced(c: Cell) -> dict[str, Any] | None:
+        return next((r["trace"] for r in c.runs if (r.get("trace") or {}).get("top_kernels")), None)
+
+    lines: list[str] = []
+    base = {c.world_size: traced(c) for c in cells if c.strategy == "ddp" and traced(c)}
+    for c in cells:
+        t = traced(c)
+        if c.strategy == "ddp" or t is None or c.world_size not in base:
+            continue
+        diff = kernel_diff(base[c.world_size], t, top=top)
+        lines += ["", f"#### ddp → {c.strategy}, {c.world_size} GPUs (per step, top {top} changes)", "",
+                  render_kernel_diff_markdown(diff, "ddp", c.strategy, name_width=70).rstrip("\n")]
+    return lines
+
+
 def failures_table(results: list[dict[str, Any]]) -> list[str]:
     bad = [r for r in results if r.get("status") != "ok"]
     return md_table(["Config", "Status", "Error"],
@@ -204,6 +238,12 @@ def report_markdown(results: list[dict[str, Any]], images: dict[tuple, list[tupl
         lines += ["", "### Peak memory per GPU", ""] + memory_table(cells)
         if any(c.has_trace for c in cells):
             lines += ["", "### Trace breakdown (compute / non-compute / idle)", ""] + trace_table(cells)
+            diffs = kernel_diff_sections(cells)
+            if diffs:
+                lines += ["", "### Kernel changes against DDP"] + diffs
+        spread = spread_table(cells)
+        if spread:
+            lines += ["", "### Run-to-run spread (separate runs)", ""] + spread
         for caption, path in images.get(wk, []):
             lines += ["", f"![{caption}]({path})"]
     failures = failures_table(results)
