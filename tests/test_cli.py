@@ -62,6 +62,18 @@ def test_a_failing_configuration_is_a_result_and_the_matrix_goes_on(capsys, tmp_
     assert "failed ddp ws1 user_models:wrong_vocab_lm" in " ".join(capsys.readouterr().out.split())
 
 
+def test_a_trace_that_cannot_be_analysed_costs_its_breakdown_not_the_run(capsys, tmp_path):
+    """A CPU trace has no GPU kernels for HolisticTraceAnalysis (on an H100, HTA asserted on a 1-GPU trace):
+    the configuration keeps its measurements, its result says why the breakdown is missing, the run goes on."""
+    argv = ["run", "-s", "ddp", "-n", "1", "-m", "user_models:tiny_lm", "--steps", "2", "--warmup", "0",
+            "--trace", "-o", str(tmp_path)]
+    assert main(argv) == 0
+    (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert result["status"] == "ok" and result["metrics"]["tokens_per_s"] > 0
+    assert result["trace"]["error"]
+    assert "no trace breakdown ddp ws1" in " ".join(capsys.readouterr().out.split())
+
+
 @pytest.mark.strategies("ddp", "fsdp_full", "zero2")
 def test_a_users_own_model_trains_like_the_reference(suite, strategy, world_size):
     cfg = suite.config(strategy, world_size, model="user_models:tiny_lm")

@@ -117,6 +117,12 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]failed[/] {c['strategy']} ws{c['world_size']} {c['model']}: "
                       f"{escape(first[0] if first else '')} (every rank's traceback is in the result JSON under "
                       f"{escape(str(args.output))})")
+    for r in results:
+        err = (r.get("trace") or {}).get("error")
+        if err:
+            c = r["config"]
+            console.print(f"[yellow]no trace breakdown[/] {c['strategy']} ws{c['world_size']} {c['model']}: "
+                          f"{escape(err.splitlines()[0])}")
     return 1 if failed else 0
 
 
