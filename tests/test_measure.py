@@ -354,6 +354,7 @@ def test_run_benchmark_result_schema(bench_reply, tmp_path):
     assert m["tokens_per_s"] == pytest.approx(4 * 32 / m["step_time_s"])
     assert m["scaling_efficiency"] == pytest.approx(m["tokens_per_s"] / 100.0)
     assert res["step_time_s"]["n"] == 3 and res["losses"] == bench_reply["losses"]
+    assert res["step_time_s"]["steps"] == bench_reply["step_times_s"]  # one rank: its own steps
     assert res["config"]["seq_len"] == 32 and res["config"]["device"] == "cpu"
     assert res["nvml"] is None and "git_commit" in res["env"]
     assert load_results(save_result(res, tmp_path)) == [json.loads(json.dumps(res))]

@@ -10,7 +10,7 @@ A result is a plain JSON object:
       "error": null | "message",
       "config": {strategy, world_size, model, seq_len, global_batch, micro_batch, precision, steps, warmup, device, ...},
       "metrics": {<name>: float, ...},          # flat, directions in METRIC_DIRECTIONS
-      "step_time_s": {"median", "p10", "p90", "mean", "std", "n"},
+      "step_time_s": {"median", "p10", "p90", "mean", "std", "cv", "n", "steps": [s, ...]},
       "losses": [float, ...],
       "nvml": {... , "throttled": bool} | null,
       "trace": {...} | null,
