@@ -131,24 +131,16 @@ def test_a_json_file_is_read(tmp_path):
     assert build(str(f))["zero_optimization"]["overlap_comm"] is True
 
 
-def test_malformed_json_names_the_file_and_the_location(tmp_path):
+@pytest.mark.parametrize("text,pattern", [
+    ('{\n  "train_batch_size": 8,\n  "zero_optimization": {"stage": 2,}\n}\n',
+     r"ds\.json is not valid JSON: line 3 column"),
+    ("[1, 2]", r"ds\.json must hold a JSON object.*list"),
+    ('{"gradient_clipping": 1.0, "gradient_clipping": 2.0}', r"ds\.json.*duplicate key 'gradient_clipping'"),
+], ids=["malformed-json-names-the-location", "must-hold-an-object", "duplicate-keys-refused"])
+def test_a_bad_json_file_is_refused_naming_it(tmp_path, text, pattern):
     f = tmp_path / "ds.json"
-    f.write_text('{\n  "train_batch_size": 8,\n  "zero_optimization": {"stage": 2,}\n}\n')
-    with pytest.raises(ConfigError, match=r"ds\.json is not valid JSON: line 3 column"):
-        build(str(f))
-
-
-def test_a_json_file_must_hold_an_object(tmp_path):
-    f = tmp_path / "ds.json"
-    f.write_text("[1, 2]")
-    with pytest.raises(ConfigError, match=r"ds\.json must hold a JSON object.*list"):
-        build(str(f))
-
-
-def test_duplicate_keys_in_a_file_are_refused(tmp_path):
-    f = tmp_path / "ds.json"
-    f.write_text('{"gradient_clipping": 1.0, "gradient_clipping": 2.0}')
-    with pytest.raises(ConfigError, match=r"ds\.json.*duplicate key 'gradient_clipping'"):
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=pattern):
         build(str(f))
 
 
