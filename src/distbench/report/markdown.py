@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from ..measure.timing import step_stats
 from ..results import config_key
 
 GIB = 1024**3
@@ -187,10 +188,9 @@ def spread_table(cells: list[Cell]) -> list[str]:
     for c in cells:
         tps = [t for t in ((r.get("metrics") or {}).get("tokens_per_s") for r in c.runs) if t is not None]
         if len(tps) >= 3:
-            mean = statistics.fmean(tps)
+            st = step_stats(tps)  # the same median and sample CV as a run's step times
             rows.append([c.strategy, str(c.world_size), str(len(tps)), _fmt(min(tps), ",.0f"),
-                         _fmt(statistics.median(tps), ",.0f"), _fmt(max(tps), ",.0f"),
-                         f"{100 * statistics.stdev(tps) / mean:.2f}%"])
+                         _fmt(st["median"], ",.0f"), _fmt(max(tps), ",.0f"), f"{100 * st['cv']:.2f}%"])
     return md_table(["Strategy", "GPUs", "Separate runs", "Tokens/s min", "median", "max", "CV"], rows) if rows else []
 
 
@@ -203,10 +203,10 @@ def kernel_diff_sections(cells: list[Cell], top: int = 8) -> list[str]:
         return next((r["trace"] for r in c.runs if (r.get("trace") or {}).get("top_kernels")), None)
 
     lines: list[str] = []
-    base = {c.world_size: traced(c) for c in cells if c.strategy == "ddp" and traced(c)}
-    for c in cells:
-        t = traced(c)
-        if c.strategy == "ddp" or t is None or c.world_size not in base:
+    traces = [(c, t) for c in cells if (t := traced(c)) is not None]
+    base = {c.world_size: t for c, t in traces if c.strategy == "ddp"}
+    for c, t in traces:
+        if c.strategy == "ddp" or c.world_size not in base:
             continue
         diff = kernel_diff(base[c.world_size], t, top=top)
         lines += ["", f"#### ddp → {c.strategy}, {c.world_size} GPUs (per step, top {top} changes)", "",
