@@ -6,6 +6,7 @@ run in the GPU tier.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import re
@@ -23,6 +24,7 @@ from distbench.errors import ConfigError
 from distbench.measure import bench as bm
 from distbench.measure import busbw, mfu, nvml
 from distbench.measure.memory import memory_stats, reset_peaks
+from distbench.measure.pygc import GcWatch
 from distbench.measure.timing import per_step_max, percentile, step_stats, throughput
 from distbench.results import METRIC_DIRECTIONS, SCHEMA, load_results, save_result
 from distbench.runtime import worker
@@ -290,6 +292,32 @@ def test_bench_job_at_world_size_1(bench_reply):
     assert r["seq_len"] == 32 and r["device_type"] == "cpu"
     assert r["nvml"] is None and set(r["memory"].values()) == {None}
     assert bm.STATE_KEY not in worker.STATE  # the trainer was freed
+    assert r["gc"]["collector_on"] is False and len(r["gc"]["step_seconds"]) == 3
+    assert gc.isenabled() and not gc.get_freeze_count()  # the collector is back after the window
+
+
+def _make_cycles(n: int) -> None:
+    for _ in range(n):
+        a: list = []
+        a.append(a)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_gc_watch_keeps_the_collector_out_of_timed_steps_and_counts_it(keep):
+    w = GcWatch(keep_collector=keep).start()
+    assert gc.isenabled() is keep
+    _make_cycles(20_000)  # far past generation 0's threshold: the collector runs if it is on
+    w.step()
+    _make_cycles(10)
+    w.step()
+    out = w.stop()
+    assert gc.isenabled() and not gc.get_freeze_count()
+    assert out["collector_on"] is keep and len(out["step_seconds"]) == 2
+    if keep:
+        assert out["collections"][0] > 0 and out["step_seconds"][0] > 0
+        assert out["seconds"] == pytest.approx(sum(out["step_seconds"]))
+    else:
+        assert out["collections"] == [0, 0, 0] and out["seconds"] == 0
 
 
 def test_split_jobs_train_like_the_one_shot_job(bench_reply):
@@ -357,6 +385,7 @@ def test_run_benchmark_result_schema(bench_reply, tmp_path):
     assert res["step_time_s"]["steps"] == bench_reply["step_times_s"]  # one rank: its own steps
     assert res["config"]["seq_len"] == 32 and res["config"]["device"] == "cpu"
     assert res["nvml"] is None and "git_commit" in res["env"]
+    assert res["gc"]["collector_on"] is False and len(res["gc"]["step_seconds"]) == 3
     assert load_results(save_result(res, tmp_path)) == [json.loads(json.dumps(res))]
 
 

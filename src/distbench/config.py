@@ -37,6 +37,7 @@ class RunConfig:
     seed: int = 1234
     compile: bool = False
     deterministic: bool = True
+    gc_during_steps: bool = False  # True: Python's collector may run inside timed steps (measure/pygc.py)
     options: dict[str, Any] = field(default_factory=dict)  # strategy options, e.g. {"ds_config": {...}}
 
     def __post_init__(self) -> None:

@@ -23,6 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--repeats", type=int, help="separate runs of each configuration (the compare gate wants >= 6)")
     p.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
+    p.add_argument("--gc-during-steps", action="store_true", help="leave Python's garbage collector on "
+                   "during timed steps (default: collected and frozen before them, off while they run)")
     p.add_argument("--trace", action="store_true", help="also profile each configuration (GPU) and record "
                    "HolisticTraceAnalysis's compute/non-compute/idle and overlap breakdown")
     p.add_argument("--ds-config", help="DeepSpeed config JSON merged into the zero* strategies' config")
@@ -53,6 +55,8 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
             m.base[key] = getattr(args, key)
     if args.compile:
         m.base["compile"] = True
+    if args.gc_during_steps:
+        m.base["gc_during_steps"] = True
     if args.ds_config:
         m.base["options"] = {**m.base.get("options", {}), "ds_config": args.ds_config}
     return m

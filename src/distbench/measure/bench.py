@@ -44,6 +44,7 @@ from ..workloads.models import count_params, get_model
 from .memory import memory_stats, reset_peaks
 from .mfu import mfu, model_flops, peak_dtype, peak_flops, tflops_per_gpu
 from .nvml import NvmlSampler
+from .pygc import GcWatch
 from .timing import per_step_max, step_stats, throughput, timed
 
 STATE_KEY = "bench"
@@ -64,6 +65,7 @@ class _Bench:
     times: list[float] = field(default_factory=list)
     warmup_times: list[float] = field(default_factory=list)
     sampler: NvmlSampler | None = None
+    gc_watch: GcWatch | None = None
 
 
 def _free(ctx: RankContext) -> None:
@@ -72,6 +74,8 @@ def _free(ctx: RankContext) -> None:
     if b is not None:
         if b.sampler is not None:
             b.sampler.stop()
+        if b.gc_watch is not None:
+            b.gc_watch.stop()  # the collector back on, whatever stopped the benchmark
         try:
             b.trainer.close()
         finally:
@@ -100,6 +104,7 @@ def _setup(ctx: RankContext, cfg: dict[str, Any], nvml: bool) -> _Bench:
         dist.barrier()
     if nvml:
         b.sampler = NvmlSampler(ctx.device).start()
+    b.gc_watch = GcWatch(rc.gc_during_steps).start()
     return b
 
 
@@ -107,6 +112,8 @@ def _step(ctx: RankContext, b: _Bench) -> tuple[float, float]:
     """One optimizer step, data prepared outside the timed window; returns (loss, seconds)."""
     mbs = rank_micro_batches(b.cfg, b.step, ctx.rank, b.seq_len, b.vocab_size, ctx.device)
     loss, dt = timed(ctx, lambda: b.trainer.step(mbs))
+    if b.gc_watch is not None:
+        b.gc_watch.step()
     b.step += 1
     b.losses.append(loss)
     return loss, dt
@@ -115,6 +122,8 @@ def _step(ctx: RankContext, b: _Bench) -> tuple[float, float]:
 def _finish(ctx: RankContext, b: _Bench) -> dict[str, Any]:
     nv = b.sampler.stop() if b.sampler is not None else None
     b.sampler = None
+    pygc = b.gc_watch.stop() if b.gc_watch is not None else None
+    b.gc_watch = None
     return {
         "rank": ctx.rank,
         "device_type": ctx.device_type,
@@ -128,6 +137,7 @@ def _finish(ctx: RankContext, b: _Bench) -> dict[str, Any]:
         "losses": list(b.losses),
         "memory": memory_stats(ctx, nv["mem_used_peak_bytes"] if nv else None),
         "nvml": nv,
+        "gc": pygc,
     }
 
 
@@ -344,7 +354,21 @@ def summarize_bench(
     return make_result(
         config, metrics=metrics, env=env, step_time_s=stats, losses=r0["losses"],
         nvml=_aggregate_nvml([r["nvml"] for r in replies]), flops=flops, per_rank=per_rank,
+        gc=_aggregate_gc([r.get("gc") for r in replies]),
     )
+
+
+def _aggregate_gc(per_rank: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Python collections in the timed window, worst rank per step (a step waits for its slowest rank)."""
+    got = [g for g in per_rank if g]
+    if not got:
+        return None
+    return {
+        "collector_on": got[0]["collector_on"],
+        "collections": [max(g["collections"][gen] for g in got) for gen in range(3)],
+        "seconds": max(g["seconds"] for g in got),
+        "step_seconds": per_step_max([g["step_seconds"] for g in got]),
+    }
 
 
 def run_benchmark(
