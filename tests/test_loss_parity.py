@@ -8,8 +8,11 @@ The reference is a hand-written single-process loop accumulating gradients over 
 from __future__ import annotations
 
 import pytest
+import torch
 
+from distbench.config import RunConfig
 from distbench.invariants.checks import assert_losses_match, assert_params_and_grads_match
+from distbench.runtime.jobs import set_numerics
 
 
 def test_loss_parity(suite, strategy, world_size):
@@ -46,3 +49,18 @@ def test_compiled_loss_parity(suite, strategy, world_size):
     cfg = suite.config(strategy, world_size, compile=True)
     assert_losses_match(suite.train(cfg)[0]["losses"], suite.reference(cfg)["losses"],
                         f"{strategy} ws{world_size} compiled")
+
+
+def test_parity_runs_use_deterministic_attention_and_benchmarks_the_fast_kernels():
+    """SDPA's fast backwards only warn under warn_only determinism; a GPU resume drifted by 2e-7 through them."""
+    def fast_sdpa():
+        b = torch.backends.cuda
+        return b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.cudnn_sdp_enabled()
+
+    try:
+        set_numerics(RunConfig(deterministic=True))
+        assert fast_sdpa() == (False, False, False) and torch.backends.cuda.math_sdp_enabled()
+        set_numerics(RunConfig(deterministic=False))
+        assert fast_sdpa() == (True, True, True)
+    finally:
+        set_numerics(RunConfig(deterministic=False))  # the process default

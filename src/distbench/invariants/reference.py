@@ -23,6 +23,9 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.enable_flash_sdp(False)  # these attention backwards are not deterministic
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    torch.backends.cuda.enable_cudnn_sdp(False)
     spec = get_model(cfg.model)
     seq_len = cfg.seq_len or spec.seq_len
     model = spec.build(cfg.seed, device)
