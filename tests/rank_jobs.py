@@ -37,3 +37,27 @@ def crash_in(ctx: Any, rank: int) -> None:
     if ctx.rank == rank:
         os._exit(17)
     dist.barrier()
+
+
+def model_outlives_close(ctx: Any, strategy: str) -> bool:
+    """Train one step under `strategy`, close the trainer: is the model still reachable from anywhere?"""
+    import gc
+    import weakref
+
+    from distbench.config import RunConfig
+    from distbench.runtime.jobs import run_steps, set_numerics
+    from distbench.strategies import build_trainer
+    from distbench.workloads import get_model
+
+    cfg = RunConfig(strategy=strategy, world_size=ctx.world_size, model="gpt2-tiny", global_batch=4,
+                    micro_batch=2, steps=1)
+    set_numerics(cfg)
+    model = get_model(cfg.model).build(cfg.seed, ctx.device)
+    alive = weakref.ref(model)
+    trainer = build_trainer(ctx, cfg, model)
+    del model
+    run_steps(ctx, trainer, cfg, 1)
+    trainer.close()
+    del trainer
+    gc.collect()
+    return alive() is not None

@@ -30,6 +30,14 @@ def test_jobs_run_in_every_rank_and_reuse_the_processes(pool):
     assert _pids(pool) == {r["pid"] for r in out}, "a second job started new processes"
 
 
+@pytest.mark.parametrize("name", ["fsdp_full", "zero2", "zero3"])
+def test_a_closed_trainer_frees_its_model(pool, name):
+    """A pool serves a whole session: a trainer that outlives close() keeps its GPU memory until an OOM.
+    DeepSpeed 0.19's ZeRO-3 keeps every engine reachable from module-level state (11.6 GiB per GPT-2 Large
+    configuration on an H200) unless the strategy unhooks it."""
+    assert pool.run(f"{JOBS}:model_outlives_close", {"strategy": name}, timeout=120) == [False, False]
+
+
 def test_an_exception_reports_the_traceback_and_every_rank(pool):
     before = _pids(pool)
     with pytest.raises(JobError) as info:

@@ -160,8 +160,33 @@ class DeepSpeedTrainer(Trainer):
         if engine is not None:
             if hasattr(engine, "destroy"):  # releases ZeRO hooks and buffers; absent in old DeepSpeed
                 engine.destroy()
-            del self.engine
+            _forget_zero3_module(engine.module)
+            del self.engine, engine
         gc.collect()
+
+
+def _forget_zero3_module(module: nn.Module) -> None:
+    """Drop the two module-level references through which ZeRO-3 keeps every engine alive after destroy().
+
+    DeepSpeed (0.19) pushes each ZeRO-3 model onto `parameter_offload.FWD_MODULE_STACK` when it installs its
+    hooks and never pops it, and memoizes `PartitionedParameterCoordinator.__params_to_release` in a
+    class-level lru_cache keyed by (coordinator, submodule). Through its hooks the model holds the engine and
+    its optimizer: on one H200 each GPT-2 Large ZeRO-3 configuration left 11.6 GiB allocated for the rest of
+    the rank's life, in a pool that serves a whole session an OOM a few configurations later.
+    """
+    try:
+        from deepspeed.runtime.zero import parameter_offload
+        from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+    except ImportError:
+        return
+    stack = getattr(parameter_offload, "FWD_MODULE_STACK", None)
+    if isinstance(stack, list):
+        stack[:] = [m for m in stack if m is not module]
+    memo = PartitionedParameterCoordinator.__dict__.get("_PartitionedParameterCoordinator__params_to_release")
+    # the lru_cache sits under DeepSpeed's NVTX wrapper, which keeps it in a closure cell
+    for fn in [memo, *(c.cell_contents for c in getattr(memo, "__closure__", None) or ())]:
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()
 
 
 def _import_deepspeed(ctx: RankContext) -> Any:
