@@ -1,11 +1,14 @@
-"""Python's garbage collector during timed steps: keep it out by default, and measure it either way.
+"""Python's garbage collector during timed steps: kept out by default, and measured either way.
 
-FSDP2 and DeepSpeed create many short-lived Python objects per step, so the collector's generation-2 passes
-(which walk every tracked object of a multi-GB model's process) land in random steps. On 4x H200 their
-steps varied 5-11% while DDP's (whose gradient sync lives in C++) stayed within 1%. Like torchtitan and
-pytest-benchmark's --benchmark-disable-gc, the timed window runs with the collector off, after one full
-collection and a freeze (so nothing old is re-scanned); `RunConfig.gc_during_steps` turns it back on to
-show what it costs. Either way GcWatch records every collection in the window and its time, per step.
+FSDP2 and DeepSpeed create short-lived Python objects every step, so the collector runs inside timed steps
+at moments that differ from run to run. Like torchtitan and pytest-benchmark's --benchmark-disable-gc, the
+timed window runs with the collector off, after one full collection and a freeze (nothing old is re-scanned);
+`RunConfig.gc_during_steps` (`distbench run --gc-during-steps`) leaves it on. GcWatch records every
+collection in the window and its time, per step, so a result says what the collector cost.
+
+Measured on 4x H200 (fsdp_grad, 2 GPUs, GPT-2 Large, 20 steps): with the collector on, 93 generation-0 and
+8 generation-1 collections and no generation-2 pass, 31-37 ms in all (about 0.4% of step time). That run's
+5-18% step-to-step spread stayed the same with the collector off: the collector is not its source.
 """
 
 from __future__ import annotations
