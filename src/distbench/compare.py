@@ -4,14 +4,18 @@ Each side is a list of results (one per SEPARATE run: a fresh process, its own w
 by `results.config_key`; for every configuration and metric the gate compares the per-run values:
 
 * change: relative change of the medians, (head - base) / base, read through METRIC_DIRECTIONS so that
-  "worse" means slower, less throughput or more memory.
+  "worse" means slower, less throughput or more memory. The decision is taken on the log ratio
+  ln(head / base) with the noise as the spread of ln(value), so a metric and its reciprocal reach the same
+  verdict: on 4x H200 a slowdown read +42.2% in step time and -29.8% in tokens/s, and a linear threshold of
+  +-28-30% flagged the first and passed the second. The threshold is shown as the equivalent increase.
 * significance: two-sided Mann-Whitney U over the per-run values. Chosen over Welch's t because run-level
   GPU timings are not normal: one run that lands on a noisy neighbour, a clock dip or a late NCCL warm-up is
   an outlier that drags a mean and inflates a variance, while a rank test shrugs it off. With 6 runs a side
   the exact test can still reach p = 0.0022, so alpha = 0.01 is usable at the minimum run count (Welch's t
   with n = 6 would lean on a normality assumption it cannot check).
 * noise-aware threshold: a significant change also has to exceed max(min_effect, noise_k x SE), where
-  SE = pooled run-to-run CV x sqrt(1/n_base + 1/n_head) is the standard error of the relative difference.
+  SE = pooled run-to-run CV (of ln values) x sqrt(1/n_base + 1/n_head) is the standard error of the log
+  ratio. Metrics that can be zero (memory of an offloaded component) fall back to the linear change and CV.
   Significance alone is not enough: with tight enough runs a real but tiny 0.2% drift is "significant" and
   not worth a red build (the min_effect floor), and at alpha = 0.01 one configuration in a hundred would
   be flagged by chance, too often for a nightly matrix of dozens (the noise_k x SE term). The threshold
@@ -274,6 +278,11 @@ def _cv(xs: Sequence[float]) -> float:
     return statistics.stdev(xs) / abs(mean) if len(xs) > 1 and mean else 0.0
 
 
+def _log_sd(xs: Sequence[float]) -> float:
+    """Standard deviation of ln(x): the CV of a positive metric, the same for the metric and its reciprocal."""
+    return statistics.stdev(math.log(x) for x in xs) if len(xs) > 1 else 0.0
+
+
 def _p_value(base: Sequence[float], head: Sequence[float]) -> float:
     from scipy.stats import mannwhitneyu  # imported here: scipy.stats costs a second of CLI start-up
 
@@ -326,9 +335,17 @@ def _compare_metric(key: tuple, label: str, metric: str, base_runs: list[dict[st
     mb, mh = row.base_median, row.head_median
     row.change = (mh - mb) / abs(mb) if mb else (0.0 if mh == mb else math.copysign(math.inf, mh - mb))
     row.p_value = _p_value(base, head)
-    row.noise_cv = math.sqrt((_cv(base) ** 2 + _cv(head) ** 2) / 2)
-    row.threshold = max(min_effect, noise_k * row.noise_cv * math.sqrt(1 / len(base) + 1 / len(head)))
-    if row.p_value < alpha and abs(row.change) > row.threshold:
+    se = math.sqrt(1 / len(base) + 1 / len(head))
+    if min(base + head) > 0:  # log scale: a metric and its reciprocal get the same verdict
+        shift = math.log(mh / mb)
+        row.noise_cv = math.sqrt((_log_sd(base) ** 2 + _log_sd(head) ** 2) / 2)
+        bound = max(math.log1p(min_effect), noise_k * row.noise_cv * se)
+        row.threshold = math.expm1(bound)
+    else:
+        shift = row.change
+        row.noise_cv = math.sqrt((_cv(base) ** 2 + _cv(head) ** 2) / 2)
+        bound = row.threshold = max(min_effect, noise_k * row.noise_cv * se)
+    if row.p_value < alpha and abs(shift) > bound:
         row.verdict = IMPROVEMENT if row.change * METRIC_DIRECTIONS[metric] > 0 else REGRESSION
     else:
         row.verdict = UNCHANGED
