@@ -61,3 +61,26 @@ def model_outlives_close(ctx: Any, strategy: str) -> bool:
     del trainer
     gc.collect()
     return alive() is not None
+
+
+class _Node:
+    pass
+
+
+_CYCLE: Any = None
+
+
+def leave_a_cycle(ctx: Any) -> None:
+    """Garbage only the cycle collector can free, left behind by a job."""
+    global _CYCLE
+    import weakref
+
+    node = _Node()
+    node.me = node
+    _CYCLE = weakref.ref(node)
+
+
+def cycle_and_frozen(ctx: Any) -> dict[str, Any]:
+    import gc
+
+    return {"cycle_alive": _CYCLE is not None and _CYCLE() is not None, "frozen": gc.get_freeze_count()}

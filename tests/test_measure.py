@@ -293,7 +293,7 @@ def test_bench_job_at_world_size_1(bench_reply):
     assert r["nvml"] is None and set(r["memory"].values()) == {None}
     assert bm.STATE_KEY not in worker.STATE  # the trainer was freed
     assert r["gc"]["collector_on"] is False and len(r["gc"]["step_seconds"]) == 3
-    assert gc.isenabled() and not gc.get_freeze_count()  # the collector is back after the window
+    assert gc.isenabled()  # the collector is back after the window
 
 
 def _make_cycles(n: int) -> None:
@@ -311,7 +311,7 @@ def test_gc_watch_keeps_the_collector_out_of_timed_steps_and_counts_it(keep):
     _make_cycles(10)
     w.step()
     out = w.stop()
-    assert gc.isenabled() and not gc.get_freeze_count()
+    assert gc.isenabled()
     assert out["collector_on"] is keep and len(out["step_seconds"]) == 2
     if keep:
         assert out["collections"][0] > 0 and out["step_seconds"][0] > 0

@@ -38,6 +38,14 @@ def test_a_closed_trainer_frees_its_model(pool, name):
     assert pool.run(f"{JOBS}:model_outlives_close", {"strategy": name}, timeout=120) == [False, False]
 
 
+def test_between_jobs_garbage_is_collected_then_the_rest_frozen(pool):
+    """The worker freezes what survives a job (so later full collections are cheap), but only after
+    collecting the job's garbage: a cycle left behind must not be frozen alive."""
+    pool.run(f"{JOBS}:leave_a_cycle")
+    for r in pool.run(f"{JOBS}:cycle_and_frozen"):
+        assert r == {"cycle_alive": False, "frozen": r["frozen"]} and r["frozen"] > 10_000
+
+
 def test_an_exception_reports_the_traceback_and_every_rank(pool):
     before = _pids(pool)
     with pytest.raises(JobError) as info:

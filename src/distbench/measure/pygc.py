@@ -2,8 +2,7 @@
 
 FSDP2 and DeepSpeed create short-lived Python objects every step, so the collector runs inside timed steps
 at moments that differ from run to run. Like torchtitan and pytest-benchmark's --benchmark-disable-gc, the
-timed window runs with the collector off, after one full collection and a freeze (nothing old is re-scanned);
-`RunConfig.gc_during_steps` (`distbench run --gc-during-steps`) leaves it on. GcWatch records every
+timed window runs with the collector off, after one full collection; `RunConfig.gc_during_steps` (`distbench run --gc-during-steps`) leaves it on. GcWatch records every
 collection in the window and its time, per step, so a result says what the collector cost.
 
 Measured on 4x H200 (fsdp_grad, 2 GPUs, GPT-2 Large, 20 steps): with the collector on, 93 generation-0 and
@@ -42,7 +41,6 @@ class GcWatch:
     def start(self) -> GcWatch:
         gc.collect()
         if not self.keep_collector:
-            gc.freeze()
             gc.disable()
         gc.callbacks.append(self._callback)
         self._on = True
@@ -58,7 +56,6 @@ class GcWatch:
             gc.callbacks.remove(self._callback)
             if not self.keep_collector:
                 gc.enable()
-                gc.unfreeze()
             self._on = False
         return {"collector_on": self.keep_collector, "collections": list(self.counts),
                 "seconds": self.seconds, "step_seconds": list(self.step_seconds)}
