@@ -84,3 +84,7 @@ def cycle_and_frozen(ctx: Any) -> dict[str, Any]:
     import gc
 
     return {"cycle_alive": _CYCLE is not None and _CYCLE() is not None, "frozen": gc.get_freeze_count()}
+
+
+def cpus(ctx: Any) -> list[int]:
+    return sorted(os.sched_getaffinity(0))

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from distbench.errors import ResourceError
+from distbench.errors import ConfigError, ResourceError
 from distbench.runtime.pool import JobError, PoolManager, RankPool
 
 JOBS = "rank_jobs"
@@ -44,6 +44,28 @@ def test_between_jobs_garbage_is_collected_then_the_rest_frozen(pool):
     pool.run(f"{JOBS}:leave_a_cycle")
     for r in pool.run(f"{JOBS}:cycle_and_frozen"):
         assert r == {"cycle_alive": False, "frozen": r["frozen"]} and r["frozen"] > 10_000
+
+
+def test_bind_cpus_gives_each_rank_its_own_slice(monkeypatch):
+    allowed = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv("DISTBENCH_BIND_CPUS", "exclusive")
+    p = RankPool(2, "cpu")
+    try:
+        got = p.run(f"{JOBS}:cpus")
+    finally:
+        p.close()
+    k = len(allowed) // 2
+    assert got == [allowed[:k], allowed[k:2 * k]]  # disjoint, equal, within what the parent may use
+
+
+@pytest.mark.parametrize(("mode", "ranks", "message"), [("spread", 2, "not a binding mode"),
+                                                         ("exclusive", 4096, "needs a CPU per rank")])
+def test_bind_cpus_refuses_bad_settings_before_any_rank_starts(monkeypatch, mode, ranks, message):
+    monkeypatch.setenv("DISTBENCH_BIND_CPUS", mode)
+    p = RankPool(ranks, "cpu")
+    with pytest.raises(ConfigError, match=message):
+        p.start()
+    assert not p._procs
 
 
 def test_an_exception_reports_the_traceback_and_every_rank(pool):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 
@@ -23,6 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--repeats", type=int, help="separate runs of each configuration (the compare gate wants >= 6)")
     p.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
+    p.add_argument("--bind-cpus", action="store_true", help="bind each rank to its own equal slice of this "
+                   "process's CPUs (sets DISTBENCH_BIND_CPUS=exclusive; recorded in each result's env)")
     p.add_argument("--gc-during-steps", action="store_true", help="leave Python's garbage collector on "
                    "during timed steps (default: collected and frozen before them, off while they run)")
     p.add_argument("--trace", action="store_true", help="also profile each configuration (GPU) and record "
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..errors import DistbenchError
     from ..matrix import run_matrix
+    from ..runtime import affinity
     from ..runtime.pool import PoolManager, cuda_device_count
     from ..strategies import get_spec
     from ..strategies.ds_config import check_run_config
@@ -83,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
         matrix = build_matrix(args, device_type, n_cuda)
         for s in matrix.strategies:
             get_spec(s)
+        if args.bind_cpus:
+            os.environ[affinity.ENV] = "exclusive"
+        affinity.rank_cpus(0, max(matrix.world_sizes), os.sched_getaffinity(0))  # too few CPUs: say so now
         pools = PoolManager(device_type)
         if device_type == "cuda":
             for ws in matrix.world_sizes:

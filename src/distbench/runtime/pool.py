@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ResourceError
+from .affinity import rank_cpus
 from .worker import STACK_SIGNAL, worker_main
 
 _EXIT_GRACE_S = 5.0
@@ -108,6 +109,8 @@ class RankPool:
         if self.alive:
             return
         self.close()
+        allowed = os.sched_getaffinity(0)
+        cpus = [rank_cpus(r, self.world_size, allowed) for r in range(self.world_size)]  # bad setting: raise now
         ctx = mp.get_context("spawn")
         self._stack_dir = tempfile.mkdtemp(prefix=f"distbench-ws{self.world_size}-")
         self._result_q = ctx.Queue()
@@ -118,7 +121,7 @@ class RankPool:
             p = ctx.Process(
                 target=worker_main,
                 args=(r, self.world_size, self.device_type, port, env, self._task_qs[r], self._result_q,
-                      self._stack_file(r)),
+                      self._stack_file(r), cpus[r]),
                 name=f"distbench-ws{self.world_size}-rank{r}",
                 daemon=False,  # ranks may start their own subprocesses (compile workers)
             )

@@ -47,8 +47,11 @@ def worker_main(
     task_q,
     result_q,
     stack_file: str,
+    cpus: list[int] | None = None,
 ) -> None:
     _die_with_parent()
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # before torch starts its thread pools: they inherit it
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
