@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             get_spec(s)
         if args.bind_cpus:
             os.environ[affinity.ENV] = "exclusive"
-        affinity.rank_cpus(0, max(matrix.world_sizes), os.sched_getaffinity(0))  # too few CPUs: say so now
+        affinity.rank_cpus(0, max(matrix.world_sizes))  # a bad setting or too few CPUs: say so now
         pools = PoolManager(device_type)
         if device_type == "cuda":
             for ws in matrix.world_sizes:

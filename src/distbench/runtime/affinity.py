@@ -18,14 +18,17 @@ ENV = "DISTBENCH_BIND_CPUS"
 MODES = ("exclusive",)
 
 
-def rank_cpus(rank: int, world_size: int, allowed: Collection[int]) -> list[int] | None:
-    """The CPUs rank `rank` is bound to under DISTBENCH_BIND_CPUS, or None when binding is off."""
+def rank_cpus(rank: int, world_size: int, allowed: Collection[int] | None = None) -> list[int] | None:
+    """The CPUs rank `rank` is bound to under DISTBENCH_BIND_CPUS (of `allowed`, by default the CPUs this
+    process may use), or None when binding is off."""
     mode = os.environ.get(ENV, "")
     if not mode:
         return None
     if mode not in MODES:
         raise ConfigError(f"{ENV}={mode!r} is not a binding mode; use one of {', '.join(MODES)}, or unset it")
-    cpus = sorted(allowed)
+    if not hasattr(os, "sched_setaffinity"):
+        raise ConfigError(f"{ENV} binds with os.sched_setaffinity, which this platform lacks; unset it")
+    cpus = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
     if len(cpus) < world_size:
         raise ConfigError(f"{ENV}={mode} needs a CPU per rank: {world_size} ranks, {len(cpus)} CPUs allowed "
                           "to this process; unset it or run fewer ranks")
