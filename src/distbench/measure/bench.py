@@ -99,8 +99,6 @@ def _setup(ctx: RankContext, cfg: dict[str, Any], nvml: bool) -> _Bench:
     worker.STATE[STATE_KEY] = b
     for _ in range(rc.warmup):
         b.warmup_times.append(_step(ctx, b)[1])
-    if nvml:
-        b.sampler = NvmlSampler(ctx.device).start()
     # GcWatch.start's full collection takes each rank its own 0.1-0.5 s. Run after the barrier, that skew
     # would land in the first timed step's first collective (on 4x H200 DDP's first timed step was a median
     # 13% over the run's median with this order); before it, every rank starts timing together.
@@ -108,6 +106,8 @@ def _setup(ctx: RankContext, cfg: dict[str, Any], nvml: bool) -> _Bench:
     reset_peaks(ctx)
     if ctx.world_size > 1:
         dist.barrier()
+    if nvml:  # after the collection: its idle GPU is no part of the timed steps' utilisation
+        b.sampler = NvmlSampler(ctx.device).start()
     return b
 
 
