@@ -1,6 +1,6 @@
 """Optional CPU binding of rank processes, to take host scheduling noise out of step times.
 
-FSDP2 and ZeRO-3 steps are partly CPU-bound (GPU utilisation 77-89% and 33-52% on 4x H200), and their
+FSDP2 and ZeRO-3 steps are partly CPU-bound (GPU utilisation 82-89% and 33-52% on 4x H200), and their
 step times varied 5-18% within a run while DDP's stayed within 2%. With DISTBENCH_BIND_CPUS=exclusive
 (`distbench run --bind-cpus`) rank r runs only on the r-th of world_size equal, disjoint slices of the
 CPUs the launching process may use, so ranks stop competing for cores. The slices follow CPU numbering:
