@@ -72,7 +72,7 @@ TIME_METRICS = frozenset({"tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s
 TRACE_PARTS = ("compute", "non_compute", "idle")
 
 MIN_EFFECT = 0.01  # 1%: below this a move is not worth a red build whatever the noise
-#: A change must exceed 5 standard errors of the relative difference: at the minimum of 6 runs a side that
+#: A change must exceed 5 standard errors of the log ratio: at the minimum of 6 runs a side that
 #: is 2.9 pooled CVs, the margin that keeps identical reruns quiet across a whole nightly matrix of
 #: configurations; with more runs it tightens like the standard error does.
 NOISE_K = 5.0

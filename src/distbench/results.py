@@ -14,6 +14,7 @@ A result is a plain JSON object:
       "losses": [float, ...],
       "nvml": {... , "throttled": bool} | null,
       "trace": {...} | null,
+      "gc": {"collector_on", "collections": [gen0, gen1, gen2], "seconds", "step_seconds": [...]} | null,
       "env": {fingerprint}
     }
 

@@ -27,8 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--min-effect", type=float, default=MIN_EFFECT,
                    help=f"smallest relative change that counts, as a fraction (default {MIN_EFFECT})")
     p.add_argument("--noise-k", type=float, default=NOISE_K,
-                   help=f"a change must also exceed K standard errors of the relative difference, from the "
-                        f"pooled run-to-run CV and the run counts (default {NOISE_K:g})")
+                   help=f"a change must also exceed K standard errors of the log ratio, from the pooled "
+                        f"run-to-run CV and the run counts (default {NOISE_K:g})")
     p.add_argument("--min-runs", type=int, default=6, help="usable runs needed per side (default 6)")
     p.add_argument("--allow-insufficient", action="store_true",
                    help="exit 0 instead of 3 when some configurations lack runs (still reported)")

@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bind-cpus", action="store_true", help="bind each rank to its own equal slice of this "
                    "process's CPUs (sets DISTBENCH_BIND_CPUS=exclusive; recorded in each result's env)")
     p.add_argument("--gc-during-steps", action="store_true", help="leave Python's garbage collector on "
-                   "during timed steps (default: collected and frozen before them, off while they run)")
+                   "during timed steps (default: one full collection before them, off while they run)")
     p.add_argument("--trace", action="store_true", help="also profile each configuration (GPU) and record "
                    "HolisticTraceAnalysis's compute/non-compute/idle and overlap breakdown")
     p.add_argument("--ds-config", help="DeepSpeed config JSON merged into the zero* strategies' config")

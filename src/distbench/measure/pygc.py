@@ -2,8 +2,9 @@
 
 FSDP2 and DeepSpeed create short-lived Python objects every step, so the collector runs inside timed steps
 at moments that differ from run to run. Like torchtitan and pytest-benchmark's --benchmark-disable-gc, the
-timed window runs with the collector off, after one full collection; `RunConfig.gc_during_steps` (`distbench run --gc-during-steps`) leaves it on. GcWatch records every
-collection in the window and its time, per step, so a result says what the collector cost.
+timed window runs with the collector off, after one full collection; `RunConfig.gc_during_steps`
+(`distbench run --gc-during-steps`) leaves it on. GcWatch records every collection in the window and its
+time, per step, so a result says what the collector cost.
 
 Measured on 4x H200 (fsdp_grad, 2 GPUs, GPT-2 Large, 20 steps): with the collector on, 93 generation-0 and
 8 generation-1 collections and no generation-2 pass, 31-37 ms in all (about 0.4% of step time). That run's
