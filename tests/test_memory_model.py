@@ -74,8 +74,7 @@ class _FakeSuite:
     def bench_config(self, strategy, world_size, model=None, **overrides):
         from distbench.config import RunConfig
 
-        return RunConfig(strategy=strategy, world_size=world_size, model=model, precision="bf16",
-                         **{k: v for k, v in overrides.items() if k != "warmup"})
+        return RunConfig(strategy=strategy, world_size=world_size, model=model, precision="bf16", **overrides)
 
     def run(self, world_size, job, **kwargs):
         return [{"rank": r, "n_params": N_PARAMS, "before_optimizer_step": self.before,

@@ -43,7 +43,7 @@ def test_between_jobs_garbage_is_collected_then_the_rest_frozen(pool):
     collecting the job's garbage: a cycle left behind must not be frozen alive."""
     pool.run(f"{JOBS}:leave_a_cycle")
     for r in pool.run(f"{JOBS}:cycle_and_frozen"):
-        assert r == {"cycle_alive": False, "frozen": r["frozen"]} and r["frozen"] > 10_000
+        assert not r["cycle_alive"] and r["frozen"] > 10_000
 
 
 def test_bind_cpus_gives_each_rank_its_own_slice(monkeypatch):
