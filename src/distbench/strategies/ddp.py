@@ -13,7 +13,12 @@ from .single import SingleTrainer
 class DDPTrainer(SingleTrainer):
     def wrap(self, module: nn.Module) -> nn.Module:
         ids = [self.ctx.device.index] if self.ctx.is_cuda else None
-        return DistributedDataParallel(module, device_ids=ids)
+        # DDP reduces its first step in one bucket and then rebuilds its buckets in gradient-ready order.
+        # A ring all-reduce sums each element in an order set by its offset in the bucket, so at 3+ ranks a
+        # run resumed from a checkpoint (old layout on its first step) drifts from the uninterrupted one
+        # (rebuilt layout) by an ulp. find_unused_parameters keeps the first layout for good: deterministic
+        # configurations use it; measured ones keep DDP's defaults.
+        return DistributedDataParallel(module, device_ids=ids, find_unused_parameters=self.cfg.deterministic)
 
     def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
         with no_sync_if(self.model, skip=not sync):
