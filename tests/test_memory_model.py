@@ -28,7 +28,8 @@ def _measure(suite, strategy, world_size):
                                  seq_len=256, steps=2, warmup=0)
         outs = suite.run(world_size, JOB, cfg=cfg.to_dict())
         worst = max(outs, key=lambda o: o["before_optimizer_step"])
-        _measured[key] = (cfg, {**worst, "baseline_bytes": max(o["baseline_bytes"] for o in outs)})
+        _measured[key] = (cfg, {**worst, **{k: max(o[k] for o in outs)
+                                            for k in ("baseline_bytes", "left_after_close_bytes")}})
     return _measured[key]
 
 
@@ -36,6 +37,9 @@ def _measure(suite, strategy, world_size):
 @pytest.mark.strategies(*LAYOUT)
 def test_memory_model(suite, strategy, world_size):
     cfg, m = _measure(suite, strategy, world_size)
+    assert m["left_after_close_bytes"] <= LEFTOVER_MAX, (
+        f"{strategy} ws{world_size} left {m['left_after_close_bytes'] / 2**30:.2f} GiB allocated after its trainer "
+        "closed: a leak that grows with every configuration the rank pool runs")
     assert m["baseline_bytes"] <= LEFTOVER_MAX, (
         f"a rank started this measurement with {m['baseline_bytes'] / 2**30:.2f} GiB still allocated by earlier "
         "jobs: a trainer did not free its memory on close (tests/test_pool.py checks that on CPU)")
@@ -54,10 +58,14 @@ def test_memory_model(suite, strategy, world_size):
 
 
 @pytest.mark.gpu
-@pytest.mark.strategies(*[s for s, (sharded, _) in LAYOUT.items() if sharded])
+@pytest.mark.strategies(*[s for s, (sharded, host) in LAYOUT.items() if sharded - host])
 def test_sharded_memory_shrinks_with_world_size(suite, strategy, world_size):
+    """Strategies that keep sharded state on the device (offload keeps none: what stays is fixed buffers)."""
     if world_size < 2:
         pytest.skip("compares against world size 1")
+    if sum(analytic_bytes(strategy, N_PARAMS, world_size, "bf16").values()) >= 0.8 * sum(
+            analytic_bytes(strategy, N_PARAMS, 1, "bf16").values()):
+        pytest.skip(f"{strategy} shards nothing at world size {world_size} (hybrid: 2 replicas of 1 shard)")
     _, one = _measure(suite, strategy, 1)
     _, many = _measure(suite, strategy, world_size)
     assert many["before_optimizer_step"] < 0.8 * one["before_optimizer_step"], (
@@ -68,8 +76,8 @@ def test_sharded_memory_shrinks_with_world_size(suite, strategy, world_size):
 class _FakeSuite:
     """Stands in for the GPU suite: every rank reports the given allocator readings."""
 
-    def __init__(self, before: float, baseline: float = 0.0) -> None:
-        self.before, self.baseline = before, baseline
+    def __init__(self, before: float, baseline: float = 0.0, left: float = 0.0) -> None:
+        self.before, self.baseline, self.left = before, baseline, left
 
     def bench_config(self, strategy, world_size, model=None, **overrides):
         from distbench.config import RunConfig
@@ -78,25 +86,54 @@ class _FakeSuite:
 
     def run(self, world_size, job, **kwargs):
         return [{"rank": r, "n_params": N_PARAMS, "before_optimizer_step": self.before,
-                 "after_optimizer_step": self.before, "baseline_bytes": self.baseline} for r in range(world_size)]
+                 "after_optimizer_step": self.before, "baseline_bytes": self.baseline,
+                 "left_after_close_bytes": self.left} for r in range(world_size)]
 
 
 N_PARAMS = 354_823_168  # GPT-2 355M
 
 
-@pytest.mark.parametrize(("before_x", "baseline", "message"), [
-    (1.0, 0, None),                            # state exactly as the model says: passes
-    (2.0, 0, "should not keep"),               # a full extra replica
-    (0.5, 0, "less than"),                     # the measurement lost something
-    (1.0, 5 * 2**30, "still allocated"),       # an earlier job's trainer never freed
+@pytest.mark.parametrize(("before_x", "baseline", "left", "message"), [
+    (1.0, 0, 0, None),                            # state exactly as the model says: passes
+    (2.0, 0, 0, "should not keep"),               # a full extra replica
+    (0.5, 0, 0, "less than"),                     # the measurement lost something
+    (1.0, 5 * 2**30, 0, "still allocated"),       # an earlier job's trainer never freed
+    (1.0, 0, 2.6 * 2**30, "after its trainer"),   # this job's trainer never freed (FSDP1 did, on an H100)
 ])
-def test_the_memory_checks_can_fail(monkeypatch, before_x, baseline, message):
+def test_the_memory_checks_can_fail(monkeypatch, before_x, baseline, left, message):
     """CPU: the GPU test's assertions on canned allocator readings (ddp, 1 rank: 16N bytes)."""
     monkeypatch.setitem(globals(), "_measured", {})  # the session cache would hand back an earlier case
     predicted = sum(analytic_bytes("ddp", N_PARAMS, 1, "bf16").values())
-    suite = _FakeSuite(before_x * predicted, baseline)
+    suite = _FakeSuite(before_x * predicted, baseline, left)
     if message is None:
         test_memory_model(suite, "ddp", 1)
     else:
         with pytest.raises(AssertionError, match=message):
             test_memory_model(suite, "ddp", 1)
+
+
+class _FakeScalingSuite(_FakeSuite):
+    """Per-rank memory that shrinks as 1/world_size**power."""
+
+    def __init__(self, power: float) -> None:
+        super().__init__(before=16.0 * N_PARAMS)
+        self.power = power
+
+    def run(self, world_size, job, **kwargs):
+        return [{**r, "before_optimizer_step": self.before / world_size**self.power}
+                for r in super().run(world_size, job, **kwargs)]
+
+
+@pytest.mark.parametrize(("power", "fails"), [(1.0, False), (0.0, True)])
+def test_the_shrink_check_can_fail(monkeypatch, power, fails):
+    """CPU: a zero3 whose per-rank memory stays put as the world doubles fails the GPU test; one that
+    halves passes. fsdp_hybrid at 2 (two replicas of one shard) is not expected to shrink."""
+    monkeypatch.setitem(globals(), "_measured", {})
+    suite = _FakeScalingSuite(power)
+    if fails:
+        with pytest.raises(AssertionError, match="does not shrink"):
+            test_sharded_memory_shrinks_with_world_size(suite, "zero3", 2)
+    else:
+        test_sharded_memory_shrinks_with_world_size(suite, "zero3", 2)
+    with pytest.raises(pytest.skip.Exception, match="shards nothing"):
+        test_sharded_memory_shrinks_with_world_size(suite, "fsdp_hybrid", 2)

@@ -9,8 +9,10 @@ Analytic model for N parameters trained with fp32 master weights (16N bytes in a
   torch-native (single, DDP, FSDP):  parameters 4N (fp32, also the master copy), gradients 4N, AdamW 8N
   DeepSpeed bf16:                    parameters 2N (bf16), gradients 2N, fp32 master + AdamW 12N
 Sharding divides a component by the shard-group size: ZeRO-1 the optimizer state; ZeRO-2 also gradients;
-ZeRO-3, fsdp_full and fsdp_grad (at rest) also parameters. Offload moves the optimizer state (and for
-ZeRO-3 / FSDP offload, parameters) to host memory: zero bytes on the device.
+ZeRO-3, fsdp_full and fsdp_grad (at rest) also parameters. Offload moves state to host memory: FSDP2's
+CPUOffloadPolicy all of it; ZeRO-3 offload parameters, optimizer state and (ZeRO-Offload) the gradient
+partitions. What stays on the device is buffers: for zero3_offload DeepSpeed's reduce bucket (n_params
+bf16 elements under the harness's config), whatever the world size.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ LAYOUT: dict[str, tuple[set[str], set[str]]] = {
     "zero1": ({"optimizer"}, set()),
     "zero2": ({"grads", "optimizer"}, set()),
     "zero3": ({"params", "grads", "optimizer"}, set()),
-    "zero3_offload": ({"params", "grads", "optimizer"}, {"params", "optimizer"}),
+    "zero3_offload": ({"params", "grads", "optimizer"}, {"params", "grads", "optimizer"}),
 }
 
 
@@ -81,6 +83,7 @@ def state_memory(ctx: RankContext, cfg: dict[str, Any]) -> dict[str, Any]:
         trainer.close()
         del trainer  # the probe closure makes a cycle: gc.collect below frees it
     gc.collect()
+    torch.cuda.empty_cache()
     end = torch.cuda.memory_allocated(ctx.device)
     # Memory an earlier job left allocated and this one freed (on 4 H200s, after a DDP job: 0.55 GiB) was
     # counted in `base` but not in the marks, so state looked 0.55 GiB smaller than it is. What is still
@@ -89,4 +92,4 @@ def state_memory(ctx: RankContext, cfg: dict[str, Any]) -> dict[str, Any]:
         marks = {k: v + base - end for k, v in marks.items()}
     n = count_params(get_model(rc.model).build(rc.seed, "meta"))
     return {"rank": ctx.rank, "n_params": n, "baseline_bytes": base, "baseline_freed_bytes": max(0, base - end),
-            **marks}
+            "left_after_close_bytes": max(0, end - base), **marks}

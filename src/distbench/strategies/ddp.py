@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -23,3 +26,10 @@ class DDPTrainer(SingleTrainer):
     def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
         with no_sync_if(self.model, skip=not sync):
             return super().forward_backward(batch, sync)
+
+    def close(self) -> None:
+        """Release the last step's gradient buckets: NCCL keeps the tensors of a finished all-reduce until the
+        process group's next collective (1.09 GiB for GPT-2 Medium on an H100), which a barrier is. Not while
+        an exception unwinds: the other ranks may never reach it, and this rank must report its error."""
+        if self.ctx.is_cuda and sys.exc_info()[0] is None:
+            dist.barrier()

@@ -57,6 +57,19 @@ class FSDP1Trainer(DCPCheckpointMixin):
         with FSDP.state_dict_type(self.model, StateDictType.FULL_STATE_DICT, cfg):
             return {k: v.detach().float().cpu().clone() for k, v in self.model.state_dict().items()}
 
+    def close(self) -> None:
+        """Free the FlatParameters' storage. FSDP1 leaves each FlatParameter referenced from C++ after its
+        module is collected: on an H100, every GPT-2 Medium configuration kept its parameters (1.32 GiB, even
+        after a forward alone) and its gradients (another 1.32 GiB once trained) for the rank's life."""
+        for unit in FSDP.fsdp_modules(self.model):
+            handle = getattr(unit, "_handle", None)
+            if handle is None:
+                continue
+            flat = handle.flat_param
+            for t in (flat, flat.grad, *vars(flat).values()):
+                if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                    t.untyped_storage().resize_(0)
+
 
 def _allow_low_precision_grads(model: nn.Module) -> None:
     """FSDP1 with use_orig_params and bf16 MixedPrecision points each fp32 parameter's .grad at a bf16 view
