@@ -81,7 +81,7 @@ def state_memory(ctx: RankContext, cfg: dict[str, Any]) -> dict[str, Any]:
         run_steps(ctx, trainer, rc, 2)  # step 1 creates the optimizer state; step 2 is measured
     finally:
         trainer.close()
-        del trainer  # the probe closure makes a cycle: gc.collect below frees it
+        del trainer, original, probed  # each reaches the trainer (a cycle through the probe): freed below
     gc.collect()
     torch.cuda.empty_cache()
     end = torch.cuda.memory_allocated(ctx.device)
