@@ -81,7 +81,8 @@ def state_memory(ctx: RankContext, cfg: dict[str, Any]) -> dict[str, Any]:
         run_steps(ctx, trainer, rc, 2)  # step 1 creates the optimizer state; step 2 is measured
     finally:
         trainer.close()
-        del trainer, original, probed  # each reaches the trainer (a cycle through the probe): freed below
+        original = None  # the probe's closure reaches the trainer through it
+        del trainer, probed  # a cycle through the probe: freed below
     gc.collect()
     torch.cuda.empty_cache()
     end = torch.cuda.memory_allocated(ctx.device)
