@@ -121,22 +121,28 @@ def test_more_ranks_than_gpus_is_refused_with_the_fix():
 
 
 def test_ddp_close_syncs_the_group_only_on_a_clean_exit(monkeypatch):
-    """DDP's close ends with a barrier so NCCL lets go of the last all-reduce's buckets (0.9-1.1 GiB on an
-    H100); while an exception unwinds it must not, or a rank whose peers died hangs instead of reporting."""
+    """DDP's close ends with a barrier so NCCL lets go of the last all-reduce's buckets (1.3 GiB on an H200),
+    after the GPU finished and NCCL's watchdog had time to hand them to the group; while an exception unwinds
+    it must not, or a rank whose peers died hangs instead of reporting."""
     from types import SimpleNamespace
 
+    import torch
     import torch.distributed as dist
 
-    from distbench.strategies.ddp import DDPTrainer
+    from distbench.strategies import ddp
 
-    barriers = []
-    monkeypatch.setattr(dist, "barrier", lambda *a, **k: barriers.append(1))
-    trainer = SimpleNamespace(ctx=SimpleNamespace(is_cuda=True), model="wrapper", module="bare module")
-    DDPTrainer.close(trainer)
-    assert barriers == [1] and trainer.model == "bare module"
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.append("synchronize"))
+    monkeypatch.setattr(ddp.time, "sleep", lambda s: calls.append(f"sleep {s}"))
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: calls.append("barrier"))
+    trainer = SimpleNamespace(ctx=SimpleNamespace(is_cuda=True, device="cuda:0"), model="wrapper",
+                              module="bare module")
+    ddp.DDPTrainer.close(trainer)
+    assert calls == ["synchronize", f"sleep {ddp.WATCHDOG_PERIODS_S}", "barrier"]
+    assert trainer.model == "bare module" and ddp.WATCHDOG_PERIODS_S >= 0.2
     with pytest.raises(RuntimeError, match="a peer died"):
         try:
             raise RuntimeError("a peer died")
         finally:
-            DDPTrainer.close(trainer)
-    assert barriers == [1]
+            ddp.DDPTrainer.close(trainer)
+    assert calls.count("barrier") == 1
