@@ -1,10 +1,11 @@
 """Deliberately broken trainers, run in the rank pool, to prove each invariant's check can fail.
 
-Each mutation breaks one property a real incident breaks, on top of a correct DDP trainer:
+Each mutation breaks one property a real incident breaks, on top of a correct trainer (DDP unless noted):
   no_grad_sync       ranks never all-reduce gradients (replicas silently diverge)
   sum_not_mean       gradients are summed across ranks instead of averaged (a missing 1/world_size)
   sync_every_micro   gradients are all-reduced on every micro-batch (no_sync forgotten)
-  fresh_optimizer    a resume restores the model but silently resets the optimizer state
+  fresh_optimizer    a resume restores the model but silently resets the optimizer state (any torch-native
+                     trainer, resharding loads included)
 
 The rank processes import this module by name: spawned ranks inherit the pytest process's sys.path, on which
 pytest puts this directory.
@@ -29,22 +30,23 @@ def _sum_hook(state, bucket):  # unannotated: DDP rejects the string annotations
     return fut.then(lambda f: f.value()[0])
 
 
-def _mutate(trainer: DDPTrainer, mutation: str) -> None:
-    assert isinstance(trainer, DDPTrainer), "mutations are written against the ddp strategy"
+def _mutate(trainer: Any, mutation: str) -> None:
+    if mutation == "fresh_optimizer":
+        load = trainer.load_checkpoint
+
+        def load_but_reset_optimizer(path: str, **kwargs: Any) -> None:
+            load(path, **kwargs)
+            trainer.optimizer.state.clear()
+
+        trainer.load_checkpoint = load_but_reset_optimizer
+        return
+    assert isinstance(trainer, DDPTrainer), f"mutation {mutation!r} is written against the ddp strategy"
     if mutation == "no_grad_sync":
         trainer.forward_backward = lambda batch, sync: DDPTrainer.forward_backward(trainer, batch, False)
     elif mutation == "sync_every_micro":
         trainer.forward_backward = lambda batch, sync: DDPTrainer.forward_backward(trainer, batch, True)
     elif mutation == "sum_not_mean":
         trainer.model.register_comm_hook(None, _sum_hook)
-    elif mutation == "fresh_optimizer":
-        load = trainer.load_checkpoint
-
-        def load_but_reset_optimizer(path: str) -> None:
-            load(path)
-            trainer.optimizer.state.clear()
-
-        trainer.load_checkpoint = load_but_reset_optimizer
     else:
         raise ValueError(f"unknown mutation {mutation!r}")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from distbench.invariants.checks import PARITY_RTOL, assert_tensors_close
+from distbench.invariants.checks import PARITY_RTOL, assert_exported_weights_match
 from distbench.invariants.export import (
     full_state_dict_from_checkpoint,
     global_batch_loss,
@@ -27,8 +27,7 @@ def test_export_to_plain_and_pretrained(suite, strategy, world_size, tmp_path):
     state = full_state_dict_from_checkpoint(run["checkpoint"], get_spec(strategy).family)
     plain = load_into_model(state, cfg.model)
     ref = suite.reference(cfg.replace(steps=k))["params"]  # the LR schedule does not depend on `steps`
-    assert_tensors_close({n: t.detach().float() for n, t in plain.state_dict().items()}, ref,
-                         f"{strategy} ws{world_size} exported parameter", rtol=PARITY_RTOL, atol=cfg.lr / 100)
+    assert_exported_weights_match(plain, ref, cfg.lr, f"{strategy} ws{world_size}")
     want = run["losses"][k]  # the loss of the weights after k steps on step k's batch
     assert global_batch_loss(plain, cfg, k) == pytest.approx(want, rel=PARITY_RTOL)
     reloaded = save_and_reload_pretrained(plain, tmp_path / "pretrained")

@@ -1,15 +1,17 @@
 """The invariant checks fail when the property they guard is broken on purpose (tests/mutants.py).
 
-A check that cannot fail proves nothing: each test here runs a DDP trainer with one defect a real incident
-has, through the same job and the same assertion the invariant tests use, and expects that assertion to fail.
-The unmutated run beside each passes, so the failure is the mutation's doing.
+A check that cannot fail proves nothing: each test here runs a trainer (or an export) with one defect a real
+incident has, through the same job and the same assertion the invariant tests use, and expects that
+assertion to fail. The unmutated run beside each passes, so the failure is the mutation's doing.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from distbench.invariants.checks import (
+    assert_exported_weights_match,
     assert_losses_match,
     assert_params_and_grads_match,
     assert_resume_exact,
@@ -58,3 +60,32 @@ def test_resume_check_catches_a_reset_optimizer(suite):
     resumed = _mutant(suite, "train", "fresh_optimizer", cfg=cfg.to_dict(), resume_from=run["checkpoint"])[0]
     with pytest.raises(AssertionError, match="was not restored"):
         assert_resume_exact(resumed, run["losses"], run["save_at"], "ddp resuming with a fresh optimizer")
+
+
+def test_resharding_check_catches_a_reset_optimizer(suite):
+    """A DCP checkpoint saved at 2 ranks, continued at 1 with the optimizer state dropped on load."""
+    saved = suite.config("fsdp_full", WS)
+    run = suite.checkpointed_run(saved)
+    k, ref = run["save_at"], suite.reference(saved)["losses"]
+    kwargs = {"resume_from": run["checkpoint"], "reshard": True}
+    fine = suite.train(saved.replace(world_size=1), **kwargs)[0]["losses"]
+    assert_losses_match(fine, ref[k:], "fsdp_full resharded 2 to 1")
+    broken = suite.run(1, "mutants:train", mutation="fresh_optimizer", cfg=saved.replace(world_size=1).to_dict(),
+                       **kwargs)[0]["losses"]
+    with pytest.raises(AssertionError, match="diverges from the single-process reference"):
+        assert_losses_match(broken, ref[k:], "fsdp_full resharded 2 to 1 with a fresh optimizer")
+
+
+def test_export_check_catches_bf16_rounded_weights(suite):
+    """Exporting the bf16 compute copy instead of the fp32 masters: the loss moves by 6e-6 on this model,
+    inside the parity tolerance, so only the weights give it away."""
+    from distbench.invariants.export import full_state_dict_from_checkpoint, load_into_model
+
+    cfg = suite.config("fsdp_full", WS)
+    run = suite.checkpointed_run(cfg)
+    ref = suite.reference(cfg.replace(steps=run["save_at"]))["params"]
+    state = full_state_dict_from_checkpoint(run["checkpoint"], "fsdp")
+    assert_exported_weights_match(load_into_model(state, cfg.model), ref, cfg.lr, "fsdp_full")
+    rounded = {n: t.to(torch.bfloat16).float() for n, t in state.items()}
+    with pytest.raises(AssertionError, match="exported parameter"):
+        assert_exported_weights_match(load_into_model(rounded, cfg.model), ref, cfg.lr, "fsdp_full in bf16")

@@ -47,6 +47,15 @@ def assert_params_and_grads_match(run: dict[str, Any], ref: dict[str, Any], lr: 
     assert_tensors_close(run["grads"], ref["grads"], f"{what} gradient", rtol=1e-4, atol=1e-5 * gmax)
 
 
+def assert_exported_weights_match(model: torch.nn.Module, ref_params: dict[str, torch.Tensor], lr: float,
+                                  what: str) -> None:
+    """An exported model's weights against the reference's after the same steps, with the parameter
+    tolerances of assert_params_and_grads_match: fp32 master weights pass, bf16-rounded ones (2^-9 of each
+    weight) do not, although they barely move the loss."""
+    got = {n: t.detach().float() for n, t in model.state_dict().items()}
+    assert_tensors_close(got, ref_params, f"{what} exported parameter", rtol=PARITY_RTOL, atol=lr / 100)
+
+
 def assert_resume_exact(resumed: dict[str, Any], uninterrupted: list[float], saved_at: int, what: str) -> None:
     """A run resumed from the checkpoint of step `saved_at` continues bitwise like the uninterrupted run."""
     assert resumed["start_step"] == saved_at, f"{what}: resumed at step {resumed['start_step']}, saved at {saved_at}"
