@@ -67,11 +67,11 @@ def test_resharding_check_catches_a_reset_optimizer(suite):
     saved = suite.config("fsdp_full", WS)
     run = suite.checkpointed_run(saved)
     k, ref = run["save_at"], suite.reference(saved)["losses"]
+    loaded = saved.replace(world_size=1)
     kwargs = {"resume_from": run["checkpoint"], "reshard": True}
-    fine = suite.train(saved.replace(world_size=1), **kwargs)[0]["losses"]
+    fine = suite.train(loaded, **kwargs)[0]["losses"]
     assert_losses_match(fine, ref[k:], "fsdp_full resharded 2 to 1")
-    broken = suite.run(1, "mutants:train", mutation="fresh_optimizer", cfg=saved.replace(world_size=1).to_dict(),
-                       **kwargs)[0]["losses"]
+    broken = suite.run(1, "mutants:train", mutation="fresh_optimizer", cfg=loaded.to_dict(), **kwargs)[0]["losses"]
     with pytest.raises(AssertionError, match="diverges from the single-process reference"):
         assert_losses_match(broken, ref[k:], "fsdp_full resharded 2 to 1 with a fresh optimizer")
 

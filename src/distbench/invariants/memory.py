@@ -92,5 +92,5 @@ def state_memory(ctx: RankContext, cfg: dict[str, Any]) -> dict[str, Any]:
     if end < base:
         marks = {k: v + base - end for k, v in marks.items()}
     n = count_params(get_model(rc.model).build(rc.seed, "meta"))
-    return {"rank": ctx.rank, "n_params": n, "baseline_bytes": base, "baseline_freed_bytes": max(0, base - end),
+    return {"rank": ctx.rank, "n_params": n, "baseline_bytes": base,
             "left_after_close_bytes": max(0, end - base), **marks}
