@@ -9,6 +9,13 @@ from typing import Any
 from .errors import ConfigError
 
 PRECISIONS = ("fp32", "bf16")
+#: AdamW implementations: "auto" picks fused where it supports the parameters (CUDA, DTensor included),
+#: foreach otherwise; the others force one. Every result records the one that ran.
+OPTIMIZERS = ("auto", "fused", "foreach", "forloop")
+#: "events": no host synchronization inside a timed window (per-step times from device events, the
+#: window's throughput from its wall clock around one final sync), as users train; "sync": a device
+#: synchronization around every step, the old mode, kept for comparison.
+TIMINGS = ("events", "sync")
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,8 @@ class RunConfig:
     compile: bool = False
     deterministic: bool = True
     gc_during_steps: bool = False  # True: Python's collector may run inside timed steps (measure/pygc.py)
+    optimizer: str = "auto"  # AdamW implementation, one of OPTIMIZERS
+    timing: str = "events"  # how timed windows are measured, one of TIMINGS
     options: dict[str, Any] = field(default_factory=dict)  # strategy options, e.g. {"ds_config": {...}}
 
     def __post_init__(self) -> None:
@@ -49,6 +58,10 @@ class RunConfig:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.timing not in TIMINGS:
+            raise ConfigError(f"unknown timing {self.timing!r}; choose one of {', '.join(TIMINGS)}")
         per_step = self.world_size * self.micro_batch
         if self.global_batch % per_step:
             lo = (self.global_batch // per_step) * per_step

@@ -69,13 +69,24 @@ def model_logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out
 
 
-def build_optimizer(params, cfg: RunConfig) -> torch.optim.Optimizer:
-    """AdamW with the run's hyper-parameters; the same for every torch-native strategy.
+def optimizer_impl(cfg: RunConfig, device_type: str, *, offload: bool = False) -> str:
+    """The AdamW implementation a run uses: cfg.optimizer, with "auto" resolved to what users pick.
 
-    torch's default implementation (foreach on GPU), as users run it: the per-parameter loop costs GPT-2
-    355M about 11 ms a step on an H100 (7% of its step time), which the harness-fidelity benchmark caught.
+    Fused on CUDA (one kernel for the whole update: the usual GPU choice, and FSDP2's DTensors support it),
+    foreach where parameters or optimizer state live on the host (CPU tier, offload).
     """
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    if cfg.optimizer != "auto":
+        return cfg.optimizer
+    return "fused" if device_type == "cuda" and not offload else "foreach"
+
+
+def build_optimizer(params, cfg: RunConfig, impl: str = "foreach") -> torch.optim.Optimizer:
+    """AdamW with the run's hyper-parameters and implementation (see `optimizer_impl`); the same for every
+    strategy. The per-parameter loop ("forloop") costs GPT-2 355M about 11 ms a step on an H100 (7% of its
+    step time), which the harness-fidelity benchmark caught: it is there to compare, not to default to."""
+    flags = {"fused": {"fused": True}, "foreach": {"foreach": True}, "forloop": {"foreach": False}}[impl]
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                             weight_decay=cfg.weight_decay, **flags)
 
 
 def build_scheduler(opt: torch.optim.Optimizer, cfg: RunConfig) -> torch.optim.lr_scheduler.LRScheduler:
@@ -132,6 +143,12 @@ class Trainer(ABC):
         self.ctx = ctx
         self.cfg = cfg
         self.steps_done = 0
+        self.optimizer_impl = ""  # set by make_optimizer: the AdamW implementation results record
+
+    def make_optimizer(self, params, *, offload: bool = False) -> torch.optim.Optimizer:
+        """The run's AdamW over `params` (see `optimizer_impl`), remembering which implementation it is."""
+        self.optimizer_impl = optimizer_impl(self.cfg, self.ctx.device_type, offload=offload)
+        return build_optimizer(params, self.cfg, self.optimizer_impl)
 
     # --- what each strategy provides -------------------------------------------------------------
     @abstractmethod

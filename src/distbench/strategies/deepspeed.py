@@ -15,7 +15,7 @@ from torch import nn
 from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
 from ..runtime.context import RankContext
-from .base import Batch, Trainer, build_optimizer, build_scheduler, lm_loss, model_logits, torch_load
+from .base import Batch, Trainer, build_scheduler, lm_loss, model_logits, torch_load
 from .ds_config import build_ds_config
 
 _META = "distbench_deepspeed.json"
@@ -33,7 +33,7 @@ class DeepSpeedTrainer(Trainer):
         deepspeed = _import_deepspeed(ctx)  # first: importing it picks the accelerator
         self.ds_config = build_ds_config(cfg, stage, offload, ds_config,
                                          n_params=sum(p.numel() for p in model.parameters()))
-        opt = build_optimizer(model.parameters(), cfg)
+        opt = self.make_optimizer(model.parameters(), offload=offload)
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=build_scheduler(opt, cfg), config=self.ds_config,
             dist_init_required=False,

@@ -15,7 +15,6 @@ from ..config import RunConfig
 from ..runtime.context import RankContext
 from .base import (
     Batch,
-    build_optimizer,
     build_scheduler,
     maybe_compile,
     transformer_blocks,
@@ -48,7 +47,7 @@ class FSDP2Trainer(DCPCheckpointMixin):
         for block in transformer_blocks(model):
             fully_shard(block, **kw)
         self.model = fully_shard(model, **kw)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg)
+        self.optimizer = self.make_optimizer(self.model.parameters(), offload=offload)
         self.scheduler = build_scheduler(self.optimizer, cfg)
 
     def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:

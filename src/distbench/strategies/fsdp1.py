@@ -12,7 +12,6 @@ from ..config import RunConfig
 from ..runtime.context import RankContext
 from .base import (
     Batch,
-    build_optimizer,
     build_scheduler,
     maybe_compile,
     no_sync_if,
@@ -40,7 +39,7 @@ class FSDP1Trainer(DCPCheckpointMixin):
         )
         if mp is not None:
             _allow_low_precision_grads(self.model)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg)
+        self.optimizer = self.make_optimizer(self.model.parameters())
         self.scheduler = build_scheduler(self.optimizer, cfg)
 
     def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:

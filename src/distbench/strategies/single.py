@@ -15,7 +15,6 @@ from ..runtime.context import RankContext
 from .base import (
     Batch,
     Trainer,
-    build_optimizer,
     build_scheduler,
     maybe_compile,
     torch_load,
@@ -29,7 +28,7 @@ class SingleTrainer(Trainer):
         super().__init__(ctx, cfg, model)
         self.module = maybe_compile(model, cfg)
         self.model = self.wrap(self.module)
-        self.optimizer = build_optimizer(self.module.parameters(), cfg)
+        self.optimizer = self.make_optimizer(self.module.parameters())
         self.scheduler = build_scheduler(self.optimizer, cfg)
 
     def wrap(self, module: nn.Module) -> nn.Module:
