@@ -378,7 +378,12 @@ def test_run_benchmark_result_schema(bench_reply, tmp_path):
     assert set(m) <= set(METRIC_DIRECTIONS)
     assert {"tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s", "step_time_s", "tflops_per_gpu"} <= set(m)
     assert "mfu" not in m and "mem_allocated_peak_bytes" not in m  # CPU: no peak, no device memory
-    assert m["step_time_s"] == pytest.approx(sorted(bench_reply["step_times_s"])[1])
+    (window,) = bench_reply["windows"]  # one window: the step time is its wall clock per step
+    assert m["step_time_s"] == pytest.approx(window["wall_s"] / 3)
+    assert window["wall_s"] >= sum(bench_reply["step_times_s"])  # the window holds its steps
+    assert res["step_time_s"]["median"] == pytest.approx(sorted(bench_reply["step_times_s"])[1])
+    assert m["host_cpu_s"] == pytest.approx(sorted(window["host_cpu_s"])[1])
+    assert res["config"]["optimizer_impl"] == "foreach" and res["config"]["timing"] == "events"
     assert m["tokens_per_s"] == pytest.approx(4 * 32 / m["step_time_s"])
     assert m["scaling_efficiency"] == pytest.approx(m["tokens_per_s"] / 100.0)
     assert res["step_time_s"]["n"] == 3 and res["losses"] == bench_reply["losses"]

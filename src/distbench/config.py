@@ -47,6 +47,8 @@ class RunConfig:
     gc_during_steps: bool = False  # True: Python's collector may run inside timed steps (measure/pygc.py)
     optimizer: str = "auto"  # AdamW implementation, one of OPTIMIZERS
     timing: str = "events"  # how timed windows are measured, one of TIMINGS
+    windows: int = 1  # the timed steps run as this many windows, each between two synchronizations
+    device_time_steps: int = 2  # extra steps sampled under the profiler for device time and regime (GPU)
     options: dict[str, Any] = field(default_factory=dict)  # strategy options, e.g. {"ds_config": {...}}
 
     def __post_init__(self) -> None:
@@ -58,6 +60,10 @@ class RunConfig:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if not 1 <= self.windows <= self.steps:
+            raise ConfigError(f"windows must be between 1 and steps ({self.steps}), got {self.windows}")
+        if self.device_time_steps < 0:
+            raise ConfigError(f"device_time_steps must be >= 0, got {self.device_time_steps}")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.timing not in TIMINGS:

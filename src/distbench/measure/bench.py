@@ -22,9 +22,11 @@ import contextlib
 import gc
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -41,11 +43,12 @@ from ..strategies import build_trainer
 from ..strategies.base import Trainer
 from ..workloads.data import rank_micro_batches
 from ..workloads.models import count_params, get_model
+from .devicetime import DEVICE_BOUND_RATIO, regime, sample_device_time
 from .memory import memory_stats, reset_peaks
 from .mfu import mfu, model_flops, peak_dtype, peak_flops, tflops_per_gpu
 from .nvml import NvmlSampler
 from .pygc import GcWatch
-from .timing import per_step_max, step_stats, throughput, timed
+from .timing import Window, per_step_max, step_stats, throughput, time_window, timed
 
 STATE_KEY = "bench"
 JOB = f"{__name__}:bench"
@@ -64,6 +67,9 @@ class _Bench:
     losses: list[float] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     warmup_times: list[float] = field(default_factory=list)
+    windows: list[Window] = field(default_factory=list)
+    device_time: dict[str, Any] | None = None
+    nvml_summary: dict[str, Any] | None = None  # the sampler's summary, taken when the timed windows end
     sampler: NvmlSampler | None = None
     gc_watch: GcWatch | None = None
 
@@ -97,8 +103,9 @@ def _setup(ctx: RankContext, cfg: dict[str, Any], nvml: bool) -> _Bench:
     b = _Bench(rc, build_trainer(ctx, rc, model), seq_len, spec.vocab_size, flops, n_params)
     del model
     worker.STATE[STATE_KEY] = b
-    for _ in range(rc.warmup):
-        b.warmup_times.append(_step(ctx, b)[1])
+    if rc.warmup:
+        w = time_window(ctx, rc.timing, _step_fns(ctx, b, rc.warmup))
+        b.warmup_times, b.losses = w.step_s, w.losses
     # GcWatch.start's full collection takes each rank its own 0.1-0.5 s. Run after the barrier, that skew
     # would land in the first timed step's first collective (on 4x H200 DDP's first timed step was a median
     # 13% over the run's median with this order); before it, every rank starts timing together.
@@ -111,8 +118,42 @@ def _setup(ctx: RankContext, cfg: dict[str, Any], nvml: bool) -> _Bench:
     return b
 
 
+def _step_fns(ctx: RankContext, b: _Bench, n: int) -> list[Callable[[], Any]]:
+    """The next `n` optimizer steps as callables, their data already on the device: preparing a batch inside
+    a window would copy from pageable host memory, which waits for the device and drains the run-ahead."""
+    def one(mbs: list[dict[str, torch.Tensor]]) -> Callable[[], Any]:
+        def run() -> Any:
+            loss = b.trainer.step_async(mbs)
+            if b.gc_watch is not None:
+                b.gc_watch.step()
+            return loss
+        return run
+
+    fns = [one(rank_micro_batches(b.cfg, b.step + i, ctx.rank, b.seq_len, b.vocab_size, ctx.device))
+           for i in range(n)]
+    b.step += n
+    return fns
+
+
+def _timed_windows(ctx: RankContext, b: _Bench) -> None:
+    """The run's timed steps as cfg.windows windows, then the device-time sample outside them."""
+    sizes = [len(part) for part in np.array_split(np.arange(b.cfg.steps), b.cfg.windows)]
+    for n in sizes:
+        if ctx.world_size > 1:
+            dist.barrier()  # every rank starts the window together
+        w = time_window(ctx, b.cfg.timing, _step_fns(ctx, b, n))
+        b.windows.append(w)
+        b.times += w.step_s
+        b.losses += w.losses
+    if b.sampler is not None:  # utilisation and clocks of the timed windows only
+        b.nvml_summary = b.sampler.stop()
+        b.sampler = None
+    if b.cfg.device_time_steps:
+        b.device_time = sample_device_time(ctx, _step_fns(ctx, b, b.cfg.device_time_steps))
+
+
 def _step(ctx: RankContext, b: _Bench) -> tuple[float, float]:
-    """One optimizer step, data prepared outside the timed window; returns (loss, seconds)."""
+    """One synchronized optimizer step (the pytest-benchmark path: one step per round); (loss, seconds)."""
     mbs = rank_micro_batches(b.cfg, b.step, ctx.rank, b.seq_len, b.vocab_size, ctx.device)
     loss, dt = timed(ctx, lambda: b.trainer.step(mbs))
     if b.gc_watch is not None:
@@ -123,7 +164,7 @@ def _step(ctx: RankContext, b: _Bench) -> tuple[float, float]:
 
 
 def _finish(ctx: RankContext, b: _Bench) -> dict[str, Any]:
-    nv = b.sampler.stop() if b.sampler is not None else None
+    nv = b.sampler.stop() if b.sampler is not None else b.nvml_summary
     b.sampler = None
     pygc = b.gc_watch.stop() if b.gc_watch is not None else None
     b.gc_watch = None
@@ -132,11 +173,14 @@ def _finish(ctx: RankContext, b: _Bench) -> dict[str, Any]:
         "device_type": ctx.device_type,
         "device_name": torch.cuda.get_device_name(ctx.device) if ctx.is_cuda else None,
         "peak_dtype": peak_dtype(b.cfg.precision),
+        "optimizer_impl": b.trainer.optimizer_impl,
         "seq_len": b.seq_len,
         "n_params": b.n_params,
         "flops": b.flops,
         "step_times_s": list(b.times),
         "warmup_step_times_s": list(b.warmup_times),
+        "windows": [{"wall_s": w.wall_s, "steps": len(w.step_s), "host_cpu_s": w.host_cpu_s} for w in b.windows],
+        "device_time": b.device_time,
         "losses": list(b.losses),
         "memory": memory_stats(ctx, nv["mem_used_peak_bytes"] if nv else None),
         "nvml": nv,
@@ -180,11 +224,11 @@ def bench_finish(ctx: RankContext) -> dict[str, Any]:
 
 
 def bench(ctx: RankContext, cfg: dict[str, Any], nvml: bool = True) -> dict[str, Any]:
-    """setup + cfg["steps"] timed steps + finish, in one job: this rank's measurements."""
+    """setup + cfg["steps"] timed steps in cfg["windows"] windows + a device-time sample + finish, in one
+    job: this rank's measurements."""
     try:
         b = _setup(ctx, cfg, nvml)
-        for _ in range(b.cfg.steps):
-            b.times.append(_step(ctx, b)[1])
+        _timed_windows(ctx, b)
         return _finish(ctx, b)
     finally:
         _free(ctx)
@@ -319,6 +363,27 @@ def _aggregate_nvml(summaries: list[dict[str, Any] | None]) -> dict[str, Any] | 
     }
 
 
+def _window_step_times(replies: list[dict[str, Any]]) -> list[float]:
+    """Wall seconds per step of each timed window (the slowest rank's window), or [] without windows."""
+    per_rank = [r.get("windows") or [] for r in replies]
+    if not per_rank[0]:
+        return []
+    return [max(w[i]["wall_s"] for w in per_rank) / per_rank[0][i]["steps"] for i in range(len(per_rank[0]))]
+
+
+def _device_time(replies: list[dict[str, Any]], step_time_s: float) -> dict[str, Any] | None:
+    """The device-time sample across ranks: the busiest rank's figures, regime judged against the wall."""
+    got = [r["device_time"] for r in replies if r.get("device_time")]
+    if not got:
+        return None
+    out = {k: max(d[k] for d in got) for k in ("compute_s", "comm_s", "busy_s", "wall_s", "processing_s")}
+    out["busy_ratio"] = min(1.0, out["busy_s"] / step_time_s)
+    out["regime"] = regime(out["busy_ratio"])
+    out["steps"] = got[0]["steps"]
+    out["per_rank"] = got
+    return out
+
+
 def summarize_bench(
     cfg: RunConfig,
     replies: list[dict[str, Any]],
@@ -326,16 +391,30 @@ def summarize_bench(
     reference_tokens_per_s_1gpu: float | None = None,
     env: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A result from the per-rank replies of `bench` (or `bench_finish`)."""
+    """A result from the per-rank replies of `bench` (or `bench_finish`).
+
+    step_time_s is the median over timed windows of the window's wall clock per step (throughput follows
+    from it); the step_time_s section holds the per-step times (device events, or host time in sync mode).
+    """
     r0 = replies[0]
-    config = result_config(cfg, r0["device_type"])
+    config = {**result_config(cfg, r0["device_type"]), "optimizer_impl": r0.get("optimizer_impl")}
     steps = per_step_max([r["step_times_s"] for r in replies])
+    windows = _window_step_times(replies)
     # The steps themselves too: a 5-11% step-time CV on 4x H200 (FSDP2, ZeRO) needs them to find its pattern.
-    stats = {**step_stats(steps), "steps": steps}
+    stats = {**step_stats(steps), "steps": steps, "windows": windows}
+    step_time = statistics.median(windows) if windows else stats["median"]
     metrics: dict[str, float] = {
-        **throughput(cfg.global_batch, r0["seq_len"], cfg.world_size, stats["median"]),
-        "step_time_s": stats["median"],
+        **throughput(cfg.global_batch, r0["seq_len"], cfg.world_size, step_time),
+        "step_time_s": step_time,
     }
+    host = [r for r in replies if r.get("windows")]
+    if host:
+        cpu = per_step_max([[c for w in r["windows"] for c in w["host_cpu_s"]] for r in host])
+        metrics["host_cpu_s"] = statistics.median(cpu)
+    device = _device_time(replies, step_time)
+    if device:
+        metrics.update(device_compute_s=device["compute_s"], device_comm_s=device["comm_s"],
+                       device_busy_s=device["busy_s"], busy_ratio=device["busy_ratio"])
     fpt = r0["flops"]["flops_per_token"]
     peak = peak_flops(r0["device_name"], r0["peak_dtype"])
     metrics["tflops_per_gpu"] = tflops_per_gpu(metrics["tokens_per_s_per_gpu"], fpt)
@@ -346,6 +425,10 @@ def summarize_bench(
         vals = [r["memory"][key] for r in replies if r["memory"][key] is not None]
         if vals:
             metrics[key] = max(vals)
+    nvml = _aggregate_nvml([r["nvml"] for r in replies])
+    if nvml and nvml.get("sm_clock_mhz_median"):
+        # Cycles per step: a clock that drifted between runs (1665-1875 MHz seen under load) cancels out.
+        metrics["step_gcycles"] = step_time * nvml["sm_clock_mhz_median"] * 1e-3
     if reference_tokens_per_s_1gpu:
         metrics["speedup"] = metrics["tokens_per_s"] / reference_tokens_per_s_1gpu
         metrics["scaling_efficiency"] = metrics["speedup"] / cfg.world_size
@@ -355,10 +438,18 @@ def summarize_bench(
         {"rank": r["rank"], "step_time_s": step_stats(r["step_times_s"]), **r["memory"]} for r in replies
     ]
     return make_result(
-        config, metrics=metrics, env=env, step_time_s=stats, losses=r0["losses"],
-        nvml=_aggregate_nvml([r["nvml"] for r in replies]), flops=flops, per_rank=per_rank,
-        gc=_aggregate_gc([r.get("gc") for r in replies]),
+        config, metrics=metrics, env=env, step_time_s=stats, losses=r0["losses"], nvml=nvml, flops=flops,
+        per_rank=per_rank, gc=_aggregate_gc([r.get("gc") for r in replies]), device_time=device,
+        regime=_regime_section(device),
     )
+
+
+def _regime_section(device: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the gate needs to know about the configuration: which side bounds its step, and by what ratio."""
+    if device is None:
+        return None
+    return {"regime": device["regime"], "busy_ratio": device["busy_ratio"],
+            "rule": f"device-bound when device busy time / wall step time >= {DEVICE_BOUND_RATIO}"}
 
 
 def _aggregate_gc(per_rank: list[dict[str, Any] | None]) -> dict[str, Any] | None:
@@ -401,7 +492,9 @@ def run_benchmark(
     wall = time.perf_counter() - t0
     result = summarize_bench(cfg, replies, reference_tokens_per_s_1gpu=reference_tokens_per_s_1gpu, env=env)
     # What a configuration costs beyond its training steps in a warm pool: build, wrap, teardown, IPC.
-    steps_s = max(sum(r["step_times_s"]) + sum(r.get("warmup_step_times_s", [])) for r in replies)
+    steps_s = max(sum(r["step_times_s"]) + sum(r.get("warmup_step_times_s", []))
+                  + (r["device_time"]["wall_s"] * r["device_time"]["steps"] if r.get("device_time") else 0.0)
+                  for r in replies)
     result["wall_s"] = wall
     result["metrics"]["config_overhead_s"] = wall - steps_s
     return result

@@ -201,6 +201,11 @@ class Trainer(ABC):
     def step(self, micro_batches: list[Batch], capture_grads: bool = False) -> float:
         """One optimizer step over this rank's micro-batches; returns the global-batch mean loss.
         With `capture_grads`, keeps `full_grads()` of this step in `self.last_grads`."""
+        return float(self.step_async(micro_batches, capture_grads).item())
+
+    def step_async(self, micro_batches: list[Batch], capture_grads: bool = False) -> torch.Tensor:
+        """`step` without reading the loss back: the loss stays a device scalar, so timed windows keep the
+        host's run-ahead, as a user's training loop does (`.item()` every step would drain the queue)."""
         total = torch.zeros((), device=self.ctx.device, dtype=torch.float64)
         n = len(micro_batches)
         for i, mb in enumerate(micro_batches):
@@ -211,12 +216,13 @@ class Trainer(ABC):
         self.steps_done += 1
         return self.global_mean(total / n)
 
-    def global_mean(self, value: torch.Tensor) -> float:
+    def global_mean(self, value: torch.Tensor) -> torch.Tensor:
+        """The mean of `value` over ranks (an all-reduce enqueued on the device, no host wait)."""
         if self.ctx.world_size > 1:
             value = value.clone()
             dist.all_reduce(value, op=dist.ReduceOp.SUM)
             value /= self.ctx.world_size
-        return float(value.item())
+        return value
 
     def extra_state(self) -> dict[str, Any]:
         """Harness state a resume needs besides model and optimizer: data position and RNG."""
