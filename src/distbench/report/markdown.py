@@ -32,8 +32,8 @@ def fmt_metric(metric: str, value: float | None) -> str:
         return "—"
     if metric.endswith("_bytes"):
         return f"{value / GIB:.2f} GiB"
-    if metric == "step_time_s":
-        return f"{value * 1000:.1f} ms"
+    if metric in ("step_time_s", "host_cpu_s") or metric.startswith("device_") and metric.endswith("_s"):
+        return f"{value * 1000:.2f} ms"
     if metric in ("mfu", "scaling_efficiency"):
         return f"{value:.1%}"
     if metric.endswith("_pct"):

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Evidence for the A/B gate on a GPU machine: planted slowdowns it must flag, identical variants it must pass.
+# Usage: scripts/ab_evidence.sh OUT MODE...   MODE: device (2% extra device work, ddp/fsdp_grad/zero2/zero3 at
+# micro-batch 16), host (5% host busy loop, fsdp_grad at micro-batch 8), aa<N> (A/A of the four), fidelity.
+# Writes OUT/<mode>/ (every run's result, ab.json, ab.md) and OUT/<mode>.log; prints each verdict table.
+set -uo pipefail
+out=${1:?usage: scripts/ab_evidence.sh OUT MODE...}; shift
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
+root=$(pwd)
+planted() {  # a copy of this checkout's src with one plant applied
+  local dir
+  dir=$(mktemp -d "/tmp/distbench-plant-$1-XXXX")
+  cp -r "$root/src" "$dir/src"
+  (cd "$dir" && patch -sp1 < "$root/scripts/plants/$1.patch") || exit 1
+  echo "$dir"
+}
+ab() {  # name, distbench ab args...
+  local name=$1; shift
+  python3 -m distbench.cli ab --bind-cpus -o "$out/$name" "$@" > "$out/$name.log" 2>&1
+  echo "== $name: exit $?"
+  grep -E "^(distbench ab|base:|head:)|pair [0-9]|│|FAIL|PASS|UNDECIDED" "$out/$name.log" | cut -c1-200
+}
+for mode in "$@"; do
+  case $mode in
+    device) ab device-2pct --head "tree=$(planted device-2pct)" -s ddp,fsdp_grad,zero2,zero3 --budget 420 ;;
+    host) ab host-5pct --head "tree=$(planted host-5pct)" -s fsdp_grad --micro-batch 8 --budget 240 ;;
+    aa*) ab "$mode" -s ddp,fsdp_grad,zero2,zero3 --budget 300 ;;
+    fidelity) python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_benchmarks.py -k fidelity -s \
+                > "$out/fidelity.log" 2>&1; echo "== fidelity: exit $?"; tail -5 "$out/fidelity.log" ;;
+    *) echo "unknown mode $mode" >&2; exit 2 ;;
+  esac
+done

@@ -1,0 +1,155 @@
+"""`distbench ab`: the interleaved A/B performance gate of two variants on this machine's GPUs (or CPUs)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+#: Per-tier defaults: GPUs as seed 004 measures (bf16, sequence 1024); two windows a run so a stalled window
+#: costs its run's median nothing.
+DEFAULTS = {
+    "cuda": {"model": "gpt2-large", "precision": "bf16", "seq_len": 1024, "micro_batch": 16, "steps": 10,
+             "windows": 2, "warmup": 3},
+    "cpu": {"model": "gpt2-tiny", "precision": "fp32", "seq_len": 0, "micro_batch": 2, "steps": 6,
+            "windows": 2, "warmup": 1},
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ab", help="A/B gate: alternate two variants run by run on the same GPUs until decided",
+        description="Compare HEAD against BASE, each served by its own process with persistent rank pools, "
+                    "alternating runs (AB, BA, ...) per configuration, adding pairs until each configuration "
+                    "is decided or --budget runs out. Variants: rev=REV, tree=DIR, python=EXE, env.NAME=VALUE "
+                    "(comma-separated; empty: this checkout). Exit 0 pass, 1 regression, 2 usage, 3 undecided.")
+    p.add_argument("--base", default="", help="the baseline variant (default: this checkout)")
+    p.add_argument("--head", default="", help="the candidate variant (default: this checkout, i.e. an A/A run)")
+    p.add_argument("--strategy", "-s", action="append", help="strategies; repeat or comma-separate "
+                   "(default: ddp,fsdp_grad,zero2,zero3)")
+    p.add_argument("--world-size", "-n", type=int, help="ranks per configuration (default: GPUs here, or 2 on CPU)")
+    p.add_argument("--model", "-m", help="model (default: gpt2-large on GPUs, gpt2-tiny on CPU)")
+    p.add_argument("--micro-batch", type=int, help="per-GPU micro-batch (default 16 on GPUs: device-bound)")
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--precision", choices=["fp32", "bf16"])
+    p.add_argument("--steps", type=int, help="timed steps per run")
+    p.add_argument("--windows", type=int, help="timed windows per run (the run's value is their median)")
+    p.add_argument("--warmup", type=int, help="untimed steps per run")
+    p.add_argument("--optimizer", choices=["auto", "fused", "foreach", "forloop"], default="auto")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is present")
+    p.add_argument("--threshold", type=float, default=0.02,
+                   help="the regression that must be ruled out to pass, as a fraction (default 0.02)")
+    p.add_argument("--min-effect", type=float, default=0.01,
+                   help="smallest significant change reported as a regression (default 0.01)")
+    p.add_argument("--alpha", type=float, default=0.05, help="family-wise false-alarm rate (default 0.05)")
+    p.add_argument("--min-pairs", type=int, default=5, help="pairs before the first decision (default 5)")
+    p.add_argument("--max-pairs", type=int, default=11, help="most pairs per configuration (default 11)")
+    p.add_argument("--budget", type=float, default=600.0, help="seconds of comparison (default 600)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds before one run counts as hung")
+    p.add_argument("--bind-cpus", action="store_true", help="bind each rank to its own slice of the CPUs")
+    p.add_argument("--output", "-o", type=Path, default=Path("distbench-ab"),
+                   help="directory for every run's result (base/, head/) and ab.json, ab.md")
+    p.add_argument("--github-summary", action="store_true", help="append the table to $GITHUB_STEP_SUMMARY")
+    p.set_defaults(func=run)
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    if not 0 < args.alpha < 0.5:
+        return f"--alpha must be between 0 and 0.5, got {args.alpha}"
+    if not 0 < args.min_effect <= args.threshold < 1:
+        return f"need 0 < --min-effect <= --threshold < 1, got {args.min_effect} and {args.threshold}"
+    if args.min_pairs < 3 or args.max_pairs < args.min_pairs:
+        return f"need 3 <= --min-pairs <= --max-pairs, got {args.min_pairs} and {args.max_pairs}"
+    if args.budget <= 0 or args.timeout <= 0:
+        return "--budget and --timeout must be positive"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import tempfile
+
+    from rich.console import Console
+    from rich.markup import escape
+
+    from ..config import RunConfig
+    from ..errors import DistbenchError
+    from ..gate.ab import run_ab
+    from ..gate.variants import VariantProcess, parse_variant
+    from ..report import gate as render
+    from ..results import save_result
+    from ..runtime.pool import cuda_device_count
+
+    console = Console(width=None if Console().is_terminal else 160)
+    problem = _check(args)
+    if problem:
+        console.print(f"[red]error:[/] {problem}")
+        return 2
+    n_cuda = cuda_device_count()
+    device = args.device or ("cuda" if n_cuda else "cpu")
+    d = DEFAULTS[device]
+    strategies = [s.strip() for v in (args.strategy or ["ddp,fsdp_grad,zero2,zero3"]) for s in v.split(",") if s]
+    ws = args.world_size or (n_cuda if device == "cuda" else 2)
+    try:
+        from ..strategies import get_spec
+
+        base_v, head_v = parse_variant("base", args.base), parse_variant("head", args.head)
+        mb = args.micro_batch or d["micro_batch"]
+        configs = []
+        for s in strategies:
+            reason = get_spec(s).unsupported_reason(device, ws, n_cuda if device == "cuda" else None)
+            if reason:
+                raise DistbenchError(reason)
+            configs.append(RunConfig(
+                strategy=s, world_size=ws, model=args.model or d["model"], precision=args.precision or d["precision"],
+                seq_len=d["seq_len"] if args.seq_len is None else args.seq_len, micro_batch=mb,
+                global_batch=mb * ws, steps=args.steps or d["steps"], windows=args.windows or d["windows"],
+                warmup=d["warmup"] if args.warmup is None else args.warmup, optimizer=args.optimizer,
+                deterministic=False))
+    except DistbenchError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}")
+        return 2
+    if args.bind_cpus:
+        os.environ["DISTBENCH_BIND_CPUS"] = "exclusive"
+    args.output.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="distbench-ab-") as tmp:
+        servers = {v.label: VariantProcess(v, Path(tmp), device, args.output) for v in (base_v, head_v)}
+
+        def runner(label: str):
+            def go(cfg: RunConfig) -> dict:
+                result = servers[label].run(cfg.to_dict(), args.timeout) or \
+                    {"status": "error", "error": f"the {label} variant died or hung (log: {servers[label].log})"}
+                if "schema" in result:
+                    save_result(result, args.output / label)
+                return result
+            return go
+
+        def progress(o, pair) -> None:
+            b, h = pair.base["metrics"]["step_time_s"], pair.head["metrics"]["step_time_s"]
+            console.print(f"  {o.label} pair {len(o.pairs)} ({pair.order}): base {b * 1000:.2f} ms, "
+                          f"head {h * 1000:.2f} ms ({h / b - 1:+.2%})")
+
+        try:
+            for s in servers.values():
+                s.start()
+            console.print(f"distbench ab: {len(configs)} configuration(s) on {device}; base {base_v.describe()} "
+                          f"vs head {head_v.describe()}; budget {args.budget:.0f} s")
+            report = run_ab(configs, runner("base"), runner("head"), alpha=args.alpha, threshold=args.threshold,
+                            min_effect=args.min_effect, min_pairs=args.min_pairs, max_pairs=args.max_pairs,
+                            budget_s=args.budget, on_pair=progress)
+        except DistbenchError as e:
+            console.print(f"[red]error:[/] {escape(str(e))}")
+            return 2
+        finally:
+            for s in servers.values():
+                s.close()
+                s.remove_checkout()
+    report.base_desc, report.head_desc = base_v.describe(), head_v.describe()
+    console.print(render.to_rich(report))
+    md = render.to_markdown(report)
+    (args.output / "ab.md").write_text(md)
+    (args.output / "ab.json").write_text(json.dumps(render.to_json(report), indent=1, default=str) + "\n")
+    if args.github_summary and os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
+            f.write(md)
+    return report.exit_code

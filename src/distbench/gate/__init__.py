@@ -1,0 +1,1 @@
+"""Performance gating: statistics of an effect, and the interleaved A/B runner that feeds them."""

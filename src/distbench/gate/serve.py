@@ -1,0 +1,53 @@
+"""One variant's side of an A/B comparison: a process that keeps its own rank pools and runs benchmark
+configurations on request.
+
+The A/B runner starts one of these per variant, with the variant's interpreter, code and environment, and
+alternates requests between them. Requests and replies are JSON lines on two pipes whose descriptors the
+runner passes in DISTBENCH_AB_FDS ("read,write"): stdout and stderr stay free for the ranks' own logs.
+A request is {"cfg": RunConfig dict, "timeout": seconds}; the reply is the result (status "error" with every
+rank's traceback when the configuration failed; the pool is rebuilt for the next request).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+FDS_ENV = "DISTBENCH_AB_FDS"
+
+
+def handle(pools: Any, request: dict[str, Any]) -> dict[str, Any]:
+    from ..config import RunConfig
+    from ..measure.bench import failure_result, run_benchmark
+    from ..runtime.pool import JobError
+
+    cfg = RunConfig.from_dict(request["cfg"])
+    try:
+        return run_benchmark(pools.get(cfg.world_size), cfg, timeout=float(request["timeout"]))
+    except JobError as e:
+        return failure_result(cfg, pools.device_type, e)
+
+
+def main() -> int:
+    from ..runtime.pool import PoolManager
+
+    read_fd, write_fd = (int(x) for x in os.environ[FDS_ENV].split(","))
+    pools = PoolManager(os.environ.get("DISTBENCH_AB_DEVICE") or None)
+    with os.fdopen(read_fd, "r") as requests, os.fdopen(write_fd, "w") as replies:
+        replies.write(json.dumps({"ready": True, "python": sys.executable,
+                                  "distbench": os.path.dirname(os.path.dirname(__file__))}) + "\n")
+        replies.flush()
+        try:
+            for line in requests:
+                result = handle(pools, json.loads(line))
+                replies.write(json.dumps(result, default=str) + "\n")
+                replies.flush()
+        finally:
+            pools.close_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The gate's statistics: an effect with its confidence interval, the effect it could have detected, and a
+verdict that says UNDECIDED rather than PASS when the data cannot resolve the question asked.
+
+Every figure is compared on the log scale, ln(head / base), so a metric and its reciprocal (step time and
+throughput) reach the same verdict, and an effect is reported as the relative change exp(d) - 1.
+
+* Paired (the A/B runner: A and B alternate on the same GPUs, so drift between pairs cancels): one value
+  per run, the run's median over its windows (robust to the one window in three that stalls by 20-40%);
+  d_i = ln(B_i / A_i) per pair. The interval is Student's t on the mean of d (scipy.stats.ttest_1samp).
+  Its standard error is the spread of d itself, so it carries both sources of noise: run-to-run
+  variation (a fresh build per run) and within-run variation (what is left in each run's median).
+  A whole run that stalled inflates that spread and the verdict turns UNDECIDED, never a false alarm.
+  The Wilcoxon signed-rank p-value (scipy.stats.wilcoxon) is reported beside it as a rank-based check.
+* Unpaired (`distbench compare` of two result directories): Welch's t on ln values
+  (scipy.stats.ttest_ind), with the Mann-Whitney U p-value reported beside it.
+
+The interval's level is set by the caller to control false alarms across a whole matrix: the A/B runner
+divides its family-wise alpha over every configuration, metric and interim look (Bonferroni), so adding pairs
+until a decision is reached does not inflate the false-alarm rate. The rate actually reached is measured
+with A/A runs, not assumed.
+
+Verdict for a metric where `worse` is +1 when larger is worse (times, memory) and -1 when smaller is
+(throughput), with w = worse x effect:
+    regression:  the whole interval of w lies above 0 and w >= min_effect (a real slowdown worth a red build)
+    improvement: the whole interval of w lies below 0 and -w >= min_effect
+    unchanged:   the interval's upper end of w is below `threshold` (a regression that large is ruled out)
+    undecided:   anything else: the noise at this number of runs cannot rule out a regression of
+                 `threshold`; more runs, or a quieter configuration, are needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+REGRESSION = "regression"
+IMPROVEMENT = "improvement"
+UNCHANGED = "unchanged"
+UNDECIDED = "undecided"
+
+#: Power at which the minimum detectable effect is reported.
+POWER = 0.8
+#: Fewest values on a side for a t interval that is not wildly wide (2 leaves 1 degree of freedom).
+MIN_RUNS = 3
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A change of head against base, as relative changes (0.02 = head 2% larger)."""
+
+    n: int  # pairs, or the smaller side's runs
+    estimate: float
+    low: float
+    high: float
+    level: float  # confidence level of [low, high]
+    detectable: float  # smallest |change| this design would detect with POWER at the interval's alpha
+    p_value: float  # rank test (Wilcoxon signed-rank, or Mann-Whitney U), reported beside the interval
+    noise: float  # standard deviation of the log values per run (paired: of the log ratios)
+
+    def worse(self, direction: int) -> tuple[float, float, float]:
+        """(estimate, low, high) on the 'worse' axis: positive means worse for a metric of `direction`
+        (+1 higher is better, -1 lower is better)."""
+        if direction > 0:
+            return -self.estimate, -self.high, -self.low
+        return self.estimate, self.low, self.high
+
+
+def _rel(x: float) -> float:
+    return math.expm1(x)
+
+
+def _logs(xs: Sequence[float]) -> np.ndarray:
+    arr = np.asarray(xs, dtype=float)
+    if arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError("effects are computed on positive, finite values")
+    return np.log(arr)
+
+
+def _detectable(se: float, df: int, alpha: float) -> float:
+    from scipy.stats import t
+
+    return _rel((t.ppf(1 - alpha / 2, df) + t.ppf(POWER, df)) * se)
+
+
+def paired_effect(base: Sequence[float], head: Sequence[float], alpha: float) -> Effect:
+    """Effect of head over base from pairs run side by side (base[i] with head[i])."""
+    from scipy.stats import ttest_1samp, wilcoxon
+
+    if len(base) != len(head):
+        raise ValueError(f"paired effect needs as many base as head values, got {len(base)} and {len(head)}")
+    if len(base) < MIN_RUNS:
+        raise ValueError(f"a paired effect needs at least {MIN_RUNS} pairs, got {len(base)}")
+    d = _logs(head) - _logs(base)
+    n, mean = d.size, float(d.mean())
+    sd = float(d.std(ddof=1))
+    if sd == 0.0:  # identical ratios: the interval collapses onto the estimate
+        lo = hi = mean
+        p = 1.0 if mean == 0.0 else 0.0
+    else:
+        lo, hi = ttest_1samp(d, 0.0).confidence_interval(1 - alpha)
+        p = float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
+    return Effect(n, _rel(mean), _rel(lo), _rel(hi), 1 - alpha, _detectable(sd / math.sqrt(n), n - 1, alpha),
+                  p, sd)
+
+
+def unpaired_effect(base: Sequence[float], head: Sequence[float], alpha: float) -> Effect:
+    """Effect of head over base from independent runs (Welch's t on log values)."""
+    from scipy.stats import mannwhitneyu, ttest_ind
+
+    n = min(len(base), len(head))
+    if n < MIN_RUNS:
+        raise ValueError(f"an unpaired effect needs at least {MIN_RUNS} runs a side, got {len(base)}/{len(head)}")
+    lb, lh = _logs(base), _logs(head)
+    mean = float(lh.mean() - lb.mean())
+    vb, vh = float(lb.var(ddof=1)), float(lh.var(ddof=1))
+    se = math.sqrt(vb / lb.size + vh / lh.size)
+    if se == 0.0:
+        lo = hi = mean
+        p = 1.0 if mean == 0.0 else 0.0
+        df = lb.size + lh.size - 2
+    else:
+        res = ttest_ind(lh, lb, equal_var=False)
+        lo, hi = res.confidence_interval(1 - alpha)
+        df = max(1, int(res.df))
+        p = float(mannwhitneyu(lh, lb, alternative="two-sided").pvalue)
+    noise = math.sqrt((vb + vh) / 2)
+    return Effect(n, _rel(mean), _rel(lo), _rel(hi), 1 - alpha, _detectable(se, df, alpha), p, noise)
+
+
+def verdict(effect: Effect, direction: int, *, threshold: float, min_effect: float) -> str:
+    """regression / improvement / unchanged / undecided (see the module doc)."""
+    est, lo, hi = effect.worse(direction)
+    if lo > 0 and est >= min_effect:
+        return REGRESSION
+    if hi < 0 and -est >= min_effect:
+        return IMPROVEMENT
+    if hi < threshold:
+        return UNCHANGED
+    return UNDECIDED
+
+
+def family_alpha(alpha: float, tests: int, looks: int = 1) -> float:
+    """Per-test alpha that keeps the chance of any false alarm across `tests` x `looks` at most `alpha`."""
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"alpha must be between 0 and 0.5, got {alpha}")
+    return alpha / max(1, tests) / max(1, looks)

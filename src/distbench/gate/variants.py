@@ -1,0 +1,204 @@
+"""What an A/B comparison compares: variants of the code under test, each served by its own process.
+
+A variant is written as comma-separated items (an empty spec is this checkout as it is):
+
+    rev=REV          a git revision of this repository, checked out into a temporary worktree
+    tree=DIR         another checkout of distbench (its src/ is imported)
+    python=EXE       another interpreter or virtualenv (e.g. a torch or DeepSpeed upgrade)
+    env.NAME=VALUE   an environment variable for the variant's ranks (e.g. env.NCCL_ALGO=Ring)
+
+Each variant runs `python -m distbench.gate.serve` in its own process session with its own rank pools, so
+both stay warm while the runner alternates between them, and a variant that hangs or dies is killed with
+its ranks without touching the other one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ..errors import ConfigError
+from .serve import FDS_ENV
+
+#: Seconds a variant may take to start (interpreter, imports) before it counts as broken.
+START_TIMEOUT_S = 120.0
+#: Beyond a request's own timeout, the time its reply may take (pool start, build, teardown).
+REPLY_MARGIN_S = 300.0
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    python: str = sys.executable
+    tree: str | None = None
+    rev: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        parts = [f"rev={self.rev}"] if self.rev else [f"tree={self.tree}"] if self.tree else ["this checkout"]
+        if self.python != sys.executable:
+            parts.append(f"python={self.python}")
+        parts += [f"env.{k}={v}" for k, v in sorted(self.env.items())]
+        return ", ".join(parts)
+
+
+def parse_variant(label: str, spec: str) -> Variant:
+    """A Variant from its written form (module doc); ConfigError naming the bad item."""
+    python, tree, rev, env = sys.executable, None, None, {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not value:
+            raise ConfigError(f"variant {label}: {item!r} is not KEY=VALUE (rev=, tree=, python=, env.NAME=)")
+        if key == "rev":
+            rev = value
+        elif key == "tree":
+            if not (Path(value) / "src" / "distbench").is_dir():
+                raise ConfigError(f"variant {label}: tree={value} holds no src/distbench; give a distbench checkout")
+            tree = str(Path(value).resolve())
+        elif key == "python":
+            if not os.access(value, os.X_OK):
+                raise ConfigError(f"variant {label}: python={value} is not an executable interpreter")
+            python = value
+        elif key.startswith("env.") and len(key) > 4:
+            env[key[4:]] = value
+        else:
+            raise ConfigError(f"variant {label}: unknown item {key!r}; use rev=, tree=, python= or env.NAME=")
+    if rev and tree:
+        raise ConfigError(f"variant {label}: give rev= or tree=, not both")
+    return Variant(label, python, tree, rev, env)
+
+
+def _git(*args: str, cwd: str | None = None) -> str:
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise ConfigError(f"git {' '.join(args)} failed: {out.stderr.strip().splitlines()[-1:]}")
+    return out.stdout.strip()
+
+
+class VariantProcess:
+    """One variant's server: started on demand, restarted after a failure, stopped with its ranks."""
+
+    def __init__(self, variant: Variant, workdir: Path, device_type: str, log_dir: Path) -> None:
+        self.variant = variant
+        self.workdir = workdir
+        self.device_type = device_type
+        self.tree = variant.tree
+        self._worktree: str | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._requests: IO[str] | None = None
+        self._reply_fd: int | None = None
+        self._buffer = b""
+        self.log = log_dir / f"{variant.label}.log"
+        self.info: dict[str, Any] = {}
+
+    def _checkout(self) -> None:
+        if self.variant.rev and self._worktree is None:
+            top = _git("rev-parse", "--show-toplevel")
+            path = str(self.workdir / f"worktree-{self.variant.label}")
+            _git("worktree", "add", "--detach", "--force", path, self.variant.rev, cwd=top)
+            self._worktree, self.tree = path, path
+
+    def start(self) -> None:
+        self._checkout()
+        to_server, from_parent = os.pipe()
+        from_server, to_parent = os.pipe()
+        env = {**os.environ, **self.variant.env, FDS_ENV: f"{to_server},{to_parent}",
+               "DISTBENCH_AB_DEVICE": self.device_type, "PYTHONUNBUFFERED": "1"}
+        # The variant's own code first: its checkout, or else the distbench this runner is (for python=).
+        src = str(Path(self.tree) / "src") if self.tree else str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+        with self.log.open("ab") as log:
+            self._proc = subprocess.Popen(
+                [self.variant.python, "-m", "distbench.gate.serve"], cwd=self.tree or None, env=env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                pass_fds=(to_server, to_parent), start_new_session=True,
+            )
+        os.close(to_server)
+        os.close(to_parent)
+        self._requests = os.fdopen(from_parent, "w")
+        self._reply_fd, self._buffer = from_server, b""
+        hello = self._reply(START_TIMEOUT_S)
+        if hello is None or not hello.get("ready"):
+            self.close()
+            raise ConfigError(f"variant {self.variant.label} ({self.variant.describe()}) did not start: "
+                              f"{self._log_tail()} (full log: {self.log})")
+        self.info = hello
+
+    def run(self, cfg: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """The result of one benchmark run of `cfg`, or None when the server died or did not answer in time
+        (it is then killed with its ranks and restarted on the next call)."""
+        if self._proc is None or self._proc.poll() is not None:
+            self.start()
+        assert self._requests is not None
+        try:
+            self._requests.write(json.dumps({"cfg": cfg, "timeout": timeout}) + "\n")
+            self._requests.flush()
+        except BrokenPipeError:
+            self.close()
+            return None
+        reply = self._reply(timeout + REPLY_MARGIN_S)
+        if reply is None:
+            self.close()
+        return reply
+
+    def _reply(self, timeout: float) -> dict[str, Any] | None:
+        """The next JSON line from the server within `timeout` seconds, or None (timeout or server gone)."""
+        assert self._reply_fd is not None
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self._reply_fd], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(self._reply_fd, 1 << 20)
+                if not chunk:
+                    return None
+                self._buffer += chunk
+            elif self._proc is not None and self._proc.poll() is not None:
+                return None
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
+
+    def _log_tail(self, lines: int = 5) -> str:
+        try:
+            return " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def close(self) -> None:
+        """Stop the server and its ranks: politely (end of requests), then the whole process session."""
+        if self._requests is not None:
+            try:
+                self._requests.close()
+            except OSError:
+                pass
+            self._requests = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._proc.wait()
+            self._proc = None
+        if self._reply_fd is not None:
+            os.close(self._reply_fd)
+            self._reply_fd = None
+
+    def remove_checkout(self) -> None:
+        if self._worktree:
+            subprocess.run(["git", "worktree", "remove", "--force", self._worktree], capture_output=True,
+                           timeout=120)
+            self._worktree = None
