@@ -23,9 +23,9 @@ ab() {  # name, distbench ab args...
 }
 for mode in "$@"; do
   case $mode in
-    device) ab device-2pct --head "tree=$(planted device-2pct)" -s ddp,fsdp_grad,zero2,zero3 --budget 420 ;;
+    device) ab device-2pct --head "tree=$(planted device-2pct)" -s ddp,fsdp_grad,zero2,zero3 --budget 450 ;;
     host) ab host-5pct --head "tree=$(planted host-5pct)" -s fsdp_grad --micro-batch 8 --budget 240 ;;
-    aa*) ab "$mode" -s ddp,fsdp_grad,zero2,zero3 --budget 300 ;;
+    aa*) ab "$mode" -s ddp,fsdp_grad,zero2,zero3 --budget 420 ;;
     fidelity) python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_benchmarks.py -k fidelity -s \
                 > "$out/fidelity.log" 2>&1; echo "== fidelity: exit $?"; tail -5 "$out/fidelity.log" ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;

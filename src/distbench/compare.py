@@ -1,36 +1,25 @@
-"""The statistical compare gate: did a metric move between two sets of runs, beyond noise, and which way?
+"""`distbench compare`: did a metric move between two directories of separate runs, beyond noise?
 
-Each side is a list of results (one per SEPARATE run: a fresh process, its own warm-up). Results are grouped
-by `results.config_key`; for every configuration and metric the gate compares the per-run values:
+Each side is a list of results (one per SEPARATE run: a fresh process, its own warm-up), grouped by
+`results.config_key`. For every configuration and metric the per-run values go through the gate's
+statistics (gate/stats.py, the same rules as the interleaved A/B gate `distbench ab`, unpaired here):
+Welch's t interval on ln(value) (a metric and its reciprocal reach the same verdict), the Mann-Whitney U
+p-value beside it, and the effect this many runs could have detected. The family-wise false-alarm rate
+`alpha` is divided over every row (Bonferroni), so a nightly matrix of dozens of rows does not raise an
+alarm by chance.
 
-* change: relative change of the medians, (head - base) / base, read through METRIC_DIRECTIONS so that
-  "worse" means slower, less throughput or more memory. The decision is taken on the log ratio
-  ln(head / base) with the noise as the spread of ln(value), so a metric and its reciprocal reach the same
-  verdict: on 4x H200 a slowdown read +42.2% in step time and -29.8% in tokens/s, and a linear threshold of
-  +-28-30% flagged the first and passed the second. The threshold is shown as the equivalent increase.
-* significance: two-sided Mann-Whitney U over the per-run values. Chosen over Welch's t because run-level
-  GPU timings are not normal: one run that lands on a noisy neighbour, a clock dip or a late NCCL warm-up is
-  an outlier that drags a mean and inflates a variance, while a rank test shrugs it off. With 6 runs a side
-  the exact test can still reach p = 0.0022, so alpha = 0.01 is usable at the minimum run count (Welch's t
-  with n = 6 would lean on a normality assumption it cannot check).
-* noise-aware threshold: a significant change also has to exceed max(min_effect, noise_k x SE), where
-  SE = pooled run-to-run CV (of ln values) x sqrt(1/n_base + 1/n_head) is the standard error of the log
-  ratio. Metrics that can be zero (memory of an offloaded component) fall back to the linear change and CV.
-  Significance alone is not enough: with tight enough runs a real but tiny 0.2% drift is "significant" and
-  not worth a red build (the min_effect floor), and at alpha = 0.01 one configuration in a hundred would
-  be flagged by chance, too often for a nightly matrix of dozens (the noise_k x SE term). The threshold
-  shrinks as runs are added, so more repeats resolve what noise hides; a multiple of the CV alone would stay
-  blind to a 16% slowdown on runs that vary by 8%, however many were collected.
-
-Verdict per row: regression, improvement, unchanged, or insufficient-data (fewer than `min_runs` usable runs
-on a side, including a configuration that exists on one side only). Runs whose NVML sampling saw throttling,
-and runs whose status is not "ok", are excluded and listed in the report.
+Verdict per row: regression, improvement, unchanged (a regression of `threshold` is ruled out), undecided
+(the runs cannot rule it out), or insufficient-data (fewer than `min_runs` usable runs on a side, including a
+configuration that exists on one side only). Runs whose NVML sampling saw throttling, and runs whose status
+is not "ok", are excluded and listed in the report. Runs of separate invocations carry their process's own
+bias (up to 6-8% for host-bound steps on 2x H200): prefer `distbench ab`, whose pairs cancel it.
 
 Exit codes (`CompareReport.exit_code`, also the exit status of `distbench compare`):
-    0  no significant regression, and every row had enough runs
-    1  at least one significant regression (takes precedence)
-    3  no regression found, but some rows lacked runs: the gate could not decide, so it does not pass.
-       `allow_insufficient=True` (`--allow-insufficient`) turns this into 0 for jobs that knowingly run less.
+    0  no regression, and every row decided
+    1  at least one regression (takes precedence)
+    3  undecided: a row could not rule out a regression, or lacked runs, or there was nothing usable to
+       compare. `allow_insufficient=True` (`--allow-insufficient`) lets rows that lack runs pass, never
+       undecided rows and never a comparison with no decided row at all.
 (2 is left to argparse's usage errors.)
 """
 
@@ -43,12 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
+from .gate import stats
+from .gate.stats import IMPROVEMENT, REGRESSION, UNCHANGED, UNDECIDED
 from .report.markdown import config_label, fmt_metric, md_table
 from .results import METRIC_DIRECTIONS, config_key
 
-REGRESSION = "regression"
-IMPROVEMENT = "improvement"
-UNCHANGED = "unchanged"
 INSUFFICIENT = "insufficient-data"
 
 EXIT_OK = 0
@@ -71,11 +59,9 @@ TIME_METRICS = frozenset({"tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s
                           "step_time_s", "mfu", "tflops_per_gpu"})
 TRACE_PARTS = ("compute", "non_compute", "idle")
 
-MIN_EFFECT = 0.01  # 1%: below this a move is not worth a red build whatever the noise
-#: A change must exceed 5 standard errors of the log ratio: at the minimum of 6 runs a side that
-#: is 2.9 pooled CVs, the margin that keeps identical reruns quiet across a whole nightly matrix of
-#: configurations; with more runs it tightens like the standard error does.
-NOISE_K = 5.0
+MIN_EFFECT = 0.01  # 1%: below this a significant move is not worth a red build
+THRESHOLD = 0.02  # the regression a pass must rule out
+ALPHA = 0.05  # family-wise, over every row of the comparison
 
 
 @dataclass(frozen=True)
@@ -101,12 +87,14 @@ class Row:
     base: list[float]
     head: list[float]
     verdict: str
-    change: float = math.nan  # (head - base) / base of medians, signed as measured
-    p_value: float = math.nan
-    noise_cv: float = math.nan
-    threshold: float = math.nan
+    effect: stats.Effect | None = None
     note: str = ""
     attribution: list[Attribution] = field(default_factory=list)
+
+    @property
+    def change(self) -> float:
+        """Relative change of head over base (from the mean of log values), signed as measured."""
+        return self.effect.estimate if self.effect else math.nan
 
     @property
     def base_median(self) -> float:
@@ -134,9 +122,10 @@ class CompareReport:
     rows: list[Row]
     excluded: list[Excluded]
     alpha: float
+    per_test_alpha: float
     min_runs: int
     min_effect: float
-    noise_k: float
+    threshold: float
     allow_insufficient: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -156,46 +145,53 @@ class CompareReport:
         return self._with(INSUFFICIENT)
 
     @property
+    def undecided(self) -> list[Row]:
+        return self._with(UNDECIDED)
+
+    @property
     def status(self) -> str:
-        """"regression", "insufficient-data" (gate undecided) or "pass"."""
+        """"regression", "undecided" or "pass"."""
         if self.regressions:
             return REGRESSION
-        if (self.insufficient or not self.rows) and not self.allow_insufficient:
-            return INSUFFICIENT
+        decided = [r for r in self.rows if r.verdict not in (UNDECIDED, INSUFFICIENT)]
+        if self.undecided or not decided or (self.insufficient and not self.allow_insufficient):
+            return UNDECIDED
         return "pass"
 
     @property
     def exit_code(self) -> int:
-        return {REGRESSION: EXIT_REGRESSION, INSUFFICIENT: EXIT_INSUFFICIENT}.get(self.status, EXIT_OK)
+        return {REGRESSION: EXIT_REGRESSION, UNDECIDED: EXIT_INSUFFICIENT}.get(self.status, EXIT_OK)
 
     def summary(self) -> str:
-        counts = {v: len(self._with(v)) for v in (REGRESSION, IMPROVEMENT, UNCHANGED, INSUFFICIENT)}
+        counts = {v: len(self._with(v)) for v in (REGRESSION, IMPROVEMENT, UNCHANGED, UNDECIDED, INSUFFICIENT)}
         throttled = sum(e.reason == "throttled" for e in self.excluded)
         parts = [f"{n} {v}" for v, n in counts.items() if n]
         if self.excluded:
             parts.append(f"{len(self.excluded)} runs excluded ({throttled} throttled)")
         verdict = {REGRESSION: "FAIL: significant regression",
-                   INSUFFICIENT: f"UNDECIDED: fewer than {self.min_runs} usable runs per side",
+                   UNDECIDED: "UNDECIDED: could not rule out a regression (too few usable runs, or too noisy)",
                    "pass": "PASS"}[self.status]
         return f"{verdict} (exit {self.exit_code}); " + (", ".join(parts) or "nothing to compare")
 
     def _criteria(self) -> str:
-        return (f"Mann-Whitney U two-sided, alpha={self.alpha}; a change counts when significant and larger "
-                f"than max({self.min_effect:.1%}, {self.noise_k:g} x its standard error from the pooled run-to-run "
-                f"CV); "
-                f"at least {self.min_runs} runs per side.")
+        return (f"Welch's t interval on log values at {1 - self.per_test_alpha:.3%} (family-wise alpha "
+                f"{self.alpha} over {len(self.rows)} rows), Mann-Whitney U p beside it; regression when the "
+                f"interval excludes 0 and the change is at least {self.min_effect:.1%}; unchanged when a "
+                f"{self.threshold:.1%} regression is ruled out; at least {self.min_runs} runs per side.")
 
     def _table(self) -> tuple[list[str], list[list[str]]]:
-        head = ["Config", "Metric", "Base median (n)", "Head median (n)", "Change", "p", "Threshold", "Verdict"]
+        head = ["Config", "Metric", "Base median (n)", "Head median (n)", "Change [CI]", "Detectable", "p",
+                "Verdict"]
         body = []
         for r in sorted(self.rows, key=_row_order):
+            e = r.effect
             body.append([
                 r.label, r.metric,
                 f"{fmt_metric(r.metric, r.base_median)} ({len(r.base)})",
                 f"{fmt_metric(r.metric, r.head_median)} ({len(r.head)})",
-                "—" if math.isnan(r.change) else f"{r.change:+.2%}",
-                "—" if math.isnan(r.p_value) else f"{r.p_value:.3g}",
-                "—" if math.isnan(r.threshold) else f"±{r.threshold:.2%}",
+                "—" if e is None else f"{e.estimate:+.2%} [{e.low:+.2%}, {e.high:+.2%}]",
+                "—" if e is None else f"±{e.detectable:.2%}",
+                "—" if e is None else f"{e.p_value:.3g}",
                 r.verdict + (f" ({r.note})" if r.note else ""),
             ])
         return head, body
@@ -229,7 +225,8 @@ class CompareReport:
         from rich.table import Table
         from rich.text import Text
 
-        style = {REGRESSION: "bold red", IMPROVEMENT: "green", UNCHANGED: "", INSUFFICIENT: "yellow"}
+        style = {REGRESSION: "bold red", IMPROVEMENT: "green", UNCHANGED: "", UNDECIDED: "yellow",
+                 INSUFFICIENT: "yellow"}
         head, body = self._table()
         table = Table(*head, title="distbench compare", caption=self._criteria())
         for r, cells in zip(sorted(self.rows, key=_row_order), body, strict=True):
@@ -239,13 +236,13 @@ class CompareReport:
         parts += [Text(f"{r.label} {r.metric}: {text}", style="red") for r, text in self._attributions()]
         parts += [Text(f"excluded {e.side} run {e.result_id} ({e.label}): {e.reason}", style="dim")
                   for e in self.excluded]
-        status_style = {REGRESSION: "bold red", INSUFFICIENT: "bold yellow"}.get(self.status, "bold green")
+        status_style = {REGRESSION: "bold red", UNDECIDED: "bold yellow"}.get(self.status, "bold green")
         parts.append(Text(self.summary(), style=status_style))
         return Group(*parts)
 
 
 def _row_order(r: Row) -> tuple:
-    rank = {REGRESSION: 0, INSUFFICIENT: 1, IMPROVEMENT: 2, UNCHANGED: 3}[r.verdict]
+    rank = {REGRESSION: 0, UNDECIDED: 1, INSUFFICIENT: 2, IMPROVEMENT: 3, UNCHANGED: 4}[r.verdict]
     return (rank, r.label, r.metric)
 
 
@@ -271,24 +268,6 @@ def _values(runs: Sequence[dict[str, Any]], metric: str) -> list[float]:
         if isinstance(v, (int, float)) and math.isfinite(v):
             out.append(float(v))
     return out
-
-
-def _cv(xs: Sequence[float]) -> float:
-    mean = statistics.fmean(xs)
-    return statistics.stdev(xs) / abs(mean) if len(xs) > 1 and mean else 0.0
-
-
-def _log_sd(xs: Sequence[float]) -> float:
-    """Standard deviation of ln(x): the CV of a positive metric, the same for the metric and its reciprocal."""
-    return statistics.stdev(math.log(x) for x in xs) if len(xs) > 1 else 0.0
-
-
-def _p_value(base: Sequence[float], head: Sequence[float]) -> float:
-    from scipy.stats import mannwhitneyu  # imported here: scipy.stats costs a second of CLI start-up
-
-    if len(set(base) | set(head)) == 1:
-        return 1.0  # every run identical: nothing moved (the test itself is undefined here)
-    return float(mannwhitneyu(base, head, alternative="two-sided", method="auto").pvalue)
 
 
 def _per_step_breakdown(runs: Sequence[dict[str, Any]]) -> dict[str, float] | None:
@@ -323,34 +302,14 @@ def _machine(runs: Iterable[dict[str, Any]]) -> set[str]:
 
 
 def _compare_metric(key: tuple, label: str, metric: str, base_runs: list[dict[str, Any]],
-                    head_runs: list[dict[str, Any]], *, alpha: float, min_effect: float, noise_k: float,
-                    min_runs: int) -> Row | None:
+                    head_runs: list[dict[str, Any]], *, min_runs: int) -> Row | None:
+    """The row of one configuration x metric, its verdict left for `compare` to decide."""
     base, head = _values(base_runs, metric), _values(head_runs, metric)
     if not base and not head:
         return None
     row = Row(key, label, metric, base, head, INSUFFICIENT)
     if len(base) < min_runs or len(head) < min_runs:
         row.note = f"need {min_runs} runs per side, have {len(base)} base / {len(head)} head"
-        return row
-    mb, mh = row.base_median, row.head_median
-    row.change = (mh - mb) / abs(mb) if mb else (0.0 if mh == mb else math.copysign(math.inf, mh - mb))
-    row.p_value = _p_value(base, head)
-    se = math.sqrt(1 / len(base) + 1 / len(head))
-    if min(base + head) > 0:  # log scale: a metric and its reciprocal get the same verdict
-        shift = math.log(mh / mb)
-        row.noise_cv = math.sqrt((_log_sd(base) ** 2 + _log_sd(head) ** 2) / 2)
-        bound = max(math.log1p(min_effect), noise_k * row.noise_cv * se)
-        row.threshold = math.expm1(bound)
-    else:
-        shift = row.change
-        row.noise_cv = math.sqrt((_cv(base) ** 2 + _cv(head) ** 2) / 2)
-        bound = row.threshold = max(min_effect, noise_k * row.noise_cv * se)
-    if row.p_value < alpha and abs(shift) > bound:
-        row.verdict = IMPROVEMENT if row.change * METRIC_DIRECTIONS[metric] > 0 else REGRESSION
-    else:
-        row.verdict = UNCHANGED
-    if row.verdict == REGRESSION and metric in TIME_METRICS:
-        row.attribution = _attribute(base_runs, head_runs)
     return row
 
 
@@ -359,15 +318,19 @@ def compare(
     head: list[dict[str, Any]],
     *,
     metrics: Sequence[str] | None = None,
-    alpha: float = 0.01,
+    alpha: float = ALPHA,
     min_effect: float = MIN_EFFECT,
-    noise_k: float = NOISE_K,
+    threshold: float = THRESHOLD,
     min_runs: int = 6,
     allow_insufficient: bool = False,
 ) -> CompareReport:
     """Compare repeated runs of `head` against `base`, per configuration and metric (see module doc)."""
-    if min_runs < 2:
-        raise ConfigError(f"min_runs must be at least 2 for a significance test, got {min_runs}")
+    if min_runs < stats.MIN_RUNS:
+        raise ConfigError(f"min_runs must be at least {stats.MIN_RUNS} for an interval, got {min_runs}")
+    if not 0 < alpha < 0.5:
+        raise ConfigError(f"alpha must be between 0 and 0.5, got {alpha}")
+    if not 0 < min_effect <= threshold < 1:
+        raise ConfigError(f"need 0 < min_effect <= threshold < 1, got {min_effect} and {threshold}")
     names = tuple(metrics) if metrics else DEFAULT_METRICS
     unknown = [m for m in names if m not in METRIC_DIRECTIONS]
     if unknown:
@@ -379,17 +342,28 @@ def compare(
         for r in _usable(results, side, excluded):
             groups.setdefault(config_key(r), []).append(r)
         sides[side] = groups
-    report = CompareReport([], excluded, alpha, min_runs, min_effect, noise_k, allow_insufficient)
+    report = CompareReport([], excluded, alpha, alpha, min_runs, min_effect, threshold, allow_insufficient)
     b_machines, h_machines = _machine(base), _machine(head)
     if base and head and b_machines != h_machines:
         report.notes.append(f"base ran on {', '.join(sorted(b_machines))}, head on {', '.join(sorted(h_machines))}: "
                             "throughput and memory are not comparable across machines")
+    for side in ("base", "head"):
+        if not sides[side]:
+            report.notes.append(f"the {side} side holds no usable result: nothing can pass")
     labels = {k: config_label(rs[0]["config"]) for g in sides.values() for k, rs in g.items()}
     for key in sorted(set(sides["base"]) | set(sides["head"]), key=lambda k: labels[k]):
         b, h = sides["base"].get(key, []), sides["head"].get(key, [])
         for metric in names:
-            row = _compare_metric(key, labels[key], metric, b, h, alpha=alpha, min_effect=min_effect,
-                                  noise_k=noise_k, min_runs=min_runs)
+            row = _compare_metric(key, labels[key], metric, b, h, min_runs=min_runs)
             if row is not None:
                 report.rows.append(row)
+    testable = [r for r in report.rows if not r.note]
+    report.per_test_alpha = stats.family_alpha(alpha, len(testable))
+    for row in testable:
+        row.effect = stats.unpaired_effect(row.base, row.head, report.per_test_alpha)
+        row.verdict = stats.verdict(row.effect, METRIC_DIRECTIONS[row.metric], threshold=threshold,
+                                    min_effect=min_effect)
+        if row.verdict == REGRESSION and row.metric in TIME_METRICS:
+            b, h = sides["base"][row.key], sides["head"][row.key]
+            row.attribution = _attribute(b, h)
     return report

@@ -9,29 +9,30 @@ from pathlib import Path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from ..compare import MIN_EFFECT, NOISE_K
+    from ..compare import ALPHA, MIN_EFFECT, THRESHOLD
 
     p = subparsers.add_parser(
         "compare",
         help="compare two sets of repeated runs; exit 1 on a significant regression",
-        description="Compare HEAD results against BASE per configuration and metric (Mann-Whitney U over "
-                    "separate runs, noise-aware threshold). Exit status: 0 pass, 1 significant regression, "
-                    "3 undecided (fewer than --min-runs usable runs on a side; --allow-insufficient makes "
-                    "that 0).",
+        description="Compare HEAD results against BASE per configuration and metric (Welch's t interval on "
+                    "log values over separate runs, Bonferroni over rows). Exit status: 0 pass, 1 regression, "
+                    "3 undecided (a regression of --threshold not ruled out, too few runs, or no usable "
+                    "result on a side). For a change you can run both sides of, `distbench ab` is quieter.",
     )
     p.add_argument("base", type=Path, help="result file or directory (searched recursively) of the baseline")
     p.add_argument("head", type=Path, help="result file or directory (searched recursively) of the candidate")
     p.add_argument("--metric", action="append", dest="metrics", help="metric to compare (repeatable; "
                    "default: tokens_per_s, step_time_s, mfu, memory peaks, busbw_gbps where present)")
-    p.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
+    p.add_argument("--alpha", type=float, default=ALPHA,
+                   help=f"family-wise false-alarm rate over every row (default {ALPHA})")
     p.add_argument("--min-effect", type=float, default=MIN_EFFECT,
-                   help=f"smallest relative change that counts, as a fraction (default {MIN_EFFECT})")
-    p.add_argument("--noise-k", type=float, default=NOISE_K,
-                   help=f"a change must also exceed K standard errors of the log ratio, from the pooled "
-                        f"run-to-run CV and the run counts (default {NOISE_K:g})")
+                   help=f"smallest significant change reported as a regression, as a fraction (default {MIN_EFFECT})")
+    p.add_argument("--threshold", type=float, default=THRESHOLD,
+                   help=f"the regression a pass must rule out, as a fraction (default {THRESHOLD})")
     p.add_argument("--min-runs", type=int, default=6, help="usable runs needed per side (default 6)")
     p.add_argument("--allow-insufficient", action="store_true",
-                   help="exit 0 instead of 3 when some configurations lack runs (still reported)")
+                   help="let configurations that lack runs pass (still reported); never undecided rows, "
+                        "never an empty side")
     p.add_argument("--markdown", type=Path, help="also write the report as markdown to this file")
     p.add_argument("--github-summary", action="store_true",
                    help="append the markdown report to $GITHUB_STEP_SUMMARY")
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         report = compare(load_results(args.base), load_results(args.head), metrics=args.metrics,
-                         alpha=args.alpha, min_effect=args.min_effect, noise_k=args.noise_k,
+                         alpha=args.alpha, min_effect=args.min_effect, threshold=args.threshold,
                          min_runs=args.min_runs, allow_insufficient=args.allow_insufficient)
     except (FileNotFoundError, ValueError) as e:  # missing paths, bad JSON, ConfigError (unknown metric)
         print(f"distbench compare: {e}", file=sys.stderr)

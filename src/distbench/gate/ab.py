@@ -4,7 +4,10 @@ is decided or the time budget runs out.
 Each configuration gets pairs of runs, one of each variant, in alternating order (AB, BA, AB, ...), so slow
 drift (SM clocks moved 1665-1875 MHz under load on H200) and order effects cancel within pairs. Rounds go
 over every undecided configuration; after `min_pairs` rounds, and every `look_every` rounds after that, each
-configuration is judged (gate/stats.py) and leaves the rotation once every gated metric is decided. The
+configuration is judged (gate/stats.py) and leaves the rotation once every gated metric is decided.
+Between rounds both variants get fresh rank processes, so a bias of one process is noise across pairs
+rather than a difference between the variants (an A/A run on one pair of long-lived pools flagged a 30%
+difference in host CPU time per step). The
 family-wise false-alarm rate `alpha` is divided over configurations, gated metrics and the looks the
 schedule allows.
 
@@ -12,9 +15,8 @@ Gated metrics follow the configuration's regime, read from the base's first run:
     always                 step_time_s (the window wall clock per step: what users get)
     with a device sample   device_compute_s (kernels other than NCCL: the quiet device-side figure)
     host-bound             host_cpu_s (the training thread's CPU time per step)
-    with peaks recorded    mem_allocated_peak_bytes
 Reported beside them, not gated: tokens_per_s, step_gcycles (cycles per step, where NVML read the clock),
-device_comm_s, busy_ratio.
+device_comm_s, busy_ratio and the peak memory figures (exact from run to run: `distbench compare` gates them).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..config import RunConfig
 from ..results import METRIC_DIRECTIONS
 from . import stats
 
-REPORTED = ("tokens_per_s", "step_gcycles", "device_comm_s", "busy_ratio")
+REPORTED = ("tokens_per_s", "step_gcycles", "device_comm_s", "busy_ratio", "mem_allocated_peak_bytes")
 
 
 @dataclass
@@ -82,8 +84,6 @@ def gated_metrics(first_base: dict[str, Any]) -> tuple[str, ...]:
         out.append("device_compute_s")
     if (first_base.get("regime") or {}).get("regime") != "device-bound" and "host_cpu_s" in m:
         out.append("host_cpu_s")
-    if m.get("mem_allocated_peak_bytes"):
-        out.append("mem_allocated_peak_bytes")
     return tuple(out)
 
 
@@ -143,17 +143,19 @@ def run_ab(
     alpha: float = 0.05,
     threshold: float = 0.02,
     min_effect: float = 0.01,
-    min_pairs: int = 5,
-    max_pairs: int = 11,
-    look_every: int = 2,
+    min_pairs: int = 6,
+    max_pairs: int = 12,
+    look_every: int = 3,
     budget_s: float = 600.0,
     on_pair: Callable[[ConfigOutcome, Pair], None] | None = None,
+    between_rounds: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> ABReport:
     """Alternate base and head over `configs` until decided or out of budget (see the module doc).
 
     run_base / run_head run one configuration once in that variant and return its result (status "ok", or
     anything else for a failure, which ends that configuration's comparison as undecided).
+    `between_rounds` runs after every round but the last (the runner recycles the variants' rank processes).
     """
     if min_pairs < stats.MIN_RUNS or max_pairs < min_pairs:
         raise ValueError(f"need {stats.MIN_RUNS} <= min_pairs <= max_pairs, got {min_pairs}, {max_pairs}")
@@ -190,6 +192,8 @@ def run_ab(
                 o.regime = base.get("regime")
             if on_pair:
                 on_pair(o, pair)
+        if between_rounds and open_ and rnd + 1 < max_pairs:
+            between_rounds()
         round_s.append(clock() - t0)
         n = rnd + 1
         if n == 1:  # every configuration's gated metrics are known now: fix the per-test alpha

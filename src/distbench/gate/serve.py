@@ -5,7 +5,10 @@ The A/B runner starts one of these per variant, with the variant's interpreter, 
 alternates requests between them. Requests and replies are JSON lines on two pipes whose descriptors the
 runner passes in DISTBENCH_AB_FDS ("read,write"): stdout and stderr stay free for the ranks' own logs.
 A request is {"cfg": RunConfig dict, "timeout": seconds}; the reply is the result (status "error" with every
-rank's traceback when the configuration failed; the pool is rebuilt for the next request).
+rank's traceback when the configuration failed; the pool is rebuilt for the next request). {"recycle": true}
+closes the rank pools, so the next request runs in fresh rank processes: a process keeps a bias of its own
+(host-bound steps spread 6-8% between processes on 2x H200), and fresh ones turn that bias into noise
+the paired statistics see, instead of a difference between the variants.
 """
 
 from __future__ import annotations
@@ -41,7 +44,12 @@ def main() -> int:
         replies.flush()
         try:
             for line in requests:
-                result = handle(pools, json.loads(line))
+                request = json.loads(line)
+                if request.get("recycle"):
+                    pools.close_all()
+                    result = {"recycled": True}
+                else:
+                    result = handle(pools, request)
                 replies.write(json.dumps(result, default=str) + "\n")
                 replies.flush()
         finally:

@@ -79,10 +79,11 @@ def _logs(xs: Sequence[float]) -> np.ndarray:
     return np.log(arr)
 
 
-def _detectable(se: float, df: int, alpha: float) -> float:
+def _reach(se: float, df: int, alpha: float) -> float:
+    """The smallest shift (on the scale of `se`) detected with POWER by a two-sided test at `alpha`."""
     from scipy.stats import t
 
-    return _rel((t.ppf(1 - alpha / 2, df) + t.ppf(POWER, df)) * se)
+    return float((t.ppf(1 - alpha / 2, df) + t.ppf(POWER, df)) * se)
 
 
 def paired_effect(base: Sequence[float], head: Sequence[float], alpha: float) -> Effect:
@@ -102,32 +103,39 @@ def paired_effect(base: Sequence[float], head: Sequence[float], alpha: float) ->
     else:
         lo, hi = ttest_1samp(d, 0.0).confidence_interval(1 - alpha)
         p = float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
-    return Effect(n, _rel(mean), _rel(lo), _rel(hi), 1 - alpha, _detectable(sd / math.sqrt(n), n - 1, alpha),
+    return Effect(n, _rel(mean), _rel(lo), _rel(hi), 1 - alpha, _rel(_reach(sd / math.sqrt(n), n - 1, alpha)),
                   p, sd)
 
 
 def unpaired_effect(base: Sequence[float], head: Sequence[float], alpha: float) -> Effect:
-    """Effect of head over base from independent runs (Welch's t on log values)."""
+    """Effect of head over base from independent runs: Welch's t on log values, or on values relative to the
+    base mean where a value is zero (memory of a component that was offloaded)."""
     from scipy.stats import mannwhitneyu, ttest_ind
 
     n = min(len(base), len(head))
     if n < MIN_RUNS:
         raise ValueError(f"an unpaired effect needs at least {MIN_RUNS} runs a side, got {len(base)}/{len(head)}")
-    lb, lh = _logs(base), _logs(head)
-    mean = float(lh.mean() - lb.mean())
-    vb, vh = float(lb.var(ddof=1)), float(lh.var(ddof=1))
-    se = math.sqrt(vb / lb.size + vh / lh.size)
+    b, h = np.asarray(base, dtype=float), np.asarray(head, dtype=float)
+    log = bool(np.all(b > 0) and np.all(h > 0))
+    if log:
+        b, h = np.log(b), np.log(h)
+    else:  # relative to the base mean; an all-zero base has no relative change to speak of
+        scale = abs(float(b.mean())) or 1.0
+        b, h = b / scale, h / scale
+    mean = float(h.mean() - b.mean())
+    vb, vh = float(b.var(ddof=1)), float(h.var(ddof=1))
+    se = math.sqrt(vb / b.size + vh / h.size)
     if se == 0.0:
         lo = hi = mean
         p = 1.0 if mean == 0.0 else 0.0
-        df = lb.size + lh.size - 2
+        df = b.size + h.size - 2
     else:
-        res = ttest_ind(lh, lb, equal_var=False)
+        res = ttest_ind(h, b, equal_var=False)
         lo, hi = res.confidence_interval(1 - alpha)
         df = max(1, int(res.df))
-        p = float(mannwhitneyu(lh, lb, alternative="two-sided").pvalue)
-    noise = math.sqrt((vb + vh) / 2)
-    return Effect(n, _rel(mean), _rel(lo), _rel(hi), 1 - alpha, _detectable(se, df, alpha), p, noise)
+        p = float(mannwhitneyu(h, b, alternative="two-sided").pvalue)
+    rel = _rel if log else float
+    return Effect(n, rel(mean), rel(lo), rel(hi), 1 - alpha, rel(_reach(se, df, alpha)), p, math.sqrt((vb + vh) / 2))
 
 
 def verdict(effect: Effect, direction: int, *, threshold: float, min_effect: float) -> str:

@@ -149,6 +149,19 @@ class VariantProcess:
             self.close()
         return reply
 
+    def recycle(self) -> None:
+        """Fresh rank processes for the next run (see serve.py); a server that does not answer is restarted."""
+        if self._proc is None or self._requests is None:
+            return
+        try:
+            self._requests.write(json.dumps({"recycle": True}) + "\n")
+            self._requests.flush()
+        except BrokenPipeError:
+            self.close()
+            return
+        if self._reply(REPLY_MARGIN_S) is None:
+            self.close()
+
     def _reply(self, timeout: float) -> dict[str, Any] | None:
         """The next JSON line from the server within `timeout` seconds, or None (timeout or server gone)."""
         assert self._reply_fd is not None

@@ -50,5 +50,5 @@ def count_collectives(ctx: RankContext, cfg: dict[str, Any], steps: int = 2) -> 
         if kind:
             counts[kind] += 1
     if ctx.world_size > 1:
-        counts["all_reduce"] -= steps  # Trainer.global_mean's loss all-reduce
+        counts["all_reduce"] -= steps  # Trainer.step's loss all-reduce (base.global_mean)
     return {k: v / steps for k, v in counts.items()}

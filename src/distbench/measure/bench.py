@@ -40,7 +40,7 @@ from ..runtime.fingerprint import environment_fingerprint
 from ..runtime.jobs import set_numerics
 from ..runtime.pool import JobError
 from ..strategies import build_trainer
-from ..strategies.base import Trainer
+from ..strategies.base import Trainer, global_mean
 from ..workloads.data import rank_micro_batches
 from ..workloads.models import count_params, get_model
 from .devicetime import DEVICE_BOUND_RATIO, regime, sample_device_time
@@ -105,7 +105,7 @@ def _setup(ctx: RankContext, cfg: dict[str, Any], nvml: bool) -> _Bench:
     worker.STATE[STATE_KEY] = b
     if rc.warmup:
         w = time_window(ctx, rc.timing, _step_fns(ctx, b, rc.warmup))
-        b.warmup_times, b.losses = w.step_s, w.losses
+        b.warmup_times, b.losses = w.step_s, _global_losses(ctx, w.losses)
     # GcWatch.start's full collection takes each rank its own 0.1-0.5 s. Run after the barrier, that skew
     # would land in the first timed step's first collective (on 4x H200 DDP's first timed step was a median
     # 13% over the run's median with this order); before it, every rank starts timing together.
@@ -135,6 +135,12 @@ def _step_fns(ctx: RankContext, b: _Bench, n: int) -> list[Callable[[], Any]]:
     return fns
 
 
+def _global_losses(ctx: RankContext, local: list[torch.Tensor]) -> list[float]:
+    """Global-batch mean losses of a window's steps from each rank's local means: one all-reduce after the
+    window instead of one inside every step."""
+    return [float(x) for x in global_mean(ctx, torch.stack(local).to(ctx.device)).tolist()]
+
+
 def _timed_windows(ctx: RankContext, b: _Bench) -> None:
     """The run's timed steps as cfg.windows windows, then the device-time sample outside them."""
     sizes = [len(part) for part in np.array_split(np.arange(b.cfg.steps), b.cfg.windows)]
@@ -144,7 +150,7 @@ def _timed_windows(ctx: RankContext, b: _Bench) -> None:
         w = time_window(ctx, b.cfg.timing, _step_fns(ctx, b, n))
         b.windows.append(w)
         b.times += w.step_s
-        b.losses += w.losses
+        b.losses += _global_losses(ctx, w.losses)
     if b.sampler is not None:  # utilisation and clocks of the timed windows only
         b.nvml_summary = b.sampler.stop()
         b.sampler = None
@@ -240,7 +246,8 @@ def harness_overhead(
     """Throughput of the `single` Trainer.step loop against a hand-written loop, same process, same data.
 
     The bare loop is what a user writes: forward, token-mean cross-entropy, backward (scaled for
-    accumulation), torch.optim.AdamW with its defaults (foreach on GPU), zero_grad. Both train their own
+    accumulation), torch.optim.AdamW of the implementation the harness resolved (fused on GPU), zero_grad;
+    neither loop synchronizes inside its timed loop. Both train their own
     copy of the same model on the same `steps` steps of data, in `rounds` rounds whose order alternates
     (bare first, then harness first, ...) so clock and thermal drift cancel. overhead = median over rounds
     of harness time / bare time in that round, minus 1 (positive: the harness is slower); pairing within a
@@ -256,8 +263,10 @@ def harness_overhead(
     data = [rank_micro_batches(rc, s, 0, seq_len, spec.vocab_size, ctx.device) for s in range(steps)]
 
     bare = spec.build(rc.seed, ctx.device)
-    opt = torch.optim.AdamW(bare.parameters(), lr=rc.lr, betas=rc.betas, eps=rc.eps, weight_decay=rc.weight_decay)
     trainer = build_trainer(ctx, rc, spec.build(rc.seed, ctx.device))
+    impl = {"fused": {"fused": True}, "foreach": {"foreach": True}, "forloop": {"foreach": False}}
+    opt = torch.optim.AdamW(bare.parameters(), lr=rc.lr, betas=rc.betas, eps=rc.eps, weight_decay=rc.weight_decay,
+                            **impl[trainer.optimizer_impl])
 
     def amp() -> contextlib.AbstractContextManager:
         bf16 = rc.precision == "bf16"
@@ -278,7 +287,7 @@ def harness_overhead(
 
     loops = {
         "bare": lambda: [bare_step(mbs) for mbs in data],
-        "harness": lambda: [trainer.step(mbs) for mbs in data],
+        "harness": lambda: [trainer.step_async(mbs) for mbs in data],
     }
     try:
         first = {"bare": float(bare_step(data[0])), "harness": trainer.step(data[0])}

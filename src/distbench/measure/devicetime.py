@@ -85,6 +85,16 @@ def regime(busy_ratio: float) -> str:
     return "device-bound" if busy_ratio >= DEVICE_BOUND_RATIO else "host-bound"
 
 
+def _activity(event: Any) -> str:
+    """Kineto's activity type of a device event; torch < 2.12 does not expose it, so it is told by name."""
+    if hasattr(event, "activity_type"):
+        return str(event.activity_type())
+    if getattr(event, "is_user_annotation", lambda: False)():
+        return "gpu_user_annotation"
+    name = event.name()
+    return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
+
+
 def sample_device_time(ctx: RankContext, step_fns: Sequence[Callable[[], Any]]) -> dict[str, Any] | None:
     """Run `step_fns` under the profiler (CUDA activity only) and summarize the device's time per step.
 
@@ -102,7 +112,7 @@ def sample_device_time(ctx: RankContext, step_fns: Sequence[Callable[[], Any]]) 
         ctx.synchronize()
         wall = time.perf_counter() - t0
     t1 = time.perf_counter()
-    rows = [(e.activity_type(), e.name(), e.start_ns(), e.duration_ns())
+    rows = [(_activity(e), e.name(), e.start_ns(), e.duration_ns())
             for e in prof.profiler.kineto_results.events() if e.device_type().name == "CUDA"]
     out = summarize_activity(rows, len(step_fns), wall)
     out["processing_s"] = time.perf_counter() - t1

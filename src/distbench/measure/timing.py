@@ -42,11 +42,11 @@ class Window:
     wall_s: float  # host wall clock from a synchronized start to the synchronization after the last step
     step_s: list[float]  # per step: CUDA event time ("events" on GPU), else host time between syncs
     host_cpu_s: list[float]  # per step: CPU seconds of the training thread while it issued the step
-    losses: list[float]
+    losses: list[Any]  # what each step returned, read only after the window
 
 
 def time_window(ctx: RankContext, timing: str, steps: Sequence[Callable[[], Any]]) -> Window:
-    """Run `steps` (each one optimizer step returning its loss, a tensor or a float) as one timed window."""
+    """Run `steps` (each one optimizer step, returning its loss) as one timed window."""
     events = timing == "events" and ctx.is_cuda
     marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in steps] \
         if events else []
@@ -69,7 +69,7 @@ def time_window(ctx: RankContext, timing: str, steps: Sequence[Callable[[], Any]
     ctx.synchronize()
     wall = time.perf_counter() - t0
     step_s = [a.elapsed_time(b) / 1000.0 for a, b in marks] if events else host
-    return Window(wall, step_s, cpu, [float(x) for x in losses])
+    return Window(wall, step_s, cpu, losses)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

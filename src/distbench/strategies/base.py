@@ -201,11 +201,12 @@ class Trainer(ABC):
     def step(self, micro_batches: list[Batch], capture_grads: bool = False) -> float:
         """One optimizer step over this rank's micro-batches; returns the global-batch mean loss.
         With `capture_grads`, keeps `full_grads()` of this step in `self.last_grads`."""
-        return float(self.step_async(micro_batches, capture_grads).item())
+        return float(global_mean(self.ctx, self.step_async(micro_batches, capture_grads)).item())
 
     def step_async(self, micro_batches: list[Batch], capture_grads: bool = False) -> torch.Tensor:
-        """`step` without reading the loss back: the loss stays a device scalar, so timed windows keep the
-        host's run-ahead, as a user's training loop does (`.item()` every step would drain the queue)."""
+        """`step` without reading the loss back or averaging it over ranks: this rank's mean loss stays a
+        device scalar, so timed windows keep the host's run-ahead as a user's training loop does (`.item()`
+        every step would drain the queue) and add no collective of their own to the step."""
         total = torch.zeros((), device=self.ctx.device, dtype=torch.float64)
         n = len(micro_batches)
         for i, mb in enumerate(micro_batches):
@@ -214,15 +215,7 @@ class Trainer(ABC):
             self.last_grads = self.full_grads()
         self.optimizer_step()
         self.steps_done += 1
-        return self.global_mean(total / n)
-
-    def global_mean(self, value: torch.Tensor) -> torch.Tensor:
-        """The mean of `value` over ranks (an all-reduce enqueued on the device, no host wait)."""
-        if self.ctx.world_size > 1:
-            value = value.clone()
-            dist.all_reduce(value, op=dist.ReduceOp.SUM)
-            value /= self.ctx.world_size
-        return value
+        return total / n
 
     def extra_state(self) -> dict[str, Any]:
         """Harness state a resume needs besides model and optimizer: data position and RNG."""
@@ -239,6 +232,15 @@ class Trainer(ABC):
     def restore_extra_state(self, path: str) -> None:
         f = os.path.join(path, f"extra_rank{self.ctx.rank}.pt")
         self.load_extra_state(torch_load(f))
+
+
+def global_mean(ctx: RankContext, value: torch.Tensor) -> torch.Tensor:
+    """The mean of `value` over ranks (an all-reduce enqueued on the device, no host wait)."""
+    if ctx.world_size > 1:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= ctx.world_size
+    return value
 
 
 def torch_load(path: str, **kw: Any) -> Any:
