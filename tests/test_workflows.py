@@ -129,7 +129,7 @@ jobs:
 
 def _lint(tool: str, *args: str) -> subprocess.CompletedProcess:
     exe = shutil.which(tool)
-    assert exe, f"{tool} is missing: pip install -e '.[dev]' installs it"
+    assert exe, f"{tool} is missing: pip install --no-build-isolation -e '.[test]' installs it"
     return subprocess.run([exe, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
