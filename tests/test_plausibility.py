@@ -1,0 +1,101 @@
+"""Each implausible figure, planted in an otherwise clean synthetic matrix, draws its warning; the clean
+matrix draws none."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distbench.plausibility import annotate, check
+from distbench.results import make_result
+
+WORKLOAD = {"model": "gpt2-tiny", "precision": "fp32", "seq_len": 64, "global_batch": 4, "micro_batch": 2}
+TOKENS = 4 * 64
+
+
+def run(strategy: str, ws: int, tps: float, *, spread: float = 0.04, created: str = "2026-11-23T06:00:10+00:00",
+        std: float = 0.0) -> dict[str, Any]:
+    """One ok result whose step times have median TOKENS / tps and relative p10-p90 width `spread`."""
+    st = TOKENS / tps
+    r = make_result({"strategy": strategy, "world_size": ws, **WORKLOAD},
+                    metrics={"tokens_per_s": tps, "step_time_s": st},
+                    step_time_s={"median": st, "p10": st * (1 - spread / 2), "p90": st * (1 + spread / 2),
+                                 "std": std * st, "n": 8})
+    r["created"] = created
+    return r
+
+
+def clean() -> list[dict[str, Any]]:
+    """single and ddp on 1 rank (3 repeats each), ddp at 2 ranks with 90% efficiency: nothing to flag."""
+    return ([run("single", 1, t) for t in (1000, 1010, 990)] + [run("ddp", 1, t) for t in (950, 960, 940)]
+            + [run("ddp", 2, 1800)])
+
+
+def flagged(results: list[dict[str, Any]], strategy: str, ws: int) -> list[str]:
+    found = check(results)
+    return [w for r in results if r["config"]["strategy"] == strategy and r["config"]["world_size"] == ws
+            for w in found.get(r["id"], [])]
+
+
+def test_a_clean_matrix_draws_no_warning():
+    results = clean()
+    assert check(results) == {}
+    annotate(results)
+    assert all(r["warnings"] == [] for r in results)
+
+
+def test_superlinear_scaling_beyond_noise():
+    """The issue's CPU run: 1-rank runs 10x slow made ddp at 2 ranks '8.07x, 403.6%'."""
+    results = [run("single", 1, 100), run("ddp", 1, 95), run("ddp", 2, 807)]
+    found = flagged(results, "ddp", 2)
+    assert len(found) == 2 and all(w.startswith("superlinear: ") for w in found)
+    assert any("8.07x the tokens/s of single on 1 rank" in w for w in found)
+
+
+def test_superlinear_within_the_measured_spread_is_not_flagged():
+    """2.1x on 2 ranks with +-15% step-time spread on each side: noise, not an impossibility."""
+    results = [run("ddp", 1, 1000, spread=0.15), run("ddp", 2, 2100, spread=0.15)]
+    assert check(results) == {}
+
+
+def test_a_speedup_within_noise_supports_nothing():
+    results = clean()[:3] + [run("ddp", 2, 1050, spread=0.3)]
+    (warning,) = flagged(results, "ddp", 2)
+    assert warning.startswith("speedup within noise: 1.05x")
+
+
+def test_a_reference_slower_than_its_own_repeats():
+    results = clean()
+    results[1] = run("single", 1, 300)  # one of single's three repeats, far below the other two
+    found = check(results)
+    (warning,) = found[results[1]["id"]]
+    assert warning.startswith("slower than its repeats: 300 tokens/s, 70% below")
+    assert "1-rank reference" in warning and "cold start" not in warning
+    assert set(found) == {results[1]["id"]}  # the median reference still holds ddp at 2 ranks
+
+
+def test_a_cold_first_configuration():
+    results = clean()
+    results[0] = run("single", 1, 400, created="2026-11-23T06:00:00+00:00")  # the first run of the matrix
+    (warning,) = check(results)[results[0]["id"]]
+    assert "the first run of the set, a cold start" in warning
+
+
+def test_repeats_within_their_spread_are_not_flagged():
+    results = [run("ddp", 2, t, created=f"2026-11-23T06:00:0{i}+00:00") for i, t in enumerate((940, 1000, 1080))]
+    assert check(results) == {}  # 940 is 10% below 1040, inside the others' 8% range floored at 10%
+
+
+def test_a_spread_wider_than_the_median():
+    results = clean()
+    results[6] = run("ddp", 2, 1800, spread=1.5)
+    assert any(w.startswith("step times spread wider than their median") for w in flagged(results, "ddp", 2))
+    results[6] = run("ddp", 2, 1800, std=1.2)  # a few huge outliers: p10-p90 narrow, std above the median
+    assert any(w.startswith("step times spread wider than their median") for w in flagged(results, "ddp", 2))
+
+
+def test_failed_runs_and_other_workloads_are_left_alone():
+    results = clean()
+    failed = make_result({"strategy": "ddp", "world_size": 2, **WORKLOAD}, status="error", error="boom")
+    other = run("ddp", 2, 9000)
+    other["config"]["seq_len"] = 128  # no 1-rank run of this workload: nothing to scale against
+    assert check([*results, failed, other]) == {}
