@@ -99,3 +99,56 @@ def test_failed_runs_and_other_workloads_are_left_alone():
     other = run("ddp", 2, 9000)
     other["config"]["seq_len"] = 128  # no 1-rank run of this workload: nothing to scale against
     assert check([*results, failed, other]) == {}
+
+
+def issue_run() -> list[dict[str, Any]]:
+    """The shape of the issue's CPU run: 1-rank runs 10x slow, ddp at 2 ranks 8.07x."""
+    return [run("single", 1, 100), run("ddp", 1, 95), run("ddp", 2, 807)]
+
+
+def test_the_console_table_footnotes_each_warning():
+    from rich.console import Console
+
+    from distbench.commands.run import results_table
+
+    results = issue_run()
+    annotate(results)
+    console = Console(record=True, width=400)
+    console.print(results_table(results))
+    text = console.export_text()
+    assert "ok ! 1,2" in text  # ddp ws2's row points at its two footnotes
+    assert "Implausible, not results:" in text and "! 2 ddp ws2: superlinear: 8.07x" in text
+    console = Console(record=True, width=400)
+    console.print(results_table(clean()))
+    assert "Implausible" not in console.export_text()
+
+
+def test_the_report_and_job_summary_list_the_warnings(tmp_path):
+    from distbench.report import job_summary_markdown, write_report
+
+    md = write_report(issue_run(), tmp_path).read_text()
+    assert "### Implausible figures (warnings, not results)" in md
+    assert "- ddp ws2: superlinear: 8.07x the tokens/s of single on 1 rank" in md
+    assert "| ddp | 2 | 1 | 807 |" in md and md.count("| **2** |") == 1  # the Warnings column
+    assert "- ddp ws2: superlinear" in job_summary_markdown(issue_run())
+    assert "Implausible figures (" not in write_report(clean(), tmp_path).read_text()
+
+
+def test_run_matrix_writes_the_warnings_into_every_result(tmp_path, monkeypatch):
+    """The matrix judges its results once all have run and saves them again, warnings included."""
+    import distbench.measure.bench as bench
+    from distbench.matrix import Matrix, run_matrix
+    from distbench.results import load_results
+
+    tps = {1: 95.0, 2: 807.0}
+
+    class Pools:
+        device_type = "cpu"
+
+        def get(self, ws: int) -> int:
+            return ws
+
+    monkeypatch.setattr(bench, "run_benchmark", lambda pool, cfg, **kw: run(cfg.strategy, cfg.world_size, tps[pool]))
+    run_matrix(Matrix(["ddp"], [1, 2], ["gpt2-tiny"], ["fp32"]), out_dir=tmp_path, pools=Pools())
+    saved = {r["config"]["world_size"]: r["warnings"] for r in load_results(tmp_path)}
+    assert saved[1] == [] and saved[2][0].startswith("superlinear: 8.49x the tokens/s of ddp on 1 rank")
