@@ -1,9 +1,10 @@
 """The install stays two commands: the runtime needs no test, trace, history or lint tool, a test of an
 opt-in extra skips with the install line where it is absent, and CI installs everything and fails on such a
-skip."""
+skip; asv's environments install the same torch as the README and CI where they see none."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -50,3 +51,13 @@ def test_ci_installs_every_extra_and_requires_it():
     script = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"pip install .*-e \"\.\[dev\]\"", script)
     assert f"{REQUIRE}=1" in script
+
+
+def test_readme_ci_and_asv_install_the_same_torch_where_there_is_none():
+    """Three places pin the CPU torch (the README's first command, .ci/run, asv's environments): one pin."""
+    pins = {name: set(re.findall(r"torch==([\w.+]+)", (ROOT / name).read_text()))
+            for name in ("README.md", ".ci/run", "asv.conf.json")}
+    assert len(set().union(*pins.values())) == 1 and all(pins.values()), pins
+    install = json.loads((ROOT / "asv.conf.json").read_text())["install_command"]
+    assert "find_spec('torch') or" in install[0]  # the machine's torch wins where the environment sees it
+    assert "--no-build-isolation {wheel_file}" in install[1] and "--force-reinstall {wheel_file}" in install[2]
