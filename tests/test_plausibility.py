@@ -144,6 +144,18 @@ def test_the_report_and_job_summary_list_the_warnings(tmp_path):
     assert "Implausible figures (" not in write_report(clean(), tmp_path).read_text()
 
 
+def test_the_report_command_counts_the_warnings(tmp_path, capsys):
+    import argparse
+
+    from distbench.commands import report as report_cmd
+    from distbench.results import save_result
+
+    for r in issue_run():
+        save_result(r, tmp_path / "results")
+    assert report_cmd.run(argparse.Namespace(results=[tmp_path / "results"], out=tmp_path, github_summary=False)) == 0
+    assert "1 plausibility warning(s) on 1 result(s): see 'Implausible figures' in" in capsys.readouterr().out
+
+
 def test_run_matrix_writes_the_warnings_into_every_result(tmp_path, monkeypatch):
     """The matrix judges its results once all have run and saves them again, warnings included."""
     import distbench.measure.bench as bench
