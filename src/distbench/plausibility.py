@@ -113,14 +113,14 @@ def check(results: list[dict[str, Any]]) -> dict[str, list[str]]:
         if others:
             found += _below_repeats(r, others, first=r is first)
         if c.get("world_size", 1) > 1:
-            kinds: set[str] = set()  # one warning of a kind: against the same strategy, else against single
+            # one scaling warning: against the same strategy on 1 rank (the table's speedup), else `single`'s
             for ref_strategy in dict.fromkeys((c.get("strategy"), "single")):
                 refs = [o for o in ok if o["config"].get("world_size") == 1
                         and o["config"].get("strategy") == ref_strategy and _workload(o) == _workload(r)]
-                for w in _scaling(r, refs) if refs else []:
-                    if (kind := w.split(":")[0]) not in kinds:
-                        kinds.add(kind)
-                        found.append(w)
+                scaling = _scaling(r, refs) if refs else []
+                if scaling:
+                    found += scaling
+                    break
         if found:
             out[r["id"]] = found
     return out
