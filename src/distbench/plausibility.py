@@ -44,19 +44,14 @@ def _workload(result: dict[str, Any]) -> tuple:
     return config_key(result)[2:]
 
 
-def _label(result: dict[str, Any]) -> str:
-    c = result["config"]
-    return f"{c.get('strategy')} on 1 rank" if c.get("world_size") == 1 else f"{c.get('strategy')} ws{c.get('world_size')}"
-
-
 def _scaling(result: dict[str, Any], refs: list[dict[str, Any]]) -> list[str]:
     """Superlinear or within-noise speedup of a multi-rank result against one reference group."""
     ws, tps = result["config"]["world_size"], _tps(result)
     ref_tps = statistics.median(t for r in refs if (t := _tps(r)))
     speedup = tps / ref_tps
     noise = rel_spread(result) + statistics.median(rel_spread(r) for r in refs)
-    against = (f"{speedup:.2f}x the tokens/s of {_label(refs[0])} ({ref_tps:,.0f}, median of {len(refs)} run(s)) "
-               f"on {ws} ranks")
+    against = (f"{speedup:.2f}x the tokens/s of {refs[0]['config'].get('strategy')} on 1 rank ({ref_tps:,.0f}, "
+               f"median of {len(refs)} run(s)) on {ws} ranks")
     if speedup > ws * (1 + noise):
         return [f"superlinear: {against}, beyond linear by more than the step-time spread (+-{noise:.0%}); "
                 "the 1-rank run was likely cold or contended: rerun with --repeats 3 or more"]
@@ -73,7 +68,7 @@ def _below_repeats(result: dict[str, Any], others: list[dict[str, Any]], first: 
     tps = _tps(result)
     vals = [t for r in others if (t := _tps(r))]
     med = statistics.median(vals)
-    gap = max(MIN_GAP, (max(vals) - min(vals)) / med, rel_spread(result))
+    gap = max(MIN_GAP, (max(vals) - min(vals)) / med)
     if tps >= med * (1 - gap):
         return []
     why = f"{tps:,.0f} tokens/s, {1 - tps / med:.0%} below the median of its {len(vals)} other repeat(s) ({med:,.0f})"
