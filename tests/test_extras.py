@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from extras import REQUIRE, need
 
@@ -51,6 +52,10 @@ def test_ci_installs_every_extra_and_requires_it():
     script = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"pip install .*-e \"\.\[dev\]\"", script)
     assert f"{REQUIRE}=1" in script
+    steps = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())["jobs"]["test"]["steps"]
+    assert any('-e ".[dev]"' in s.get("run", "") for s in steps)
+    (pytest_step,) = [s for s in steps if s.get("run") == "pytest"]
+    assert pytest_step["env"] == {REQUIRE: "1"}
 
 
 def test_readme_ci_and_asv_install_the_same_torch_where_there_is_none():
