@@ -54,7 +54,7 @@ def _scaling(result: dict[str, Any], refs: list[dict[str, Any]]) -> list[str]:
                f"median of {len(refs)} run(s)) on {ws} ranks")
     if speedup > ws * (1 + noise):
         return [f"superlinear: {against}, beyond linear by more than the step-time spread (+-{noise:.0%}); "
-                "the 1-rank run was likely cold or contended: rerun with --repeats 3 or more"]
+                "the 1-rank run was likely cold, contended or short of CPU: rerun it on a quiet machine"]
     if speedup > ws * (1 + MIN_GAP):
         return [f"superlinear within noise: {against}, above linear only inside a step-time spread of "
                 f"+-{noise:.0%}: an artefact of noisy runs, not a result; take more steps or repeats"]
