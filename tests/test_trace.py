@@ -22,6 +22,7 @@ import pytest
 from distbench.errors import ConfigError, ResourceError
 from distbench.measure import trace as tr
 from distbench.runtime.context import RankContext
+from extras import need
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1_execute_segment_k_off_kernel"
 ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -83,7 +84,7 @@ def write_trace(trace_dir: Path, rank: int, kernels: list[tuple[str, int, int, i
 @pytest.fixture(scope="module")
 def analyzed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """Run A (all-reduce) and run B (all-gather, slower GEMM on rank 0, two memcpys per step) through HTA."""
-    pytest.importorskip("hta", reason="trace analysis needs traceinsight: pip install 'distbench[trace]'")
+    need("hta", "trace")
     root = tmp_path_factory.mktemp("traces")
     write_trace(root / "a", 0, step_kernels(400))
     write_trace(root / "a", 1, step_kernels(450))
@@ -204,7 +205,7 @@ def test_profile_steps_writes_rank_trace_and_cpu_trace_is_refused(tmp_path: Path
     assert trace["distributedInfo"]["rank"] == 3
     assert sum(e.get("name", "").startswith("ProfilerStep#") for e in trace["traceEvents"]) == 2
 
-    pytest.importorskip("hta", reason="trace analysis needs traceinsight: pip install 'distbench[trace]'")
+    need("hta", "trace")
     from hta.common.trace_file import get_trace_files
 
     assert get_trace_files(out) == {3: str(path)}

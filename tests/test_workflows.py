@@ -77,6 +77,7 @@ def test_ci_smoke_tests_asv_on_the_cpu_grid():
     script = "\n".join(s["run"] for s in load(CI)["jobs"]["asv-smoke"]["steps"] if "run" in s)
     assert re.search(r"asv run --python=same --quick --set-commit-hash", script)  # results are saved
     assert "asv publish" in script
+    assert re.search(r"^asv continuous .*origin/main HEAD$", script, re.M)  # the README's PR recipe, built fresh
 
 
 def test_gpu_runs_on_the_self_hosted_h200_runner_one_job_at_a_time():
@@ -129,7 +130,7 @@ jobs:
 
 def _lint(tool: str, *args: str) -> subprocess.CompletedProcess:
     exe = shutil.which(tool)
-    assert exe, f"{tool} is missing: pip install -e '.[dev]' installs it"
+    assert exe, f"{tool} is missing: pip install --no-build-isolation -e '.[test]' installs it"
     return subprocess.run([exe, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

@@ -16,6 +16,7 @@ import yaml
 
 from .config import RunConfig
 from .errors import ConfigError
+from .plausibility import annotate
 from .results import save_result
 from .runtime.pool import JobError, PoolManager, cuda_device_count
 from .strategies import get_spec
@@ -116,7 +117,8 @@ def run_matrix(
     """Run every configuration `repeats` times in the rank pools; save each result as it lands.
 
     A configuration that fails (an exception, a hang, a crashed rank) becomes a result with status "error"
-    carrying every rank's traceback, and the matrix goes on.
+    carrying every rank's traceback, and the matrix goes on. At the end every result gets its plausibility
+    `warnings` and is saved again.
     """
     from .measure.bench import failure_result, run_benchmark, run_trace
 
@@ -147,4 +149,8 @@ def run_matrix(
                 save_result(result, out_dir)
             if on_result:
                 on_result(cfg, result)
+    annotate(results)  # judged on the whole matrix: a speedup needs its reference, a run its repeats
+    if out_dir is not None:
+        for result in results:
+            save_result(result, out_dir)
     return results

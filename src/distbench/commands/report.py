@@ -21,6 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..plausibility import check
     from ..report import job_summary_markdown, write_report
     from ..results import load_results
 
@@ -34,6 +35,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     path = write_report(results, args.out)
     print(f"wrote {path} ({len(results)} results)")
+    warned = check(results)
+    if warned:
+        print(f"{sum(map(len, warned.values()))} plausibility warning(s) on {len(warned)} result(s): "
+              f"see 'Implausible figures' in {path}")
     if args.github_summary:
         summary = job_summary_markdown(results)
         target = os.environ.get("GITHUB_STEP_SUMMARY")

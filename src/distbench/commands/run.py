@@ -142,19 +142,28 @@ def _gib(x: float | None) -> str:
 
 
 def results_table(results: list[dict[str, Any]]):
-    """A seed-004-style console table: throughput, speedup, efficiency, step time, MFU, memory."""
+    """A seed-004-style console table: throughput, speedup, efficiency, step time, MFU, memory; each
+    plausibility warning is a numbered footnote, marked in its row's status ("! 1,2")."""
+    from rich.markup import escape
     from rich.table import Table
 
     workloads = sorted({f"{r['config']['model']} {r['config']['precision']} seq {r['config']['seq_len']} "
                         f"global batch {r['config']['global_batch']}" for r in results})
     t = Table("strategy", "ws", "tok/s", "tok/s/GPU", "speedup", "eff", "step s [p10-p90]", "MFU",
-              "peak GiB alloc/resv/nvml", "loss", "status", title="; ".join(workloads))
+              "peak GiB alloc/resv/nvml", "loss", "status", title="; ".join(workloads), caption_justify="left")
+    notes: list[str] = []
     for r in results:
         c, m = r["config"], r["metrics"]
         st = r.get("step_time_s") or {}
         step = f"{st['median']:.3f} [{st['p10']:.3f}-{st['p90']:.3f}]" if st else "-"
         nvml = r.get("nvml") or {}
         status = r["status"] + (" throttled" if nvml.get("throttled") else "")
+        marks = []
+        for w in r.get("warnings") or []:
+            notes.append(f"[yellow]! {len(notes) + 1}[/] {c['strategy']} ws{c['world_size']}: {escape(w)}")
+            marks.append(str(len(notes)))
+        if marks:
+            status += f" [yellow]! {','.join(marks)}[/]"
         losses = r.get("losses") or []
         mem = "/".join(_gib(m.get(k)) for k in
                        ("mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes"))
@@ -167,4 +176,6 @@ def results_table(results: list[dict[str, Any]]):
             step, f"{m['mfu']:.1%}" if "mfu" in m else "-", mem,
             f"{losses[-1]:.4f}" if losses else "-", status,
         )
+    if notes:
+        t.caption = "Implausible, not results:\n" + "\n".join(notes)
     return t

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..measure.timing import step_stats
+from ..plausibility import check
 from ..results import config_key
 
 GIB = 1024**3
@@ -141,7 +142,12 @@ def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
     return "—" if v is None else f"{v:{spec}}{suffix}"
 
 
-def throughput_table(cells: list[Cell]) -> list[str]:
+def cell_warnings(cell: Cell, found: dict[str, list[str]]) -> list[str]:
+    """The distinct plausibility warnings of a cell's runs (`found` is `plausibility.check` of the report)."""
+    return list(dict.fromkeys(w for r in cell.runs for w in found.get(r["id"], [])))
+
+
+def throughput_table(cells: list[Cell], found: dict[str, list[str]]) -> list[str]:
     rows = []
     for c in cells:
         speedup, eff = scaling(cells, c)
@@ -155,9 +161,15 @@ def throughput_table(cells: list[Cell]) -> list[str]:
             _fmt(speedup, ".2f", "x"), fmt_metric("scaling_efficiency", eff),
             _fmt(None if median is None else median * 1000, ".1f", spread),
             fmt_metric("mfu", c.metric("mfu")), c.throttled(),
+            f"**{n}**" if (n := len(cell_warnings(c, found))) else "—",
         ])
     return md_table(["Strategy", "GPUs", "Runs", "Tokens/s", "Tokens/s/GPU", "Speedup vs 1 GPU",
-                     "Scaling eff.", "Step time ms median [p10–p90]", "MFU", "Throttled"], rows)
+                     "Scaling eff.", "Step time ms median [p10–p90]", "MFU", "Throttled", "Warnings"], rows)
+
+
+def warnings_list(cells: list[Cell], found: dict[str, list[str]]) -> list[str]:
+    """One bullet per plausibility warning under a throughput table; none when nothing is implausible."""
+    return [f"- {c.strategy} ws{c.world_size}: {w}" for c in cells for w in cell_warnings(c, found)]
 
 
 #: Peak device memory per GPU: torch allocated, torch reserved, NVML (adds NCCL buffers and the CUDA context).
@@ -231,10 +243,16 @@ def report_markdown(results: list[dict[str, Any]], images: dict[tuple, list[tupl
     lines += ["", "Speedup is tokens/s over the 1-GPU baseline of the same workload (`single` when it ran, "
               "else the same strategy on 1 GPU); scaling efficiency = speedup / GPUs. Step times are medians "
               "over steady-state steps, [p10–p90] their spread; repeated runs are aggregated by median. "
-              "Throttled runs are not comparable."]
+              "Throttled runs are not comparable. Figures the plausibility checks reject (superlinear scaling "
+              "beyond noise, a speedup within noise, a run far below its repeats, a step-time spread wider than "
+              "its median) are counted under Warnings and listed below their table: they are not results."]
+    found = check(results)
     for wk, cells in cells_by_workload(results).items():
         lines += ["", f"## {workload_title(cells[0].cfg)}", "", "### Throughput and scaling", ""]
-        lines += throughput_table(cells)
+        lines += throughput_table(cells, found)
+        warned = warnings_list(cells, found)
+        if warned:
+            lines += ["", "### Implausible figures (warnings, not results)", ""] + warned
         lines += ["", "### Peak memory per GPU", ""] + memory_table(cells)
         if any(c.has_trace for c in cells):
             lines += ["", "### Trace breakdown (compute / non-compute / idle)", ""] + trace_table(cells)
@@ -258,8 +276,12 @@ def job_summary_markdown(results: list[dict[str, Any]]) -> str:
     lines = [f"## distbench: {ok}/{len(results)} runs ok", ""]
     if results:
         lines += ["Machine: " + "; ".join(machines(results)), ""]
+    found = check(results)
     for cells in cells_by_workload(results).values():
-        lines += [f"### {workload_title(cells[0].cfg)}", ""] + throughput_table(cells) + [""]
+        lines += [f"### {workload_title(cells[0].cfg)}", ""] + throughput_table(cells, found) + [""]
+        warned = warnings_list(cells, found)
+        if warned:
+            lines += ["Implausible figures (warnings, not results):", ""] + warned + [""]
     failures = failures_table(results)
     if failures:
         lines += ["### Failed runs", ""] + failures

@@ -1,0 +1,176 @@
+"""Each implausible figure, planted in an otherwise clean synthetic matrix, draws its warning; the clean
+matrix draws none."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distbench.plausibility import annotate, check
+from distbench.results import make_result
+
+WORKLOAD = {"model": "gpt2-tiny", "precision": "fp32", "seq_len": 64, "global_batch": 4, "micro_batch": 2}
+TOKENS = 4 * 64
+
+
+def run(strategy: str, ws: int, tps: float, *, spread: float = 0.04, created: str = "2026-11-23T06:00:10+00:00",
+        std: float = 0.0) -> dict[str, Any]:
+    """One ok result whose step times have median TOKENS / tps and relative p10-p90 width `spread`."""
+    st = TOKENS / tps
+    r = make_result({"strategy": strategy, "world_size": ws, **WORKLOAD},
+                    metrics={"tokens_per_s": tps, "step_time_s": st},
+                    step_time_s={"median": st, "p10": st * (1 - spread / 2), "p90": st * (1 + spread / 2),
+                                 "std": std * st, "n": 8})
+    r["created"] = created
+    return r
+
+
+def clean() -> list[dict[str, Any]]:
+    """single and ddp on 1 rank (3 repeats each), ddp at 2 ranks with 90% efficiency: nothing to flag."""
+    return ([run("single", 1, t) for t in (1000, 1010, 990)] + [run("ddp", 1, t) for t in (950, 960, 940)]
+            + [run("ddp", 2, 1800)])
+
+
+def flagged(results: list[dict[str, Any]], strategy: str, ws: int) -> list[str]:
+    found = check(results)
+    return [w for r in results if r["config"]["strategy"] == strategy and r["config"]["world_size"] == ws
+            for w in found.get(r["id"], [])]
+
+
+def test_a_clean_matrix_draws_no_warning():
+    results = clean()
+    assert check(results) == {}
+    annotate(results)
+    assert all(r["warnings"] == [] for r in results)
+
+
+def test_superlinear_scaling_beyond_noise():
+    """The issue's CPU run: 1-rank runs 10x slow made ddp at 2 ranks '8.07x, 403.6%'."""
+    results = [run("single", 1, 100), run("ddp", 1, 95), run("ddp", 2, 807)]
+    (warning,) = flagged(results, "ddp", 2)  # one of a kind: against ddp on 1 rank, the table's figure
+    assert warning.startswith("superlinear: 8.49x the tokens/s of ddp on 1 rank (95, median of 1 run(s)) on 2")
+    (warning,) = flagged([run("single", 1, 100), run("zero2", 2, 807)], "zero2", 2)
+    assert warning.startswith("superlinear: 8.07x the tokens/s of single on 1 rank")
+
+
+def test_superlinear_within_a_wide_spread_is_an_artefact():
+    """The CPU default run: zero2 at 2 ranks 5.75x against a 1-rank run with p10-p90 0.081-0.570 s."""
+    results = [run("zero2", 1, 754, spread=2.9), run("zero2", 2, 4339, spread=1.3)]
+    found = flagged(results, "zero2", 2)
+    assert [w.split(":")[0] for w in found] == ["step times spread wider than their median",
+                                                "superlinear within noise"]
+    assert "5.75x the tokens/s of zero2 on 1 rank" in found[1]
+
+
+def test_superlinear_within_the_measured_spread_is_not_flagged():
+    """2.1x on 2 ranks with +-15% step-time spread on each side: noise, not an impossibility."""
+    results = [run("ddp", 1, 1000, spread=0.15), run("ddp", 2, 2100, spread=0.15)]
+    assert check(results) == {}
+
+
+def test_a_speedup_within_noise_supports_nothing():
+    results = clean()[:3] + [run("ddp", 2, 1050, spread=0.3)]
+    (warning,) = flagged(results, "ddp", 2)
+    assert warning.startswith("speedup within noise: 1.05x")
+
+
+def test_a_reference_slower_than_its_own_repeats():
+    results = clean()
+    results[1] = run("single", 1, 300)  # one of single's three repeats, far below the other two
+    found = check(results)
+    (warning,) = found[results[1]["id"]]
+    assert warning.startswith("slower than its repeats: 300 tokens/s, 70% below")
+    assert "1-rank reference" in warning and "cold start" not in warning
+    assert set(found) == {results[1]["id"]}  # the median reference still holds ddp at 2 ranks
+
+
+def test_a_cold_first_configuration():
+    results = clean()
+    results[0] = run("single", 1, 400, created="2026-11-23T06:00:00+00:00")  # the first run of the matrix
+    (warning,) = check(results)[results[0]["id"]]
+    assert "the first run of the set, a cold start" in warning
+
+
+def test_repeats_within_their_spread_are_not_flagged():
+    results = [run("ddp", 2, t, created=f"2026-11-23T06:00:0{i}+00:00") for i, t in enumerate((940, 1000, 1080))]
+    assert check(results) == {}  # 940 is 10% below 1040, inside the others' 8% range floored at 10%
+
+
+def test_a_spread_wider_than_the_median():
+    results = clean()
+    results[6] = run("ddp", 2, 1800, spread=1.5)
+    assert any(w.startswith("step times spread wider than their median") for w in flagged(results, "ddp", 2))
+    results[6] = run("ddp", 2, 1800, std=1.2)  # a few huge outliers: p10-p90 narrow, std above the median
+    assert any(w.startswith("step times spread wider than their median") for w in flagged(results, "ddp", 2))
+
+
+def test_failed_runs_and_other_workloads_are_left_alone():
+    results = clean()
+    failed = make_result({"strategy": "ddp", "world_size": 2, **WORKLOAD}, status="error", error="boom")
+    other = run("ddp", 2, 9000)
+    other["config"]["seq_len"] = 128  # no 1-rank run of this workload: nothing to scale against
+    assert check([*results, failed, other]) == {}
+
+
+def issue_run() -> list[dict[str, Any]]:
+    """The shape of the issue's CPU run: 1-rank runs 10x slow, ddp at 2 ranks 8.07x."""
+    return [run("single", 1, 100), run("ddp", 1, 95), run("ddp", 2, 807)]
+
+
+def test_the_console_table_footnotes_each_warning():
+    from rich.console import Console
+
+    from distbench.commands.run import results_table
+
+    results = issue_run()
+    annotate(results)
+    console = Console(record=True, width=400)
+    console.print(results_table(results))
+    text = console.export_text()
+    assert "ok ! 1" in text  # ddp ws2's row points at its footnote
+    assert "Implausible, not results:" in text and "! 1 ddp ws2: superlinear: 8.49x" in text
+    console = Console(record=True, width=400)
+    console.print(results_table(clean()))
+    assert "Implausible" not in console.export_text()
+
+
+def test_the_report_and_job_summary_list_the_warnings(tmp_path):
+    from distbench.report import job_summary_markdown, write_report
+
+    md = write_report(issue_run(), tmp_path).read_text()
+    assert "### Implausible figures (warnings, not results)" in md
+    assert "- ddp ws2: superlinear: 8.49x the tokens/s of ddp on 1 rank" in md
+    assert "| ddp | 2 | 1 | 807 |" in md and md.count("| **1** |") == 1  # the Warnings column
+    assert "- ddp ws2: superlinear" in job_summary_markdown(issue_run())
+    assert "Implausible figures (" not in write_report(clean(), tmp_path).read_text()
+
+
+def test_the_report_command_counts_the_warnings(tmp_path, capsys):
+    import argparse
+
+    from distbench.commands import report as report_cmd
+    from distbench.results import save_result
+
+    for r in issue_run():
+        save_result(r, tmp_path / "results")
+    assert report_cmd.run(argparse.Namespace(results=[tmp_path / "results"], out=tmp_path, github_summary=False)) == 0
+    assert "1 plausibility warning(s) on 1 result(s): see 'Implausible figures' in" in capsys.readouterr().out
+
+
+def test_run_matrix_writes_the_warnings_into_every_result(tmp_path, monkeypatch):
+    """The matrix judges its results once all have run and saves them again, warnings included."""
+    import distbench.measure.bench as bench
+    from distbench.matrix import Matrix, run_matrix
+    from distbench.results import load_results
+
+    tps = {1: 95.0, 2: 807.0}
+
+    class Pools:
+        device_type = "cpu"
+
+        def get(self, ws: int) -> int:
+            return ws
+
+    monkeypatch.setattr(bench, "run_benchmark", lambda pool, cfg, **kw: run(cfg.strategy, cfg.world_size, tps[pool]))
+    run_matrix(Matrix(["ddp"], [1, 2], ["gpt2-tiny"], ["fp32"]), out_dir=tmp_path, pools=Pools())
+    saved = {r["config"]["world_size"]: r["warnings"] for r in load_results(tmp_path)}
+    assert saved[1] == [] and saved[2][0].startswith("superlinear: 8.49x the tokens/s of ddp on 1 rank")
