@@ -32,7 +32,7 @@ def write_message(fd: int, obj: Any, deadline: float | None = None) -> bool:
                 if left <= 0 or not select.select([], [fd], [], left)[1]:
                     return False
             try:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view[:_CHUNK]):]  # chunked: the rank's byte counter shows progress
             except BlockingIOError:
                 continue
             except BrokenPipeError:

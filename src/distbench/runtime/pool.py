@@ -230,33 +230,47 @@ class RankPool:
         return [replies[r] for r in range(self.world_size)]
 
     def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
-        """Ask hung ranks for their Python stacks (faulthandler, into their stack pipes); say why where a
-        rank gave none."""
+        """Ask hung ranks for their Python stacks (faulthandler, into their stack pipes) and read until each
+        answering rank went quiet; say why where a rank gave none."""
+        states = {r: _proc_state(self._procs[r].pid) for r in ranks}
         for r in ranks:
             self._stacks[r].read_text()  # drop anything from an earlier signal
-            p = self._procs[r]
-            if p.is_alive() and p.pid:
+            if states[r] not in _STOPPED:
                 try:
-                    os.kill(p.pid, STACK_SIGNAL)
-                except ProcessLookupError:
+                    os.kill(self._procs[r].pid, STACK_SIGNAL)
+                except (ProcessLookupError, TypeError):
                     pass
         text = {r: "" for r in ranks}
+        last: dict[int, float] = {}
         end = time.monotonic() + STACK_WAIT_S
-        while (left := end - time.monotonic()) > 0:
-            select.select([self._stacks[r].fd for r in ranks], [], [], left)
-            for r in ranks:
-                text[r] += self._stacks[r].read_text()
-        return {r: "Python stack at timeout:\n" + text[r] if text[r].strip() else
-                _no_stack_reason(r, self._procs[r].pid) for r in ranks}
+        while (now := time.monotonic()) < end:
+            waiting = [r for r in ranks if states[r] not in _STOPPED and now - last.get(r, now) < _QUIET_S]
+            if not waiting:
+                break
+            select.select([self._stacks[r].fd for r in waiting], [], [], min(_QUIET_S, end - now))
+            for r in waiting:
+                if got := self._stacks[r].read_text():
+                    text[r] += got
+                    last[r] = time.monotonic()
+        return {r: "Python stack at timeout:\n" + text[r] if text[r].strip() else _no_stack_reason(r, states[r])
+                for r in ranks}
 
 
-def _no_stack_reason(rank: int, pid: int | None) -> str:
-    """Why rank `rank` wrote no stack, from what /proc says of it."""
+_STOPPED = ("T", "t")
+_QUIET_S = 0.2  # a stack dump is one burst of writes: this long without more means it is complete
+
+
+def _proc_state(pid: int | None) -> str:
+    """The one-letter state /proc gives for `pid` (R, S, D, T, t, Z), or "?" when it cannot be read."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        state = "?"
-    if state in ("T", "t"):
+        return "?"
+
+
+def _no_stack_reason(rank: int, state: str) -> str:
+    """Why rank `rank` wrote no stack, from its /proc state."""
+    if state in _STOPPED:
         return (f"(rank {rank} is stopped (state {state}: SIGSTOP or a debugger), so it could not answer the "
                 "stack-dump signal)")
     return (f"(rank {rank} did not answer the stack-dump signal {STACK_SIGNAL.name} in {STACK_WAIT_S:.0f}s: "
