@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from distbench.runtime.pool import STACK_WAIT_S, JobError, PoolManager, RankPool
+from distbench.runtime.pool import STACK_WAIT_S, JobError, PoolManager, RankPool, _proc_state
 from leftovers import TAG_ENV, new_tag, shm_entries, tagged_processes, wait_clean
 
 JOBS = "rank_jobs"
@@ -108,6 +108,10 @@ def idle(f, sig: int) -> dict:
     """Between two jobs: the next job finds the rank dead or frozen."""
     pid = f.pm.run(2, f"{JOBS}:whoami", timeout=60)[1]["pid"]
     os.kill(pid, sig)
+    end = time.monotonic() + 10  # signals land asynchronously: wait until this one did
+    while time.monotonic() < end and not (_proc_state(pid) == "T" if sig == signal.SIGSTOP else
+                                          os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)):
+        time.sleep(0.005)
     return {"start": lambda: f.pm.run(2, f"{JOBS}:whoami", timeout=TIMEOUT), "victim": 1}
 
 
