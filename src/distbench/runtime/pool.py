@@ -145,7 +145,7 @@ class RankPool:
             stack_r.close()
         self.starts += 1
         limit = min(self.start_timeout, timeout if timeout is not None else self.start_timeout)
-        outcomes = self._collect(-1, time.monotonic() + limit)
+        outcomes = self._collect_or_kill(-1, time.monotonic() + limit)
         if any(o.status != "ok" for o in outcomes):
             self.close(grace=0.0)
             raise JobError("<process group start>", self.world_size, outcomes,
@@ -186,7 +186,7 @@ class RankPool:
         deadline = time.monotonic() + timeout
         for fd in self._tasks:
             write_message(fd, (job_id, target, kwargs or {}), deadline)  # a rank that missed it times out
-        outcomes = self._collect(job_id, deadline)
+        outcomes = self._collect_or_kill(job_id, deadline)
         self.jobs_run += 1
         if all(o.status == "ok" for o in outcomes):
             return [pickle.loads(o.payload) for o in outcomes]  # type: ignore[attr-defined]
@@ -197,6 +197,13 @@ class RankPool:
             # read the polite stop, so the pool is killed at once and rebuilt on next use.
             self.close(grace=0.0)
         raise JobError(target, self.world_size, outcomes, _why(outcomes, timeout))
+
+    def _collect_or_kill(self, job_id: int, deadline: float) -> list[RankOutcome]:
+        try:
+            return self._collect(job_id, deadline)
+        except BaseException:  # Ctrl-C: ranks would finish the abandoned job before reading a polite stop
+            self.close(grace=0.0)
+            raise
 
     def _collect(self, job_id: int, deadline: float) -> list[RankOutcome]:
         replies: dict[int, RankOutcome] = {}
