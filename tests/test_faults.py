@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from distbench.runtime.pool import STACK_WAIT_S, JobError, PoolManager, RankPool, _proc_state
-from leftovers import TAG_ENV, new_tag, shm_entries, tagged_processes, wait_clean
+from leftovers import TAG_ENV, held_shm, new_tag, shm_entries, tagged_processes, wait_clean
 
 JOBS = "rank_jobs"
 TIMEOUT = 3.0  # of every faulted job, and so of a faulted start
@@ -147,6 +147,7 @@ def test_a_rank_killed_or_frozen_fails_its_job_in_time_and_the_next_passes(fault
     pool = faults.pm.get(2)
     alive = {p.pid for p in pool._procs}
     assert faults.pm.get(2).alive
+    assert not held_shm(alive), "ranks on gloo need no shared memory: whatever they map can leak"
     left = wait_clean(faults.tag, faults.tmp, faults.shm, keep=alive | _tracker(), within=5.0)
     assert not left, f"left behind: {left}"
 

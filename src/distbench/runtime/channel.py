@@ -14,6 +14,7 @@ import pickle
 import select
 import struct
 import time
+from multiprocessing.connection import Connection
 from typing import Any
 
 _HEADER = struct.Struct("!Q")
@@ -60,9 +61,10 @@ def read_message(fd: int) -> Any | None:
 class MessageReader:
     """The pool's end of one rank's pipe: `pump()` takes what is there without blocking."""
 
-    def __init__(self, fd: int) -> None:
-        os.set_blocking(fd, False)
-        self.fd = fd
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.fd = conn.fileno()
+        os.set_blocking(self.fd, False)
         self.eof = False
         self._buf = bytearray()
 

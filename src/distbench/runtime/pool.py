@@ -16,6 +16,7 @@ import pickle
 import select
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,7 @@ class RankPool:
         self.start_timeout = start_timeout
         self.error_grace = error_grace
         self._procs: list[mp.process.BaseProcess] = []
-        self._tasks: list[int] = []  # this process's write end of each rank's task pipe
+        self._tasks: list[Connection] = []  # this process's write end of each rank's task pipe
         self._replies: list[MessageReader] = []
         self._stacks: list[MessageReader] = []
         self._store: Any = None
@@ -136,13 +137,10 @@ class RankPool:
             for end in (task_r, reply_w, stack_w):  # the rank holds these now: its death closes them
                 end.close()
             self._procs.append(p)
-            self._tasks.append(os.dup(task_w.fileno()))
-            task_w.close()
-            os.set_blocking(self._tasks[-1], False)
-            self._replies.append(MessageReader(os.dup(reply_r.fileno())))
-            reply_r.close()
-            self._stacks.append(MessageReader(os.dup(stack_r.fileno())))
-            stack_r.close()
+            os.set_blocking(task_w.fileno(), False)
+            self._tasks.append(task_w)
+            self._replies.append(MessageReader(reply_r))
+            self._stacks.append(MessageReader(stack_r))
         self.starts += 1
         limit = min(self.start_timeout, timeout if timeout is not None else self.start_timeout)
         outcomes = self._collect_or_kill(-1, time.monotonic() + limit)
@@ -163,8 +161,8 @@ class RankPool:
     def close(self, grace: float = _EXIT_GRACE_S) -> None:
         """Stop every rank: politely within `grace` seconds (closing a task pipe tells its rank to leave),
         then by SIGKILL, waiting at most _EXIT_GRACE_S for the kills. Safe to call twice."""
-        for fd in self._tasks:
-            os.close(fd)
+        for conn in self._tasks:
+            conn.close()
         deadline = time.monotonic() + grace
         for p in self._procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -175,7 +173,7 @@ class RankPool:
         for p in self._procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
         for reader in (*self._replies, *self._stacks):
-            os.close(reader.fd)
+            reader.conn.close()
         self._procs, self._tasks, self._replies, self._stacks, self._store = [], [], [], [], None
 
     # --- jobs ----------------------------------------------------------------------------------------
@@ -184,8 +182,8 @@ class RankPool:
         self.start(timeout)
         job_id = next(self._job_ids)
         deadline = time.monotonic() + timeout
-        for fd in self._tasks:
-            write_message(fd, (job_id, target, kwargs or {}), deadline)  # a rank that missed it times out
+        for conn in self._tasks:
+            write_message(conn.fileno(), (job_id, target, kwargs or {}), deadline)  # missed: it times out
         outcomes = self._collect_or_kill(job_id, deadline)
         self.jobs_run += 1
         if all(o.status == "ok" for o in outcomes):
