@@ -88,3 +88,45 @@ def cycle_and_frozen(ctx: Any) -> dict[str, Any]:
 
 def cpus(ctx: Any) -> list[int]:
     return sorted(os.sched_getaffinity(0))
+
+
+def signal_self_in(ctx: Any, rank: int, signum: int) -> None:
+    """Rank `rank` sends itself `signum` (SIGKILL: dies mid-job; SIGSTOP: freezes); the others wait."""
+    if ctx.rank == rank:
+        os.kill(os.getpid(), signum)
+    dist.barrier()
+
+
+def signal_self_mid_reply(ctx: Any, rank: int, signum: int, size: int) -> bytes:
+    """Rank `rank` returns `size` bytes and sends itself `signum` once an eighth of them went out: the
+    pool sees a reply cut off half-way (the rank's written-bytes counter in /proc tells when)."""
+    if ctx.rank != rank:
+        return b""
+    import threading
+
+    def written() -> int:
+        with open("/proc/self/io") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith("wchar:"))
+
+    start = written()
+
+    def fire() -> None:
+        while written() < start + size // 8:
+            time.sleep(0.0005)
+        os.kill(os.getpid(), signum)
+
+    threading.Thread(target=fire, daemon=True).start()
+    return b"x" * size
+
+
+def replace_stack_handler_and_hang(ctx: Any, rank: int) -> None:
+    """Rank `rank` installs its own handler for the pool's stack-dump signal (as some libraries do), then
+    hangs; the others wait in a barrier."""
+    import signal
+
+    from distbench.runtime.worker import STACK_SIGNAL
+
+    if ctx.rank == rank:
+        signal.signal(STACK_SIGNAL, lambda *_: None)
+        planted_hang()
+    dist.barrier()

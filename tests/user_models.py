@@ -38,3 +38,14 @@ def tiny_lm() -> nn.Module:
 def wrong_vocab_lm() -> nn.Module:
     """Claims a 256-token vocabulary but predicts 8 tokens: its loss fails inside the ranks."""
     return TinyLM(out_vocab=8)
+
+
+def announced_lm() -> nn.Module:
+    """tiny_lm that, built in a rank, creates the file named by $BUILT_MARKER: a test outside can tell when
+    the ranks have joined and start to train."""
+    import os
+    from pathlib import Path
+
+    if "RANK" in os.environ and os.environ.get("BUILT_MARKER"):
+        Path(os.environ["BUILT_MARKER"]).touch()
+    return TinyLM()

@@ -8,6 +8,8 @@ marked `gpu` and runs on CUDA with NCCL and a GPU-size model. Plain `pytest` des
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from .errors import ConfigError
@@ -134,6 +136,8 @@ def _suites(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     yield get
     for s in suites.values():
         s.close()
+        if s.workdir is not None:  # session checkpoints: gigabytes on the GPU tier, ours to remove
+            shutil.rmtree(s.workdir, ignore_errors=True)
 
 
 @pytest.fixture

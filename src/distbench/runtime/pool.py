@@ -13,19 +13,21 @@ import itertools
 import multiprocessing as mp
 import os
 import pickle
-import queue
-import socket
-import tempfile
+import select
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from ..errors import ResourceError
 from .affinity import rank_cpus
+from .channel import MessageReader, write_message
 from .worker import STACK_SIGNAL, worker_main
 
 _EXIT_GRACE_S = 5.0
+#: How long hung ranks get to write their stacks after the stack-dump signal.
+STACK_WAIT_S = 1.0
 
 
 @dataclass
@@ -58,12 +60,6 @@ class JobError(RuntimeError):
         return {o.exc_type for o in self.outcomes if o.exc_type}
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rank_env(device_type: str) -> dict[str, str]:
     """Environment every rank gets on top of the parent's."""
     env = {
@@ -78,7 +74,13 @@ def rank_env(device_type: str) -> dict[str, str]:
 
 
 class RankPool:
-    """`world_size` persistent rank processes sharing one process group."""
+    """`world_size` persistent rank processes sharing one process group.
+
+    Every wait is bounded: starting by min(start_timeout, the job's timeout), a job by its timeout (and by
+    `error_grace` once a rank failed), reading the ranks' stacks by STACK_WAIT_S, closing by its grace
+    plus _EXIT_GRACE_S. Ranks rendezvous through a TCP store this process hosts on a port the kernel picked
+    (no free port to race for), and talk to it over one pipe each way (see channel.py).
+    """
 
     def __init__(
         self,
@@ -88,15 +90,18 @@ class RankPool:
         start_timeout: float = 180.0,
         error_grace: float = 10.0,
     ) -> None:
+        if start_timeout <= 0 or error_grace < 0:
+            raise ValueError(f"start_timeout must be > 0 and error_grace >= 0, not {start_timeout}, {error_grace}")
         self.world_size = world_size
         self.device_type = device_type
         self.start_timeout = start_timeout
         self.error_grace = error_grace
         self._procs: list[mp.process.BaseProcess] = []
-        self._task_qs: list[Any] = []
-        self._result_q: Any = None
+        self._tasks: list[Connection] = []  # this process's write end of each rank's task pipe
+        self._replies: list[MessageReader] = []
+        self._stacks: list[MessageReader] = []
+        self._store: Any = None
         self._job_ids = itertools.count()
-        self._stack_dir: str | None = None
         self.jobs_run = 0
         self.starts = 0
 
@@ -105,62 +110,81 @@ class RankPool:
     def alive(self) -> bool:
         return bool(self._procs) and all(p.is_alive() for p in self._procs)
 
-    def start(self) -> None:
-        if self.alive:
-            return
-        self.close()
+    def start(self, timeout: float | None = None) -> None:
+        """Start the ranks unless they run; they must join the group within min(start_timeout, timeout)."""
+        if self._procs:
+            if self.alive:
+                return
+            self._fail_dead_idle_ranks()
         cpus = [rank_cpus(r, self.world_size) for r in range(self.world_size)]  # a bad setting raises here
+        import torch.distributed as dist
+
         ctx = mp.get_context("spawn")
-        self._stack_dir = tempfile.mkdtemp(prefix=f"distbench-ws{self.world_size}-")
-        self._result_q = ctx.Queue()
-        self._task_qs = [ctx.Queue() for _ in range(self.world_size)]
-        port = free_port()
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         env = rank_env(self.device_type)
         for r in range(self.world_size):
+            task_r, task_w = ctx.Pipe(duplex=False)
+            reply_r, reply_w = ctx.Pipe(duplex=False)
+            stack_r, stack_w = ctx.Pipe(duplex=False)
             p = ctx.Process(
                 target=worker_main,
-                args=(r, self.world_size, self.device_type, port, env, self._task_qs[r], self._result_q,
-                      self._stack_file(r), cpus[r]),
+                args=(r, self.world_size, self.device_type, os.getpid(), self._store.port, env, task_r, reply_w,
+                      stack_w, cpus[r]),
                 name=f"distbench-ws{self.world_size}-rank{r}",
                 daemon=False,  # ranks may start their own subprocesses (compile workers)
             )
             p.start()
+            for end in (task_r, reply_w, stack_w):  # the rank holds these now: its death closes them
+                end.close()
             self._procs.append(p)
+            os.set_blocking(task_w.fileno(), False)
+            self._tasks.append(task_w)
+            self._replies.append(MessageReader(reply_r))
+            self._stacks.append(MessageReader(stack_r))
         self.starts += 1
-        outcomes = self._collect(-1, time.monotonic() + self.start_timeout)
+        limit = min(self.start_timeout, timeout if timeout is not None else self.start_timeout)
+        outcomes = self._collect_or_kill(-1, time.monotonic() + limit)
         if any(o.status != "ok" for o in outcomes):
-            self.close()
+            self.close(grace=0.0)
             raise JobError("<process group start>", self.world_size, outcomes,
-                           "ranks could not join the process group")
+                           "ranks could not join the process group: " + _why(outcomes, limit))
+
+    def _fail_dead_idle_ranks(self) -> None:
+        """A rank that died between jobs (OOM killer, a signal) fails the job that finds it, so the death is
+        reported rather than papered over by a silent restart; the next job starts a new pool."""
+        outcomes = [RankOutcome(r, "ok", None, "alive, idle") if p.is_alive() else
+                    RankOutcome(r, "crashed", None, f"process exited with code {p.exitcode} while idle between jobs")
+                    for r, p in enumerate(self._procs)]
+        self.close(grace=0.0)
+        raise JobError("<idle pool>", self.world_size, outcomes, "a rank died between jobs")
 
     def close(self, grace: float = _EXIT_GRACE_S) -> None:
-        """Stop every rank: politely within `grace` seconds, then by signal. Safe to call twice."""
-        for q in self._task_qs:
-            try:
-                q.put_nowait(None)
-            except Exception:
-                pass
+        """Stop every rank: politely within `grace` seconds (closing a task pipe tells its rank to leave),
+        then by SIGKILL, waiting at most _EXIT_GRACE_S for the kills. Safe to call twice."""
+        for conn in self._tasks:
+            conn.close()
         deadline = time.monotonic() + grace
         for p in self._procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
         for p in self._procs:
             if p.is_alive():
                 p.kill()
-                p.join(timeout=_EXIT_GRACE_S)
-        for q in [*self._task_qs, self._result_q]:
-            if q is not None:
-                q.cancel_join_thread()
-                q.close()
-        self._procs, self._task_qs, self._result_q = [], [], None
+        deadline = time.monotonic() + _EXIT_GRACE_S
+        for p in self._procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for reader in (*self._replies, *self._stacks):
+            reader.conn.close()
+        self._procs, self._tasks, self._replies, self._stacks, self._store = [], [], [], [], None
 
     # --- jobs ----------------------------------------------------------------------------------------
     def run(self, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 600.0) -> list[Any]:
         """Run `target(ctx, **kwargs)` in every rank; return the per-rank results (index = rank)."""
-        self.start()
+        self.start(timeout)
         job_id = next(self._job_ids)
-        for q in self._task_qs:
-            q.put((job_id, target, kwargs or {}))
-        outcomes = self._collect(job_id, time.monotonic() + timeout, target=target)
+        deadline = time.monotonic() + timeout
+        for conn in self._tasks:
+            write_message(conn.fileno(), (job_id, target, kwargs or {}), deadline)  # missed: it times out
+        outcomes = self._collect_or_kill(job_id, deadline)
         self.jobs_run += 1
         if all(o.status == "ok" for o in outcomes):
             return [pickle.loads(o.payload) for o in outcomes]  # type: ignore[attr-defined]
@@ -172,7 +196,14 @@ class RankPool:
             self.close(grace=0.0)
         raise JobError(target, self.world_size, outcomes, _why(outcomes, timeout))
 
-    def _collect(self, job_id: int, deadline: float, target: str = "") -> list[RankOutcome]:
+    def _collect_or_kill(self, job_id: int, deadline: float) -> list[RankOutcome]:
+        try:
+            return self._collect(job_id, deadline)
+        except BaseException:  # Ctrl-C: ranks would finish the abandoned job before reading a polite stop
+            self.close(grace=0.0)
+            raise
+
+    def _collect(self, job_id: int, deadline: float) -> list[RankOutcome]:
         replies: dict[int, RankOutcome] = {}
         first_failure: float | None = None
         while len(replies) < self.world_size:
@@ -180,52 +211,76 @@ class RankPool:
             limit = deadline if first_failure is None else min(deadline, first_failure + self.error_grace)
             if now >= limit:
                 break
-            try:
-                jid, rank, status, exc_type, payload = self._result_q.get(timeout=min(0.25, limit - now))
-            except queue.Empty:
-                for r, p in enumerate(self._procs):
-                    if r not in replies and not p.is_alive():
-                        replies[r] = RankOutcome(r, "crashed", None, f"process exited with code {p.exitcode}")
+            waiting = [r for r in range(self.world_size) if r not in replies]
+            select.select([self._replies[r].fd for r in waiting], [], [], min(0.25, limit - now))
+            for r in waiting:
+                for jid, rank, status, exc_type, payload in self._replies[r].pump():
+                    if jid != job_id:
+                        continue  # a late reply to an abandoned job
+                    o = RankOutcome(rank, status, exc_type, payload if status == "error" else "")
+                    o.payload = payload  # type: ignore[attr-defined]
+                    replies[rank] = o
+                    if status != "ok":
                         first_failure = first_failure or now
-                continue
-            if jid != job_id:
-                continue  # a late reply to an abandoned job
-            o = RankOutcome(rank, status, exc_type, payload if status == "error" else "")
-            o.payload = payload  # type: ignore[attr-defined]
-            replies[rank] = o
-            if status != "ok":
-                first_failure = first_failure or now
+                p = self._procs[r]
+                # End of file: the rank died (its own children may hold the pipe, hence is_alive too).
+                if r not in replies and (self._replies[r].eof or not p.is_alive()):
+                    p.join(timeout=1.0)  # its exit code
+                    replies[r] = RankOutcome(r, "crashed", None, f"process exited with code {p.exitcode}")
+                    first_failure = first_failure or now
         missing = [r for r in range(self.world_size) if r not in replies]
         stacks = self._dump_stacks(missing) if missing else {}
         for r in missing:
-            replies[r] = RankOutcome(r, "timeout", None, stacks.get(r, "(no stack captured)"))
+            replies[r] = RankOutcome(r, "timeout", None, stacks[r])
         return [replies[r] for r in range(self.world_size)]
 
-    def _stack_file(self, rank: int) -> str:
-        assert self._stack_dir is not None
-        return str(Path(self._stack_dir) / f"rank{rank}.stack")
-
     def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
-        """Ask hung ranks for their Python stacks via faulthandler and read what they wrote."""
-        offsets = {}
+        """Ask hung ranks for their Python stacks (faulthandler, into their stack pipes) and read until each
+        answering rank went quiet; say why where a rank gave none."""
+        states = {r: _proc_state(self._procs[r].pid) for r in ranks}
         for r in ranks:
-            f = Path(self._stack_file(r))
-            offsets[r] = f.stat().st_size if f.exists() else 0
-            p = self._procs[r] if r < len(self._procs) else None
-            if p is not None and p.is_alive() and p.pid:
+            self._stacks[r].read_text()  # drop anything from an earlier signal
+            if states[r] not in _STOPPED:
                 try:
-                    os.kill(p.pid, STACK_SIGNAL)
-                except ProcessLookupError:
+                    os.kill(self._procs[r].pid, STACK_SIGNAL)
+                except (ProcessLookupError, TypeError):
                     pass
-        time.sleep(1.0)
-        out = {}
-        for r in ranks:
-            f = Path(self._stack_file(r))
-            if f.exists():
-                with f.open() as fh:
-                    fh.seek(offsets[r])
-                    out[r] = "Python stack at timeout:\n" + fh.read()
-        return out
+        text = {r: "" for r in ranks}
+        last: dict[int, float] = {}
+        end = time.monotonic() + STACK_WAIT_S
+        while (now := time.monotonic()) < end:
+            waiting = [r for r in ranks if states[r] not in _STOPPED and now - last.get(r, now) < _QUIET_S]
+            if not waiting:
+                break
+            select.select([self._stacks[r].fd for r in waiting], [], [], min(_QUIET_S, end - now))
+            for r in waiting:
+                if got := self._stacks[r].read_text():
+                    text[r] += got
+                    last[r] = time.monotonic()
+        return {r: "Python stack at timeout:\n" + text[r] if text[r].strip() else _no_stack_reason(r, states[r])
+                for r in ranks}
+
+
+_STOPPED = ("T", "t")
+_QUIET_S = 0.2  # a stack dump is one burst of writes: this long without more means it is complete
+
+
+def _proc_state(pid: int | None) -> str:
+    """The one-letter state /proc gives for `pid` (R, S, D, T, t, Z), or "?" when it cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _no_stack_reason(rank: int, state: str) -> str:
+    """Why rank `rank` wrote no stack, from its /proc state."""
+    if state in _STOPPED:
+        return (f"(rank {rank} is stopped (state {state}: SIGSTOP or a debugger), so it could not answer the "
+                "stack-dump signal)")
+    return (f"(rank {rank} did not answer the stack-dump signal {STACK_SIGNAL.name} in {STACK_WAIT_S:.0f}s: "
+            "its handler for it was replaced, or the signal is blocked, or it is blocked in native code "
+            "with a Python handler)")
 
 
 def _why(outcomes: list[RankOutcome], timeout: float) -> str:
@@ -251,13 +306,15 @@ def cuda_device_count() -> int:
 class PoolManager:
     """One pool per world size, created on first use, reused across jobs and tests, closed at exit."""
 
-    def __init__(self, device_type: str | None = None, max_alive: int = 3) -> None:
+    def __init__(self, device_type: str | None = None, max_alive: int = 3, **pool_options: float) -> None:
+        """`pool_options` (start_timeout, error_grace) go to every RankPool."""
         if device_type is None:
             device_type = "cuda" if cuda_device_count() > 0 else "cpu"
         if device_type not in ("cpu", "cuda"):
             raise ValueError(f"device_type must be cpu or cuda, not {device_type!r}")
         self.device_type = device_type
         self.max_alive = max_alive
+        self.pool_options = pool_options
         self._pools: dict[int, RankPool] = {}
         atexit.register(self.close_all)
 
@@ -274,7 +331,7 @@ class PoolManager:
 
     def get(self, world_size: int) -> RankPool:
         self.check_world_size(world_size)
-        pool = self._pools.pop(world_size, None) or RankPool(world_size, self.device_type)
+        pool = self._pools.pop(world_size, None) or RankPool(world_size, self.device_type, **self.pool_options)
         self._pools[world_size] = pool  # most recently used last
         while len([p for p in self._pools.values() if p.alive]) > self.max_alive:
             oldest = next(ws for ws, p in self._pools.items() if p.alive)

@@ -13,11 +13,13 @@ import gc
 import importlib
 import os
 import pickle
-import queue
 import signal
 import sys
 import traceback
+from multiprocessing.connection import Connection
 from typing import Any
+
+from .channel import read_message, write_message
 
 #: State that outlives one job inside this rank process (e.g. a trainer kept between benchmark rounds).
 STATE: dict[str, Any] = {}
@@ -25,12 +27,16 @@ STATE: dict[str, Any] = {}
 STACK_SIGNAL = signal.SIGUSR1
 
 
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when the pytest process dies: no orphan ranks."""
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL this process when the pool's process dies: no orphan ranks. Set first
+    thing, then checked: a parent that died during the spawn bootstrap, before the request, would
+    otherwise leave this rank running under init."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def resolve(target: str):
@@ -42,24 +48,26 @@ def worker_main(
     rank: int,
     world_size: int,
     device_type: str,
-    port: int,
+    parent_pid: int,
+    store_port: int,
     env: dict[str, str],
-    task_q,
-    result_q,
-    stack_file: str,
+    tasks: Connection,
+    replies: Connection,
+    stacks: Connection,
     cpus: list[int] | None = None,
 ) -> None:
-    _die_with_parent()
+    """Join the process group through the pool's store, then run jobs from `tasks` until it closes (the
+    pool closed it, or died): the pipe's end-of-file is the stop signal and the parent-death watchdog."""
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the pool decides
+    faulthandler.register(STACK_SIGNAL, file=stacks.fileno(), all_threads=True)
     if cpus:
         os.sched_setaffinity(0, cpus)  # before torch starts its thread pools: they inherit it
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
     )
-    stack_out = open(stack_file, "w")  # noqa: SIM115 - must stay open for faulthandler
-    faulthandler.register(STACK_SIGNAL, file=stack_out, all_threads=True)
-    parent = os.getppid()
 
     import torch
     import torch.distributed as dist
@@ -76,24 +84,15 @@ def worker_main(
             backend = "gloo"
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         kw = {"device_id": device} if device_type == "cuda" else {}
-        dist.init_process_group(
-            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, **kw
-        )
+        store = dist.TCPStore("127.0.0.1", store_port, is_master=False)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **kw)
         ctx = RankContext(rank, world_size, rank, device, backend)
     except BaseException:
-        result_q.put((-1, rank, "error", "ProcessGroupInit", traceback.format_exc()))
+        write_message(replies.fileno(), (-1, rank, "error", "ProcessGroupInit", traceback.format_exc()))
         return
-    result_q.put((-1, rank, "ok", None, None))
+    write_message(replies.fileno(), (-1, rank, "ok", None, None))
 
-    while True:
-        try:
-            msg = task_q.get(timeout=1.0)
-        except queue.Empty:
-            if os.getppid() != parent:
-                break
-            continue
-        if msg is None:
-            break
+    while (msg := read_message(tasks.fileno())) is not None:
         job_id, target, kwargs = msg
         try:
             out = resolve(target)(ctx, **kwargs)
@@ -110,9 +109,10 @@ def worker_main(
                 gc.freeze()
             if device_type == "cuda":
                 torch.cuda.empty_cache()
-        result_q.put(reply)
         sys.stdout.flush()
         sys.stderr.flush()
+        if not write_message(replies.fileno(), reply):
+            break
 
     try:
         dist.destroy_process_group()
