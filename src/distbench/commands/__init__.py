@@ -7,6 +7,6 @@ stays fast.
 
 from __future__ import annotations
 
-from . import compare, doctor, report, run, strategies
+from . import compare, doctor, launch, report, run, strategies
 
-COMMANDS = [run, strategies, compare, report, doctor]
+COMMANDS = [run, launch, strategies, compare, report, doctor]

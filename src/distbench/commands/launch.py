@@ -1,0 +1,85 @@
+"""`distbench launch -- RUN-ARGS`: the entry point every process of a torchrun (or srun + torchrun) job runs.
+
+Rank 0 runs `distbench run RUN-ARGS` (or, with --parity, the loss/parameter/gradient parity checks) with
+the launched world as its pool; every other rank follows the jobs it is sent (see runtime.cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("launch", help="run in every process of a torchrun job: the matrix across nodes",
+                       description="Run under torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d "
+                       "--rdzv-endpoint HOST:PORT -m distbench.cli launch -- RUN-ARGS. Rank 0 runs "
+                       "`distbench run RUN-ARGS` on the launched world (each world size on its first ranks) "
+                       "and writes the results; the other ranks follow.")
+    p.add_argument("--parity", action="store_true", help="instead of benchmarking, check each strategy x world "
+                   "size against the single-process reference (losses, final parameters, last gradients; "
+                   "fp32, deterministic) and write parity.json to --output")
+    p.add_argument("run_args", nargs=argparse.REMAINDER, help="`distbench run` flags, after --")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..cli import build_parser
+    from ..errors import DistbenchError
+    from ..runtime.cluster import Cluster, Launch, connect_store, follow, local_device
+
+    rest = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
+    run_args = build_parser().parse_args(["run", *rest])
+    try:
+        launch = Launch.from_env()
+    except DistbenchError as e:
+        print(f"distbench launch: {e}", file=sys.stderr)
+        return 2
+    device_type = run_args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    store = connect_store(launch, run_args.timeout)
+    device = local_device(launch, device_type)
+    if launch.rank != 0:
+        follow(launch, store, device)
+        return 0
+    cluster = Cluster(launch, store, device)
+    try:
+        if args.parity:
+            return parity(cluster, run_args)
+        return run_args.func(run_args, pools=cluster,
+                             device_count=launch.world_size if device_type == "cuda" else 0)
+    finally:
+        cluster.close_all()
+
+
+def parity(cluster: Any, run_args: argparse.Namespace) -> int:
+    """Each strategy x world size of the run flags against the reference: one line each, parity.json."""
+    from ..invariants.checks import assert_losses_match, assert_params_and_grads_match
+    from ..results import write_json_atomic
+    from ..runtime.pool import JobError
+    from ..suite import Suite
+    from .run import _many
+
+    suite = Suite(cluster.device_type, pools=cluster, timeout=run_args.timeout, models=_many(run_args.model) or [],
+                  steps=run_args.steps or 4)
+    rows = []
+    for strategy, ws in itertools.product(_many(run_args.strategy) or ["ddp"],
+                                          _many(run_args.world_size, int) or [cluster.launch.world_size]):
+        cfg = suite.config(strategy, ws)
+        what = f"{strategy} ws{ws} ({cluster.launch.job_nodes(ws)} node(s))"
+        try:
+            out = suite.train(cfg, return_params=True, return_grads=True)[0]
+            ref = suite.reference(cfg)
+            assert_losses_match(out["losses"], ref["losses"], what)
+            assert_params_and_grads_match(out, ref, cfg.lr, what)
+            row = {"config": cfg.to_dict(), "status": "ok", "losses": out["losses"], "error": None}
+        except (AssertionError, JobError) as e:
+            row = {"config": cfg.to_dict(), "status": "error", "losses": None, "error": str(e)}
+        print(f"parity {what}: {row['status']}" + (f"\n{row['error']}" if row["error"] else ""), flush=True)
+        rows.append(row)
+    write_json_atomic(Path(run_args.output) / "parity.json", rows)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
