@@ -1,7 +1,9 @@
 """`distbench launch -- RUN-ARGS`: the entry point every process of a torchrun (or srun + torchrun) job runs.
 
-Rank 0 runs `distbench run RUN-ARGS` (or, with --parity, the loss/parameter/gradient parity checks) with
-the launched world as its pool; every other rank follows the jobs it is sent (see runtime.cluster).
+Rank 0 runs `distbench run RUN-ARGS` (with --parity, after the loss/parameter/gradient parity checks) with
+the launched world as its pool; every other rank follows the jobs it is sent (see runtime.cluster) and
+exits with rank 0's status, so every node's torchrun agent (and srun) reports the launch's outcome. One
+launch does both because starting a torchrun job costs far more than a tiny configuration.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "--rdzv-endpoint HOST:PORT -m distbench.cli launch -- RUN-ARGS. Rank 0 runs "
                        "`distbench run RUN-ARGS` on the launched world (each world size on its first ranks) "
                        "and writes the results; the other ranks follow.")
-    p.add_argument("--parity", action="store_true", help="instead of benchmarking, check each strategy x world "
-                   "size against the single-process reference (losses, final parameters, last gradients; "
-                   "fp32, deterministic) and write parity.json to --output")
+    p.add_argument("--parity", action="store_true", help="first check each strategy x world size x model against "
+                   "the single-process reference (losses, final parameters, last gradients; fp32, "
+                   "deterministic) and write parity.json to --output, then benchmark")
     p.add_argument("run_args", nargs=argparse.REMAINDER, help="`distbench run` flags, after --")
     p.set_defaults(func=run)
 
@@ -44,20 +46,21 @@ def run(args: argparse.Namespace) -> int:
     store = connect_store(launch, run_args.timeout)
     device = local_device(launch, device_type)
     if launch.rank != 0:
-        follow(launch, store, device)
-        return 0
+        return follow(launch, store, device)
     cluster = Cluster(launch, store, device)
+    status = 1
     try:
-        if args.parity:
-            return parity(cluster, run_args)
-        return run_args.func(run_args, pools=cluster,
-                             device_count=launch.world_size if device_type == "cuda" else 0)
+        failed = parity(cluster, run_args) if args.parity else 0
+        status = run_args.func(run_args, pools=cluster,
+                               device_count=launch.world_size if device_type == "cuda" else 0) or failed
+        return status
     finally:
-        cluster.close_all()
+        cluster.release(status)
 
 
 def parity(cluster: Any, run_args: argparse.Namespace) -> int:
-    """Each strategy x world size of the run flags against the reference: one line each, parity.json."""
+    """Each strategy x world size x model of the run flags against the reference: a line each, parity.json;
+    1 when any fails."""
     from ..invariants.checks import assert_losses_match, assert_params_and_grads_match
     from ..results import write_json_atomic
     from ..runtime.pool import JobError
@@ -67,10 +70,10 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
     suite = Suite(cluster.device_type, pools=cluster, timeout=run_args.timeout, models=_many(run_args.model) or [],
                   steps=run_args.steps or 4)
     rows = []
-    for strategy, ws in itertools.product(_many(run_args.strategy) or ["ddp"],
-                                          _many(run_args.world_size, int) or [cluster.launch.world_size]):
-        cfg = suite.config(strategy, ws)
-        what = f"{strategy} ws{ws} ({cluster.launch.job_nodes(ws)} node(s))"
+    for model, strategy, ws in itertools.product(suite.models, _many(run_args.strategy) or ["ddp"],
+                                                 _many(run_args.world_size, int) or [cluster.launch.world_size]):
+        cfg = suite.config(strategy, ws, model)
+        what = f"{strategy} ws{ws} {model} ({cluster.launch.job_nodes(ws)} node(s))"
         try:
             out = suite.train(cfg, return_params=True, return_grads=True)[0]
             ref = suite.reference(cfg)

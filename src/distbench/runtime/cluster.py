@@ -39,7 +39,7 @@ from .worker import resolve
 
 _POLL_S = 0.1
 _STACK_WAIT_S = 5.0
-_STOP = {"stop": True}
+_STOP = {"stop": True}  # plus "status": the exit status every rank returns
 
 
 @dataclass(frozen=True)
@@ -188,8 +188,12 @@ class Cluster:
                 for r in ranks if _wait_key(self.store, f"stack/{r}", deadline)}
 
     def close_all(self) -> None:
-        """Release the followers: they exit when they read the stop."""
-        self.store.set(f"job/{next(self._job_ids)}", json.dumps(_STOP))
+        """Nothing to close between matrices: each job forms and destroys its own process group."""
+
+    def release(self, status: int) -> None:
+        """Let the followers go with the launch's exit status: every node's agent then sees the same outcome
+        (torchrun's agents wait at an exit barrier for one another after a success, never after a failure)."""
+        self.store.set(f"job/{next(self._job_ids)}", json.dumps({**_STOP, "status": status}))
 
 
 @dataclass
@@ -227,16 +231,17 @@ def _watch_abort(store: dist.Store, rank: int, done: threading.Event) -> None:
         os._exit(1)
 
 
-def follow(launch: Launch, store: dist.Store, device: torch.device) -> None:
-    """Follower loop: run each job the controller posts (when this rank is in its world) until the stop."""
+def follow(launch: Launch, store: dist.Store, device: torch.device) -> int:
+    """Follower loop: run each job the controller posts (when this rank is in its world) until the stop;
+    the controller's exit status."""
     done = threading.Event()
     threading.Thread(target=_watch_abort, args=(store, launch.rank, done), daemon=True).start()
     try:
         for job_id in itertools.count():
             _wait_key(store, f"job/{job_id}", None)
             spec = json.loads(store.get(f"job/{job_id}"))
-            if spec == _STOP:
-                return
+            if spec.get("stop"):
+                return int(spec["status"])
             if launch.rank < spec["world_size"]:
                 outcome = run_job(launch, store, device, job_id, spec)
                 store.set(f"out/{job_id}/{launch.rank}", _encode(outcome, spec["target"]))
