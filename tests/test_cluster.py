@@ -127,3 +127,22 @@ def test_world_sizes_must_be_whole_nodes_of_the_launch():
         launch.job_nodes(16)
     with pytest.raises(Exception, match="runs in every process of a torchrun job"):
         Launch.from_env({})
+
+
+@pytest.mark.slow  # one agent, 2 ranks, a job left to time out: ~25 s on 2 cores
+def test_a_hung_rank_is_reported_with_its_stack_and_every_process_exits(tmp_path):
+    out = tmp_path / "results"
+    t0 = time.monotonic()
+    (agent,) = torchrun_agents(out, 1, 2, [], ["-s", "ddp", "-n", "2", "-m", "cluster_models:hangs_on_last_rank",
+                                               "--steps", "1", "--warmup", "0", "--timeout", "8"])
+    try:
+        code = agent.wait(timeout=120)
+    finally:
+        agent.kill()
+    log = (tmp_path / "agent0.log").read_text()
+    assert code == 1 and time.monotonic() - t0 < 120, log[-3000:]
+    (result,) = load_results(out)
+    assert result["status"] == "error"
+    assert "rank 1 did not finish in 8s" in result["error"]
+    rank1 = result["error"].split("===== rank 1: timeout =====")[1]
+    assert "Python stack at timeout" in rank1 and "hangs_on_last_rank" in rank1

@@ -39,6 +39,7 @@ from .worker import resolve
 
 _POLL_S = 0.1
 _STACK_WAIT_S = 5.0
+_RELEASE_WAIT_S = 120.0  # an aborted follower waits this long at most for the controller to finish writing
 _STOP = {"stop": True}  # plus "status": the exit status every rank returns
 
 
@@ -181,7 +182,8 @@ class Cluster:
         raise JobError(target, world_size, outcomes, _why(outcomes, timeout))
 
     def _abort(self, ranks: list[int]) -> dict[int, str]:
-        """Tell every follower to write its Python stack and exit; the stacks of `ranks` that arrive in time."""
+        """Tell every follower to write its Python stack and to exit once released; the stacks of `ranks` that
+        arrive in time."""
         self.store.set("abort", "1")
         deadline = time.monotonic() + _STACK_WAIT_S
         return {r: "Python stack at timeout:\n" + self.store.get(f"stack/{r}").decode()
@@ -194,6 +196,7 @@ class Cluster:
         """Let the followers go with the launch's exit status: every node's agent then sees the same outcome
         (torchrun's agents wait at an exit barrier for one another after a success, never after a failure)."""
         self.store.set(f"job/{next(self._job_ids)}", json.dumps({**_STOP, "status": status}))
+        self.store.set("released", "1")  # aborted followers, stuck in a job, exit on this
 
 
 @dataclass
@@ -215,20 +218,23 @@ class ClusterPool:
 
 
 def _watch_abort(store: dist.Store, rank: int, done: threading.Event) -> None:
-    """Follower side: on the controller's abort (or the store vanishing), leave a stack and exit now."""
-    while not done.wait(1.0):
-        try:
+    """Follower side: on the controller's abort, leave a stack and exit once the controller has written its
+    results (torchrun stops every rank of a node as soon as one exits with an error); exit at once when the
+    store has vanished (the launch is over)."""
+    try:
+        while not done.wait(1.0):
             if not store.check(["abort"]):
                 continue
             with tempfile.TemporaryFile("w+") as f:
                 faulthandler.dump_traceback(file=f, all_threads=True)
                 f.seek(0)
                 store.set(f"stack/{rank}", f.read())
-        except Exception as e:  # noqa: BLE001 - the store is gone: the launch is over
-            if done.is_set():
-                return
+            _wait_key(store, "released", time.monotonic() + _RELEASE_WAIT_S)
+            os._exit(1)
+    except Exception as e:  # noqa: BLE001 - the store is gone
+        if not done.is_set():
             print(f"distbench launch rank {rank}: lost the controller's store ({e}); exiting", flush=True)
-        os._exit(1)
+            os._exit(1)
 
 
 def follow(launch: Launch, store: dist.Store, device: torch.device) -> int:
