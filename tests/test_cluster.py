@@ -19,6 +19,7 @@ from distbench.results import load_results, make_result
 from distbench.runtime.cluster import Launch
 from distbench.runtime.fingerprint import launch_topology
 from distbench.runtime.pool import free_port
+from distbench.strategies.fsdp import hybrid_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 FAILING = "cluster_models:fails_on_last_rank"
@@ -146,3 +147,22 @@ def test_a_hung_rank_is_reported_with_its_stack_and_every_process_exits(tmp_path
     assert "rank 1 did not finish in 8s" in result["error"]
     rank1 = result["error"].split("===== rank 1: timeout =====")[1]
     assert "Python stack at timeout" in rank1 and "hangs_on_last_rank" in rank1
+
+
+def test_hybrid_mesh_is_nodes_by_ranks_per_node_across_nodes():
+    assert hybrid_shape(16, nodes=2) == (2, 8)
+    assert hybrid_shape(12, nodes=3) == (3, 4)
+    assert hybrid_shape(4) == (2, 2)  # one node: two replicas, as before
+
+
+def test_launch_topology_from_torchruns_environment(monkeypatch):
+    monkeypatch.setattr("distbench.runtime.fingerprint._gpu_names", lambda: [])
+    monkeypatch.setattr("distbench.runtime.fingerprint._nvlink_links", lambda: None)
+    two_nodes = launch_topology({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"})
+    assert (two_nodes["nodes"], two_nodes["ranks_per_node"]) == (2, 4)
+    assert two_nodes["interconnect"]["inter_node"] in ("infiniband", "tcp")  # this machine's HCAs decide
+    assert launch_topology({}) == {"nodes": 1, "ranks_per_node": None,
+                                   "interconnect": {"intra_node": "host", "inter_node": None}}
+    monkeypatch.setattr("distbench.runtime.fingerprint._gpu_names", lambda: ["NVIDIA H200"] * 2)
+    monkeypatch.setattr("distbench.runtime.fingerprint._nvlink_links", lambda: [18, 18])
+    assert launch_topology({})["interconnect"]["intra_node"] == "nvlink"
