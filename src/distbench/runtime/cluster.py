@@ -8,9 +8,9 @@ of one node stays on one node) in a process group formed for that job alone, as 
 every job function runs unchanged; the other ranks wait for the next job. Every rank's outcome (its reply,
 or its traceback) comes back to the controller through the store.
 
-No process waits without a bound: a job's collectives time out with the job; the controller gives up on a
-rank that has not answered by the job's deadline, asks every follower for its Python stack and to exit;
-followers also exit when the store (hosted by torchrun's agent) goes away.
+No process waits without a bound: a job's collectives time out with the job (`--timeout`); the controller
+gives up on a rank that has not answered shortly after, asks every follower for its Python stack and to
+exit; followers also exit when the store (hosted by torchrun's agent) goes away.
 """
 
 from __future__ import annotations
@@ -37,8 +37,10 @@ from .fingerprint import nodes_spanned
 from .pool import JobError, RankOutcome, _why
 from .worker import resolve
 
-_POLL_S = 0.1
+_POLL_S = 0.1  # rank 0 waiting for replies
+_JOB_POLL_S = 0.5  # followers waiting for the next job: every rank of the launch polls the store
 _STACK_WAIT_S = 5.0
+_REPLY_GRACE_S = 30.0
 _RELEASE_WAIT_S = 120.0  # an aborted follower waits this long at most for the controller to finish writing
 _STOP = {"stop": True}  # plus "status": the exit status every rank returns
 
@@ -129,12 +131,12 @@ def _encode(outcome: dict[str, Any], target: str) -> str:
                                    "return tensors from rank 0 only"})
 
 
-def _wait_key(store: dist.Store, key: str, deadline: float | None) -> bool:
+def _wait_key(store: dist.Store, key: str, deadline: float | None, poll_s: float = _POLL_S) -> bool:
     """Poll until `key` exists (True) or the deadline passes (False); raises when the store is gone."""
     while not store.check([key]):
         if deadline is not None and time.monotonic() >= deadline:
             return False
-        time.sleep(_POLL_S)
+        time.sleep(poll_s)
     return True
 
 
@@ -162,7 +164,9 @@ class Cluster:
             raise JobError(target, world_size, [], f"not run: {self._broken}")
         job_id = next(self._job_ids)
         spec = {"target": target, "kwargs": kwargs or {}, "world_size": world_size, "timeout": timeout}
-        deadline = time.monotonic() + timeout
+        # Ranks blocked in a collective when a peer failed report their own timeout error at `timeout`: wait a
+        # little longer than that before calling them lost.
+        deadline = time.monotonic() + timeout + min(_REPLY_GRACE_S, timeout / 4)
         self.store.set(f"job/{job_id}", json.dumps(spec))
         mine = run_job(self.launch, self.store, self.device, job_id, spec)
         outs: dict[int, dict[str, Any]] = {0: mine}
@@ -244,7 +248,7 @@ def follow(launch: Launch, store: dist.Store, device: torch.device) -> int:
     threading.Thread(target=_watch_abort, args=(store, launch.rank, done), daemon=True).start()
     try:
         for job_id in itertools.count():
-            _wait_key(store, f"job/{job_id}", None)
+            _wait_key(store, f"job/{job_id}", None, _JOB_POLL_S)
             spec = json.loads(store.get(f"job/{job_id}"))
             if spec.get("stop"):
                 return int(spec["status"])
