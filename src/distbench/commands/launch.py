@@ -9,7 +9,6 @@ launch does both because starting a torchrun job costs far more than a tiny conf
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,20 +58,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parity(cluster: Any, run_args: argparse.Namespace) -> int:
-    """Each strategy x world size x model of the run flags against the reference: a line each, parity.json;
-    1 when any fails."""
+    """Each strategy x world size x model of the run's matrix (skips as `distbench run` skips them) against
+    the reference, in the tier's parity workload: a line each, parity.json; 1 when any fails."""
     from ..invariants.checks import assert_losses_match, assert_params_and_grads_match
     from ..results import write_json_atomic
     from ..runtime.pool import JobError
-    from ..suite import Suite
-    from .run import _many
+    from ..suite import TIER_DEFAULTS, Suite
+    from .run import build_matrix
 
-    suite = Suite(cluster.device_type, pools=cluster, timeout=run_args.timeout, models=_many(run_args.model) or [],
-                  steps=run_args.steps or 4)
+    n_dev = cluster.launch.world_size if cluster.device_type == "cuda" else 0
+    configs, _ = build_matrix(run_args, cluster.device_type, n_dev).configs(cluster.device_type, n_dev or None)
+    cases = list(dict.fromkeys((c.model, c.strategy, c.world_size) for c in configs))
+    suite = Suite(cluster.device_type, pools=cluster, timeout=run_args.timeout, steps=run_args.steps or 4)
+    micro, global_batch = (TIER_DEFAULTS[cluster.device_type][k] for k in ("micro_batch", "global_batch"))
     rows = []
-    for model, strategy, ws in itertools.product(suite.models, _many(run_args.strategy) or ["ddp"],
-                                                 _many(run_args.world_size, int) or [cluster.launch.world_size]):
-        cfg = suite.config(strategy, ws, model)
+    for model, strategy, ws in cases:
+        unit = micro * ws  # the tier's global batch, rounded up to whole micro-batches on every rank
+        cfg = suite.config(strategy, ws, model, global_batch=unit * max(1, -(-global_batch // unit)))
         what = f"{strategy} ws{ws} {model} ({cluster.launch.job_nodes(ws)} node(s))"
         try:
             out = suite.train(cfg, return_params=True, return_grads=True)[0]
