@@ -113,8 +113,11 @@ def run_matrix(
     pools: PoolManager | None = None,
     on_result: Callable[[RunConfig, dict[str, Any]], None] | None = None,
     timeout: float = 1800.0,
+    device_count: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run every configuration `repeats` times in the rank pools; save each result as it lands.
+
+    `device_count`: GPUs the pools can place ranks on (default: this machine's; a multi-node launch has more).
 
     A configuration that fails (an exception, a hang, a crashed rank) becomes a result with status "error"
     carrying every rank's traceback, and the matrix goes on. At the end every result gets its plausibility
@@ -123,7 +126,7 @@ def run_matrix(
     from .measure.bench import failure_result, run_benchmark, run_trace
 
     pools = pools or PoolManager(device_type)
-    n_dev = cuda_device_count() if pools.device_type == "cuda" else None
+    n_dev = (device_count or cuda_device_count()) if pools.device_type == "cuda" else None
     configs, _ = matrix.configs(pools.device_type, n_dev)
     results: list[dict[str, Any]] = []
     for cfg in configs:

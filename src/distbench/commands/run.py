@@ -34,6 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is present")
     p.add_argument("--output", "-o", default="distbench-results", help="directory for result JSON files")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a hung configuration fails")
+    p.add_argument("--prometheus", metavar="[ADDR:]PORT", help="serve live GPU (DCGM field names) and step "
+                   "metrics for Prometheus on this port (all interfaces unless ADDR is given)")
+    p.add_argument("--textfile", metavar="DIR", help="also keep DIR/distbench.prom current for node_exporter's "
+                   "textfile collector")
     p.set_defaults(func=run)
 
 
@@ -65,20 +69,23 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
     return m
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = None) -> int:
+    """`distbench run`; `distbench launch` passes its Cluster as `pools` and the launched world as
+    `device_count` (default: rank pools on this machine's GPUs)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..errors import DistbenchError
     from ..matrix import run_matrix
+    from ..measure.telemetry import Telemetry, parse_listen
     from ..runtime import affinity
     from ..runtime.pool import PoolManager, cuda_device_count
     from ..strategies import get_spec
     from ..strategies.ds_config import check_run_config
 
     console = Console(width=None if Console().is_terminal else 140)
-    n_cuda = cuda_device_count()
+    n_cuda = cuda_device_count() if device_count is None else device_count
     device_type = args.device or ("cuda" if n_cuda else "cpu")
     if device_type == "cuda" and not n_cuda:
         console.print("[red]error:[/] --device cuda but no CUDA device is visible; use --device cpu")
@@ -90,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
         if args.bind_cpus:
             os.environ[affinity.ENV] = "exclusive"
         affinity.rank_cpus(0, max(matrix.world_sizes))  # a bad setting or too few CPUs: say so now
-        pools = PoolManager(device_type)
+        listen = parse_listen(args.prometheus) if args.prometheus else None
+        pools = pools or PoolManager(device_type)
         if device_type == "cuda":
             for ws in matrix.world_sizes:
                 pools.check_world_size(ws)
@@ -98,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         for cfg in configs:
             if "ds_config" in cfg.options:
                 check_run_config(cfg)
-    except DistbenchError as e:
+    except (DistbenchError, ValueError) as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         return 2
     for note in skipped:
@@ -108,18 +116,23 @@ def run(args: argparse.Namespace) -> int:
         return 2
     console.print(f"distbench run: {len(configs)} configuration(s) x {matrix.repeats} on {device_type}; "
                   f"results -> {args.output}")
+    telemetry = Telemetry(listen=listen, textfile_dir=args.textfile).start() if listen or args.textfile else None
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
         task = progress.add_task("running", total=len(configs) * matrix.repeats)
 
         def advance(cfg, result):
+            if telemetry is not None:
+                telemetry.record(result)
             progress.update(task, advance=1, description=f"{cfg.strategy} ws{cfg.world_size} {result['status']}")
 
         try:
             results = run_matrix(matrix, out_dir=args.output, pools=pools, on_result=advance,
-                                 timeout=args.timeout)
+                                 timeout=args.timeout, device_count=n_cuda)
         finally:
             pools.close_all()
+            if telemetry is not None:
+                telemetry.close()
     console.print(results_table(results))
     failed = [r for r in results if r["status"] == "error"]
     for r in failed:

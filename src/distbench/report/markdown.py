@@ -239,6 +239,8 @@ def machines(results: list[dict[str, Any]]) -> list[str]:
 
 def report_markdown(results: list[dict[str, Any]], images: dict[tuple, list[tuple[str, str]]]) -> str:
     """The full report; `images` maps a workload to (caption, relative path) pairs to embed."""
+    from .nodes import node_scaling_table
+
     lines = ["# distbench report", "", f"{len(results)} results.", "", "Machine: " + "; ".join(machines(results))]
     lines += ["", "Speedup is tokens/s over the 1-GPU baseline of the same workload (`single` when it ran, "
               "else the same strategy on 1 GPU); scaling efficiency = speedup / GPUs. Step times are medians "
@@ -253,6 +255,9 @@ def report_markdown(results: list[dict[str, Any]], images: dict[tuple, list[tupl
         warned = warnings_list(cells, found)
         if warned:
             lines += ["", "### Implausible figures (warnings, not results)", ""] + warned
+        nodes = node_scaling_table(cells)
+        if nodes:
+            lines += ["", "### Within a node and across nodes", ""] + nodes
         lines += ["", "### Peak memory per GPU", ""] + memory_table(cells)
         if any(c.has_trace for c in cells):
             lines += ["", "### Trace breakdown (compute / non-compute / idle)", ""] + trace_table(cells)

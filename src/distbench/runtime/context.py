@@ -14,6 +14,7 @@ class RankContext:
     local_rank: int
     device: torch.device
     backend: str  # "nccl" or "gloo"
+    nodes: int = 1  # nodes the job's ranks span (torchrun launches); HSDP replicates across them
 
     @property
     def is_cuda(self) -> bool:

@@ -54,10 +54,32 @@ def environment_fingerprint() -> dict[str, Any]:
         "gpus": names,
         "nvlink_links": _nvlink_links(),
         "topology": _topology(),
+        **launch_topology(),
         "git_commit": commit,
         "git_dirty": dirty,
         "env": relevant_env(),
     }
+
+
+def launch_topology(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The launched world: `nodes` and `ranks_per_node` from torchrun's environment (1 node and None for the
+    single-host pool, whose ranks are all on this machine), and the links between ranks (`interconnect`:
+    intra_node nvlink / pcie / host, inter_node infiniband / tcp when the launch spans nodes)."""
+    environ = os.environ if environ is None else environ
+    per_node = int(environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in environ else None
+    nodes = int(environ["WORLD_SIZE"]) // per_node if per_node and "WORLD_SIZE" in environ else 1
+    links = _nvlink_links()
+    intra = "nvlink" if links and any(links) else ("pcie" if _gpu_names() else "host")
+    inter = None
+    if nodes > 1:
+        ib = Path("/sys/class/infiniband")
+        inter = "infiniband" if ib.is_dir() and any(ib.iterdir()) else "tcp"
+    return {"nodes": nodes, "ranks_per_node": per_node, "interconnect": {"intra_node": intra, "inter_node": inter}}
+
+
+def nodes_spanned(world_size: int, ranks_per_node: int | None) -> int:
+    """Nodes a job of `world_size` ranks spans when ranks fill nodes in order (as torchrun numbers them)."""
+    return 1 if not ranks_per_node else -(-world_size // ranks_per_node)
 
 
 def relevant_env(environ: dict[str, str] | None = None) -> dict[str, str]:

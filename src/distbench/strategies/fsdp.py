@@ -22,9 +22,11 @@ from .base import (
 from .checkpoint_dcp import DCPCheckpointMixin
 
 
-def hybrid_shape(world_size: int) -> tuple[int, int]:
-    """(replicate, shard) for HSDP: replicate over 2 groups when the world is even, shard within each."""
-    replicate = 2 if world_size % 2 == 0 else 1
+def hybrid_shape(world_size: int, nodes: int = 1) -> tuple[int, int]:
+    """(replicate, shard) for HSDP: across nodes, replicate over nodes and shard within each (the mesh users
+    run, keeping the all-gathers on the fast link); on one node, replicate over 2 groups when the world is
+    even."""
+    replicate = nodes if nodes > 1 else (2 if world_size % 2 == 0 else 1)
     return replicate, world_size // replicate
 
 
@@ -35,7 +37,7 @@ class FSDP2Trainer(DCPCheckpointMixin):
                  hybrid: bool = False, offload: bool = False) -> None:
         super().__init__(ctx, cfg, model)
         if hybrid:
-            self.mesh = init_device_mesh(ctx.device_type, hybrid_shape(ctx.world_size),
+            self.mesh = init_device_mesh(ctx.device_type, hybrid_shape(ctx.world_size, ctx.nodes),
                                          mesh_dim_names=("replicate", "shard"))
         else:
             self.mesh = init_device_mesh(ctx.device_type, (ctx.world_size,), mesh_dim_names=("shard",))

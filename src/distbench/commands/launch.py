@@ -1,0 +1,90 @@
+"""`distbench launch -- RUN-ARGS`: the entry point every process of a torchrun (or srun + torchrun) job runs.
+
+Rank 0 runs `distbench run RUN-ARGS` (with --parity, after the loss/parameter/gradient parity checks) with
+the launched world as its pool; every other rank follows the jobs it is sent (see runtime.cluster) and
+exits with rank 0's status, so every node's torchrun agent (and srun) reports the launch's outcome. One
+launch does both because starting a torchrun job costs far more than a tiny configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("launch", help="run in every process of a torchrun job: the matrix across nodes",
+                       description="Run under torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d "
+                       "--rdzv-endpoint HOST:PORT -m distbench.cli launch -- RUN-ARGS. Rank 0 runs "
+                       "`distbench run RUN-ARGS` on the launched world (each world size on its first ranks) "
+                       "and writes the results; the other ranks follow.")
+    p.add_argument("--parity", action="store_true", help="first check each strategy x world size x model against "
+                   "the single-process reference (losses, final parameters, last gradients; fp32, "
+                   "deterministic) and write parity.json to --output, then benchmark")
+    p.add_argument("run_args", nargs=argparse.REMAINDER, help="`distbench run` flags, after --")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..cli import build_parser
+    from ..errors import DistbenchError
+    from ..runtime.cluster import Cluster, Launch, connect_store, follow, local_device
+
+    rest = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
+    run_args = build_parser().parse_args(["run", *rest])
+    try:
+        launch = Launch.from_env()
+    except DistbenchError as e:
+        print(f"distbench launch: {e}", file=sys.stderr)
+        return 2
+    device_type = run_args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    store = connect_store(launch, run_args.timeout)
+    device = local_device(launch, device_type)
+    if launch.rank != 0:
+        return follow(launch, store, device)
+    cluster = Cluster(launch, store, device)
+    status = 1
+    try:
+        failed = parity(cluster, run_args) if args.parity else 0
+        status = run_args.func(run_args, pools=cluster,
+                               device_count=launch.world_size if device_type == "cuda" else 0) or failed
+        return status
+    finally:
+        cluster.release(status)
+
+
+def parity(cluster: Any, run_args: argparse.Namespace) -> int:
+    """Each strategy x world size x model of the run's matrix (skips as `distbench run` skips them) against
+    the reference, in the tier's parity workload: a line each, parity.json; 1 when any fails."""
+    from ..invariants.checks import assert_losses_match, assert_params_and_grads_match
+    from ..results import write_json_atomic
+    from ..runtime.pool import JobError
+    from ..suite import TIER_DEFAULTS, Suite
+    from .run import build_matrix
+
+    n_dev = cluster.launch.world_size if cluster.device_type == "cuda" else 0
+    configs, _ = build_matrix(run_args, cluster.device_type, n_dev).configs(cluster.device_type, n_dev or None)
+    cases = list(dict.fromkeys((c.model, c.strategy, c.world_size) for c in configs))
+    suite = Suite(cluster.device_type, pools=cluster, timeout=run_args.timeout, steps=run_args.steps or 4)
+    micro, global_batch = (TIER_DEFAULTS[cluster.device_type][k] for k in ("micro_batch", "global_batch"))
+    rows = []
+    for model, strategy, ws in cases:
+        unit = micro * ws  # the tier's global batch, rounded up to whole micro-batches on every rank
+        cfg = suite.config(strategy, ws, model, global_batch=unit * max(1, -(-global_batch // unit)))
+        what = f"{strategy} ws{ws} {model} ({cluster.launch.job_nodes(ws)} node(s))"
+        try:
+            out = suite.train(cfg, return_params=True, return_grads=True)[0]
+            ref = suite.reference(cfg)
+            assert_losses_match(out["losses"], ref["losses"], what)
+            assert_params_and_grads_match(out, ref, cfg.lr, what)
+            row = {"config": cfg.to_dict(), "status": "ok", "losses": out["losses"], "error": None}
+        except (AssertionError, JobError) as e:
+            row = {"config": cfg.to_dict(), "status": "error", "losses": None, "error": str(e)}
+        print(f"parity {what}: {row['status']}" + (f"\n{row['error']}" if row["error"] else ""), flush=True)
+        rows.append(row)
+    write_json_atomic(Path(run_args.output) / "parity.json", rows)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1

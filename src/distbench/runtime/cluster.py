@@ -1,0 +1,259 @@
+"""Multi-node runs under torchrun: every launched process runs `distbench launch`; rank 0 decides.
+
+torchrun (under Slurm: srun around it) starts the processes and their c10d rendezvous; distbench adds no
+launcher. Rank 0 is the controller: it runs the matrix exactly as `distbench run` does, through a
+pool-like `Cluster` whose jobs reach the other ranks through torchrun's key-value store as JSON. A job at
+world size n runs on the first n launched ranks (torchrun numbers ranks node by node, so n up to the GPUs
+of one node stays on one node) in a process group formed for that job alone, as the default group, so
+every job function runs unchanged; the other ranks wait for the next job. Every rank's outcome (its reply,
+or its traceback) comes back to the controller through the store.
+
+No process waits without a bound: a job's collectives time out with the job (`--timeout`); the controller
+gives up on a rank that has not answered shortly after, asks every follower for its Python stack and to
+exit; followers also exit when the store (hosted by torchrun's agent) goes away.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import itertools
+import json
+import os
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError, ResourceError
+from .context import RankContext
+from .fingerprint import nodes_spanned
+from .pool import JobError, RankOutcome, _why
+from .worker import resolve
+
+_POLL_S = 0.1  # rank 0 waiting for replies
+_JOB_POLL_S = 0.5  # followers waiting for the next job: every rank of the launch polls the store
+_STACK_WAIT_S = 5.0
+_REPLY_GRACE_S = 30.0
+_RELEASE_WAIT_S = 120.0  # an aborted follower waits this long at most for the controller to finish writing
+_STOP = {"stop": True}  # plus "status": the exit status every rank returns
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where this process sits in the world torchrun launched (node-major ranks, equal GPUs per node)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | os._Environ = os.environ) -> Launch:
+        missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                               "MASTER_PORT") if k not in environ]
+        if missing:
+            raise ConfigError(f"distbench launch runs in every process of a torchrun job ({', '.join(missing)} "
+                              "unset): torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d "
+                              "--rdzv-endpoint HOST:PORT -m distbench.cli launch -- RUN-ARGS")
+        return cls(int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ["LOCAL_RANK"]),
+                   int(environ["LOCAL_WORLD_SIZE"]))
+
+    @property
+    def nodes(self) -> int:
+        return self.world_size // self.local_world_size
+
+    def job_nodes(self, world_size: int) -> int:
+        """Nodes a job of `world_size` ranks spans; ResourceError when it is no subset this launch can form."""
+        per_node = self.local_world_size
+        if world_size > self.world_size:
+            raise ResourceError(f"world size {world_size} exceeds the {self.world_size} launched ranks "
+                                f"({self.nodes} node(s) x {per_node}); launch more or use --world-size "
+                                f"{self.world_size} or fewer")
+        if world_size > per_node and world_size % per_node:
+            raise ResourceError(f"world size {world_size} is not whole nodes of {per_node} ranks; use a "
+                                f"multiple of {per_node} (or at most {per_node})")
+        return nodes_spanned(world_size, per_node)
+
+
+def connect_store(launch: Launch, timeout_s: float) -> dist.Store:
+    """torchrun's key-value store (the agent's, shared with its workers), under a prefix for this attempt."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          world_size=None if agent else launch.world_size,
+                          is_master=not agent and launch.rank == 0, timeout=timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"distbench/attempt_{attempt}", store)
+
+
+def local_device(launch: Launch, device_type: str) -> torch.device:
+    if device_type == "cuda":
+        torch.cuda.set_device(launch.local_rank)
+        return torch.device("cuda", launch.local_rank)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // launch.local_world_size))
+    return torch.device("cpu")
+
+
+def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int, spec: dict[str, Any]
+            ) -> dict[str, Any]:
+    """Join the job's world (the first n ranks) as the default group, run the job, leave; this rank's outcome."""
+    n = spec["world_size"]
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    try:
+        kw = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend, store=dist.PrefixStore(f"pg/{job_id}", store), rank=launch.rank,
+                                world_size=n, timeout=timedelta(seconds=spec["timeout"]), **kw)
+        ctx = RankContext(launch.rank, n, launch.local_rank, device, backend, nodes=launch.job_nodes(n))
+        return {"status": "ok", "reply": resolve(spec["target"])(ctx, **spec["kwargs"])}
+    except BaseException as e:  # everything reaches the controller, KeyboardInterrupt included
+        return {"status": "error", "exc_type": type(e).__name__, "text": traceback.format_exc()}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _encode(outcome: dict[str, Any], target: str) -> str:
+    try:
+        return json.dumps(outcome)
+    except (TypeError, ValueError) as e:
+        return json.dumps({"status": "error", "exc_type": "TypeError",
+                           "text": f"{target} returned data that cannot travel as JSON to rank 0 ({e}); "
+                                   "return tensors from rank 0 only"})
+
+
+def _wait_key(store: dist.Store, key: str, deadline: float | None, poll_s: float = _POLL_S) -> bool:
+    """Poll until `key` exists (True) or the deadline passes (False); raises when the store is gone."""
+    while not store.check([key]):
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+class Cluster:
+    """The controller's view of the launched world, shaped like PoolManager (get/run/close_all)."""
+
+    def __init__(self, launch: Launch, store: dist.Store, device: torch.device) -> None:
+        self.launch, self.store, self.device = launch, store, device
+        self.device_type = device.type
+        self._job_ids = itertools.count()
+        self._broken: str | None = None
+
+    def check_world_size(self, world_size: int) -> None:
+        self.launch.job_nodes(world_size)
+
+    def get(self, world_size: int) -> ClusterPool:
+        self.check_world_size(world_size)
+        return ClusterPool(self, world_size)
+
+    def run(self, world_size: int, target: str, kwargs: dict[str, Any] | None = None,
+            timeout: float = 600.0) -> list[Any]:
+        """Run `target(ctx, **kwargs)` on the first `world_size` ranks; per-rank replies (index = rank)."""
+        self.check_world_size(world_size)
+        if self._broken:
+            raise JobError(target, world_size, [], f"not run: {self._broken}")
+        job_id = next(self._job_ids)
+        spec = {"target": target, "kwargs": kwargs or {}, "world_size": world_size, "timeout": timeout}
+        # Ranks blocked in a collective when a peer failed report their own timeout error at `timeout`: wait a
+        # little longer than that before calling them lost.
+        deadline = time.monotonic() + timeout + min(_REPLY_GRACE_S, timeout / 4)
+        self.store.set(f"job/{job_id}", json.dumps(spec))
+        mine = run_job(self.launch, self.store, self.device, job_id, spec)
+        outs: dict[int, dict[str, Any]] = {0: mine}
+        for r in range(1, world_size):
+            key = f"out/{job_id}/{r}"
+            if _wait_key(self.store, key, deadline):
+                outs[r] = json.loads(self.store.get(key))
+        missing = [r for r in range(world_size) if r not in outs]
+        if missing:
+            self._broken = f"rank(s) {','.join(map(str, missing))} did not finish {target} in {timeout:.0f}s"
+            stacks = self._abort(missing)
+            for r in missing:
+                outs[r] = {"status": "timeout", "text": stacks.get(r, "(no stack captured)")}
+        outcomes = [RankOutcome(r, o["status"], o.get("exc_type"), o.get("text", "")) for r, o in sorted(outs.items())]
+        if all(o.status == "ok" for o in outcomes):
+            return [outs[r]["reply"] for r in range(world_size)]
+        raise JobError(target, world_size, outcomes, _why(outcomes, timeout))
+
+    def _abort(self, ranks: list[int]) -> dict[int, str]:
+        """Tell every follower to write its Python stack and to exit once released; the stacks of `ranks` that
+        arrive in time."""
+        self.store.set("abort", "1")
+        deadline = time.monotonic() + _STACK_WAIT_S
+        return {r: "Python stack at timeout:\n" + self.store.get(f"stack/{r}").decode()
+                for r in ranks if _wait_key(self.store, f"stack/{r}", deadline)}
+
+    def close_all(self) -> None:
+        """Nothing to close between matrices: each job forms and destroys its own process group."""
+
+    def release(self, status: int) -> None:
+        """Let the followers go with the launch's exit status: every node's agent then sees the same outcome
+        (torchrun's agents wait at an exit barrier for one another after a success, never after a failure)."""
+        self.store.set(f"job/{next(self._job_ids)}", json.dumps({**_STOP, "status": status}))
+        self.store.set("released", "1")  # aborted followers, stuck in a job, exit on this
+
+
+@dataclass
+class ClusterPool:
+    """One world size of a Cluster, shaped like RankPool for run_matrix and run_benchmark."""
+
+    cluster: Cluster
+    world_size: int
+
+    @property
+    def device_type(self) -> str:
+        return self.cluster.device_type
+
+    def run(self, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 600.0) -> list[Any]:
+        return self.cluster.run(self.world_size, target, kwargs, timeout)
+
+    def close(self) -> None:
+        """Nothing to close: each job forms and destroys its own process group."""
+
+
+def _watch_abort(store: dist.Store, rank: int, done: threading.Event) -> None:
+    """Follower side: on the controller's abort, leave a stack and exit once the controller has written its
+    results (torchrun stops every rank of a node as soon as one exits with an error); exit at once when the
+    store has vanished (the launch is over)."""
+    try:
+        while not done.wait(1.0):
+            if not store.check(["abort"]):
+                continue
+            with tempfile.TemporaryFile("w+") as f:
+                faulthandler.dump_traceback(file=f, all_threads=True)
+                f.seek(0)
+                store.set(f"stack/{rank}", f.read())
+            _wait_key(store, "released", time.monotonic() + _RELEASE_WAIT_S)
+            os._exit(1)
+    except Exception as e:  # noqa: BLE001 - the store is gone
+        if not done.is_set():
+            print(f"distbench launch rank {rank}: lost the controller's store ({e}); exiting", flush=True)
+            os._exit(1)
+
+
+def follow(launch: Launch, store: dist.Store, device: torch.device) -> int:
+    """Follower loop: run each job the controller posts (when this rank is in its world) until the stop;
+    the controller's exit status."""
+    done = threading.Event()
+    threading.Thread(target=_watch_abort, args=(store, launch.rank, done), daemon=True).start()
+    try:
+        for job_id in itertools.count():
+            _wait_key(store, f"job/{job_id}", None, _JOB_POLL_S)
+            spec = json.loads(store.get(f"job/{job_id}"))
+            if spec.get("stop"):
+                return int(spec["status"])
+            if launch.rank < spec["world_size"]:
+                outcome = run_job(launch, store, device, job_id, spec)
+                store.set(f"out/{job_id}/{launch.rank}", _encode(outcome, spec["target"]))
+    finally:
+        done.set()
