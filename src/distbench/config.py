@@ -101,10 +101,12 @@ class RunConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         check_keys(d)
-        d = dict(d)
-        if isinstance(d.get("betas"), list):
-            d["betas"] = tuple(d["betas"])
-        return cls(**d)
+        return cls(**from_json(d))
+
+
+def from_json(d: dict[str, Any]) -> dict[str, Any]:
+    """RunConfig fields as JSON and YAML hold them (betas a list) in the types RunConfig holds (a tuple)."""
+    return {**d, "betas": tuple(d["betas"])} if isinstance(d.get("betas"), list) else dict(d)
 
 
 def check_keys(d: dict[str, Any], extra: typing.Collection[str] = ()) -> None:

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import Field
 
-from .config import Name, PositiveInt, Precision, RunConfig, check_field, check_fields, check_keys
+from .config import Name, PositiveInt, Precision, RunConfig, check_field, check_fields, check_keys, from_json
 from .errors import ConfigError
 from .results import save_result
 from .runtime.pool import JobError, PoolManager, cuda_device_count
@@ -43,6 +43,7 @@ class Matrix:
     def __post_init__(self) -> None:
         check_fields(self)
         check_keys(self.base)
+        self.base = from_json(self.base)
         given_twice = sorted(set(self.base) & {"strategy", "world_size", "model", "precision"})
         if given_twice:
             raise ConfigError(f"{given_twice[0]!r} is a matrix axis: list it under {given_twice[0]}s, not base")
