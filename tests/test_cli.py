@@ -33,6 +33,14 @@ def test_a_failing_configuration_is_a_result_and_the_matrix_goes_on(capsys, tmp_
     assert "failed ddp ws1 user_models:wrong_vocab_lm" in " ".join(capsys.readouterr().out.split())
 
 
+def test_a_run_whose_only_configuration_ran_out_of_memory_exits_1(capsys, tmp_path):
+    argv = ["run", "-s", "ddp", "-n", "1", "-m", "user_models:oom_lm", "--steps", "1", "-o", str(tmp_path)]
+    assert main(argv) == 1
+    (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert result["status"] == "oom"
+    assert "out of memory ddp ws1 user_models:oom_lm" in " ".join(capsys.readouterr().out.split())
+
+
 def test_a_trace_that_cannot_be_analysed_costs_its_breakdown_not_the_run(capsys, tmp_path):
     """A CPU trace has no GPU kernels for HolisticTraceAnalysis (on an H100, HTA asserted on a 1-GPU trace):
     the configuration keeps its measurements, its result says why the breakdown is missing, the run goes on."""

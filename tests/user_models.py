@@ -38,3 +38,13 @@ def tiny_lm() -> nn.Module:
 def wrong_vocab_lm() -> nn.Module:
     """Claims a 256-token vocabulary but predicts 8 tokens: its loss fails inside the ranks."""
     return TinyLM(out_vocab=8)
+
+
+class _OutOfMemoryLM(TinyLM):
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB (planted)")
+
+
+def oom_lm() -> nn.Module:
+    """Runs out of device memory in its first forward, as a too-large configuration does on a GPU."""
+    return _OutOfMemoryLM()

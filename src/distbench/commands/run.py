@@ -173,11 +173,14 @@ def run(args: argparse.Namespace) -> int:
         finally:
             pools.close_all()
     console.print(results_table(results))
-    failed = [r for r in results if r["status"] == "error"]
+    # Out of memory is a failed configuration too (exit 1): a run has no OOM edge to find, so CI must not read
+    # a matrix whose configurations did not fit as a success.
+    failed = [r for r in results if r["status"] != "ok"]
     for r in failed:
         c = r["config"]
         first = (r.get("error") or "").splitlines()[:1]
-        console.print(f"[red]failed[/] {c['strategy']} ws{c['world_size']} {c['model']}: "
+        what = "out of memory" if r["status"] == "oom" else "failed"
+        console.print(f"[red]{what}[/] {c['strategy']} ws{c['world_size']} {c['model']}: "
                       f"{escape(first[0] if first else '')} (every rank's traceback is in the result JSON under "
                       f"{escape(str(args.output))})")
     for r in results:
