@@ -23,6 +23,7 @@ from torch import nn
 from ..config import RunConfig
 from ..errors import CheckpointError
 from ..runtime.context import RankContext
+from .checkpoint_files import write_manifest
 
 Batch = dict[str, torch.Tensor]
 
@@ -193,6 +194,16 @@ class Trainer(ABC):
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.steps_done = int(state["steps_done"])
         set_rng_state(self.ctx, state["rng"])
+
+    def seal_checkpoint(self, path: str) -> None:
+        """End of every save: once all ranks have written, rank 0 records each file's digest (see
+        checkpoint_files.py), and no rank returns before it has."""
+        if self.ctx.world_size > 1:
+            dist.barrier()
+        if self.ctx.rank == 0:
+            write_manifest(path)
+        if self.ctx.world_size > 1:
+            dist.barrier()
 
     def save_extra_state(self, path: str) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
