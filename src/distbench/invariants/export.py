@@ -36,6 +36,7 @@ def full_state_dict_from_checkpoint(path: str | os.PathLike[str], family: str) -
             from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
             from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+            SafeFileSystemReader(os.path.join(path, "dcp")).read_metadata()  # a refusal names the file
             state: dict = {}  # filled from the checkpoint's own layout, as torch's dcp_to_torch_save does
             _load_state_dict(state, storage_reader=SafeFileSystemReader(os.path.join(path, "dcp")),
                              planner=_EmptyStateDictLoadPlanner(), no_dist=True)

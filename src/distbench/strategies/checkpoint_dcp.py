@@ -49,6 +49,7 @@ class DCPCheckpointMixin(Trainer):
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {"model": model_sd, "optimizer": optim_sd}
         dcp_dir = os.path.join(path, "dcp")
+        SafeFileSystemReader(dcp_dir).read_metadata()  # a refusal names the file; inside dcp.load it is wrapped
         try:
             with weights_only_loads():
                 dcp.load(state, checkpoint_id=dcp_dir, storage_reader=SafeFileSystemReader(dcp_dir))

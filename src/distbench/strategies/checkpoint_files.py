@@ -99,18 +99,31 @@ def _deepspeed_globals() -> list[Any]:
 @contextlib.contextmanager
 def weights_only_loads() -> Iterator[None]:
     """Every torch.load inside runs with weights_only=True, even where a library passes weights_only=False
-    (DeepSpeed's engine, zero_to_fp32 and universal conversion; DCP's non-tensor items)."""
+    (DeepSpeed's engine, zero_to_fp32 and universal conversion; DCP's non-tensor items), and a file it refuses
+    is a CheckpointError naming the file. The environment switch also covers a `load` bound before entry."""
     key = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
-    old = os.environ.get(key)
+    old_env, real_load = os.environ.get(key), torch.load
+
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs["weights_only"] = True
+        try:
+            return real_load(f, *args, **kwargs)
+        except pickle.UnpicklingError as e:
+            first = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+            raise CheckpointError(f"checkpoint file {f} holds objects a weights-only load refuses ({first}); "
+                                  "it was not written by distbench's save: re-save the checkpoint") from None
+
     os.environ[key] = "1"
+    torch.load = load
     try:
         with torch.serialization.safe_globals(_deepspeed_globals()):
             yield
     finally:
-        if old is None:
+        torch.load = real_load
+        if old_env is None:
             os.environ.pop(key, None)
         else:
-            os.environ[key] = old
+            os.environ[key] = old_env
 
 
 def _metadata_globals() -> dict[tuple[str, str], Any]:
