@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -39,6 +40,16 @@ def test_a_run_whose_only_configuration_ran_out_of_memory_exits_1(capsys, tmp_pa
     (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     assert result["status"] == "oom"
     assert "out of memory ddp ws1 user_models:oom_lm" in " ".join(capsys.readouterr().out.split())
+
+
+def test_more_ranks_than_cpus_on_gloo_is_warned_about(capsys, tmp_path, monkeypatch):
+    """World size 8 on a 2-CPU host ran 85 s without a word; its times measure contention."""
+    import distbench.matrix
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(distbench.matrix, "run_matrix", lambda *a, **kw: [])
+    assert main(["run", "-s", "ddp", "-n", "2", "--global-batch", "4", "-o", str(tmp_path)]) == 0
+    assert "warning world size 2 on 1 CPU(s)" in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_trace_that_cannot_be_analysed_costs_its_breakdown_not_the_run(capsys, tmp_path):
