@@ -146,7 +146,7 @@ def check_value(annotation: Any, value: Any, what: str) -> Any:
 
 
 def check_field(name: str, value: Any) -> Any:
-    """One RunConfig field validated on its own (a CLI flag, a YAML key, a pytest option)."""
+    """One RunConfig field validated on its own (a key of a matrix YAML or of code's overrides)."""
     return check_value(_field_types(RunConfig)[name], value, name)
 
 
