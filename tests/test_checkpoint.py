@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import os
+import shutil
+from pathlib import Path
 
 import pytest
+import torch
 
+from distbench.errors import CheckpointError
 from distbench.invariants.checks import assert_losses_match, assert_resume_exact
+from distbench.invariants.export import full_state_dict_from_checkpoint
 from distbench.runtime.pool import JobError
+from distbench.strategies import get_spec
+from distbench.strategies.checkpoint_files import MANIFEST, write_manifest
 
 
 def test_checkpoint_roundtrip(suite, strategy, world_size):
@@ -73,7 +79,7 @@ def test_truncated_checkpoint_fails_clearly(suite, strategy_name, tmp_path):
     cfg = suite.config(strategy_name, 1)
     run = suite.checkpointed_run(cfg)
     bad = tmp_path / "ckpt"
-    os.system(f"cp -r {run['checkpoint']} {bad}")
+    shutil.copytree(run["checkpoint"], bad)
     biggest = max((p for p in bad.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     data = biggest.read_bytes()
     biggest.write_bytes(data[: len(data) // 3])
@@ -102,3 +108,118 @@ def test_other_model_checkpoint_fails_clearly(suite, strategy_name):
 
 def test_missing_checkpoint_fails_clearly(suite, tmp_path):
     _expect_checkpoint_error(suite, suite.config("ddp", 1), tmp_path / "nowhere", "missing")
+
+
+def _copy(run: dict, tmp_path: Path) -> Path:
+    """The run's checkpoint as saved: without the universal conversion a resharded load of it may have added."""
+    bad = tmp_path / "ckpt"
+    shutil.copytree(run["checkpoint"], bad, ignore=shutil.ignore_patterns("*_universal"))
+    write_manifest(bad)
+    return bad
+
+
+def _one(root: Path, pattern: str) -> Path:
+    """The file `pattern` names; {tag} is DeepSpeed's latest tag (a resharded load adds `<tag>_universal/`)."""
+    if "{tag}" in pattern:
+        pattern = pattern.replace("{tag}", (root / "latest").read_text().strip())
+    (path,) = root.glob(pattern)
+    return path
+
+
+@pytest.mark.parametrize("strategy_name,pattern", [
+    ("fsdp_full", "dcp/__0_0.distcp"),
+    ("zero2", "{tag}/zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+    ("ddp", "checkpoint.pt"),
+], ids=["dcp-shard", "deepspeed-optimizer-shard", "torch-state"])
+def test_flipped_bytes_are_a_checkpoint_error_naming_the_file(suite, strategy_name, pattern, tmp_path):
+    """64 bytes flipped mid-file loaded silently (the resumed losses then differed) before the manifest."""
+    cfg = suite.config(strategy_name, 1)
+    bad = _copy(suite.checkpointed_run(cfg), tmp_path)
+    target = _one(bad, pattern)
+    data = bytearray(target.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+    target.write_bytes(bytes(data))
+    _expect_checkpoint_error(suite, cfg, bad, str(target), "does not match its sha256")
+
+
+@pytest.mark.parametrize("content,needle", [
+    (None, f"has no {MANIFEST}"),
+    ("{not json", "is malformed"),
+    ('{"version": 1, "files": []}', "is malformed"),
+], ids=["missing", "not-json", "wrong-layout"])
+def test_a_checkpoint_without_a_valid_manifest_is_refused(suite, content, needle, tmp_path):
+    cfg = suite.config("ddp", 1)
+    bad = _copy(suite.checkpointed_run(cfg), tmp_path)
+    if content is None:
+        (bad / MANIFEST).unlink()
+    else:
+        (bad / MANIFEST).write_text(content)
+    _expect_checkpoint_error(suite, cfg, bad, needle)
+
+
+@pytest.mark.parametrize("content", ["{", '{"world_size": 1}', '{"world_size": "1", "stage": 2, "offload": false}'],
+                         ids=["not-json", "missing-key", "wrong-type"])
+def test_a_malformed_deepspeed_meta_file_is_a_checkpoint_error(suite, content, tmp_path):
+    cfg = suite.config("zero2", 1)
+    bad = _copy(suite.checkpointed_run(cfg), tmp_path)
+    (bad / "distbench_deepspeed.json").write_text(content)
+    write_manifest(bad)  # a consistent manifest: the file itself must be refused
+    _expect_checkpoint_error(suite, cfg, bad, "distbench_deepspeed.json is malformed")
+
+
+class _Payload:
+    """Unpickling this creates the marker file: what a hostile pickle's code would do, harmlessly."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _plant(target: Path, marker: Path) -> None:
+    if target.name == ".metadata":
+        import pickle
+
+        target.write_bytes(pickle.dumps({"metadata": _Payload(marker)}))
+    else:
+        torch.save({"module": _Payload(marker), "optimizer_state_dict": _Payload(marker)}, target)
+
+
+HOSTILE = [
+    ("ddp", 1, "checkpoint.pt", "load"),
+    ("ddp", 1, "extra_rank0.pt", "load"),
+    ("fsdp_full", 1, "trainer.pt", "load"),
+    ("fsdp_full", 1, "dcp/.metadata", "load"),
+    ("fsdp_full", 1, "dcp/.metadata", "export"),
+    ("zero2", 1, "{tag}/mp_rank_00_model_states.pt", "load"),
+    ("zero2", 1, "{tag}/zero_pp_rank_0_mp_rank_00_optim_states.pt", "load"),
+    ("zero2", 1, "{tag}/zero_pp_rank_0_mp_rank_00_optim_states.pt", "reshard"),
+    ("zero3", 1, "{tag}/zero_pp_rank_0_mp_rank_00_model_states.pt", "load"),
+    ("zero3", 1, "{tag}/zero_pp_rank_0_mp_rank_00_optim_states.pt", "load"),
+    ("zero3", 1, "{tag}/zero_pp_rank_0_mp_rank_00_model_states.pt", "export"),
+    ("zero3", 1, "{tag}/zero_pp_rank_0_mp_rank_00_optim_states.pt", "export"),
+]
+
+
+@pytest.mark.parametrize("strategy_name,ws,pattern,path", HOSTILE,
+                         ids=[f"{s}-{p.split('/')[-1]}-{how}" for s, _, p, how in HOSTILE])
+def test_a_hostile_pickle_in_a_checkpoint_runs_no_code(suite, strategy_name, ws, pattern, path, tmp_path):
+    """Every loader path, with the manifest rewritten to match: a manifest is no defence against someone who
+    can write the directory, so each load itself must refuse to run the payload."""
+    cfg = suite.config(strategy_name, ws)
+    bad = _copy(suite.checkpointed_run(cfg), tmp_path)
+    marker = tmp_path / "payload-ran"
+    target = _one(bad, pattern)
+    _plant(target, marker)
+    write_manifest(bad)
+    if path == "export":
+        with pytest.raises(CheckpointError) as e:
+            full_state_dict_from_checkpoint(bad, get_spec(strategy_name).family)
+        assert target.name in str(e.value)
+    elif path == "reshard":
+        _expect_checkpoint_error(suite, cfg.replace(world_size=2), bad, target.name, reshard=True)
+    else:
+        _expect_checkpoint_error(suite, cfg, bad, target.name)
+    assert not marker.exists(), f"loading {target} ran its payload"

@@ -49,14 +49,6 @@ def test_plain_pytest_deselects_the_gpu_tier(collect):
     assert ids == ["test_ids.py::test_parity[ddp-ws2]"]
 
 
-def test_unknown_strategy_option_fails_the_session_with_the_known_names(pytester):
-    pytester.makepyfile(test_ids=TESTS)
-    result = pytester.runpytest("-p", "distbench.pytest_plugin", "--collect-only", "--strategies", "zero4")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: unknown strategy 'zero4'. Did you mean zero3*"])
-    assert "INTERNALERROR" not in result.stderr.str()
-
-
 def test_what_cannot_run_here_skips_with_the_reason(pytester):
     pytester.makepyfile(test_ids=TESTS)
     result = pytester.runpytest("-p", "distbench.pytest_plugin", "-rs", "-m", "not gpu",

@@ -4,6 +4,7 @@ guard on the self-hosted GPU runner, one job per runner at a time, timeouts, mul
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -110,6 +111,75 @@ def test_gpu_multicast_off_and_the_full_pipeline_present():
     uses = " ".join(s.get("uses", "") for s in steps(wf))
     for action in ("actions/upload-artifact@", "actions/upload-pages-artifact@", "actions/deploy-pages@"):
         assert action in uses
+
+
+def _pip_installs(text: str) -> list[list[str]]:
+    """The package arguments of every `pip install` in a script, options and the project itself left out."""
+    out = []
+    for line in text.splitlines():
+        if "pip install" not in line:
+            continue
+        words = shlex.split(line.split("pip install", 1)[1].split("||")[0].split("#")[0])
+        pkgs, skip = [], False
+        for w in words:
+            if skip:
+                skip = False
+            elif w in ("-e", "--index-url", "--extra-index-url", "-r", "-c"):
+                skip = True
+            elif not w.startswith("-"):
+                pkgs.append(w)
+        out.append(pkgs)
+    return out
+
+
+def test_tools_and_torch_are_installed_at_pinned_versions():
+    """An unpinned linter or torch changes what CI checks from one day to the next without a commit."""
+    installs = [p for path in (CI, GPU, ROOT / ".ci" / "run") for p in _pip_installs(path.read_text())]
+    named = [pkg for pkgs in installs for pkg in pkgs]
+    assert {"ruff==0.17.6", "zizmor==1.32.0", "torch==2.13.0"} <= set(named)
+    for pkg in named:
+        assert re.fullmatch(r"[\w.-]+==[\w.]+", pkg), f"{pkg} is installed unpinned"
+    assert _pip_installs("pip install -q ruff torch==2.13.0 -e .") == [["ruff", "torch==2.13.0"]]
+
+
+def test_self_hosted_jobs_install_into_a_throwaway_environment():
+    """The GPU runner persists across jobs: a job installs into a virtualenv in its own temp directory, first."""
+    for name, job in load(GPU)["jobs"].items():
+        if "self-hosted" not in job["runs-on"]:
+            continue
+        scripts = [s.get("run", "") for s in job["steps"]]
+        venv = next(i for i, r in enumerate(scripts)
+                    if re.search(r'python -m venv --system-site-packages "\$RUNNER_TEMP/', r))
+        assert '>> "$GITHUB_PATH"' in scripts[venv], f"{name}: the venv is not put first on PATH"
+        first_install = next(i for i, r in enumerate(scripts) if "pip install" in r)
+        assert venv < first_install, f"{name} installs before creating its environment"
+
+
+def test_only_trusted_runs_write_the_published_asv_history():
+    """Nothing on the runner carries the history from job to job (a pull request's code could rewrite it): it
+    is restored from GitHub's cache by non-PR runs and saved only by runs on main."""
+    text = GPU.read_text()
+    assert "RUNNER_TOOL_CACHE" not in text and "ln -s" not in text
+    for step in steps(load(GPU)):
+        uses = step.get("uses", "")
+        assert not uses.startswith("actions/cache@"), "actions/cache saves after every job, PRs included"
+        if uses.startswith("actions/cache/save@"):
+            assert step["if"] == "github.event_name != 'pull_request' && github.ref == 'refs/heads/main'"
+        if uses.startswith("actions/cache/restore@") or "asv run" in step.get("run", ""):
+            assert "github.event_name != 'pull_request'" in step["if"]
+
+
+SHELL_STRING = re.compile(r"os\.system\(|os\.popen\(|shell\s*=\s*True")
+
+
+def test_no_shell_strings_built_from_paths():
+    """A path with a space or a quote in it must not become a shell command: argument lists only."""
+    sources = [p for d in ("src", "tests", "benchmarks", "scripts") for p in (ROOT / d).rglob("*.py")]
+    offenders = [f"{p.relative_to(ROOT)}:{i}" for p in sources
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if SHELL_STRING.search(line)
+                 and p.name != "test_workflows.py"]
+    assert not offenders, f"shell strings: {offenders}"
+    assert SHELL_STRING.search('os.system(f"cp -r {a} {b}")') and SHELL_STRING.search("run(cmd, shell=True)")
 
 
 BROKEN = """\

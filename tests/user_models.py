@@ -49,3 +49,13 @@ def announced_lm() -> nn.Module:
     if "RANK" in os.environ and os.environ.get("BUILT_MARKER"):
         Path(os.environ["BUILT_MARKER"]).touch()
     return TinyLM()
+
+
+class _OutOfMemoryLM(TinyLM):
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB (planted)")
+
+
+def oom_lm() -> nn.Module:
+    """Runs out of device memory in its first forward, as a too-large configuration does on a GPU."""
+    return _OutOfMemoryLM()

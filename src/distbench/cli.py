@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+import typing
 
 from . import __version__
 from .commands import COMMANDS
 
 
+class Parser(argparse.ArgumentParser):
+    """Usage errors in one line with the fix, exit 2, before any heavy import (commands import torch in run)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="distbench", description="Correctness and performance regression suite for distributed training."
     )
     parser.add_argument("--version", action="version", version=f"distbench {__version__}")

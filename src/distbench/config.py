@@ -1,21 +1,40 @@
-"""RunConfig: everything that defines one training configuration, validated before any rank starts."""
+"""RunConfig: everything that defines one training configuration, validated before any rank starts.
+
+Each field's type and bounds are stated once, in its annotation, and checked by pydantic (strict: a YAML
+`steps: "5"` or `steps: 2.5` is refused, not coerced) whichever way a configuration arrives: the CLI, a
+matrix YAML, the pytest options, or code.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from .errors import ConfigError
+from pydantic import Field, TypeAdapter, ValidationError
 
-PRECISIONS = ("fp32", "bf16")
+from .errors import ConfigError, did_you_mean
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Name = Annotated[str, Field(min_length=1)]
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
+Precision = Literal["fp32", "bf16"]
+PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 #: AdamW implementations: "auto" picks fused where it supports the parameters (CUDA, DTensor included),
 #: foreach otherwise; the others force one. Every result records the one that ran.
-OPTIMIZERS = ("auto", "fused", "foreach", "forloop")
+Optimizer = Literal["auto", "fused", "foreach", "forloop"]
+OPTIMIZERS: tuple[str, ...] = typing.get_args(Optimizer)
 #: "events": no host synchronization inside a timed window (per-step times from device events, the
 #: window's throughput from its wall clock around one final sync), as users train; "sync": a device
 #: synchronization around every step, the old mode, kept for comparison.
-TIMINGS = ("events", "sync")
+Timing = Literal["events", "sync"]
+TIMINGS: tuple[str, ...] = typing.get_args(Timing)
 
 
 @dataclass(frozen=True)
@@ -27,47 +46,35 @@ class RunConfig:
     not depend on the world size (see workloads/data.py).
     """
 
-    strategy: str = "ddp"
-    world_size: int = 1
-    model: str = "gpt2-tiny"
-    seq_len: int = 0  # 0: the model's default
-    global_batch: int = 8
-    micro_batch: int = 2
-    precision: str = "fp32"
-    steps: int = 5
-    warmup: int = 0  # steps not timed (performance runs)
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    lr_warmup_steps: int = 3
-    seed: int = 1234
+    strategy: Name = "ddp"
+    world_size: PositiveInt = 1
+    model: Name = "gpt2-tiny"
+    seq_len: NonNegativeInt = 0  # 0: the model's default
+    global_batch: PositiveInt = 8
+    micro_batch: PositiveInt = 2
+    precision: Precision = "fp32"
+    steps: PositiveInt = 5
+    warmup: NonNegativeInt = 0  # steps not timed (performance runs)
+    lr: NonNegativeFloat = 1e-3
+    weight_decay: NonNegativeFloat = 0.01
+    betas: tuple[Beta, Beta] = (0.9, 0.95)
+    eps: PositiveFloat = 1e-8
+    lr_warmup_steps: NonNegativeInt = 3
+    seed: NonNegativeInt = 1234
     compile: bool = False
     deterministic: bool = True
-    gc_during_steps: bool = False  # True: Python's collector may run inside timed steps (measure/pygc.py)
-    optimizer: str = "auto"  # AdamW implementation, one of OPTIMIZERS
-    timing: str = "events"  # how timed windows are measured, one of TIMINGS
-    windows: int = 1  # the timed steps run as this many windows, each between two synchronizations
-    device_time_steps: int = 2  # extra steps sampled under the profiler for device time and regime (GPU)
+    # True: Python's collector may run inside timed steps (measure/pygc.py)
+    gc_during_steps: bool = False
+    optimizer: Optimizer = "auto"  # AdamW implementation
+    timing: Timing = "events"  # how timed windows are measured
+    windows: PositiveInt = 1  # the timed steps run as this many windows, each between two synchronizations
+    device_time_steps: NonNegativeInt = 2  # extra steps sampled under the profiler for device time and regime
     options: dict[str, Any] = field(default_factory=dict)  # strategy options, e.g. {"ds_config": {...}}
 
     def __post_init__(self) -> None:
-        if self.world_size < 1:
-            raise ConfigError(f"world_size must be >= 1, got {self.world_size}")
-        if self.micro_batch < 1 or self.global_batch < 1:
-            raise ConfigError("global_batch and micro_batch must be >= 1")
-        if self.steps < 1:
-            raise ConfigError(f"steps must be >= 1, got {self.steps}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
-        if not 1 <= self.windows <= self.steps:
-            raise ConfigError(f"windows must be between 1 and steps ({self.steps}), got {self.windows}")
-        if self.device_time_steps < 0:
-            raise ConfigError(f"device_time_steps must be >= 0, got {self.device_time_steps}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-        if self.timing not in TIMINGS:
-            raise ConfigError(f"unknown timing {self.timing!r}; choose one of {', '.join(TIMINGS)}")
+        check_fields(self)
+        if self.windows > self.steps:
+            raise ConfigError(f"windows must be at most steps ({self.steps}), got {self.windows}; lower --windows")
         per_step = self.world_size * self.micro_batch
         if self.global_batch % per_step:
             lo = (self.global_batch // per_step) * per_step
@@ -97,11 +104,67 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"unknown config keys {sorted(unknown)}; known keys: {sorted(known)}")
-        d = dict(d)
-        if "betas" in d:
-            d["betas"] = tuple(d["betas"])
-        return cls(**d)
+        check_keys(d)
+        return cls(**from_json(d))
+
+
+def from_json(d: dict[str, Any]) -> dict[str, Any]:
+    """RunConfig fields as JSON and YAML hold them (betas a list) in the types RunConfig holds (a tuple)."""
+    return {**d, "betas": tuple(d["betas"])} if isinstance(d.get("betas"), list) else dict(d)
+
+
+def check_keys(d: dict[str, Any], extra: typing.Collection[str] = ()) -> None:
+    """ConfigError naming unknown keys (with the nearest known one): RunConfig's fields plus `extra`."""
+    known = [f.name for f in dataclasses.fields(RunConfig)] + list(extra)
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown config key {unknown[0]!r}.{did_you_mean(unknown[0], known)} "
+                          f"Known keys: {', '.join(sorted(known))}")
+
+
+@functools.cache
+def _adapter(annotation: Any) -> TypeAdapter:
+    return TypeAdapter(annotation)
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, include_extras=True)
+
+
+def check_fields(obj: Any) -> None:
+    """Every field of the dataclass `obj` validated against its annotation (ConfigError on the first bad one)."""
+    for f in dataclasses.fields(obj):
+        check_value(_field_types(type(obj))[f.name], getattr(obj, f.name), f.name)
+
+
+def check_value(annotation: Any, value: Any, what: str) -> Any:
+    """`value` validated against `annotation` (one of the types above), or one ConfigError line naming `what`
+    and what it should be."""
+    try:
+        return _adapter(annotation).validate_python(value, strict=True)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = "".join(f"[{p}]" for p in err["loc"])
+        raise ConfigError(f"{what}{where} = {value!r} is invalid: {err['msg'].lower()}") from None
+
+
+def check_field(name: str, value: Any) -> Any:
+    """One RunConfig field validated on its own (a key of a matrix YAML or of code's overrides)."""
+    return check_value(_field_types(RunConfig)[name], value, name)
+
+
+def parse_value(annotation: Any, text: str, what: str) -> Any:
+    """A command-line or pytest option string validated against `annotation` (lax: "2" is 2, "two" is not)."""
+    try:
+        return _adapter(annotation).validate_python(text.strip())
+    except ValidationError as e:
+        raise ConfigError(f"{what} {text!r} is invalid: {e.errors()[0]['msg'].lower()}") from None
+
+
+def parse_list(annotation: Any, text: str, what: str) -> list[Any]:
+    """A comma-separated option: every entry validated, a blank entry (`-s ''`, `1,,2`) refused."""
+    items = text.split(",")
+    if any(not x.strip() for x in items):
+        raise ConfigError(f"{what} {text!r} has an empty entry; give comma-separated values")
+    return [parse_value(annotation, x, what) for x in items]

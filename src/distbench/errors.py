@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class DistbenchError(Exception):
     """Base class for errors caused by input or environment, not by a bug in distbench."""
@@ -17,3 +20,12 @@ class ResourceError(DistbenchError):
 
 class CheckpointError(DistbenchError):
     """A checkpoint that cannot be loaded: missing, truncated, or from another model or world size."""
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """" Did you mean X?" for the known names closest to `name` (case-insensitive), or "" when none is close."""
+    by_lower = {k.lower(): k for k in known}
+    if name.lower() in by_lower:
+        return f" Did you mean {by_lower[name.lower()]}?"
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=3)
+    return f" Did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""

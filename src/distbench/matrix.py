@@ -10,45 +10,76 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import Field
 
-from .config import RunConfig
+from .config import Name, PositiveInt, Precision, RunConfig, check_field, check_fields, check_keys, from_json
 from .errors import ConfigError
 from .plausibility import annotate
 from .results import save_result
 from .runtime.pool import JobError, PoolManager, cuda_device_count
-from .strategies import get_spec
+from .strategies import REGISTRY, get_spec
 from .workloads import get_model
 
 TRACE_METRICS = ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct")
 
 
+MATRIX_KEYS = ("strategies", "world_sizes", "models", "precisions", "repeats", "trace")
+
+
 @dataclass
 class Matrix:
-    strategies: list[str]
-    world_sizes: list[int]
-    models: list[str]
-    precisions: list[str]
+    """Validated on construction: types and bounds, known strategies, user options some strategy takes."""
+
+    strategies: Annotated[list[Name], Field(min_length=1)]
+    world_sizes: Annotated[list[PositiveInt], Field(min_length=1)]
+    models: Annotated[list[Name], Field(min_length=1)]
+    precisions: Annotated[list[Precision], Field(min_length=1)]
     base: dict[str, Any] = field(default_factory=dict)  # other RunConfig fields
-    repeats: int = 1
-    trace: bool = False  # also profile each configuration and attach the HTA breakdown
+    repeats: PositiveInt = 1
+    trace: bool = False  # also profile each configuration, attach HTA's breakdown
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        check_keys(self.base)
+        self.base = from_json(self.base)
+        given_twice = sorted(set(self.base) & {"strategy", "world_size", "model", "precision"})
+        if given_twice:
+            raise ConfigError(f"{given_twice[0]!r} is a matrix axis: list it under {given_twice[0]}s, not base")
+        for key, value in self.base.items():
+            check_field(key, value)
+        specs = [get_spec(s) for s in self.strategies]
+        for key in self.base.get("options", {}):
+            if not any(key in spec.user_options for spec in specs):
+                takers = [s.name for s in REGISTRY.values() if key in s.user_options]
+                raise ConfigError(f"option {key!r} applies to {', '.join(takers) or 'no strategy'} only, and none "
+                                  f"of the selected strategies ({', '.join(self.strategies)}) takes it; add one "
+                                  "of them or drop the option")
 
     def configs(self, device_type: str, device_count: int | None = None) -> tuple[list[RunConfig], list[str]]:
-        """The runnable configurations, and a note for each one skipped and why; ConfigError for an unknown
-        strategy or model, before anything runs."""
+        """The runnable configurations, and a note for each one skipped and why; ConfigError for a model that
+        cannot load or a sequence longer than its positions, before anything runs.
+
+        User options go only to the strategies that take them (a --ds-config reaches zero*, not ddp)."""
         for model in self.models:
-            get_model(model)
+            spec = get_model(model)
+            seq = self.base.get("seq_len") or spec.seq_len
+            if spec.max_positions is not None and seq > spec.max_positions:
+                raise ConfigError(f"seq_len {seq} exceeds model {model}'s {spec.max_positions} positions; use "
+                                  f"--seq-len {spec.max_positions} or less, or a larger model")
         out, skipped = [], []
         for model, precision, ws, strategy in itertools.product(
             self.models, self.precisions, sorted(self.world_sizes), self.strategies
         ):
-            reason = get_spec(strategy).unsupported_reason(device_type, ws, device_count)
+            spec = get_spec(strategy)
+            reason = spec.unsupported_reason(device_type, ws, device_count)
             if reason:
                 skipped.append(f"{strategy} ws{ws}: {reason}")
                 continue
             base = dict(self.base)
+            base["options"] = {k: v for k, v in base.get("options", {}).items() if k in spec.user_options}
             if not base.get("global_batch"):
                 base["global_batch"] = base.get("micro_batch", 2) * max(self.world_sizes)
             out.append(RunConfig(strategy=strategy, world_size=ws, model=model, precision=precision, **base))
@@ -66,29 +97,30 @@ def default_matrix(device_type: str, device_count: int) -> Matrix:
 
 
 def load_matrix(path: str | Path) -> Matrix:
-    """Read a matrix YAML: lists under strategies/world_sizes/models/precisions, other keys are RunConfig fields."""
+    """Read a matrix YAML: lists under strategies/world_sizes/models/precisions (or one value under the singular
+    key), repeats, trace; every other key is a RunConfig field. ConfigError naming the file on anything wrong."""
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"cannot read matrix file {path}: {e}") from e
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        first = " ".join(str(e).split())
+        raise ConfigError(f"cannot read matrix file {path}: {first}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"matrix file {path} must hold a mapping, not {type(data).__name__}")
-
-    def as_list(key: str, single: str) -> list[Any] | None:
-        v = data.pop(key, data.pop(single, None))
-        return None if v is None else (v if isinstance(v, list) else [v])
-
-    strategies = as_list("strategies", "strategy")
-    world_sizes = as_list("world_sizes", "world_size")
-    models = as_list("models", "model") or ["gpt2-tiny"]
-    precisions = as_list("precisions", "precision") or ["bf16"]
-    repeats = int(data.pop("repeats", 1))
-    trace = bool(data.pop("trace", False))
-    if not strategies or not world_sizes:
+    for key, single in (("strategies", "strategy"), ("world_sizes", "world_size"), ("models", "model"),
+                        ("precisions", "precision")):
+        if single in data:
+            if key in data:
+                raise ConfigError(f"matrix file {path} has both {key!r} and {single!r}; keep one")
+            data[key] = [data.pop(single)]
+    if "strategies" not in data or "world_sizes" not in data:
         raise ConfigError(f"matrix file {path} needs `strategies` and `world_sizes`")
-    RunConfig.from_dict({k: v for k, v in data.items()})  # unknown keys fail here, naming the known ones
-    return Matrix([str(s) for s in strategies], [int(w) for w in world_sizes], [str(m) for m in models],
-                  [str(p) for p in precisions], data, repeats, trace)
+    data.setdefault("models", ["gpt2-tiny"])
+    data.setdefault("precisions", ["bf16"])
+    try:
+        check_keys({k: v for k, v in data.items() if k not in MATRIX_KEYS}, extra=MATRIX_KEYS)
+        return Matrix(**{k: data.pop(k) for k in MATRIX_KEYS if k in data}, base=data)
+    except ConfigError as e:
+        raise ConfigError(f"matrix file {path}: {e}") from None
 
 
 def scaling_reference(done: list[dict[str, Any]], cfg: RunConfig) -> float | None:

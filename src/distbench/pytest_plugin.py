@@ -9,19 +9,39 @@ marked `gpu` and runs on CUDA with NCCL and a GPU-size model. Plain `pytest` des
 from __future__ import annotations
 
 import shutil
+from typing import Any
 
 import pytest
 
+from .config import PositiveFloat, PositiveInt, parse_list, parse_value
 from .errors import ConfigError
 from .runtime.pool import cuda_device_count
 from .strategies import REGISTRY, get_spec
 from .suite import TIER_DEFAULTS, Suite
+from .workloads.models import check_model_name
 
 TIERS = (("cpu", ""), ("cuda", "-gpu"))
+OPTIONS = pytest.StashKey[dict[str, Any]]()
 
 
-def _csv(value: str | None) -> list[str] | None:
-    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+def _parse_options(config: pytest.Config) -> dict[str, Any]:
+    """The distbench options, validated as `distbench run` validates its flags (ConfigError on a bad one);
+    a list option not given is None (the tier's default)."""
+    def listed(name: str, annotation: Any, check: Any = None) -> list[Any] | None:
+        text = config.getoption(name)
+        if text is None:
+            return None
+        values = parse_list(annotation, text, name)
+        if check:
+            for v in values:
+                check(v)
+        return values
+
+    return {"strategies": listed("--strategies", str, get_spec),
+            "world_sizes": listed("--world-sizes", PositiveInt),
+            "models": listed("--models", str, check_model_name),
+            "steps": parse_value(PositiveInt, config.getoption("--steps"), "--steps"),
+            "job_timeout": parse_value(PositiveFloat, config.getoption("--job-timeout"), "--job-timeout")}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,8 +50,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--world-sizes", default=None, help="comma-separated world sizes (default: cpu 1,2; gpu 1,2,4)")
     g.addoption("--models", default=None, help="comma-separated models for the tier being run "
                 "(default: cpu gpt2-tiny; gpu gpt2-124m)")
-    g.addoption("--steps", type=int, default=5, help="optimizer steps per training job (default 5)")
-    g.addoption("--job-timeout", type=float, default=600.0, help="seconds before a hung job fails (default 600)")
+    g.addoption("--steps", default="5", help="optimizer steps per training job (default 5)")
+    g.addoption("--job-timeout", default="600", help="seconds before a hung job fails (default 600)")
     g.addoption("--results-dir", default=None, help="also write each benchmark test's result JSON here")
 
 
@@ -39,11 +59,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: GPU tier (NCCL, GPU-size models); run with `pytest -m gpu`")
     config.addinivalue_line("markers", "world_size(n): the test needs n ranks")
     config.addinivalue_line("markers", "strategies(*names): restrict a strategy-parametrized test to these")
-    for name in _csv(config.getoption("--strategies")) or []:
-        try:
-            get_spec(name)
-        except ConfigError as e:  # a usage error, not an internal one: one line with the known names
-            raise pytest.UsageError(str(e)) from None
+    try:
+        config.stash[OPTIONS] = _parse_options(config)
+    except ConfigError as e:  # a usage error, not an INTERNALERROR: one line with the fix
+        raise pytest.UsageError(str(e)) from None
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -61,15 +80,14 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def _tier_world_sizes(config: pytest.Config, device_type: str) -> list[int]:
-    opt = _csv(config.getoption("--world-sizes"))
-    return [int(x) for x in opt] if opt else list(TIER_DEFAULTS[device_type]["world_sizes"])
+    return config.stash[OPTIONS]["world_sizes"] or list(TIER_DEFAULTS[device_type]["world_sizes"])
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = metafunc.fixturenames
     if "strategy" not in names and "world_size" not in names:
         return
-    selected = _csv(metafunc.config.getoption("--strategies")) or list(REGISTRY)
+    selected = metafunc.config.stash[OPTIONS]["strategies"] or list(REGISTRY)
     marker = metafunc.definition.get_closest_marker("strategies")
     if marker:  # a test may restrict itself, e.g. @pytest.mark.strategies("ddp", "fsdp_full")
         selected = [s for s in selected if s in marker.args]
@@ -127,9 +145,9 @@ def _suites(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
     def get(device_type: str) -> Suite:
         if device_type not in suites:
-            models = _csv(cfg.getoption("--models"))
-            suites[device_type] = Suite(device_type, steps=cfg.getoption("--steps"),
-                                        timeout=cfg.getoption("--job-timeout"), models=models or [],
+            opts = cfg.stash[OPTIONS]
+            suites[device_type] = Suite(device_type, steps=opts["steps"], timeout=opts["job_timeout"],
+                                        models=opts["models"] or [],
                                         workdir=tmp_path_factory.mktemp(f"distbench-{device_type}"))
         return suites[device_type]
 

@@ -4,7 +4,50 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from ..config import OPTIMIZERS, TIMINGS, NonNegativeInt, PositiveFloat, PositiveInt, parse_list, parse_value
+from ..errors import ConfigError
+
+
+def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type from a validator that raises ConfigError: its message becomes the usage error."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
+
+
+def _strategies(text: str) -> list[str]:
+    from ..strategies import get_spec
+
+    return [get_spec(s).name for s in parse_list(str, text, "strategy list")]
+
+
+def _models(text: str) -> list[str]:
+    from ..workloads.models import check_model_name
+
+    names = parse_list(str, text, "model list")
+    for name in names:
+        check_model_name(name)
+    return names
+
+
+def _output_dir(text: str) -> Path:
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{text} exists and is not a directory; name a directory for the results")
+    return path
+
+
+def _typed(annotation: Any) -> Callable[[str], Any]:
+    """An argparse type for one value of `annotation` (see config.py), e.g. a positive int."""
+    return _arg(lambda text: parse_value(annotation, text, "value"))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -13,16 +56,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "count), otherwise gloo on CPU with a tiny model.")
     p.add_argument("--config", help="matrix YAML (strategies, world_sizes, models, precisions, repeats, "
                    "and RunConfig fields); flags given too override it")
-    p.add_argument("--strategy", "-s", action="append", help="strategy name; repeat or comma-separate")
-    p.add_argument("--world-size", "-n", action="append", help="world size; repeat or comma-separate")
-    p.add_argument("--model", "-m", action="append", help="model name or module:function factory")
+    p.add_argument("--strategy", "-s", action="append", type=_arg(_strategies),
+                   help="strategy name; repeat or comma-separate")
+    p.add_argument("--world-size", "-n", action="append", help="world size; repeat or comma-separate",
+                   type=_arg(lambda text: parse_list(PositiveInt, text, "world size")))
+    p.add_argument("--model", "-m", action="append", type=_arg(_models),
+                   help="model name or module:function factory")
     p.add_argument("--precision", action="append", choices=["fp32", "bf16"])
-    p.add_argument("--steps", type=int, help="timed steps")
-    p.add_argument("--warmup", type=int, help="untimed warm-up steps")
-    p.add_argument("--global-batch", type=int)
-    p.add_argument("--micro-batch", type=int)
-    p.add_argument("--seq-len", type=int)
-    p.add_argument("--repeats", type=int, help="separate runs of each configuration (the compare gate wants >= 6)")
+    p.add_argument("--steps", type=_typed(PositiveInt), help="timed steps")
+    p.add_argument("--warmup", type=_typed(NonNegativeInt), help="untimed warm-up steps")
+    p.add_argument("--global-batch", type=_typed(PositiveInt))
+    p.add_argument("--micro-batch", type=_typed(PositiveInt))
+    p.add_argument("--seq-len", type=_typed(PositiveInt), help="default: the model's")
+    p.add_argument("--repeats", type=_typed(PositiveInt),
+                   help="separate runs of each configuration (the compare gate wants >= 6)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, help="AdamW implementation (default auto: fused on CUDA)")
+    p.add_argument("--timing", choices=TIMINGS, help="events (default): no sync inside timed windows; "
+                   "sync: a device sync around every step")
     p.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
     p.add_argument("--bind-cpus", action="store_true", help="bind each rank to its own equal slice of this "
                    "process's CPUs (sets DISTBENCH_BIND_CPUS=exclusive; recorded in each result's env)")
@@ -32,8 +82,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "HolisticTraceAnalysis's compute/non-compute/idle and overlap breakdown")
     p.add_argument("--ds-config", help="DeepSpeed config JSON merged into the zero* strategies' config")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is present")
-    p.add_argument("--output", "-o", default="distbench-results", help="directory for result JSON files")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a hung configuration fails")
+    p.add_argument("--output", "-o", default=Path("distbench-results"), type=_arg(_output_dir),
+                   help="directory for result JSON files")
+    p.add_argument("--timeout", type=_typed(PositiveFloat), default=1800.0,
+                   help="seconds before a hung configuration fails")
     p.add_argument("--prometheus", metavar="[ADDR:]PORT", help="serve live GPU (DCGM field names) and step "
                    "metrics for Prometheus on this port (all interfaces unless ADDR is given)")
     p.add_argument("--textfile", metavar="DIR", help="also keep DIR/distbench.prom current for node_exporter's "
@@ -41,32 +93,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _many(values: list[str] | None, cast=str) -> list[Any] | None:
-    if not values:
-        return None
-    return [cast(x.strip()) for v in values for x in v.split(",") if x.strip()]
+def _flat(values: list[list[Any]] | None) -> list[Any] | None:
+    return [x for v in values for x in v] if values else None
 
 
 def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
-    from ..matrix import default_matrix, load_matrix
+    """The YAML's (or the machine's default) matrix with the flags given on top, validated as one."""
+    from ..matrix import Matrix, default_matrix, load_matrix
 
     m = load_matrix(args.config) if args.config else default_matrix(device_type, device_count)
-    m.strategies = _many(args.strategy) or m.strategies
-    m.world_sizes = _many(args.world_size, int) or m.world_sizes
-    m.models = _many(args.model) or m.models
-    m.precisions = args.precision or m.precisions
-    m.repeats = args.repeats or m.repeats
-    m.trace = args.trace or m.trace
-    for key in ("steps", "warmup", "global_batch", "micro_batch", "seq_len"):
+    base = dict(m.base)
+    for key in ("steps", "warmup", "global_batch", "micro_batch", "seq_len", "optimizer", "timing"):
         if getattr(args, key) is not None:
-            m.base[key] = getattr(args, key)
+            base[key] = getattr(args, key)
     if args.compile:
-        m.base["compile"] = True
+        base["compile"] = True
     if args.gc_during_steps:
-        m.base["gc_during_steps"] = True
+        base["gc_during_steps"] = True
     if args.ds_config:
-        m.base["options"] = {**m.base.get("options", {}), "ds_config": args.ds_config}
-    return m
+        base["options"] = {**base.get("options", {}), "ds_config": args.ds_config}
+    return Matrix(strategies=_flat(args.strategy) or m.strategies, world_sizes=_flat(args.world_size) or m.world_sizes,
+                  models=_flat(args.model) or m.models, precisions=args.precision or m.precisions, base=base,
+                  repeats=args.repeats or m.repeats, trace=args.trace or m.trace)
+
+
+def _usage_error(message: str) -> int:
+    """A refused run: one line on stderr, exit 2 (the same shape as argparse's own usage errors)."""
+    print(f"distbench run: error: {message}", file=sys.stderr)
+    return 2
 
 
 def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = None) -> int:
@@ -81,19 +135,15 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
     from ..measure.telemetry import Telemetry, parse_listen
     from ..runtime import affinity
     from ..runtime.pool import PoolManager, cuda_device_count
-    from ..strategies import get_spec
     from ..strategies.ds_config import check_run_config
 
     console = Console(width=None if Console().is_terminal else 140)
     n_cuda = cuda_device_count() if device_count is None else device_count
     device_type = args.device or ("cuda" if n_cuda else "cpu")
     if device_type == "cuda" and not n_cuda:
-        console.print("[red]error:[/] --device cuda but no CUDA device is visible; use --device cpu")
-        return 2
+        return _usage_error("--device cuda but no CUDA device is visible; use --device cpu")
     try:
         matrix = build_matrix(args, device_type, n_cuda)
-        for s in matrix.strategies:
-            get_spec(s)
         if args.bind_cpus:
             os.environ[affinity.ENV] = "exclusive"
         affinity.rank_cpus(0, max(matrix.world_sizes))  # a bad setting or too few CPUs: say so now
@@ -107,13 +157,15 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
             if "ds_config" in cfg.options:
                 check_run_config(cfg)
     except (DistbenchError, ValueError) as e:
-        console.print(f"[red]error:[/] {escape(str(e))}")
-        return 2
+        return _usage_error(" ".join(str(e).split()))
     for note in skipped:
         console.print(f"[yellow]skip[/] {note}")
     if not configs:
-        console.print("[red]error:[/] nothing to run: every configuration was skipped")
-        return 2
+        return _usage_error("nothing to run: every configuration was skipped (see the skip lines above)")
+    n_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if device_type == "cpu" and max(matrix.world_sizes) > n_cpus:
+        console.print(f"[yellow]warning[/] world size {max(matrix.world_sizes)} on {n_cpus} CPU(s): ranks share "
+                      "cores, so times measure contention; use world sizes up to the CPU count")
     console.print(f"distbench run: {len(configs)} configuration(s) x {matrix.repeats} on {device_type}; "
                   f"results -> {args.output}")
     telemetry = Telemetry(listen=listen, textfile_dir=args.textfile).start() if listen or args.textfile else None
@@ -134,11 +186,14 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
             if telemetry is not None:
                 telemetry.close()
     console.print(results_table(results))
-    failed = [r for r in results if r["status"] == "error"]
+    # Out of memory is a failed configuration too (exit 1): a run has no OOM edge to find, so CI must not read
+    # a matrix whose configurations did not fit as a success.
+    failed = [r for r in results if r["status"] != "ok"]
     for r in failed:
         c = r["config"]
         first = (r.get("error") or "").splitlines()[:1]
-        console.print(f"[red]failed[/] {c['strategy']} ws{c['world_size']} {c['model']}: "
+        what = "out of memory" if r["status"] == "oom" else "failed"
+        console.print(f"[red]{what}[/] {c['strategy']} ws{c['world_size']} {c['model']}: "
                       f"{escape(first[0] if first else '')} (every rank's traceback is in the result JSON under "
                       f"{escape(str(args.output))})")
     for r in results:

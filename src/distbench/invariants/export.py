@@ -7,7 +7,6 @@ DCP checkpoint with torch's dcp_to_torch_save, load the result into the bare mod
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -16,25 +15,37 @@ from torch import nn
 
 from ..config import RunConfig
 from ..errors import CheckpointError
+from ..strategies.checkpoint_files import SafeFileSystemReader, verify_manifest, weights_only_loads
 from ..workloads import get_model
 from ..workloads.data import global_batch
 
 
 def full_state_dict_from_checkpoint(path: str | os.PathLike[str], family: str) -> dict[str, torch.Tensor]:
-    """fp32 full model state dict from a `deepspeed` (ZeRO) or `fsdp` (DCP) checkpoint directory."""
+    """fp32 full model state dict from a `deepspeed` (ZeRO) or `fsdp` (DCP) checkpoint directory, once its
+    manifest checks out, and without running code from any file in it (see strategies/checkpoint_files.py)."""
     path = str(path)
-    if family == "deepspeed":
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    if family not in ("deepspeed", "fsdp", "fsdp1"):
+        raise CheckpointError(f"no exporter for strategy family {family!r}")
+    verify_manifest(path)
+    try:
+        with weights_only_loads():
+            if family == "deepspeed":
+                from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        return dict(get_fp32_state_dict_from_zero_checkpoint(path))
-    if family in ("fsdp", "fsdp1"):
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+                return dict(get_fp32_state_dict_from_zero_checkpoint(path))
+            from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+            from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "full.pt")
-            dcp_to_torch_save(os.path.join(path, "dcp"), out)
-            return torch.load(out, map_location="cpu", weights_only=True)["model"]
-    raise CheckpointError(f"no exporter for strategy family {family!r}")
+            SafeFileSystemReader(os.path.join(path, "dcp")).read_metadata()  # a refusal names the file
+            state: dict = {}  # filled from the checkpoint's own layout, as torch's dcp_to_torch_save does
+            _load_state_dict(state, storage_reader=SafeFileSystemReader(os.path.join(path, "dcp")),
+                             planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+            return state["model"]
+    except CheckpointError:
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CheckpointError(f"cannot export checkpoint {path}: {type(e).__name__}: {first}") from e
 
 
 def load_into_model(state: dict[str, torch.Tensor], model_name: str) -> nn.Module:

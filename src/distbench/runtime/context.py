@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is loaded by what builds a context; the CLI imports this module without it
+    import torch
 
 
 @dataclass(frozen=True)
@@ -26,4 +28,6 @@ class RankContext:
 
     def synchronize(self) -> None:
         if self.is_cuda:
+            import torch
+
             torch.cuda.synchronize(self.device)

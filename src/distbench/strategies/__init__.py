@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import importlib
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from ..config import RunConfig
-from ..errors import ConfigError
-from ..runtime.context import RankContext
-from .base import StrategySpec, Trainer
+from ..errors import ConfigError, did_you_mean
+from .spec import StrategySpec
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..runtime.context import RankContext
+    from .base import Trainer
+
+DS_OPTIONS = ("ds_config",)  # a DeepSpeed config JSON (path or dict) merged into the harness's, see ds_config.py
 
 _ENTRIES = [
     StrategySpec("single", "one process, no wrapper; accumulates gradients over the whole global batch",
@@ -37,16 +43,16 @@ _ENTRIES = [
                  defaults=(("sharding", "SHARD_GRAD_OP"),), gpu_only_why="legacy FSDP1 requires CUDA"),
     StrategySpec("zero1", "DeepSpeed ZeRO stage 1: optimizer state sharded",
                  "distbench.strategies.deepspeed:DeepSpeedTrainer", family="deepspeed",
-                 defaults=(("stage", 1),)),
+                 defaults=(("stage", 1),), user_options=DS_OPTIONS),
     StrategySpec("zero2", "DeepSpeed ZeRO stage 2: optimizer state and gradients sharded",
                  "distbench.strategies.deepspeed:DeepSpeedTrainer", family="deepspeed",
-                 defaults=(("stage", 2),)),
+                 defaults=(("stage", 2),), user_options=DS_OPTIONS),
     StrategySpec("zero3", "DeepSpeed ZeRO stage 3: optimizer state, gradients and parameters sharded",
                  "distbench.strategies.deepspeed:DeepSpeedTrainer", family="deepspeed",
-                 defaults=(("stage", 3),)),
+                 defaults=(("stage", 3),), user_options=DS_OPTIONS),
     StrategySpec("zero3_offload", "DeepSpeed ZeRO stage 3 with optimizer state and parameters offloaded to CPU",
                  "distbench.strategies.deepspeed:DeepSpeedTrainer", family="deepspeed",
-                 defaults=(("stage", 3), ("offload", True))),
+                 defaults=(("stage", 3), ("offload", True)), user_options=DS_OPTIONS),
 ]
 
 REGISTRY: dict[str, StrategySpec] = {s.name: s for s in _ENTRIES}
@@ -56,12 +62,8 @@ def get_spec(name: str) -> StrategySpec:
     try:
         return REGISTRY[name]
     except KeyError:
-        import difflib
-
-        close = difflib.get_close_matches(name, REGISTRY, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ConfigError(
-            f"unknown strategy {name!r}.{hint} Known strategies: {', '.join(REGISTRY)} (see `distbench strategies`)"
+            f"unknown strategy {name!r}.{did_you_mean(name, REGISTRY)} Known strategies: {', '.join(REGISTRY)} (see `distbench strategies`)"
         ) from None
 
 

@@ -12,7 +12,6 @@ import contextlib
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,39 +23,9 @@ from torch import nn
 from ..config import RunConfig
 from ..errors import CheckpointError
 from ..runtime.context import RankContext
+from .checkpoint_files import write_manifest
 
 Batch = dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class StrategySpec:
-    """A registry entry. `target` is "module:Class", imported only when the strategy is used."""
-
-    name: str
-    description: str
-    target: str
-    cpu: bool = True
-    min_world_size: int = 1
-    max_world_size: int | None = None
-    family: str = ""
-    defaults: tuple[tuple[str, Any], ...] = ()
-    gpu_only_why: str = ""
-
-    def options_for(self, cfg: RunConfig) -> dict[str, Any]:
-        """The strategy's constructor options: its registry defaults, overridden by the run's."""
-        return {**dict(self.defaults), **cfg.options}
-
-    def unsupported_reason(self, device_type: str, world_size: int, device_count: int | None = None) -> str | None:
-        """Why this strategy cannot run here, or None if it can."""
-        if device_type == "cpu" and not self.cpu:
-            return f"{self.name} needs CUDA GPUs ({self.gpu_only_why or 'it does not run on CPU/gloo'})"
-        if world_size < self.min_world_size:
-            return f"{self.name} needs world size >= {self.min_world_size}"
-        if self.max_world_size is not None and world_size > self.max_world_size:
-            return f"{self.name} runs on at most {self.max_world_size} rank(s)"
-        if device_type == "cuda" and device_count is not None and world_size > device_count:
-            return f"world size {world_size} needs {world_size} CUDA devices, found {device_count}"
-        return None
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -224,6 +193,16 @@ class Trainer(ABC):
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.steps_done = int(state["steps_done"])
         set_rng_state(self.ctx, state["rng"])
+
+    def seal_checkpoint(self, path: str) -> None:
+        """End of every save: once all ranks have written, rank 0 records each file's digest (see
+        checkpoint_files.py), and no rank returns before it has."""
+        if self.ctx.world_size > 1:
+            dist.barrier()
+        if self.ctx.rank == 0:
+            write_manifest(path)
+        if self.ctx.world_size > 1:
+            dist.barrier()
 
     def save_extra_state(self, path: str) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)

@@ -11,13 +11,13 @@ import os
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ..errors import CheckpointError
 from .base import Trainer, torch_load
+from .checkpoint_files import SafeFileSystemReader, verify_manifest, weights_only_loads
 
 
 class DCPCheckpointMixin(Trainer):
@@ -33,11 +33,11 @@ class DCPCheckpointMixin(Trainer):
             torch.save({"scheduler": self.scheduler.state_dict(), "world_size": self.ctx.world_size},
                        os.path.join(path, "trainer.pt"))
         self.save_extra_state(path)
-        if self.ctx.world_size > 1:
-            dist.barrier()
+        self.seal_checkpoint(path)
 
     def load_checkpoint(self, path: str, *, reshard: bool = False) -> None:
         """Load a DCP checkpoint. `reshard=True` accepts one saved at another world size (fresh RNG then)."""
+        verify_manifest(path)
         meta = torch_load(os.path.join(path, "trainer.pt"))
         saved_ws = int(meta["world_size"])
         if saved_ws != self.ctx.world_size and not reshard:
@@ -48,8 +48,13 @@ class DCPCheckpointMixin(Trainer):
             )
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {"model": model_sd, "optimizer": optim_sd}
+        dcp_dir = os.path.join(path, "dcp")
+        SafeFileSystemReader(dcp_dir).read_metadata()  # a refusal names the file; inside dcp.load it is wrapped
         try:
-            dcp.load(state, checkpoint_id=os.path.join(path, "dcp"))
+            with weights_only_loads():
+                dcp.load(state, checkpoint_id=dcp_dir, storage_reader=SafeFileSystemReader(dcp_dir))
+        except CheckpointError:
+            raise
         except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise CheckpointError(f"cannot load DCP checkpoint {path}: {first} (missing, truncated, or saved "

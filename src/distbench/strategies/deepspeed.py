@@ -16,6 +16,7 @@ from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
 from ..runtime.context import RankContext
 from .base import Batch, Trainer, build_scheduler, lm_loss, model_logits, torch_load
+from .checkpoint_files import verify_manifest, weights_only_loads, write_manifest
 from .ds_config import build_ds_config
 
 _META = "distbench_deepspeed.json"
@@ -88,20 +89,13 @@ class DeepSpeedTrainer(Trainer):
             with open(os.path.join(path, _META), "w") as f:
                 json.dump({"world_size": self.ctx.world_size, "stage": self.stage, "offload": self.offload}, f)
         self.save_extra_state(path)
-        if self.ctx.world_size > 1:
-            dist.barrier()  # complete on every rank when save returns on any
+        self.seal_checkpoint(path)  # complete on every rank when save returns on any
 
     def load_checkpoint(self, path: str, reshard: bool = False) -> None:
         """Restore a checkpoint of the same stage and offload. One saved at another world size needs
         `reshard=True` and goes through DeepSpeed's universal checkpoint (see _to_universal); RNG is then fresh."""
-        meta_file = os.path.join(path, _META)
-        if not os.path.isdir(path):
-            raise CheckpointError(f"DeepSpeed checkpoint directory {path} is missing")
-        if not os.path.exists(meta_file):
-            raise CheckpointError(f"DeepSpeed checkpoint {path} is incomplete (no {_META}); was it saved "
-                                  "completely, and by a DeepSpeed strategy?")
-        with open(meta_file) as f:
-            meta = json.load(f)
+        verify_manifest(path)
+        meta = _read_meta(os.path.join(path, _META))
         if (meta["stage"], meta["offload"]) != (self.stage, self.offload):
             raise CheckpointError(
                 f"DeepSpeed checkpoint {path} was saved with ZeRO stage {meta['stage']}, offload {meta['offload']}; "
@@ -118,7 +112,9 @@ class DeepSpeedTrainer(Trainer):
             # before initialize() whether a resume will be universal.
             self.engine._config.load_universal_checkpoint = True
         try:
-            loaded, _ = self.engine.load_checkpoint(path, load_optimizer_states=True, load_lr_scheduler_states=True)
+            with weights_only_loads():
+                loaded, _ = self.engine.load_checkpoint(path, load_optimizer_states=True,
+                                                        load_lr_scheduler_states=True)
         except Exception as e:  # DeepSpeed raises assorted errors for damaged files or another model
             raise CheckpointError(f"cannot load DeepSpeed checkpoint {path}: {type(e).__name__}: {e}") from e
         finally:
@@ -146,12 +142,14 @@ class DeepSpeedTrainer(Trainer):
                                       num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
                                       strict=True, inject_missing_state=True)
             try:
-                ds_to_universal(args)
+                with weights_only_loads():
+                    ds_to_universal(args)
             except Exception as e:
                 raise CheckpointError(f"cannot convert DeepSpeed checkpoint {path} to a universal checkpoint: "
                                       f"{type(e).__name__}: {e}") from e
             with open(os.path.join(path, "latest_universal"), "w") as f:
                 f.write(universal)
+            write_manifest(path)  # the conversion is part of the checkpoint from now on
         if self.ctx.world_size > 1:
             dist.barrier()
 
@@ -163,6 +161,23 @@ class DeepSpeedTrainer(Trainer):
             _forget_zero3_module(engine.module)
             del self.engine, engine
         gc.collect()
+
+
+def _read_meta(meta_file: str) -> dict[str, Any]:
+    """distbench_deepspeed.json: how the checkpoint was saved; CheckpointError naming the file if malformed."""
+    try:
+        with open(meta_file, encoding="utf-8") as f:
+            meta = json.load(f)
+        world_size, stage, offload = meta["world_size"], meta["stage"], meta["offload"]
+        if not (type(world_size) is int and world_size >= 1 and stage in (1, 2, 3) and isinstance(offload, bool)):
+            raise ValueError(f"unexpected values {meta!r}")
+    except FileNotFoundError:
+        raise CheckpointError(f"DeepSpeed checkpoint file {meta_file} is missing; was the checkpoint saved "
+                              "completely, and by a DeepSpeed strategy?") from None
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"DeepSpeed checkpoint file {meta_file} is malformed ({type(e).__name__}: {e}); "
+                              "re-save the checkpoint") from None
+    return meta
 
 
 def _forget_zero3_module(module: nn.Module) -> None:

@@ -15,12 +15,20 @@ import json
 import os
 from typing import Any
 
-from ..config import RunConfig
+from ..config import NonNegativeFloat, PositiveFloat, PositiveInt, RunConfig, check_value
 from ..errors import ConfigError
 
 AUTO = "auto"
 _ADAMW_PARAMS = ("lr", "betas", "eps", "weight_decay")
 
+
+#: Top-level scalars DeepSpeed 0.19 reads without checking their type: a `"gradient_clipping": "x"` would
+#: otherwise pass its config class and fail inside every rank.
+_SCALARS: dict[str, Any] = {
+    "gradient_clipping": NonNegativeFloat, "gradient_predivide_factor": PositiveFloat,
+    "steps_per_print": PositiveInt, "prescale_gradients": bool, "wall_clock_breakdown": bool,
+    "memory_breakdown": bool, "dump_state": bool,
+}
 
 #: DeepSpeed's default reduce/allgather bucket size in elements (deepspeed.runtime.zero.config).
 DS_DEFAULT_BUCKET = 500_000_000
@@ -151,6 +159,9 @@ def _resolve_user(raw: dict[str, Any], cfg: RunConfig, stage: int, offload: bool
         if "bf16" in user:
             raise ConfigError(f"ds_config ({source}) has both 'bf16' and its alias 'bfloat16'; keep one")
         user["bf16"] = user.pop("bfloat16")
+    for key, annotation in _SCALARS.items():
+        if key in user and user[key] != AUTO:
+            check_value(annotation, user[key], f"ds_config ({source}) key {key!r}")
     _check_optimizer(user.pop("optimizer", None), cfg, source)
     _check_scheduler(user.pop("scheduler", None), source)
     for path, (ours, fix) in _controlled(cfg, stage, offload).items():

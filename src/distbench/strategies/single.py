@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..config import RunConfig
@@ -19,6 +18,7 @@ from .base import (
     maybe_compile,
     torch_load,
 )
+from .checkpoint_files import verify_manifest
 
 
 class SingleTrainer(Trainer):
@@ -58,10 +58,10 @@ class SingleTrainer(Trainer):
             torch.save(state, tmp)
             os.replace(tmp, os.path.join(path, "checkpoint.pt"))
         self.save_extra_state(path)
-        if self.ctx.world_size > 1:
-            dist.barrier()
+        self.seal_checkpoint(path)
 
     def load_checkpoint(self, path: str) -> None:
+        verify_manifest(path)
         state = torch_load(os.path.join(path, "checkpoint.pt"))
         try:
             self.module.load_state_dict(state["model"])

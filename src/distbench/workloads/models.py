@@ -9,12 +9,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+from ..errors import ConfigError, did_you_mean
 
-from ..errors import ConfigError
+if TYPE_CHECKING:  # torch is imported where a model is built, so that names are checked before heavy imports
+    import torch
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,14 @@ class ModelSpec:
     @property
     def vocab_size(self) -> int:
         return int(self.config["vocab_size"])
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model's position embeddings cover, when it has a limit."""
+        for key in ("n_positions", "max_position_embeddings"):
+            if self.config.get(key):
+                return int(self.config[key])
+        return None
 
     def hf_config(self):
         import transformers
@@ -47,6 +56,8 @@ class ModelSpec:
 
     def build(self, seed: int, device: torch.device | str = "cpu") -> nn.Module:
         """Build with random init from `seed`, directly on `device`."""
+        import torch
+
         torch.manual_seed(seed)
         with torch.device(device):
             if self.factory is not None:
@@ -98,34 +109,54 @@ def get_model(name: str) -> ModelSpec:
     A factory returns an nn.Module whose forward takes `input_ids` and returns logits (or an object
     with `.logits`), and which exposes its vocabulary size as `config.vocab_size` or `vocab_size`.
     """
+    name = check_model_name(name)
+    return MODELS[name] if name in MODELS else _custom(name)
+
+
+def check_model_name(name: str) -> str:
+    """The registered name `name` stands for, or `name` itself when it has a factory's form (imported only
+    by get_model); ConfigError with the nearest names otherwise. Needs no torch."""
     name = ALIASES.get(name, name)
     if name in MODELS:
-        return MODELS[name]
+        return name
     if ":" in name:
-        return _custom(name)
+        module_name, _, fn_name = name.partition(":")
+        if not module_name or not fn_name.isidentifier():
+            raise ConfigError(f"model factory {name!r} must read package.module:function")
+        return name
     raise ConfigError(
-        f"unknown model {name!r}; known models: {', '.join(MODELS)} (aliases: {', '.join(ALIASES)}), "
-        "or give your own factory as module:function"
+        f"unknown model {name!r}.{did_you_mean(name, [*MODELS, *ALIASES])} Known models: {', '.join(MODELS)} "
+        f"(aliases: {', '.join(ALIASES)}), or give your own factory as module:function"
     )
 
 
 def _custom(ref: str) -> ModelSpec:
+    import torch
+
     module_name, _, fn_name = ref.partition(":")
+    # A user's module or factory may raise anything, or call sys.exit: each is a bad input named here, before
+    # any rank starts, not a traceback.
     try:
         fn = getattr(importlib.import_module(module_name), fn_name)
     except (ImportError, AttributeError) as e:
-        raise ConfigError(f"cannot load model factory {ref!r}: {e}; is the module on PYTHONPATH?") from e
+        raise ConfigError(f"cannot load model factory {ref!r}: {e}; is the module on PYTHONPATH?") from None
+    except (Exception, SystemExit) as e:
+        raise ConfigError(f"importing {module_name!r} for model factory {ref!r} raised "
+                          f"{type(e).__name__}: {e}; fix the module") from None
     torch.manual_seed(0)
     try:
         with torch.device("meta"):
             probe = fn()
-    except Exception as e:
-        raise ConfigError(f"model factory {ref!r} raised {type(e).__name__}: {e}") from e
-    vocab = getattr(getattr(probe, "config", None), "vocab_size", None) or getattr(probe, "vocab_size", None)
-    if not vocab:
-        raise ConfigError(f"model factory {ref!r} must expose config.vocab_size or vocab_size")
-    seq = getattr(probe, "seq_len", None) or getattr(getattr(probe, "config", None), "n_positions", None) or 128
-    return ModelSpec(ref, "custom", f"user factory {ref}", {"vocab_size": int(vocab)}, seq_len=int(seq),
+    except (Exception, SystemExit) as e:
+        raise ConfigError(f"model factory {ref!r} raised {type(e).__name__}: {e}; fix the factory") from None
+    config = getattr(probe, "config", None)
+    vocab = getattr(config, "vocab_size", None) or getattr(probe, "vocab_size", None)
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+        raise ConfigError(f"model factory {ref!r} must expose config.vocab_size or vocab_size as a positive int")
+    positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    seq = getattr(probe, "seq_len", None) or positions or 128
+    extra = {"n_positions": int(positions)} if positions else {}
+    return ModelSpec(ref, "custom", f"user factory {ref}", {"vocab_size": int(vocab), **extra}, seq_len=int(seq),
                      cpu_ok=True, factory=fn)
 
 
