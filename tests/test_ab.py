@@ -14,6 +14,7 @@ from distbench.errors import ConfigError
 from distbench.gate.variants import parse_variant
 
 
+@pytest.mark.slow  # two variant servers, three pairs, fresh ranks each round: ~40 s on 2 cores
 def test_ab_smoke_on_gloo(tmp_path):
     out = tmp_path / "ab"
     # Two trivially different variants: the head's ranks see one more environment variable.

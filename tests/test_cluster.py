@@ -18,8 +18,8 @@ from distbench.report import write_report
 from distbench.results import load_results, make_result
 from distbench.runtime.cluster import Launch
 from distbench.runtime.fingerprint import launch_topology
-from distbench.runtime.pool import free_port
 from distbench.strategies.fsdp import hybrid_shape
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 FAILING = "cluster_models:fails_on_last_rank"

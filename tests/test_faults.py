@@ -20,6 +20,8 @@ import pytest
 from distbench.runtime.pool import STACK_WAIT_S, JobError, PoolManager, RankPool, _proc_state
 from leftovers import TAG_ENV, held_shm, new_tag, shm_entries, tagged_processes, wait_clean
 
+pytestmark = pytest.mark.slow  # ranks killed and frozen at every phase: about a minute on 2 cores
+
 JOBS = "rank_jobs"
 TIMEOUT = 3.0  # of every faulted job, and so of a faulted start
 JOIN_TIMEOUT = 8.0  # the join cases need the ranks to reach init_process_group first (imports)

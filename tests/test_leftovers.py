@@ -11,7 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from leftovers import TAG_ENV, new_tag, shm_entries, tagged_processes, wait_clean
+
+pytestmark = pytest.mark.slow  # whole sessions and runs, ended every way: ~30 s on 2 cores
 
 TESTS = Path(__file__).parent
 

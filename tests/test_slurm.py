@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from distbench.results import load_results
-from distbench.runtime.pool import free_port
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DAEMONS = ("slurmctld", "slurmd", "sbatch", "sinfo")

@@ -18,7 +18,7 @@ import pytest
 
 from distbench.measure import telemetry as tm
 from distbench.results import make_result
-from distbench.runtime.pool import free_port
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,6 +122,7 @@ def test_a_live_run_is_scraped_while_it_runs(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="no prometheus binary (Debian: apt-get install prometheus)")
+@pytest.mark.slow  # a real Prometheus server started and scraping: ~7 s on 2 cores
 def test_a_real_prometheus_server_scrapes_the_endpoint(tmp_path):
     port, prom_port = free_port(), free_port()
     (tmp_path / "prometheus.yml").write_text(

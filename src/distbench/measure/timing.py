@@ -19,8 +19,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import torch
-
 from ..runtime.context import RankContext
 
 T = TypeVar("T")
@@ -47,6 +45,8 @@ class Window:
 
 def time_window(ctx: RankContext, timing: str, steps: Sequence[Callable[[], Any]]) -> Window:
     """Run `steps` (each one optimizer step, returning its loss) as one timed window."""
+    import torch  # here: report and compare read this module's statistics without loading torch
+
     events = timing == "events" and ctx.is_cuda
     marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in steps] \
         if events else []

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from ..errors import ConfigError, ResourceError
 from .context import RankContext
 from .fingerprint import nodes_spanned
-from .pool import JobError, RankOutcome, _why
+from .pool import JobError, RankOutcome, failure_summary
 from .worker import resolve
 
 _POLL_S = 0.1  # rank 0 waiting for replies
@@ -183,7 +183,7 @@ class Cluster:
         outcomes = [RankOutcome(r, o["status"], o.get("exc_type"), o.get("text", "")) for r, o in sorted(outs.items())]
         if all(o.status == "ok" for o in outcomes):
             return [outs[r]["reply"] for r in range(world_size)]
-        raise JobError(target, world_size, outcomes, _why(outcomes, timeout))
+        raise JobError(target, world_size, outcomes, failure_summary(outcomes, timeout))
 
     def _abort(self, ranks: list[int]) -> dict[int, str]:
         """Tell every follower to write its Python stack and to exit once released; the stacks of `ranks` that

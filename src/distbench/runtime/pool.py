@@ -147,7 +147,7 @@ class RankPool:
         if any(o.status != "ok" for o in outcomes):
             self.close(grace=0.0)
             raise JobError("<process group start>", self.world_size, outcomes,
-                           "ranks could not join the process group: " + _why(outcomes, limit))
+                           "ranks could not join the process group: " + failure_summary(outcomes, limit))
 
     def _fail_dead_idle_ranks(self) -> None:
         """A rank that died between jobs (OOM killer, a signal) fails the job that finds it, so the death is
@@ -194,7 +194,7 @@ class RankPool:
             # Ranks disagree about where the job ended: some may be stuck in a collective and would never
             # read the polite stop, so the pool is killed at once and rebuilt on next use.
             self.close(grace=0.0)
-        raise JobError(target, self.world_size, outcomes, _why(outcomes, timeout))
+        raise JobError(target, self.world_size, outcomes, failure_summary(outcomes, timeout))
 
     def _collect_or_kill(self, job_id: int, deadline: float) -> list[RankOutcome]:
         try:
@@ -283,7 +283,7 @@ def _no_stack_reason(rank: int, state: str) -> str:
             "with a Python handler)")
 
 
-def _why(outcomes: list[RankOutcome], timeout: float) -> str:
+def failure_summary(outcomes: list[RankOutcome], timeout: float) -> str:
     bad = [o for o in outcomes if o.status != "ok"]
     parts = []
     for status, label in (("error", "raised"), ("crashed", "crashed"), ("timeout", f"did not finish in {timeout:.0f}s")):

@@ -1,0 +1,12 @@
+"""A free loopback port for launchers the tests start themselves (torchrun's rendezvous, Slurm's daemons),
+which take a port number up front. The rank pool needs none: its store binds port 0 itself."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
