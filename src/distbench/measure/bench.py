@@ -2,16 +2,16 @@
 
 In-rank jobs (run through the rank pool as "distbench.measure.bench:<name>"):
 
-* bench(ctx, cfg): build, `cfg.warmup` untimed steps, `cfg.steps` timed steps, measurements; one job.
-  This is what `distbench run` uses.
+* bench(ctx, cfg): build, `cfg.warmup` untimed steps, `cfg.steps` timed steps in `cfg.windows` windows,
+  a device-time sample (measure/devicetime.py), measurements; one job. `distbench run` and `distbench ab` use it.
 * bench_setup / bench_step / bench_finish: the same split in three, with the trainer kept alive in the
   worker's STATE between jobs, so pytest-benchmark's `benchmark.pedantic` can time one step per round
-  from the pytest process (bench_step is also timed in-rank; those are the numbers results report).
+  from the pytest process (bench_step is one synchronized step: a round trip per step is sync anyway).
 * harness_overhead(ctx, cfg, steps): the harness's `single` trainer against a hand-written loop.
 
-Step times are measured inside the ranks between device synchronizations, warm-up excluded; the
-reported step time is the median over steps of the slowest rank's time. Memory peaks cover the timed
-steps (peaks are reset after warm-up). `losses` holds every step's global-batch loss, warm-up included.
+Windows are timed as measure/timing.py describes (no host sync inside one by default); the reported step time
+is the median over windows of the slowest rank's window wall clock per step, and every per-step time is
+kept. Memory peaks cover the timed steps (peaks are reset after warm-up). `losses` holds every step's global-batch loss, warm-up included.
 
 A CUDA out-of-memory in the ranks becomes a result with status "oom", not an exception.
 """
