@@ -12,7 +12,8 @@ enough for `asv run --quick` on a laptop. DISTBENCH_ASV_STRATEGIES (comma-separa
 
 Every configuration is measured once, in the module-level `setup_cache`: asv runs it in one process and
 hands its pickled results to every benchmark. `_train` and `_busbw` are cached per process as well, so a
-configuration runs once however often the grid asks for it (the 1-GPU baseline serves every world size).
+configuration runs once however often the grid asks for it; speedup and scaling efficiency then come from
+distbench.scaling over the whole grid, as for `distbench run`.
 Unsupported strategy x world size pairs are skipped (n/a); a run that fails or runs out of memory is a
 failed benchmark, which `asv continuous` reports as a regression.
 """
@@ -41,7 +42,6 @@ else:
                 "steps": 5, "warmup": 2}
 STRATEGIES = [_get_spec(s.strip()).name for s in
               _os.environ.get("DISTBENCH_ASV_STRATEGIES", _DEFAULT_STRATEGIES).split(",") if s.strip()]
-BASELINE = "single" if "single" in STRATEGIES else None  # else each strategy's own 1-GPU run
 OPS = ["all_reduce", "all_gather", "reduce_scatter"]
 
 
@@ -61,14 +61,9 @@ def _train(strategy: str, world_size: int) -> dict[str, Any]:
     why = _get_spec(strategy).unsupported_reason(DEVICE, world_size, GPUS)
     if why:
         return {"skip": why}
-    base = BASELINE or strategy
-    reference = None
-    if (strategy, world_size) != (base, 1):
-        b = _train(base, 1)
-        reference = b["metrics"]["tokens_per_s"] if b.get("status") == "ok" else None
     cfg = RunConfig(strategy=strategy, world_size=world_size, deterministic=False, **WORKLOAD)
     try:
-        return run_benchmark(_pools().get(world_size), cfg, reference_tokens_per_s_1gpu=reference)
+        return run_benchmark(_pools().get(world_size), cfg)
     except Exception as e:  # one broken configuration must not take the whole grid down
         return {"status": "error", "error": f"{type(e).__name__}: {e}"}
 
@@ -84,7 +79,10 @@ def _busbw(world_size: int) -> dict[str, Any]:
 
 def setup_cache() -> dict[str, Any]:
     """Everything, once: training results per strategy/world size, collective tables per world size > 1."""
+    from distbench.scaling import annotate
+
     train = {f"{s}/{ws}": _train(s, ws) for s in STRATEGIES for ws in WORLD_SIZES}
+    annotate([r for r in train.values() if "config" in r])  # speedup by the rule `distbench run` uses
     busbw = {ws: _busbw(ws) for ws in WORLD_SIZES if ws > 1}
     return {"train": train, "busbw": busbw}
 
@@ -105,7 +103,7 @@ class _Training:
             raise NotImplementedError(r["skip"])
         if r["status"] == "ok" and r["metrics"].get(self.needs) is None:
             raise NotImplementedError(f"no {self.needs} in this result (not measured on {DEVICE}, "
-                                      "or this is the 1-GPU baseline itself)")
+                                      "or no 1-GPU baseline of its workload ran)")
         self.result = r
 
     def metric(self, name: str) -> float:

@@ -1,7 +1,7 @@
 """A benchmark matrix (strategies x world sizes x models x precisions), from flags or YAML, and running it.
 
-Configurations run smallest world size first so each multi-GPU result can carry its scaling efficiency
-against the same strategy and workload on one GPU (or `single` when that strategy has no 1-GPU run).
+Configurations run smallest world size first; once the matrix has run, every result gets its speedup and
+scaling efficiency against the workload's 1-GPU baseline (scaling.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import Field
 
+from . import scaling
 from .config import Name, PositiveInt, Precision, RunConfig, check_field, check_fields, check_keys, from_json
 from .errors import ConfigError
 from .plausibility import annotate
@@ -123,20 +124,6 @@ def load_matrix(path: str | Path) -> Matrix:
         raise ConfigError(f"matrix file {path}: {e}") from None
 
 
-def scaling_reference(done: list[dict[str, Any]], cfg: RunConfig) -> float | None:
-    """Tokens/s of the same workload on one GPU: same strategy at ws1, else `single`."""
-    def same_workload(r: dict[str, Any]) -> bool:
-        c = r["config"]
-        return (r["status"] == "ok" and c["world_size"] == 1 and c["model"] == cfg.model
-                and c["precision"] == cfg.precision and c["micro_batch"] == cfg.micro_batch
-                and c["seq_len"] == (cfg.seq_len or get_model(cfg.model).seq_len))
-    for name in (cfg.strategy, "single"):
-        hits = [r for r in done if same_workload(r) and r["config"]["strategy"] == name]
-        if hits:
-            return hits[-1]["metrics"]["tokens_per_s"]
-    return None
-
-
 def run_matrix(
     matrix: Matrix,
     *,
@@ -152,8 +139,8 @@ def run_matrix(
     `device_count`: GPUs the pools can place ranks on (default: this machine's; a multi-node launch has more).
 
     A configuration that fails (an exception, a hang, a crashed rank) becomes a result with status "error"
-    carrying every rank's traceback, and the matrix goes on. At the end every result gets its plausibility
-    `warnings` and is saved again.
+    carrying every rank's traceback, and the matrix goes on. At the end every result gets its speedup and
+    scaling efficiency (scaling.py) and its plausibility `warnings`, and is saved again.
     """
     from .measure.bench import failure_result, run_benchmark, run_trace
 
@@ -163,14 +150,10 @@ def run_matrix(
     results: list[dict[str, Any]] = []
     for cfg in configs:
         for _ in range(matrix.repeats):
-            ref = scaling_reference(results, cfg) if cfg.world_size > 1 else None
             try:
-                result = run_benchmark(pools.get(cfg.world_size), cfg, timeout=timeout,
-                                       reference_tokens_per_s_1gpu=ref)
+                result = run_benchmark(pools.get(cfg.world_size), cfg, timeout=timeout)
             except JobError as e:  # recorded, and the matrix goes on: one broken strategy is one red row
                 result = failure_result(cfg, pools.device_type, e)
-            if cfg.world_size == 1 and result["status"] == "ok":
-                result["metrics"].update(speedup=1.0, scaling_efficiency=1.0)
             if matrix.trace and result["status"] == "ok" and out_dir is not None:
                 tdir = Path(out_dir) / "traces" / result["id"]
                 try:
@@ -184,6 +167,7 @@ def run_matrix(
                 save_result(result, out_dir)
             if on_result:
                 on_result(cfg, result)
+    scaling.annotate(results)  # one rule for speedup and efficiency (scaling.py), once every baseline ran
     annotate(results)  # judged on the whole matrix: a speedup needs its reference, a run its repeats
     if out_dir is not None:
         for result in results:

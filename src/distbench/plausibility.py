@@ -23,6 +23,7 @@ import statistics
 from typing import Any
 
 from .results import config_key
+from .scaling import baseline_runs
 
 #: a run must fall this far below the median of its repeats to be flagged, whatever their spread
 MIN_GAP = 0.10
@@ -37,11 +38,6 @@ def rel_spread(result: dict[str, Any]) -> float:
 
 def _tps(result: dict[str, Any]) -> float | None:
     return (result.get("metrics") or {}).get("tokens_per_s")
-
-
-def _workload(result: dict[str, Any]) -> tuple:
-    """config_key without strategy and world size: what a speedup holds fixed."""
-    return config_key(result)[2:]
 
 
 def _scaling(result: dict[str, Any], refs: list[dict[str, Any]]) -> list[str]:
@@ -108,14 +104,8 @@ def check(results: list[dict[str, Any]]) -> dict[str, list[str]]:
         if others:
             found += _below_repeats(r, others, first=r is first)
         if c.get("world_size", 1) > 1:
-            # one scaling warning: against the same strategy on 1 rank (the table's speedup), else `single`'s
-            for ref_strategy in dict.fromkeys((c.get("strategy"), "single")):
-                refs = [o for o in ok if o["config"].get("world_size") == 1
-                        and o["config"].get("strategy") == ref_strategy and _workload(o) == _workload(r)]
-                scaling = _scaling(r, refs) if refs else []
-                if scaling:
-                    found += scaling
-                    break
+            refs = baseline_runs(ok, r)  # the speedup the results and the report state (scaling.py)
+            found += _scaling(r, refs) if refs else []
         if found:
             out[r["id"]] = found
     return out

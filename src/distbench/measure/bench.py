@@ -397,10 +397,10 @@ def summarize_bench(
     cfg: RunConfig,
     replies: list[dict[str, Any]],
     *,
-    reference_tokens_per_s_1gpu: float | None = None,
     env: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A result from the per-rank replies of `bench` (or `bench_finish`).
+    """A result from the per-rank replies of `bench` (or `bench_finish`); speedup and scaling efficiency need
+    the other results of the matrix and come from `distbench.scaling.annotate`.
 
     step_time_s is the median over timed windows of the window's wall clock per step (throughput follows
     from it); the step_time_s section holds the per-step times (device events, or host time in sync mode).
@@ -438,9 +438,6 @@ def summarize_bench(
     if nvml and nvml.get("sm_clock_mhz_median"):
         # Cycles per step: a clock that drifted between runs (1665-1875 MHz seen under load) cancels out.
         metrics["step_gcycles"] = step_time * nvml["sm_clock_mhz_median"] * 1e-3
-    if reference_tokens_per_s_1gpu:
-        metrics["speedup"] = metrics["tokens_per_s"] / reference_tokens_per_s_1gpu
-        metrics["scaling_efficiency"] = metrics["speedup"] / cfg.world_size
     flops = {**r0["flops"], "n_params": r0["n_params"], "device_name": r0["device_name"],
              "peak_dtype": r0["peak_dtype"], "peak_flops": peak}
     per_rank = [
@@ -479,7 +476,6 @@ def run_benchmark(
     cfg: RunConfig,
     *,
     timeout: float = 1800,
-    reference_tokens_per_s_1gpu: float | None = None,
     nvml: bool = True,
 ) -> dict[str, Any]:
     """Run `bench` on every rank of `pool` (a RankPool of cfg.world_size) and return one result.
@@ -499,7 +495,7 @@ def run_benchmark(
             pool.close()
         return failure_result(cfg, getattr(pool, "device_type", None), e, env)
     wall = time.perf_counter() - t0
-    result = summarize_bench(cfg, replies, reference_tokens_per_s_1gpu=reference_tokens_per_s_1gpu, env=env)
+    result = summarize_bench(cfg, replies, env=env)
     # What a configuration costs beyond its training steps in a warm pool: build, wrap, teardown, IPC.
     steps_s = max(sum(r["step_times_s"]) + sum(r.get("warmup_step_times_s", []))
                   + (r["device_time"]["wall_s"] * r["device_time"]["steps"] if r.get("device_time") else 0.0)

@@ -1,8 +1,7 @@
 """Markdown tables in the shape of seed 004: strategy x world size, throughput, scaling, time, MFU, memory.
 
-Repeated runs of one configuration are aggregated by their median. Speedup is tokens/s over the 1-GPU
-baseline of the same workload: the `single` strategy when present (as in seed 004), else the same strategy
-at world size 1; scaling efficiency is speedup / world size.
+Repeated runs of one configuration are aggregated by their median. Speedup and scaling efficiency follow
+the one rule of distbench.scaling (the 1-GPU baseline: `single` when it ran, else the same strategy).
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from typing import Any
 from ..measure.timing import step_stats
 from ..plausibility import check
 from ..results import config_key
+from ..scaling import baseline_tokens_per_s
 
 GIB = 1024**3
 
@@ -123,19 +123,13 @@ def cells_by_workload(results: list[dict[str, Any]]) -> dict[tuple, list[Cell]]:
     return out
 
 
-def baseline_tps(cells: list[Cell], strategy: str) -> float | None:
-    """tokens/s of the 1-GPU baseline: `single` if it ran, else `strategy` at world size 1."""
-    by = {(c.strategy, c.world_size): c for c in cells}
-    base = by.get(("single", 1)) or by.get((strategy, 1))
-    return base.metric("tokens_per_s") if base else None
-
-
-def scaling(cells: list[Cell], cell: Cell) -> tuple[float | None, float | None]:
-    """(speedup vs 1 GPU, scaling efficiency); efficiency falls back to the run's own metric."""
-    base, tps = baseline_tps(cells, cell.strategy), cell.metric("tokens_per_s")
+def scaling_of(cells: list[Cell], cell: Cell) -> tuple[float | None, float | None]:
+    """(speedup vs 1 GPU, scaling efficiency) of a cell's median tokens/s, by the one rule of scaling.py."""
+    runs = [r for c in cells for r in c.runs]
+    base, tps = baseline_tokens_per_s(runs, cell.runs[0]), cell.metric("tokens_per_s")
     if base and tps:
         return tps / base, tps / base / cell.world_size
-    return None, cell.metric("scaling_efficiency")
+    return None, None
 
 
 def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
@@ -150,7 +144,7 @@ def cell_warnings(cell: Cell, found: dict[str, list[str]]) -> list[str]:
 def throughput_table(cells: list[Cell], found: dict[str, list[str]]) -> list[str]:
     rows = []
     for c in cells:
-        speedup, eff = scaling(cells, c)
+        speedup, eff = scaling_of(cells, c)
         p10, p90 = c.step("p10"), c.step("p90")
         spread = f" [{p10 * 1000:.1f}–{p90 * 1000:.1f}]" if p10 is not None and p90 is not None else ""
         median = c.step("median") or c.metric("step_time_s")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .markdown import _fmt, fmt_metric, md_table, scaling
+from .markdown import _fmt, fmt_metric, md_table, scaling_of
 
 if TYPE_CHECKING:
     from .markdown import Cell
@@ -37,7 +37,7 @@ def node_scaling_table(cells: list[Cell]) -> list[str]:
         tps = c.metric("tokens_per_s")
         intra = inter = None
         if nodes == 1:
-            intra = scaling(cells, c)[1]
+            intra = scaling_of(cells, c)[1]
         else:
             full = by.get((c.strategy, per_node))
             full_tps = full.metric("tokens_per_s") if full else None

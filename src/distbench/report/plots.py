@@ -9,7 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .markdown import GIB, MEMORY_METRICS, Cell, baseline_tps, workload_title  # noqa: E402
+from ..scaling import baseline_tokens_per_s  # noqa: E402
+from .markdown import GIB, MEMORY_METRICS, Cell, workload_title  # noqa: E402
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
@@ -29,7 +30,8 @@ def throughput_plot(cells: list[Cell], path: Path) -> Path:
         if pts:
             ax.plot(*zip(*pts, strict=True), marker="o", label=strategy)
             sizes.update(ws for ws, _ in pts)
-    base = baseline_tps(cells, "single")
+    # the ideal line starts at the workload's 1-GPU baseline, the one the speedups are stated against
+    base = baseline_tokens_per_s([r for c in cells for r in c.runs], {"config": {**cells[0].cfg, "strategy": "single"}})
     if base and sizes:
         xs = sorted(sizes | {1})
         ax.plot(xs, [base * x for x in xs], "k--", linewidth=0.8, label="ideal (linear)")

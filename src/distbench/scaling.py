@@ -1,0 +1,63 @@
+"""Speedup and scaling efficiency: one rule for every place that states them.
+
+speedup = a configuration's tokens/s over the tokens/s of the 1-GPU baseline of the same workload (model,
+precision, sequence, batch, micro-batch, compile). The baseline is `single` at world size 1 when it ran (as
+seed 004 measures: against the unwrapped model on one GPU), else the same strategy at world size 1; its
+repeats count by their median. scaling efficiency = speedup / world size. A world-size-1 run of a wrapped
+strategy gets its speedup too (0.9x: what the wrapper costs on one GPU).
+
+`distbench run` and the asv grid write both into each result (`annotate`), the report prints them and the
+plausibility checks judge them, all through `baseline_runs`, so no two places can disagree.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from .results import config_key
+
+
+def workload(result: dict[str, Any]) -> tuple:
+    """config_key without strategy and world size: what a speedup holds fixed."""
+    return config_key(result)[2:]
+
+
+def _tps(result: dict[str, Any]) -> float | None:
+    return (result.get("metrics") or {}).get("tokens_per_s")
+
+
+def baseline_runs(results: list[dict[str, Any]], result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ok 1-GPU runs `result`'s speedup is measured against: `single`'s, else its own strategy's."""
+    ones = [r for r in results if r.get("status") == "ok" and _tps(r) and r["config"].get("world_size") == 1
+            and workload(r) == workload(result)]
+    for strategy in ("single", result["config"].get("strategy")):
+        runs = [r for r in ones if r["config"].get("strategy") == strategy]
+        if runs:
+            return runs
+    return []
+
+
+def baseline_tokens_per_s(results: list[dict[str, Any]], result: dict[str, Any]) -> float | None:
+    runs = baseline_runs(results, result)
+    return statistics.median(_tps(r) for r in runs) if runs else None  # type: ignore[type-var]
+
+
+def speedup(result: dict[str, Any], baseline_tps: float) -> tuple[float, float]:
+    """(speedup, scaling efficiency) of `result` against a baseline's tokens/s."""
+    s = _tps(result) / baseline_tps  # type: ignore[operator]
+    return s, s / result["config"]["world_size"]
+
+
+def annotate(results: list[dict[str, Any]]) -> None:
+    """Write speedup and scaling_efficiency into every ok result that has a baseline among `results`."""
+    for r in results:
+        if r.get("status") != "ok" or not _tps(r):
+            continue
+        base = baseline_tokens_per_s(results, r)
+        metrics = r["metrics"]
+        if base:
+            metrics["speedup"], metrics["scaling_efficiency"] = speedup(r, base)
+        else:
+            metrics.pop("speedup", None)
+            metrics.pop("scaling_efficiency", None)
