@@ -127,9 +127,14 @@ def _adapter(annotation: Any) -> TypeAdapter:
     return TypeAdapter(annotation)
 
 
-@functools.cache
+_FIELD_TYPES: dict[type, dict[str, Any]] = {}
+
+
 def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls, include_extras=True)
+    """A dataclass's resolved annotations, resolved once per class."""
+    if cls not in _FIELD_TYPES:
+        _FIELD_TYPES[cls] = typing.get_type_hints(cls, include_extras=True)
+    return _FIELD_TYPES[cls]
 
 
 def check_fields(obj: Any) -> None:

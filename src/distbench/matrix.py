@@ -65,11 +65,11 @@ class Matrix:
 
         User options go only to the strategies that take them (a --ds-config reaches zero*, not ddp)."""
         for model in self.models:
-            spec = get_model(model)
-            seq = self.base.get("seq_len") or spec.seq_len
-            if spec.max_positions is not None and seq > spec.max_positions:
-                raise ConfigError(f"seq_len {seq} exceeds model {model}'s {spec.max_positions} positions; use "
-                                  f"--seq-len {spec.max_positions} or less, or a larger model")
+            mspec = get_model(model)
+            seq = self.base.get("seq_len") or mspec.seq_len
+            if mspec.max_positions is not None and seq > mspec.max_positions:
+                raise ConfigError(f"seq_len {seq} exceeds model {model}'s {mspec.max_positions} positions; use "
+                                  f"--seq-len {mspec.max_positions} or less, or a larger model")
         out, skipped = [], []
         for model, precision, ws, strategy in itertools.product(
             self.models, self.precisions, sorted(self.world_sizes), self.strategies

@@ -36,8 +36,9 @@ def rel_spread(result: dict[str, Any]) -> float:
     return (p90 - p10) / med if med and p10 is not None and p90 is not None else 0.0
 
 
-def _tps(result: dict[str, Any]) -> float | None:
-    return (result.get("metrics") or {}).get("tokens_per_s")
+def _tps(result: dict[str, Any]) -> float:
+    """tokens/s of a result, 0.0 where it has none (failed, or not a benchmark)."""
+    return float((result.get("metrics") or {}).get("tokens_per_s") or 0.0)
 
 
 def _scaling(result: dict[str, Any], refs: list[dict[str, Any]]) -> list[str]:

@@ -23,8 +23,9 @@ def workload(result: dict[str, Any]) -> tuple:
     return config_key(result)[2:]
 
 
-def _tps(result: dict[str, Any]) -> float | None:
-    return (result.get("metrics") or {}).get("tokens_per_s")
+def _tps(result: dict[str, Any]) -> float:
+    """tokens/s of a result, 0.0 where it has none (failed, or not a benchmark)."""
+    return float((result.get("metrics") or {}).get("tokens_per_s") or 0.0)
 
 
 def baseline_runs(results: list[dict[str, Any]], result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -40,12 +41,12 @@ def baseline_runs(results: list[dict[str, Any]], result: dict[str, Any]) -> list
 
 def baseline_tokens_per_s(results: list[dict[str, Any]], result: dict[str, Any]) -> float | None:
     runs = baseline_runs(results, result)
-    return statistics.median(_tps(r) for r in runs) if runs else None  # type: ignore[type-var]
+    return statistics.median(_tps(r) for r in runs) if runs else None
 
 
 def speedup(result: dict[str, Any], baseline_tps: float) -> tuple[float, float]:
     """(speedup, scaling efficiency) of `result` against a baseline's tokens/s."""
-    s = _tps(result) / baseline_tps  # type: ignore[operator]
+    s = _tps(result) / baseline_tps
     return s, s / result["config"]["world_size"]
 
 

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+    from ..gate.ab import ABReport, ConfigOutcome, Pair
 
 #: Per-tier defaults: GPUs as seed 004 measures (bf16, sequence 1024) at a device-bound micro-batch; three
 #: windows a run, so one stalled window costs the run's median nothing (with two, the median is their mean:
 #: on synthetic runs with a stalled window in 50, a 2% slowdown was found 54 times in 100 instead of 90+).
-DEFAULTS = {
+DEFAULTS: dict[str, dict[str, Any]] = {
     "cuda": {"model": "gpt2-large", "precision": "bf16", "seq_len": 1024, "micro_batch": 16, "steps": 9,
              "windows": 3, "warmup": 2, "device_time_steps": 3},
     "cpu": {"model": "gpt2-tiny", "precision": "fp32", "seq_len": 0, "micro_batch": 2, "steps": 6,
@@ -67,18 +73,57 @@ def _check(args: argparse.Namespace) -> str | None:
     return None
 
 
-def run(args: argparse.Namespace) -> int:
+def _configs(args: argparse.Namespace, device: str, n_cuda: int) -> list[RunConfig]:
+    """One configuration per strategy at the tier's workload, flags on top; DistbenchError for one that cannot
+    run here."""
+    from ..config import RunConfig
+    from ..errors import DistbenchError
+    from ..strategies import get_spec
+
+    d = DEFAULTS[device]
+    strategies = [s.strip() for v in (args.strategy or ["ddp,fsdp_grad,zero2,zero3"]) for s in v.split(",") if s]
+    ws = args.world_size or (n_cuda if device == "cuda" else 2)
+    mb = args.micro_batch or d["micro_batch"]
+    configs = []
+    for s in strategies:
+        reason = get_spec(s).unsupported_reason(device, ws, n_cuda if device == "cuda" else None)
+        if reason:
+            raise DistbenchError(reason)
+        configs.append(RunConfig(
+            strategy=s, world_size=ws, model=args.model or d["model"], precision=args.precision or d["precision"],
+            seq_len=d["seq_len"] if args.seq_len is None else args.seq_len, micro_batch=mb,
+            global_batch=mb * ws, steps=args.steps or d["steps"], windows=args.windows or d["windows"],
+            warmup=d["warmup"] if args.warmup is None else args.warmup, optimizer=args.optimizer,
+            device_time_steps=d["device_time_steps"], deterministic=False))
+    return configs
+
+
+def _publish(report: ABReport, args: argparse.Namespace) -> None:
+    """The verdict table on the console, ab.md and ab.json under --output, and the job summary if asked."""
     import json
+
+    from rich.console import Console
+
+    from ..report import gate as render
+
+    Console(width=None if Console().is_terminal else 160).print(render.to_rich(report))
+    md = render.to_markdown(report)
+    (args.output / "ab.md").write_text(md)
+    (args.output / "ab.json").write_text(json.dumps(render.to_json(report), indent=1, default=str) + "\n")
+    if args.github_summary and os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
+            f.write(md)
+
+
+def run(args: argparse.Namespace) -> int:
     import tempfile
 
     from rich.console import Console
     from rich.markup import escape
 
-    from ..config import RunConfig
     from ..errors import DistbenchError
     from ..gate.ab import run_ab
     from ..gate.variants import VariantProcess, parse_variant
-    from ..report import gate as render
     from ..results import save_result
     from ..runtime.pool import cuda_device_count
 
@@ -89,25 +134,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     n_cuda = cuda_device_count()
     device = args.device or ("cuda" if n_cuda else "cpu")
-    d = DEFAULTS[device]
-    strategies = [s.strip() for v in (args.strategy or ["ddp,fsdp_grad,zero2,zero3"]) for s in v.split(",") if s]
-    ws = args.world_size or (n_cuda if device == "cuda" else 2)
     try:
-        from ..strategies import get_spec
-
         base_v, head_v = parse_variant("base", args.base), parse_variant("head", args.head)
-        mb = args.micro_batch or d["micro_batch"]
-        configs = []
-        for s in strategies:
-            reason = get_spec(s).unsupported_reason(device, ws, n_cuda if device == "cuda" else None)
-            if reason:
-                raise DistbenchError(reason)
-            configs.append(RunConfig(
-                strategy=s, world_size=ws, model=args.model or d["model"], precision=args.precision or d["precision"],
-                seq_len=d["seq_len"] if args.seq_len is None else args.seq_len, micro_batch=mb,
-                global_batch=mb * ws, steps=args.steps or d["steps"], windows=args.windows or d["windows"],
-                warmup=d["warmup"] if args.warmup is None else args.warmup, optimizer=args.optimizer,
-                device_time_steps=d["device_time_steps"], deterministic=False))
+        configs = _configs(args, device, n_cuda)
     except DistbenchError as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         return 2
@@ -117,8 +146,8 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="distbench-ab-") as tmp:
         servers = {v.label: VariantProcess(v, Path(tmp), device, args.output) for v in (base_v, head_v)}
 
-        def runner(label: str):
-            def go(cfg: RunConfig) -> dict:
+        def runner(label: str) -> Callable[[RunConfig], dict[str, Any]]:
+            def go(cfg: RunConfig) -> dict[str, Any]:
                 result = servers[label].run(cfg.to_dict(), args.timeout) or \
                     {"status": "error", "error": f"the {label} variant died or hung (log: {servers[label].log})"}
                 if "schema" in result:
@@ -126,34 +155,31 @@ def run(args: argparse.Namespace) -> int:
                 return result
             return go
 
-        def progress(o, pair) -> None:
+        def recycle_all() -> None:
+            for server in servers.values():
+                server.recycle()
+
+        def progress(o: ConfigOutcome, pair: Pair) -> None:
             b, h = pair.base["metrics"]["step_time_s"], pair.head["metrics"]["step_time_s"]
             console.print(f"  {o.label} pair {len(o.pairs)} ({pair.order}): base {b * 1000:.2f} ms, "
                           f"head {h * 1000:.2f} ms ({h / b - 1:+.2%})")
 
         try:
-            for s in servers.values():
-                s.start()
+            for server in servers.values():
+                server.start()
             console.print(f"distbench ab: {len(configs)} configuration(s) on {device}; base {base_v.describe()} "
                           f"vs head {head_v.describe()}; budget {args.budget:.0f} s")
             report = run_ab(configs, runner("base"), runner("head"), alpha=args.alpha, threshold=args.threshold,
                             min_effect=args.min_effect, min_pairs=args.min_pairs, max_pairs=args.max_pairs,
-                            look_every=args.look_every,
-                            between_rounds=lambda: [s.recycle() for s in servers.values()],
-                            budget_s=args.budget, on_pair=progress)
+                            look_every=args.look_every, budget_s=args.budget, on_pair=progress,
+                            between_rounds=recycle_all)
         except DistbenchError as e:
             console.print(f"[red]error:[/] {escape(str(e))}")
             return 2
         finally:
-            for s in servers.values():
-                s.close()
-                s.remove_checkout()
+            for server in servers.values():
+                server.close()
+                server.remove_checkout()
     report.base_desc, report.head_desc = base_v.describe(), head_v.describe()
-    console.print(render.to_rich(report))
-    md = render.to_markdown(report)
-    (args.output / "ab.md").write_text(md)
-    (args.output / "ab.json").write_text(json.dumps(render.to_json(report), indent=1, default=str) + "\n")
-    if args.github_summary and os.environ.get("GITHUB_STEP_SUMMARY"):
-        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
-            f.write(md)
+    _publish(report, args)
     return report.exit_code

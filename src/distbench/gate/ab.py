@@ -109,6 +109,26 @@ def judge(outcome: ConfigOutcome, *, alpha: float, threshold: float, min_effect:
         outcome.rows.append(row)
 
 
+def _play_pair(o: ConfigOutcome, order: str, run_base: Callable[[RunConfig], dict[str, Any]],
+               run_head: Callable[[RunConfig], dict[str, Any]]) -> Pair | None:
+    """One run of each variant in `order`, recorded in `o`; None (and `o.error`) when a run failed."""
+    first, second = (run_base, run_head) if order == "AB" else (run_head, run_base)
+    r1 = first(o.cfg)
+    r2 = second(o.cfg) if r1.get("status") == "ok" else r1
+    base, head = (r1, r2) if order == "AB" else (r2, r1)
+    bad = [(side, r) for side, r in (("base", base), ("head", head)) if r.get("status") != "ok"]
+    if bad:
+        side, r = bad[0]
+        o.error = f"{side} run failed ({r.get('status')}): {(r.get('error') or '').splitlines()[:1]}"
+        return None
+    pair = Pair(order, base, head)
+    o.pairs.append(pair)
+    if not o.gated:
+        o.gated = gated_metrics(base)
+        o.regime = base.get("regime")
+    return pair
+
+
 @dataclass
 class ABReport:
     outcomes: list[ConfigOutcome]
@@ -174,23 +194,10 @@ def run_ab(
             break
         t0 = clock()
         for o in list(open_):
-            order = "AB" if rnd % 2 == 0 else "BA"
-            first, second = (run_base, run_head) if order == "AB" else (run_head, run_base)
-            r1 = first(o.cfg)
-            r2 = second(o.cfg) if r1.get("status") == "ok" else r1
-            base, head = (r1, r2) if order == "AB" else (r2, r1)
-            bad = [(side, r) for side, r in (("base", base), ("head", head)) if r.get("status") != "ok"]
-            if bad:
-                side, r = bad[0]
-                o.error = f"{side} run failed ({r.get('status')}): {(r.get('error') or '').splitlines()[:1]}"
+            pair = _play_pair(o, "AB" if rnd % 2 == 0 else "BA", run_base, run_head)
+            if pair is None:
                 open_.remove(o)
-                continue
-            pair = Pair(order, base, head)
-            o.pairs.append(pair)
-            if not o.gated:
-                o.gated = gated_metrics(base)
-                o.regime = base.get("regime")
-            if on_pair:
+            elif on_pair:
                 on_pair(o, pair)
         if between_rounds and open_ and rnd + 1 < max_pairs:
             between_rounds()

@@ -30,7 +30,10 @@ def assert_tensors_close(got: dict[str, torch.Tensor], want: dict[str, torch.Ten
     assert set(got) == set(want), (
         f"{what} names differ: missing {sorted(set(want) - set(got))}, extra {sorted(set(got) - set(want))}")
     for name, ref in want.items():
-        torch.testing.assert_close(got[name], ref, rtol=rtol, atol=atol, msg=lambda m, n=name: f"{what} {n}: {m}")
+        def msg(m: str, n: str = name) -> str:
+            return f"{what} {n}: {m}"
+
+        torch.testing.assert_close(got[name], ref, rtol=rtol, atol=atol, msg=msg)
 
 
 def assert_params_and_grads_match(run: dict[str, Any], ref: dict[str, Any], lr: float, what: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,9 @@ from ..errors import CheckpointError
 from ..strategies.checkpoint_files import SafeFileSystemReader, verify_manifest, weights_only_loads
 from ..workloads import get_model
 from ..workloads.data import global_batch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def full_state_dict_from_checkpoint(path: str | os.PathLike[str], family: str) -> dict[str, torch.Tensor]:
@@ -48,9 +52,9 @@ def full_state_dict_from_checkpoint(path: str | os.PathLike[str], family: str) -
         raise CheckpointError(f"cannot export checkpoint {path}: {type(e).__name__}: {first}") from e
 
 
-def load_into_model(state: dict[str, torch.Tensor], model_name: str) -> nn.Module:
+def load_into_model(state: dict[str, torch.Tensor], model_name: str) -> PreTrainedModel:
     """A fresh bare model holding `state`; only weights tied to another key may be absent from it."""
-    model = get_model(model_name).build(seed=0, device="cpu")
+    model = cast("PreTrainedModel", get_model(model_name).build(seed=0, device="cpu"))
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {k for k in missing if k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False)}
     if set(missing) - tied or unexpected:
@@ -60,7 +64,7 @@ def load_into_model(state: dict[str, torch.Tensor], model_name: str) -> nn.Modul
     return model
 
 
-def save_and_reload_pretrained(model: nn.Module, out_dir: str | os.PathLike[str]) -> nn.Module:
+def save_and_reload_pretrained(model: PreTrainedModel, out_dir: str | os.PathLike[str]) -> nn.Module:
     """save_pretrained then from_pretrained, as a user shipping the model would."""
     model.save_pretrained(out_dir)
     return type(model).from_pretrained(str(Path(out_dir)), attn_implementation="sdpa").float()

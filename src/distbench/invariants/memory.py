@@ -81,7 +81,7 @@ def state_memory(ctx: RankContext, cfg: dict[str, Any]) -> dict[str, Any]:
         run_steps(ctx, trainer, rc, 2)  # step 1 creates the optimizer state; step 2 is measured
     finally:
         trainer.close()
-        original = None  # the probe's closure reaches the trainer through it
+        original = None  # type: ignore[assignment]  # the probe's closure reaches the trainer through it
         del trainer, probed  # a cycle through the probe: freed below
     gc.collect()
     torch.cuda.empty_cache()

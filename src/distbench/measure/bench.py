@@ -272,8 +272,8 @@ def harness_overhead(
         bf16 = rc.precision == "bf16"
         return torch.autocast(ctx.device_type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
-    def bare_step(mbs: list[dict[str, torch.Tensor]]) -> float:
-        total = 0.0
+    def bare_step(mbs: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        total = torch.zeros((), device=ctx.device)
         for mb in mbs:
             with amp():
                 out = bare(input_ids=mb["input_ids"])

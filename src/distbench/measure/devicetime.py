@@ -68,7 +68,7 @@ def summarize_activity(events: Sequence[tuple[str, str, int, int]], steps: int, 
     ends = starts + np.array([e[3] for e in gpu], dtype=np.int64)
     busy = union_length(starts, ends)
     per = 1e-9 / steps
-    out = {
+    out: dict[str, Any] = {
         "steps": steps,
         "kernels": len(kernels),
         "compute_s": compute * per,

@@ -74,7 +74,7 @@ def device_handle(device: torch.device | None) -> Any | None:
     if uuid is not None:
         candidates.append(lambda: nv.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}"))
     if hasattr(props, "pci_bus_id"):
-        bus = f"{getattr(props, 'pci_domain_id', 0):08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        bus = f"{getattr(props, 'pci_domain_id', 0):08x}:{props.pci_bus_id:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
         candidates.append(lambda: nv.nvmlDeviceGetHandleByPciBusId(bus))
     if not os.environ.get("CUDA_VISIBLE_DEVICES"):
         candidates.append(lambda: nv.nvmlDeviceGetHandleByIndex(index))
@@ -88,11 +88,11 @@ def device_handle(device: torch.device | None) -> Any | None:
 
 def device_memory_used(device: torch.device | None) -> int | None:
     """Bytes in use on the whole GPU as NVML sees it (CUDA context and NCCL buffers included); None on CPU."""
-    h = device_handle(device)
-    if h is None:
+    h, nv = device_handle(device), nvml()
+    if h is None or nv is None:
         return None
     try:
-        return int(nvml().nvmlDeviceGetMemoryInfo(h).used)
+        return int(nv.nvmlDeviceGetMemoryInfo(h).used)
     except Exception:
         return None
 

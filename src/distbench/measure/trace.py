@@ -251,7 +251,7 @@ def kernel_diff(a: dict[str, Any], b: dict[str, Any], top: int = 20) -> list[dic
         rows.append(
             {
                 "name": key,
-                "type": (rb or ra)["type"],
+                "type": (rb if rb is not None else ra or {})["type"],
                 "a_us": a_us,
                 "b_us": b_us,
                 "diff_us": b_us - a_us,

@@ -73,8 +73,9 @@ def machine_line(env: dict[str, Any]) -> str:
     return f"{gpus}" + (f"; {sw}" if sw else "") + commit
 
 
-def _median(xs: list[float]) -> float | None:
-    xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+def _median(values: list[Any]) -> float | None:
+    """Median of the finite numbers among `values` (metrics missing from some runs are None)."""
+    xs = [x for x in values if isinstance(x, (int, float)) and math.isfinite(x)]
     return statistics.median(xs) if xs else None
 
 

@@ -39,7 +39,7 @@ def node_scaling_table(cells: list[Cell]) -> list[str]:
         if nodes == 1:
             intra = scaling_of(cells, c)[1]
         else:
-            full = by.get((c.strategy, per_node))
+            full = by.get((c.strategy, per_node)) if per_node else None
             full_tps = full.metric("tokens_per_s") if full else None
             inter = tps / (nodes * full_tps) if tps and full_tps else None
         link = "inter-node" if nodes > 1 else "intra-node"

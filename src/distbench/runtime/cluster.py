@@ -107,7 +107,7 @@ def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int
     n = spec["world_size"]
     backend = "nccl" if device.type == "cuda" else "gloo"
     try:
-        kw = {"device_id": device} if device.type == "cuda" else {}
+        kw: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, store=dist.PrefixStore(f"pg/{job_id}", store), rank=launch.rank,
                                 world_size=n, timeout=timedelta(seconds=spec["timeout"]), **kw)
         ctx = RankContext(launch.rank, n, launch.local_rank, device, backend, nodes=launch.job_nodes(n))
@@ -247,7 +247,8 @@ def follow(launch: Launch, store: dist.Store, device: torch.device) -> int:
     done = threading.Event()
     threading.Thread(target=_watch_abort, args=(store, launch.rank, done), daemon=True).start()
     try:
-        for job_id in itertools.count():
+        job_id = 0
+        while True:
             _wait_key(store, f"job/{job_id}", None, _JOB_POLL_S)
             spec = json.loads(store.get(f"job/{job_id}"))
             if spec.get("stop"):
@@ -255,5 +256,6 @@ def follow(launch: Launch, store: dist.Store, device: torch.device) -> int:
             if launch.rank < spec["world_size"]:
                 outcome = run_job(launch, store, device, job_id, spec)
                 store.set(f"out/{job_id}/{launch.rank}", _encode(outcome, spec["target"]))
+            job_id += 1
     finally:
         done.set()

@@ -13,6 +13,7 @@ import platform
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -61,13 +62,13 @@ def environment_fingerprint() -> dict[str, Any]:
     }
 
 
-def launch_topology(environ: dict[str, str] | None = None) -> dict[str, Any]:
+def launch_topology(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The launched world: `nodes` and `ranks_per_node` from torchrun's environment (1 node and None for the
     single-host pool, whose ranks are all on this machine), and the links between ranks (`interconnect`:
     intra_node nvlink / pcie / host, inter_node infiniband / tcp when the launch spans nodes)."""
-    environ = os.environ if environ is None else environ
-    per_node = int(environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in environ else None
-    nodes = int(environ["WORLD_SIZE"]) // per_node if per_node and "WORLD_SIZE" in environ else 1
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    per_node = int(env["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in env else None
+    nodes = int(env["WORLD_SIZE"]) // per_node if per_node and "WORLD_SIZE" in env else 1
     links = _nvlink_links()
     intra = "nvlink" if links and any(links) else ("pcie" if _gpu_names() else "host")
     inter = None
@@ -82,11 +83,11 @@ def nodes_spanned(world_size: int, ranks_per_node: int | None) -> int:
     return 1 if not ranks_per_node else -(-world_size // ranks_per_node)
 
 
-def relevant_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables in ENV_NAMES or with an ENV_PREFIXES prefix (none that look like credentials)."""
-    environ = os.environ if environ is None else environ
+    env: Mapping[str, str] = os.environ if environ is None else environ
     return {
-        k: v for k, v in sorted(environ.items())
+        k: v for k, v in sorted(env.items())
         if (k in ENV_NAMES or k.startswith(ENV_PREFIXES)) and not _SECRET.search(k)
     }
 

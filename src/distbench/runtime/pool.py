@@ -240,10 +240,11 @@ class RankPool:
         states = {r: _proc_state(self._procs[r].pid) for r in ranks}
         for r in ranks:
             self._stacks[r].read_text()  # drop anything from an earlier signal
-            if states[r] not in _STOPPED:
+            pid = self._procs[r].pid
+            if states[r] not in _STOPPED and pid is not None:
                 try:
-                    os.kill(self._procs[r].pid, STACK_SIGNAL)
-                except (ProcessLookupError, TypeError):
+                    os.kill(pid, STACK_SIGNAL)
+                except ProcessLookupError:
                     pass
         text = {r: "" for r in ranks}
         last: dict[int, float] = {}

@@ -83,7 +83,7 @@ def worker_main(
             device = torch.device("cpu")
             backend = "gloo"
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-        kw = {"device_id": device} if device_type == "cuda" else {}
+        kw: dict[str, Any] = {"device_id": device} if device_type == "cuda" else {}
         store = dist.TCPStore("127.0.0.1", store_port, is_master=False)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **kw)
         ctx = RankContext(rank, world_size, rank, device, backend)
@@ -96,7 +96,7 @@ def worker_main(
         job_id, target, kwargs = msg
         try:
             out = resolve(target)(ctx, **kwargs)
-            reply = (job_id, rank, "ok", None, pickle.dumps(out))
+            reply: tuple[Any, ...] = (job_id, rank, "ok", None, pickle.dumps(out))
         except BaseException as e:  # report everything, including KeyboardInterrupt in a rank
             reply = (job_id, rank, "error", type(e).__name__, traceback.format_exc())
         finally:

@@ -54,7 +54,7 @@ def build_optimizer(params, cfg: RunConfig, impl: str = "foreach") -> torch.opti
     strategy. The per-parameter loop ("forloop") costs GPT-2 355M about 11 ms a step on an H100 (7% of its
     step time), which the harness-fidelity benchmark caught: it is there to compare, not to default to."""
     flags = {"fused": {"fused": True}, "foreach": {"foreach": True}, "forloop": {"foreach": False}}[impl]
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
                              weight_decay=cfg.weight_decay, **flags)
 
 
@@ -238,8 +238,9 @@ def torch_load(path: str, **kw: Any) -> Any:
 @contextlib.contextmanager
 def no_sync_if(module: nn.Module, skip: bool) -> Iterator[None]:
     """DDP's no_sync() when `skip` is true, else nothing."""
-    if skip and hasattr(module, "no_sync"):
-        with module.no_sync():
+    no_sync = getattr(module, "no_sync", None) if skip else None
+    if no_sync is not None:
+        with no_sync():
             yield
     else:
         yield

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -47,7 +48,7 @@ class DCPCheckpointMixin(Trainer):
                 "new world size"
             )
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optimizer": optim_sd}
+        state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
         dcp_dir = os.path.join(path, "dcp")
         SafeFileSystemReader(dcp_dir).read_metadata()  # a refusal names the file; inside dcp.load it is wrapped
         try:

@@ -167,7 +167,7 @@ class SafeFileSystemReader(FileSystemReader):
             raise CheckpointError(f"cannot read DCP metadata {path}: {type(e).__name__}: {e}") from None
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"DCP metadata {path} holds a {type(metadata).__name__}, not Metadata")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
         return metadata

@@ -6,10 +6,18 @@ for prefetching and peak memory.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 
 from ..config import RunConfig
 from ..runtime.context import RankContext
@@ -43,17 +51,17 @@ class FSDP2Trainer(DCPCheckpointMixin):
             self.mesh = init_device_mesh(ctx.device_type, (ctx.world_size,), mesh_dim_names=("shard",))
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if cfg.precision == "bf16" else MixedPrecisionPolicy())
-        kw = {"mesh": self.mesh, "reshard_after_forward": reshard_after_forward, "mp_policy": mp,
+        kw: dict[str, Any] = {"mesh": self.mesh, "reshard_after_forward": reshard_after_forward, "mp_policy": mp,
               "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
         maybe_compile(model, cfg)
         for block in transformer_blocks(model):
             fully_shard(block, **kw)
-        self.model = fully_shard(model, **kw)
+        self.model = cast(nn.Module, fully_shard(model, **kw))
         self.optimizer = self.make_optimizer(self.model.parameters(), offload=offload)
         self.scheduler = build_scheduler(self.optimizer, cfg)
 
     def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
-        self.model.set_requires_gradient_sync(sync)
+        cast(FSDPModule, self.model).set_requires_gradient_sync(sync)
         return self.accumulate(self.model, batch)
 
     def full_grads(self) -> dict[str, torch.Tensor]:
