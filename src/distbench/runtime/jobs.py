@@ -79,10 +79,7 @@ def train(
     try:
         start = 0
         if resume_from:
-            if reshard:
-                trainer.load_checkpoint(resume_from, reshard=True)  # type: ignore[call-arg]
-            else:
-                trainer.load_checkpoint(resume_from)
+            trainer.load_checkpoint(resume_from, reshard=reshard)
             start = trainer.steps_done
         losses: list[float] = []
         if save_at is not None and start < save_at:

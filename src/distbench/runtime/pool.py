@@ -38,6 +38,7 @@ class RankOutcome:
     status: str  # "ok", "error", "timeout" (no reply in time) or "crashed" (process died)
     exc_type: str | None = None
     text: str = ""  # traceback for "error", Python stack for "timeout", exit code for "crashed"
+    payload: bytes | None = None  # the job's pickled return value, for "ok"
 
 
 class JobError(RuntimeError):
@@ -187,7 +188,7 @@ class RankPool:
         outcomes = self._collect_or_kill(job_id, deadline)
         self.jobs_run += 1
         if all(o.status == "ok" for o in outcomes):
-            return [pickle.loads(o.payload) for o in outcomes]  # type: ignore[attr-defined]
+            return [pickle.loads(o.payload or b"") for o in outcomes]
         statuses = {o.status for o in outcomes}
         same_error = statuses == {"error"} and len({o.exc_type for o in outcomes}) == 1
         if not same_error:
@@ -217,9 +218,8 @@ class RankPool:
                 for jid, rank, status, exc_type, payload in self._replies[r].pump():
                     if jid != job_id:
                         continue  # a late reply to an abandoned job
-                    o = RankOutcome(rank, status, exc_type, payload if status == "error" else "")
-                    o.payload = payload  # type: ignore[attr-defined]
-                    replies[rank] = o
+                    ok = status == "ok"
+                    replies[rank] = RankOutcome(rank, status, exc_type, "" if ok else payload, payload if ok else None)
                     if status != "ok":
                         first_failure = first_failure or now
                 p = self._procs[r]

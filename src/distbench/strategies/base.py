@@ -146,8 +146,9 @@ class Trainer(ABC):
         """Save model, optimizer, scheduler, RNG and data position in this strategy's native format."""
 
     @abstractmethod
-    def load_checkpoint(self, path: str) -> None:
-        """Restore everything `save_checkpoint` wrote; raise CheckpointError on a bad checkpoint."""
+    def load_checkpoint(self, path: str, *, reshard: bool = False) -> None:
+        """Restore everything `save_checkpoint` wrote; raise CheckpointError on a bad checkpoint. `reshard`
+        accepts a checkpoint saved at another world size, where the strategy's format allows it."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, most strategies hold nothing to release
         """Release what the strategy holds (engines, process groups it created)."""

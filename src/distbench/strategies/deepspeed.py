@@ -91,7 +91,7 @@ class DeepSpeedTrainer(Trainer):
         self.save_extra_state(path)
         self.seal_checkpoint(path)  # complete on every rank when save returns on any
 
-    def load_checkpoint(self, path: str, reshard: bool = False) -> None:
+    def load_checkpoint(self, path: str, *, reshard: bool = False) -> None:
         """Restore a checkpoint of the same stage and offload. One saved at another world size needs
         `reshard=True` and goes through DeepSpeed's universal checkpoint (see _to_universal); RNG is then fresh."""
         verify_manifest(path)

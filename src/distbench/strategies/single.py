@@ -60,7 +60,10 @@ class SingleTrainer(Trainer):
         self.save_extra_state(path)
         self.seal_checkpoint(path)
 
-    def load_checkpoint(self, path: str) -> None:
+    def load_checkpoint(self, path: str, *, reshard: bool = False) -> None:
+        if reshard:
+            raise CheckpointError(f"checkpoint {path}: resharding is for sharded checkpoints (FSDP2 through DCP, "
+                                  "ZeRO through universal checkpoints); this strategy's replicas load as saved")
         verify_manifest(path)
         state = torch_load(os.path.join(path, "checkpoint.pt"))
         try:
