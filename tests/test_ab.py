@@ -56,3 +56,18 @@ def test_variant_parsing():
 def test_usage_errors_exit_2(args, tmp_path, capsys):
     assert main(["ab", "--device", "cpu", "-o", str(tmp_path), *args]) == 2
     assert "error:" in capsys.readouterr().out
+
+
+def test_a_run_the_variant_cannot_do_is_a_failed_run_not_a_dead_server():
+    from distbench.gate.serve import handle
+
+    class Pools:
+        device_type = "cpu"
+
+        def get(self, world_size: int):
+            raise RuntimeError("no pool for this world size here")
+
+    out = handle(Pools(), {"cfg": {"strategy": "ddp", "world_size": 2}, "timeout": 5})
+    assert out["status"] == "error" and "no pool for this world size here" in out["error"]
+    bad = handle(Pools(), {"cfg": {"strategy": "ddp", "steps": "five"}, "timeout": 5})
+    assert bad["status"] == "error" and "steps" in bad["error"]

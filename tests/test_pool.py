@@ -104,6 +104,16 @@ def test_an_unknown_job_fails_clearly(pool):
         pool.run("rank_jobs:no_such_job")
 
 
+@pytest.mark.parametrize("job", ["distbench.runtime.jobs:train", "distbench.measure.bench:bench"])
+def test_a_configuration_for_another_world_size_is_refused_in_the_ranks(pool, job):
+    # a 1-rank configuration in the 2-rank pool would train each rank on a whole global batch and call it one
+    cfg = {"strategy": "ddp", "world_size": 1, "model": "gpt2-tiny", "global_batch": 4, "micro_batch": 2,
+           "steps": 1}
+    with pytest.raises(JobError, match="configuration for world size 1 was sent to a pool of 2") as e:
+        pool.run(job, {"cfg": cfg})
+    assert e.value.exc_types == {"ConfigError"}
+
+
 def test_close_leaves_no_process_behind():
     p = RankPool(2, "cpu")
     pids = _pids(p)

@@ -22,15 +22,21 @@ FDS_ENV = "DISTBENCH_AB_FDS"
 
 
 def handle(pools: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """One benchmark run's result; any failure is a result too (the runner ends that configuration), so the
+    server stays up for the other configurations."""
+    import traceback
+
     from ..config import RunConfig
     from ..measure.bench import failure_result, run_benchmark
     from ..runtime.pool import JobError
 
-    cfg = RunConfig.from_dict(request["cfg"])
     try:
+        cfg = RunConfig.from_dict(request["cfg"])
         return run_benchmark(pools.get(cfg.world_size), cfg, timeout=float(request["timeout"]))
     except JobError as e:
         return failure_result(cfg, pools.device_type, e)
+    except Exception as e:  # noqa: BLE001 - e.g. a variant whose code cannot take this configuration
+        return {"status": "error", "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
 
 
 def main() -> int:

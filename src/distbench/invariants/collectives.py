@@ -12,7 +12,6 @@ from typing import Any
 
 from torch.profiler import ProfilerActivity, profile
 
-from ..config import RunConfig
 from ..runtime.context import RankContext
 from ..runtime.jobs import make_trainer, run_steps
 
@@ -36,7 +35,7 @@ def count_collectives(ctx: RankContext, cfg: dict[str, Any], steps: int = 2) -> 
     The harness's own loss all-reduce (one per step at world size > 1) is subtracted so the counts are
     the strategy's gradient and parameter traffic alone.
     """
-    rc = RunConfig.from_dict(cfg)
+    rc = ctx.config(cfg)
     trainer = make_trainer(ctx, rc)
     try:
         run_steps(ctx, trainer, rc, 1)

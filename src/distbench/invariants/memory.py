@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from ..config import RunConfig
 from ..runtime.context import RankContext
 from ..runtime.jobs import make_trainer, run_steps
 from ..strategies import get_spec
@@ -61,7 +60,7 @@ def state_memory(ctx: RankContext, cfg: dict[str, Any]) -> dict[str, Any]:
     """Allocator bytes of this rank's training state, measured around the optimizer step of step 2."""
     if not ctx.is_cuda:
         raise RuntimeError("state_memory reads the CUDA caching allocator: run it on the GPU tier")
-    rc = RunConfig.from_dict(cfg)
+    rc = ctx.config(cfg)
     gc.collect()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated(ctx.device)

@@ -56,5 +56,5 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
 
 def reference_job(ctx: RankContext, cfg: dict[str, Any], with_tensors: bool = False) -> dict[str, Any]:
     """Pool job wrapper (world size 1) so the reference runs on the same device type as the strategies."""
-    out = reference_run(RunConfig.from_dict(cfg), ctx.device)
+    out = reference_run(ctx.config(cfg), ctx.device)
     return out if with_tensors else {"losses": out["losses"]}

@@ -93,7 +93,7 @@ def _free(ctx: RankContext) -> None:
 
 def _setup(ctx: RankContext, cfg: dict[str, Any], nvml: bool) -> _Bench:
     _free(ctx)  # a benchmark abandoned without bench_finish
-    rc = RunConfig.from_dict(cfg)
+    rc = ctx.config(cfg)
     set_numerics(rc)
     spec = get_model(rc.model)
     seq_len = rc.seq_len or spec.seq_len

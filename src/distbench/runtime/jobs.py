@@ -74,7 +74,7 @@ def train(
     return_params: also return the gathered full parameters after the last step (CPU fp32).
     return_grads: also return the full gradients of the last step, taken before its optimizer step.
     """
-    rc = RunConfig.from_dict(cfg)
+    rc = ctx.config(cfg)
     trainer = make_trainer(ctx, rc)
     try:
         start = 0
