@@ -113,12 +113,12 @@ def test_a_failed_run_ends_its_configuration_undecided():
 
 
 def test_gated_metrics_follow_the_regime():
-    device = {"metrics": {"step_time_s": 1, "device_compute_s": 1, "host_cpu_s": 1},
+    device = {"metrics": {"step_time_s": 1, "device_compute_s": 1, "host_cpu_s": 1, "mem_allocated_peak_bytes": 8},
               "regime": {"regime": "device-bound"}}
     host = {**device, "regime": {"regime": "host-bound"}}
     cpu = {"metrics": {"step_time_s": 1, "host_cpu_s": 1}}
-    assert gated_metrics(device) == ("step_time_s", "device_compute_s")
-    assert gated_metrics(host) == ("step_time_s", "device_compute_s", "host_cpu_s")
+    assert gated_metrics(device) == ("step_time_s", "device_compute_s", "mem_allocated_peak_bytes")
+    assert gated_metrics(host) == ("step_time_s", "device_compute_s", "host_cpu_s", "mem_allocated_peak_bytes")
     assert gated_metrics(cpu) == ("step_time_s", "host_cpu_s")
     assert looks(6, 12, 3) == [6, 9, 12] and looks(5, 11, 4) == [5, 9, 11]
 
@@ -159,3 +159,19 @@ def test_bad_inputs_are_refused():
         stats.family_alpha(0.7, 3)
     with pytest.raises(ValueError, match="min_pairs"):
         run_ab(CFGS, lambda c: {}, lambda c: {}, min_pairs=2)
+
+
+def test_a_memory_regression_is_found_where_time_does_not_move():
+    # peak allocated memory repeats to the byte from run to run: a 3% rise fails the gate in the first look
+    rng = np.random.default_rng(11)
+    m = Machine(rng, 0.004, 0.01, stall=0.02)
+
+    def with_memory(result: dict, gib: float) -> dict:
+        result["metrics"]["mem_allocated_peak_bytes"] = gib * 2**30
+        return result
+
+    report = run_ab(CFGS[:1], lambda c: with_memory(m.run(0.32), 50.0), lambda c: with_memory(m.run(0.32), 51.5))
+    (o,) = report.outcomes
+    rows = {r.metric: r.verdict for r in o.rows}
+    assert rows["mem_allocated_peak_bytes"] == stats.REGRESSION and o.verdict == stats.REGRESSION
+    assert len(o.pairs) == 6 and report.exit_code == 1

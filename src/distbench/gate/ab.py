@@ -15,8 +15,10 @@ Gated metrics follow the configuration's regime, read from the base's first run:
     always                 step_time_s (the window wall clock per step: what users get)
     with a device sample   device_compute_s (kernels other than NCCL: the quiet device-side figure)
     host-bound             host_cpu_s (the training thread's CPU time per step)
+    on GPUs                mem_allocated_peak_bytes (nearly exact from run to run, so any change of at least
+                           min_effect is found in the first look)
 Reported beside them, not gated: tokens_per_s, step_gcycles (cycles per step, where NVML read the clock),
-device_comm_s, busy_ratio and the peak memory figures (exact from run to run: `distbench compare` gates them).
+device_comm_s and busy_ratio.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ..config import RunConfig
 from ..results import METRIC_DIRECTIONS
 from . import stats
 
-REPORTED = ("tokens_per_s", "step_gcycles", "device_comm_s", "busy_ratio", "mem_allocated_peak_bytes")
+REPORTED = ("tokens_per_s", "step_gcycles", "device_comm_s", "busy_ratio")
 
 
 @dataclass
@@ -84,6 +86,8 @@ def gated_metrics(first_base: dict[str, Any]) -> tuple[str, ...]:
         out.append("device_compute_s")
     if (first_base.get("regime") or {}).get("regime") != "device-bound" and "host_cpu_s" in m:
         out.append("host_cpu_s")
+    if m.get("mem_allocated_peak_bytes"):
+        out.append("mem_allocated_peak_bytes")
     return tuple(out)
 
 
