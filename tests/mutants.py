@@ -6,6 +6,7 @@ Each mutation breaks one property a real incident breaks, on top of a correct tr
   sync_every_micro   gradients are all-reduced on every micro-batch (no_sync forgotten)
   fresh_optimizer    a resume restores the model but silently resets the optimizer state (any torch-native
                      trainer, resharding loads included)
+  local_norm_clip    gradients clipped by the norm of this rank's own shard instead of the global norm (FSDP2)
 
 The rank processes import this module by name: spawned ranks inherit the pytest process's sys.path, on which
 pytest puts this directory.
@@ -17,11 +18,13 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 import distbench.invariants.collectives as collectives
 import distbench.runtime.jobs as jobs
 from distbench.strategies.ddp import DDPTrainer
+from distbench.strategies.fsdp import FSDP2Trainer
 
 
 def _sum_hook(state, bucket):  # unannotated: DDP rejects the string annotations of `from __future__`
@@ -39,6 +42,15 @@ def _mutate(trainer: Any, mutation: str) -> None:
             trainer.optimizer.state.clear()
 
         trainer.load_checkpoint = load_but_reset_optimizer
+        return
+    if mutation == "local_norm_clip":
+        assert isinstance(trainer, FSDP2Trainer), "local_norm_clip is written against the FSDP2 strategies"
+
+        def clip_by_local_shard() -> torch.Tensor:
+            grads = [p.grad.to_local() for p in trainer.model.parameters() if p.grad is not None]
+            return torch.nn.utils.clip_grad_norm_(grads, trainer.cfg.clip_grad_norm)
+
+        trainer.clip_gradients = clip_by_local_shard
         return
     assert isinstance(trainer, DDPTrainer), f"mutation {mutation!r} is written against the ddp strategy"
     if mutation == "no_grad_sync":

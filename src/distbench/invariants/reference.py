@@ -34,7 +34,7 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
     sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, end_factor=1.0,
                                               total_iters=max(1, cfg.lr_warmup_steps))
     n_micro = cfg.global_batch // cfg.micro_batch
-    losses, grads = [], {}
+    losses, grads, norms = [], {}, []
     for step in range(cfg.steps):
         tokens = global_batch(cfg, step, seq_len, spec.vocab_size).to(device)
         total = 0.0
@@ -46,15 +46,17 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
             total += loss.item()
         if step == cfg.steps - 1:
             grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters() if p.grad is not None}
+        if cfg.clip_grad_norm:  # by the global norm of the whole model's gradients, reported before clipping
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)))
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
         losses.append(total / n_micro)
     params = {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
-    return {"losses": losses, "params": params, "grads": grads}
+    return {"losses": losses, "params": params, "grads": grads, "grad_norms": norms}
 
 
 def reference_job(ctx: RankContext, cfg: dict[str, Any], with_tensors: bool = False) -> dict[str, Any]:
     """Pool job wrapper (world size 1) so the reference runs on the same device type as the strategies."""
     out = reference_run(ctx.config(cfg), ctx.device)
-    return out if with_tensors else {"losses": out["losses"]}
+    return out if with_tensors else {"losses": out["losses"], "grad_norms": out["grad_norms"]}

@@ -86,7 +86,8 @@ def train(
             losses += run_steps(ctx, trainer, rc, save_at)
             trainer.save_checkpoint(checkpoint_dir or "")
         losses += run_steps(ctx, trainer, rc, rc.steps, capture_last_grads=return_grads)
-        out: dict[str, Any] = {"rank": ctx.rank, "start_step": start, "losses": losses}
+        out: dict[str, Any] = {"rank": ctx.rank, "start_step": start, "losses": losses,
+                               "grad_norms": [float(n) for n in trainer.grad_norms]}
         if return_params:
             params = trainer.full_state_dict()  # collective: every rank gathers, rank 0 returns
             if ctx.rank == 0:

@@ -113,6 +113,7 @@ class Trainer(ABC):
         self.cfg = cfg
         self.steps_done = 0
         self.optimizer_impl = ""  # set by make_optimizer: the AdamW implementation results record
+        self.grad_norms: list[torch.Tensor] = []  # per step, before clipping, when the run clips
 
     def make_optimizer(self, params, *, offload: bool = False) -> torch.optim.Optimizer:
         """The run's AdamW over `params` (see `optimizer_impl`), remembering which implementation it is."""
@@ -124,6 +125,22 @@ class Trainer(ABC):
     def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
         """Forward and backward one micro-batch, scaled for accumulation; return its detached mean loss.
         `sync` is False on all but the last micro-batch of a step: strategies skip gradient sync then."""
+
+    def clip_gradients(self) -> torch.Tensor | None:
+        """Clip the step's gradients to the run's `clip_grad_norm` by their GLOBAL norm, the way the strategy's
+        users do (torch's clip_grad_norm_, which handles FSDP2's DTensors; FSDP1 and DeepSpeed override), and
+        return that norm before clipping (None when the run does not clip)."""
+        if not self.cfg.clip_grad_norm:
+            return None
+        norm = torch.nn.utils.clip_grad_norm_(self.clip_parameters(), self.cfg.clip_grad_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def clip_parameters(self) -> Iterator[nn.Parameter]:
+        """The parameters whose gradients are clipped together (the wrapped model's)."""
+        return self.optimizer_parameters()
+
+    def optimizer_parameters(self) -> Iterator[nn.Parameter]:
+        return (p for group in self.optimizer.param_groups for p in group["params"])
 
     def optimizer_step(self) -> None:
         """Apply the accumulated gradients, step the LR schedule, zero the gradients (torch-native
@@ -182,10 +199,19 @@ class Trainer(ABC):
         for i, mb in enumerate(micro_batches):
             total += self.forward_backward(mb, sync=(i == n - 1)).double()
         if capture_grads:
-            self.last_grads = self.full_grads()
+            self.last_grads = self.full_grads()  # before clipping: what the step's backward produced
+        norm = self.clip_gradients()
         self.optimizer_step()
+        if norm is None:
+            norm = self.grad_norm_after_step()
+        if norm is not None:
+            self.grad_norms.append(norm.detach())
         self.steps_done += 1
         return total / n
+
+    def grad_norm_after_step(self) -> torch.Tensor | None:
+        """The pre-clip global norm of a strategy that clips inside its optimizer step (DeepSpeed)."""
+        return None
 
     def extra_state(self) -> dict[str, Any]:
         """Harness state a resume needs besides model and optimizer: data position and RNG."""

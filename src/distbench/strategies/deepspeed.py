@@ -52,6 +52,16 @@ class DeepSpeedTrainer(Trainer):
             self.engine.step()  # only counts the micro-step; the boundary's step is optimizer_step()
         return loss.detach()
 
+    def clip_gradients(self) -> torch.Tensor | None:
+        """None: DeepSpeed clips inside engine.step() (its `gradient_clipping`, set from clip_grad_norm)."""
+        return None
+
+    def grad_norm_after_step(self) -> torch.Tensor | None:
+        """The global norm DeepSpeed measured before it clipped (read after the step that computed it)."""
+        if not self.cfg.clip_grad_norm:
+            return None
+        return torch.as_tensor(float(self.engine.get_global_grad_norm()))
+
     def optimizer_step(self) -> None:
         """At the accumulation boundary engine.step() steps the optimizer and LR schedule and zeroes gradients.
 

@@ -87,8 +87,9 @@ def harness_config(cfg: RunConfig, stage: int, offload: bool, n_params: int | No
         # every step's gradient was silently rescaled to global norm 1 while DDP and the reference do not clip.
         # Adam hides it on step 1 (its update is nearly scale-free) but from step 2 on the per-step clip factors
         # differ, the moment estimates mix differently scaled gradients and losses drift (~5e-5 relative by
-        # step 6 on gpt2-tiny). Set explicitly, so either default gives parity; a user's value still overrides.
-        "gradient_clipping": 0.0,
+        # step 6 on gpt2-tiny). Set explicitly from RunConfig.clip_grad_norm (0: off), so either default gives
+        # parity; a user's value still overrides.
+        "gradient_clipping": cfg.clip_grad_norm,
         # The harness passes torch.optim.AdamW (see deepspeed.py); DeepSpeed refuses it under ZeRO and,
         # with offload, demands its JIT-built DeepSpeedCPUAdam unless told otherwise.
         "zero_allow_untested_optimizer": True,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 from torch.distributed.fsdp import FullStateDictConfig, MixedPrecision, ShardingStrategy, StateDictType
@@ -41,6 +43,12 @@ class FSDP1Trainer(DCPCheckpointMixin):
             _allow_low_precision_grads(self.model)
         self.optimizer = self.make_optimizer(self.model.parameters())
         self.scheduler = build_scheduler(self.optimizer, cfg)
+
+    def clip_gradients(self) -> torch.Tensor | None:
+        """FSDP1's own clip_grad_norm_, which reduces the norm over its flat shards (torch's would not)."""
+        if not self.cfg.clip_grad_norm:
+            return None
+        return cast(FSDP, self.model).clip_grad_norm_(self.cfg.clip_grad_norm)
 
     def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
         with no_sync_if(self.model, skip=not sync):
