@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -267,13 +268,22 @@ def test_device_time_check_catches_planted_defects(monkeypatch: pytest.MonkeyPat
 
 
 def test_union_length_of_intervals_in_any_order() -> None:
-    """Overlapping, nested, touching and disjoint intervals: [0, 10) + [10, 15) + [20, 25) = 20."""
-    import numpy as np
-
-    starts = np.array([20, 0, 2, 10, 5])
-    ends = np.array([25, 4, 8, 15, 10])
-    assert devicetime.union_length(starts, ends) == 20.0
+    """Overlapping, touching, disjoint, and two short intervals inside a long one (a long NCCL kernel beside
+    short compute kernels): [0, 15) + [20, 25) + [40, 70) = 50."""
+    starts = np.array([20, 0, 2, 10, 5, 40, 45, 50])
+    ends = np.array([25, 4, 8, 15, 10, 70, 48, 55])
+    assert devicetime.union_length(starts, ends) == 50.0
     assert devicetime.union_length(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == 0.0
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda s, e: float((e - s).sum()),  # overlaps counted twice
+    lambda s, e: float(e.max() - s.min()),  # the span, gaps included
+])
+def test_union_length_check_catches_planted_defects(monkeypatch: pytest.MonkeyPatch, wrong: Any) -> None:
+    monkeypatch.setattr(devicetime, "union_length", wrong)
+    with pytest.raises(AssertionError):
+        test_union_length_of_intervals_in_any_order()
 
 
 # --- negative control: accumulation skips communication ----------------------------------------------------
