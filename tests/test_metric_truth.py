@@ -1,7 +1,8 @@
 """Each reported metric against a figure computed without measure/, and each check shown to fail on a planted
 defect (the `*_catches_*` tests): step time against steps of known duration, tokens/s against the tokens the
 ranks' models actually consumed, FLOPs per token against torch's FLOP counter, device-time arithmetic
-against hand-made profiler rows, and the negative control that accumulation really skips communication.
+against hand-made profiler rows, bus bandwidth against nccl-tests' published factors, and the negative
+control that accumulation really skips communication.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import distbench.measure.bench as bm
 from distbench.config import RunConfig
-from distbench.measure import devicetime, mfu
+from distbench.measure import busbw, devicetime, mfu
 from distbench.measure.timing import Window, time_window
 from distbench.runtime.context import RankContext
 from distbench.workloads.models import get_model
@@ -307,3 +308,37 @@ def test_skipped_communication_check_catches_sync_on_every_micro_batch(suite: An
     with pytest.raises(AssertionError):
         assert_sync_only_on_the_last_micro_batch(out[0]["agree_after_each_micro_batch"])
 
+
+
+# --- bus bandwidth -----------------------------------------------------------------------------------------
+#: nccl-tests (doc/PERFORMANCE.md) busbw / algbw, written out per world size rather than by formula:
+#: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n.
+NCCL_TESTS_FACTORS = {
+    "all_reduce": {1: 0.0, 2: 1.0, 4: 1.5, 8: 1.75},
+    "all_gather": {1: 0.0, 2: 0.5, 4: 0.75, 8: 0.875},
+    "reduce_scatter": {1: 0.0, 2: 0.5, 4: 0.75, 8: 0.875},
+}
+
+
+def assert_busbw_is_nccl_tests_convention() -> None:
+    """A 256 MiB buffer in 2 ms at each world size: busbw = S / t * the published factor, in 1e9 bytes/s."""
+    size, seconds = 256 << 20, 0.002
+    for op, factors in NCCL_TESTS_FACTORS.items():
+        for n, factor in factors.items():
+            assert busbw.busbw_gbps(op, size, seconds, n) == pytest.approx(size / seconds / 1e9 * factor), (op, n)
+
+
+def test_busbw_against_nccl_tests_published_factors() -> None:
+    assert_busbw_is_nccl_tests_convention()
+
+
+@pytest.mark.parametrize("op, wrong", [
+    ("all_gather", lambda n: 2.0 * (n - 1) / n),  # all_reduce's factor
+    ("all_reduce", lambda n: (n - 1) / n),  # a ring's reduce-scatter half only
+    ("reduce_scatter", lambda n: 1.0),  # algbw reported as busbw
+])
+def test_busbw_check_catches_a_wrong_factor(monkeypatch: pytest.MonkeyPatch, op: str, wrong: Any) -> None:
+    real = busbw.bus_factor
+    monkeypatch.setattr(busbw, "bus_factor", lambda o, n: wrong(n) if o == op else real(o, n))
+    with pytest.raises(AssertionError):
+        assert_busbw_is_nccl_tests_convention()
