@@ -74,7 +74,7 @@ def test_known_duration_check_catches_timer_defects(defect: Callable[[TimeWindow
         assert_window_times_known_steps(defect(time_window), "events")
 
 
-SLOW = {"strategy": "single", "model": "user_models:tiny_lm", "global_batch": 4, "micro_batch": 2,
+KNOWN = {"strategy": "single", "model": "user_models:tiny_lm", "global_batch": 4, "micro_batch": 2,
         "steps": 3, "warmup": 1, "windows": 1}
 #: What each micro-batch of a planted step sleeps.
 MICRO_BATCH_S = 0.03
@@ -86,9 +86,13 @@ def known_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     (a real model's step on this shared 2-core machine varied 20-750 ms between runs)."""
     real = bm.build_trainer
 
+    def sleep(micro_batches: list[Any], capture_grads: bool = False) -> torch.Tensor:
+        time.sleep(MICRO_BATCH_S * len(micro_batches))
+        return torch.zeros(())
+
     def build(ctx: RankContext, cfg: RunConfig, model: nn.Module) -> Any:
         trainer = real(ctx, cfg, model)
-        trainer.step_async = lambda mbs, capture_grads=False: (time.sleep(MICRO_BATCH_S * len(mbs)), torch.zeros(()))[1]
+        trainer.step_async = sleep
         return trainer
 
     monkeypatch.setattr(bm, "build_trainer", build)
@@ -97,7 +101,7 @@ def known_steps(monkeypatch: pytest.MonkeyPatch) -> None:
 def assert_bench_step_time_is_the_known_workload(mode: str) -> None:
     """`bench` with steps of known length: the reported step time, and every per-step time, is at least
     that length (a sleep never ends early); the reported one, and the median step, at most 30% over."""
-    cfg = RunConfig.from_dict({**SLOW, "timing": mode})
+    cfg = RunConfig.from_dict({**KNOWN, "timing": mode})
     result = bm.summarize_bench(cfg, [bm.bench(CPU, cfg.to_dict(), nvml=False)])
     known = cfg.accum_steps * MICRO_BATCH_S
     steps = result["step_time_s"]["steps"]
@@ -134,6 +138,7 @@ THROUGHPUT_CONFIGS = {
 
 
 def counted(suite: Any, cfg: RunConfig, plant: str | None = None) -> list[dict[str, Any]]:
+    """metric_jobs.counted_bench's reply from every rank."""
     if cfg.world_size == 1:  # in this process: no pool to start
         return [counted_bench(CPU, cfg.to_dict(), plant)]
     return suite.run(cfg.world_size, TOKENS_JOB, cfg=cfg.to_dict(), plant=plant)
