@@ -80,6 +80,20 @@ def test_hf_style_optimizer_and_scheduler_sections_that_agree_are_dropped():
     assert "optimizer" not in ds and "scheduler" not in ds
 
 
+def test_an_optimizer_section_is_refused_when_the_run_uses_sgd():
+    """An AdamW section that agrees with the run's lr would be dropped silently; under SGD it describes an
+    optimizer that does not run."""
+    with pytest.raises(ConfigError, match="algorithm is 'sgd'"):
+        build({"optimizer": {"type": "AdamW", "params": {"lr": CFG.lr}}}, CFG.replace(algorithm="sgd"))
+    assert "optimizer" not in build(None, CFG.replace(algorithm="sgd"))
+
+
+@pytest.mark.parametrize("bad", [{"algorithm": "adam"}, {"momentum": 1.0}, {"momentum": -0.1}])
+def test_the_update_rule_is_validated(bad):
+    with pytest.raises(ConfigError):
+        CFG.replace(**bad)
+
+
 def test_the_users_dict_is_not_modified():
     user = {"bfloat16": {"enabled": False}, "optimizer": {"type": "AdamW"}, "gradient_clipping": "auto"}
     before = json.dumps(user, sort_keys=True)

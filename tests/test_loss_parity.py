@@ -64,3 +64,26 @@ def test_parity_runs_use_deterministic_attention_and_benchmarks_the_fast_kernels
         assert fast_sdpa() == (True, True, True)
     finally:
         set_numerics(RunConfig(deterministic=False))  # the process default
+
+
+#: SGD with momentum at a step size whose updates move gpt2-tiny's losses by 0.01-0.07 a step (it does not
+#: train it in 5 steps: the losses wander), far above the parity tolerance.
+SGD = {"algorithm": "sgd", "momentum": 0.9, "lr": 0.1}
+
+
+@pytest.mark.strategies("ddp", "fsdp_grad")
+def test_sgd_momentum_loss_parity(suite, strategy, world_size):
+    """SGD with momentum beside AdamW: its update is proportional to the gradient, so a gradient scaled by a
+    constant (which Adam's normalisation hides from the losses) moves its losses off the reference, as
+    test_sgd_parity_catches_a_missing_average shows."""
+    cfg = suite.config(strategy, world_size, **SGD)
+    assert_losses_match(suite.train(cfg)[0]["losses"], suite.reference(cfg)["losses"],
+                        f"{strategy} ws{world_size} SGD+momentum")
+
+
+def test_sgd_parity_catches_a_missing_average(suite):
+    """Gradients summed instead of averaged over 2 ranks (tests/mutants.py sum_not_mean) fail SGD's parity."""
+    cfg = suite.config("ddp", 2, **SGD)
+    losses = suite.run(2, "mutants:train", mutation="sum_not_mean", cfg=cfg.to_dict())[0]["losses"]
+    with pytest.raises(AssertionError):
+        assert_losses_match(losses, suite.reference(cfg)["losses"], "ddp ws2 SGD, gradients summed")

@@ -30,6 +30,10 @@ PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 #: foreach otherwise; the others force one. Every result records the one that ran.
 Optimizer = Literal["auto", "fused", "foreach", "forloop"]
 OPTIMIZERS: tuple[str, ...] = typing.get_args(Optimizer)
+#: The update rule. AdamW is what users train with; SGD with momentum is there for parity, because Adam's
+#: scale invariance hides a gradient scaled by a constant (a missing 1/world_size) from the losses.
+Algorithm = Literal["adamw", "sgd"]
+Momentum = Annotated[float, Field(ge=0, lt=1)]
 #: "events": no host synchronization inside a timed window (per-step times from device events, the
 #: window's throughput from its wall clock around one final sync), as users train; "sync": a device
 #: synchronization around every step, the old mode, kept for comparison.
@@ -66,6 +70,8 @@ class RunConfig:
     # True: Python's collector may run inside timed steps (measure/pygc.py)
     gc_during_steps: bool = False
     optimizer: Optimizer = "auto"  # AdamW implementation
+    algorithm: Algorithm = "adamw"  # the update rule; "sgd" uses lr, momentum and weight_decay
+    momentum: Momentum = 0.9  # SGD only
     timing: Timing = "events"  # how timed windows are measured
     clip_grad_norm: NonNegativeFloat = 0.0  # max global gradient norm before each step (0: no clipping)
     windows: PositiveInt = 1  # the timed steps run as this many windows, each between two synchronizations

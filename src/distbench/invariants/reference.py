@@ -29,8 +29,12 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
     spec = get_model(cfg.model)
     seq_len = cfg.seq_len or spec.seq_len
     model = spec.build(cfg.seed, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
-                            weight_decay=cfg.weight_decay, foreach=False)
+    if cfg.algorithm == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                                     weight_decay=cfg.weight_decay, foreach=False)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
+                                weight_decay=cfg.weight_decay, foreach=False)
     sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, end_factor=1.0,
                                               total_iters=max(1, cfg.lr_warmup_steps))
     n_micro = cfg.global_batch // cfg.micro_batch

@@ -54,6 +54,8 @@ def build_optimizer(params, cfg: RunConfig, impl: str = "foreach") -> torch.opti
     strategy. The per-parameter loop ("forloop") costs GPT-2 355M about 11 ms a step on an H100 (7% of its
     step time), which the harness-fidelity benchmark caught: it is there to compare, not to default to."""
     flags = {"fused": {"fused": True}, "foreach": {"foreach": True}, "forloop": {"foreach": False}}[impl]
+    if cfg.algorithm == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **flags)
     return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
                              weight_decay=cfg.weight_decay, **flags)
 
@@ -116,7 +118,8 @@ class Trainer(ABC):
         self.grad_norms: list[torch.Tensor] = []  # per step, before clipping, when the run clips
 
     def make_optimizer(self, params, *, offload: bool = False) -> torch.optim.Optimizer:
-        """The run's AdamW over `params` (see `optimizer_impl`), remembering which implementation it is."""
+        """The run's optimizer (cfg.algorithm) over `params` (see `optimizer_impl`), remembering which
+        implementation it is."""
         self.optimizer_impl = optimizer_impl(self.cfg, self.ctx.device_type, offload=offload)
         return build_optimizer(params, self.cfg, self.optimizer_impl)
 

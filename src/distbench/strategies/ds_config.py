@@ -185,6 +185,9 @@ def _check_optimizer(section: Any, cfg: RunConfig, source: str) -> None:
     """Accept an optimizer section only if it says what the harness's AdamW does anyway."""
     if section is None:
         return
+    if cfg.algorithm != "adamw":
+        raise ConfigError(f"ds_config ({source}) has an 'optimizer' section but the run's algorithm is "
+                          f"{cfg.algorithm!r}: distbench passes its own torch.optim optimizer; remove the section")
     ours = {"lr": cfg.lr, "betas": list(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
     fix = ("distbench passes torch.optim.AdamW built from RunConfig (lr, betas, eps, weight_decay); set those "
            "instead, or remove the 'optimizer' section")

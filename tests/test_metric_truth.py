@@ -1,0 +1,349 @@
+"""Each reported metric against a figure computed without measure/, and each check shown to fail on a planted
+defect (the `*_catches_*` tests): step time against steps of known duration, tokens/s against the tokens the
+ranks' models actually consumed, FLOPs per token against torch's FLOP counter, device-time arithmetic
+against hand-made profiler rows, bus bandwidth against nccl-tests' published factors, and the negative
+control that accumulation really skips communication.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import distbench.measure.bench as bm
+from distbench.config import RunConfig
+from distbench.measure import busbw, devicetime, mfu
+from distbench.measure.timing import Window, time_window
+from distbench.runtime.context import RankContext
+from distbench.workloads.models import get_model
+from metric_jobs import counted_bench
+
+CPU = RankContext(0, 1, 0, torch.device("cpu"), "gloo")
+TimeWindow = Callable[[RankContext, str, Any], Window]
+
+
+# --- planted timer defects ---------------------------------------------------------------------------------
+def late_clock(real: TimeWindow) -> TimeWindow:
+    """time_window whose window clock starts after the first step (that step runs, untimed)."""
+    def window(ctx: RankContext, mode: str, steps: Any) -> Window:
+        w = real(ctx, mode, steps)
+        return Window(w.wall_s - w.step_s[0], w.step_s, w.host_cpu_s, w.losses)
+    return window
+
+
+def cpu_clock(real: TimeWindow) -> TimeWindow:
+    """time_window reporting CPU time as step time: a step that waits (on a device, a peer, a sleep) reads 0."""
+    def window(ctx: RankContext, mode: str, steps: Any) -> Window:
+        w = real(ctx, mode, steps)
+        return Window(w.wall_s, w.host_cpu_s, w.host_cpu_s, w.losses)
+    return window
+
+
+# --- step time ---------------------------------------------------------------------------------------------
+DURATIONS_S = (0.01, 0.03, 0.02)
+#: Slack over a sleep's length: wake-up latency and the loop's own work, on a loaded 2-core machine.
+SLACK_S = 0.01
+
+
+def assert_window_times_known_steps(measure: TimeWindow, mode: str) -> None:
+    """Steps that sleep known durations read as those durations: no less (a sleep never ends early), and
+    at most SLACK_S more; the window's wall clock holds all of them."""
+    w = measure(CPU, mode, [lambda d=d: time.sleep(d) for d in DURATIONS_S])
+    assert len(w.step_s) == len(DURATIONS_S)
+    for got, want in zip(w.step_s, DURATIONS_S, strict=True):
+        assert want <= got <= want + SLACK_S, (mode, w.step_s)
+    assert sum(DURATIONS_S) <= w.wall_s <= sum(DURATIONS_S) + len(DURATIONS_S) * SLACK_S, (mode, w.wall_s)
+
+
+@pytest.mark.parametrize("mode", ["events", "sync"])
+def test_time_window_measures_steps_of_known_duration(mode: str) -> None:
+    assert_window_times_known_steps(time_window, mode)
+
+
+@pytest.mark.parametrize("defect", [late_clock, cpu_clock])
+def test_known_duration_check_catches_timer_defects(defect: Callable[[TimeWindow], TimeWindow]) -> None:
+    with pytest.raises(AssertionError):
+        assert_window_times_known_steps(defect(time_window), "events")
+
+
+KNOWN = {"strategy": "single", "model": "user_models:tiny_lm", "global_batch": 4, "micro_batch": 2,
+        "steps": 3, "warmup": 1, "windows": 1}
+#: What each micro-batch of a planted step sleeps.
+MICRO_BATCH_S = 0.03
+
+
+@pytest.fixture
+def known_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trainers whose step does nothing but sleep MICRO_BATCH_S per micro-batch: a step of known length
+    (a real model's step on this shared 2-core machine varied 20-750 ms between runs)."""
+    real = bm.build_trainer
+
+    def sleep(micro_batches: list[Any], capture_grads: bool = False) -> torch.Tensor:
+        time.sleep(MICRO_BATCH_S * len(micro_batches))
+        return torch.zeros(())
+
+    def build(ctx: RankContext, cfg: RunConfig, model: nn.Module) -> Any:
+        trainer = real(ctx, cfg, model)
+        trainer.step_async = sleep
+        return trainer
+
+    monkeypatch.setattr(bm, "build_trainer", build)
+
+
+def assert_bench_step_time_is_the_known_workload(mode: str) -> None:
+    """`bench` with steps of known length: the reported step time, and every per-step time, is at least
+    that length (a sleep never ends early); the reported one, and the median step, at most 30% over."""
+    cfg = RunConfig.from_dict({**KNOWN, "timing": mode})
+    result = bm.summarize_bench(cfg, [bm.bench(CPU, cfg.to_dict(), nvml=False)])
+    known = cfg.accum_steps * MICRO_BATCH_S
+    steps = result["step_time_s"]["steps"]
+    assert known <= result["metrics"]["step_time_s"] <= 1.3 * known, (mode, result["metrics"]["step_time_s"])
+    assert all(known <= s for s in steps) and statistics.median(steps) <= 1.3 * known, (mode, steps)
+
+
+@pytest.mark.parametrize("mode", ["events", "sync"])
+@pytest.mark.usefixtures("known_steps")
+def test_bench_step_time_matches_a_known_workload(mode: str) -> None:
+    assert_bench_step_time_is_the_known_workload(mode)
+
+
+@pytest.mark.usefixtures("known_steps")
+@pytest.mark.parametrize("defect", [late_clock, cpu_clock])
+def test_bench_step_time_check_catches_timer_defects(
+    monkeypatch: pytest.MonkeyPatch, defect: Callable[[TimeWindow], TimeWindow]
+) -> None:
+    monkeypatch.setattr(bm, "time_window", defect(time_window))
+    with pytest.raises(AssertionError):
+        assert_bench_step_time_is_the_known_workload("events")
+
+
+# --- throughput --------------------------------------------------------------------------------------------
+TOKENS_JOB = "metric_jobs:counted_bench"
+TINY_LM = {"model": "user_models:tiny_lm", "steps": 3, "warmup": 1, "windows": 1}
+#: world size 1 and 2, without and with accumulation (global batch > world size x micro-batch)
+THROUGHPUT_CONFIGS = {
+    "ws1": {"strategy": "single", "world_size": 1, "global_batch": 2, "micro_batch": 2},
+    "ws1-accum4": {"strategy": "single", "world_size": 1, "global_batch": 4, "micro_batch": 1},
+    "ws2": {"strategy": "ddp", "world_size": 2, "global_batch": 4, "micro_batch": 2},
+    "ws2-accum2": {"strategy": "ddp", "world_size": 2, "global_batch": 8, "micro_batch": 2},
+}
+
+
+def counted(suite: Any, cfg: RunConfig, plant: str | None = None) -> list[dict[str, Any]]:
+    """metric_jobs.counted_bench's reply from every rank."""
+    if cfg.world_size == 1:  # in this process: no pool to start
+        return [counted_bench(CPU, cfg.to_dict(), plant)]
+    return suite.run(cfg.world_size, TOKENS_JOB, cfg=cfg.to_dict(), plant=plant)
+
+
+def assert_tokens_per_s_is_tokens_seen_over_wall(cfg: RunConfig, per_rank: list[dict[str, Any]]) -> None:
+    """tokens/s = input tokens every rank's model consumed in the timed window / that window's wall clock
+    (the slowest rank's, read by a clock around the window); per GPU, the same over the world size. The
+    outer clock adds the call around the window: 3% covers it."""
+    assert all(len(r["windows"]) == 2 for r in per_rank)  # warm-up, then the one timed window
+    seen = sum(r["windows"][-1]["tokens"] for r in per_rank)
+    wall = max(r["windows"][-1]["seconds"] for r in per_rank)
+    metrics = bm.summarize_bench(cfg, [r["reply"] for r in per_rank])["metrics"]
+    assert metrics["tokens_per_s"] == pytest.approx(seen / wall, rel=0.03)
+    assert metrics["tokens_per_s_per_gpu"] == pytest.approx(seen / cfg.world_size / wall, rel=0.03)
+    seq_len = per_rank[0]["reply"]["seq_len"]
+    assert metrics["samples_per_s"] == pytest.approx(seen / seq_len / wall, rel=0.03)
+
+
+@pytest.mark.parametrize("name", THROUGHPUT_CONFIGS)
+def test_tokens_per_s_counts_the_tokens_the_ranks_consumed(suite: Any, name: str) -> None:
+    cfg = RunConfig.from_dict({**TINY_LM, **THROUGHPUT_CONFIGS[name]})
+    assert_tokens_per_s_is_tokens_seen_over_wall(cfg, counted(suite, cfg))
+
+
+def test_throughput_check_catches_skipped_micro_batches(suite: Any) -> None:
+    """Ranks that train on one micro-batch of each step consume half the tokens the result claims."""
+    cfg = RunConfig.from_dict({**TINY_LM, **THROUGHPUT_CONFIGS["ws1-accum4"]})
+    with pytest.raises(AssertionError):
+        assert_tokens_per_s_is_tokens_seen_over_wall(cfg, counted(suite, cfg, "first_micro_batch_only"))
+
+
+def test_throughput_check_catches_global_batch_taken_per_gpu(suite: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The global batch counted once per GPU doubles tokens/s at world size 2 (invisible at 1)."""
+    cfg = RunConfig.from_dict({**TINY_LM, **THROUGHPUT_CONFIGS["ws2"]})
+    per_rank = counted(suite, cfg)
+    real = bm.throughput
+    monkeypatch.setattr(bm, "throughput", lambda gb, seq, ws, t: real(gb * ws, seq, ws, t))
+    with pytest.raises(AssertionError):
+        assert_tokens_per_s_is_tokens_seen_over_wall(cfg, per_rank)
+
+
+# --- FLOPs per token ---------------------------------------------------------------------------------------
+def counted_flops_per_token(model: nn.Module, seq_len: int, batch: int = 2) -> float:
+    """Matmul FLOPs of one forward + backward per token, counted by torch's FlopCounterMode (which counts
+    matmuls only: 2 per multiply-add, bias adds and elementwise ops not at all)."""
+    if hasattr(model, "config"):
+        model.config._attn_implementation = "eager"  # CPU SDPA has no FLOP formula; eager attention is matmuls
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    x = torch.randint(vocab, (batch, seq_len)) if vocab else torch.randn(batch * seq_len, model[0].in_features,
+                                                                       requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        out = model(x)
+        (out.logits if hasattr(out, "logits") else out).sum().backward()
+    return counter.get_total_flops() / (batch * seq_len)
+
+
+def assert_model_flops_are_counted_flops(model: nn.Module, seq_len: int) -> None:
+    """model_flops' 6N + 12*L*H*S per token equals the counted matmul FLOPs plus 6 per vector parameter
+    (biases, norm weights): the formula's N takes them as multiply-adds, the counter as nothing."""
+    vectors = sum(p.numel() for p in model.parameters() if p.dim() == 1)
+    want = counted_flops_per_token(model, seq_len) + 6 * vectors
+    assert mfu.model_flops(model, seq_len)["flops_per_token"] == want
+
+
+def linear_stack() -> nn.Module:
+    """Matmuls only: 6 FLOPs per weight per token, exactly (the input requires grad, so every layer's
+    backward computes both the input and the weight gradient)."""
+    return nn.Sequential(nn.Linear(16, 32, bias=False), nn.ReLU(), nn.Linear(32, 8, bias=False))
+
+
+def test_flops_of_a_matmul_stack_are_6_per_weight_per_token() -> None:
+    model = linear_stack()
+    assert counted_flops_per_token(model, 4) == 6 * (16 * 32 + 32 * 8)  # the counter, against arithmetic
+    assert_model_flops_are_counted_flops(model, 4)
+
+
+def test_gpt2_flops_formula_matches_counted_flops() -> None:
+    """Attention included: eager attention's Q.K^T and A.V are counted over the full S x S matrix, as the
+    12*L*H*S term is."""
+    assert_model_flops_are_counted_flops(get_model("gpt2-tiny").build(0), 32)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda n, layers, hidden, s: 4.0 * n + (12 * layers * hidden * s if layers else 0),  # weight gradient forgotten
+    lambda n, layers, hidden, s: 6.0 * n + (6 * layers * hidden * s if layers else 0),  # causal half only
+])
+def test_flops_check_catches_a_wrong_factor(monkeypatch: pytest.MonkeyPatch, wrong: Callable[..., float]) -> None:
+    monkeypatch.setattr(mfu, "flops_per_token", wrong)
+    with pytest.raises(AssertionError):
+        assert_model_flops_are_counted_flops(get_model("gpt2-tiny").build(0), 32)
+
+
+# --- device time -------------------------------------------------------------------------------------------
+#: (activity, name, start_ns, duration_ns) as Kineto gives them, over 2 steps. By hand: compute kernels on
+#: two streams overlap on [50, 100); the NCCL kernel overlaps compute on [120, 150); a copy and a memset
+#: overlap on [340, 350). Busy = [0, 200) + [300, 360) = 260 ns; compute = 100 + 100 = 200; comm = 80.
+ROWS = [
+    ("kernel", "sm90_xmma_gemm", 0, 100),
+    ("kernel", "elementwise_kernel", 50, 100),
+    ("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 120, 80),
+    ("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", 300, 50),
+    ("gpu_memset", "Memset (Device)", 340, 20),
+    ("gpu_user_annotation", "ProfilerStep#1", 0, 1000),  # a marker, not device work
+]
+
+
+def assert_device_time_by_hand(summarize: Callable[..., dict[str, Any]]) -> None:
+    """Per-step compute, comm and busy figures of ROWS, and the regime 5% either side of the threshold."""
+    at_threshold = 2 * 130e-9 / devicetime.DEVICE_BOUND_RATIO  # wall at which busy / wall is the ratio
+    out = summarize(ROWS, 2, at_threshold)
+    assert out["kernels"] == 3
+    assert out["compute_s"] == pytest.approx(100e-9) and out["comm_s"] == pytest.approx(40e-9)
+    assert out["busy_s"] == pytest.approx(130e-9) and out["wall_s"] == pytest.approx(at_threshold / 2)
+    assert out["busy_ratio"] == pytest.approx(devicetime.DEVICE_BOUND_RATIO)
+    assert summarize(ROWS, 2, at_threshold * 1.05)["regime"] == "host-bound"
+    assert summarize(ROWS, 2, at_threshold * 0.95)["regime"] == "device-bound"
+
+
+def test_device_time_arithmetic_against_hand_made_rows() -> None:
+    assert_device_time_by_hand(devicetime.summarize_activity)
+
+
+@pytest.mark.parametrize("plant, value", [
+    ("union_length", lambda s, e: float((e - s).sum())),  # overlaps counted twice
+    ("is_comm_kernel", lambda name: name.startswith("ncclKernel")),  # misses NCCL 2.19+ ncclDevKernel_*
+    ("regime", lambda ratio: "device-bound" if ratio >= 0.8 else "host-bound"),  # a threshold off by 0.1
+])
+def test_device_time_check_catches_planted_defects(monkeypatch: pytest.MonkeyPatch, plant: str, value: Any) -> None:
+    monkeypatch.setattr(devicetime, plant, value)
+    with pytest.raises(AssertionError):
+        assert_device_time_by_hand(devicetime.summarize_activity)
+
+
+def test_union_length_of_intervals_in_any_order() -> None:
+    """Overlapping, touching, disjoint, and two short intervals inside a long one (a long NCCL kernel beside
+    short compute kernels): [0, 15) + [20, 25) + [40, 70) = 50."""
+    starts = np.array([20, 0, 2, 10, 5, 40, 45, 50])
+    ends = np.array([25, 4, 8, 15, 10, 70, 48, 55])
+    assert devicetime.union_length(starts, ends) == 50.0
+    assert devicetime.union_length(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == 0.0
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda s, e: float((e - s).sum()),  # overlaps counted twice
+    lambda s, e: float(e.max() - s.min()),  # the span, gaps included
+])
+def test_union_length_check_catches_planted_defects(monkeypatch: pytest.MonkeyPatch, wrong: Any) -> None:
+    monkeypatch.setattr(devicetime, "union_length", wrong)
+    with pytest.raises(AssertionError):
+        test_union_length_of_intervals_in_any_order()
+
+
+# --- negative control: accumulation skips communication ----------------------------------------------------
+GRADS_JOB = "metric_jobs:grads_across_accumulation"
+ACCUM3 = {"strategy": "ddp", "world_size": 2, "model": "user_models:tiny_lm", "global_batch": 6, "micro_batch": 1}
+
+
+def assert_sync_only_on_the_last_micro_batch(agree: list[bool]) -> None:
+    """Ranks see different samples, so their gradients differ until communicated: they must disagree after
+    every micro-batch but the last (no communication) and agree after it (one sync)."""
+    assert agree == [False] * (len(agree) - 1) + [True], agree
+
+
+def test_ddp_accumulation_skips_the_gradient_all_reduce(suite: Any) -> None:
+    out = suite.run(2, GRADS_JOB, cfg=ACCUM3)
+    assert_sync_only_on_the_last_micro_batch(out[0]["agree_after_each_micro_batch"])
+
+
+def test_skipped_communication_check_catches_sync_on_every_micro_batch(suite: Any) -> None:
+    out = suite.run(2, GRADS_JOB, cfg=ACCUM3, mutation="sync_every_micro")
+    with pytest.raises(AssertionError):
+        assert_sync_only_on_the_last_micro_batch(out[0]["agree_after_each_micro_batch"])
+
+
+
+# --- bus bandwidth -----------------------------------------------------------------------------------------
+#: nccl-tests (doc/PERFORMANCE.md) busbw / algbw, written out per world size rather than by formula:
+#: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n.
+NCCL_TESTS_FACTORS = {
+    "all_reduce": {1: 0.0, 2: 1.0, 4: 1.5, 8: 1.75},
+    "all_gather": {1: 0.0, 2: 0.5, 4: 0.75, 8: 0.875},
+    "reduce_scatter": {1: 0.0, 2: 0.5, 4: 0.75, 8: 0.875},
+}
+
+
+def assert_busbw_is_nccl_tests_convention() -> None:
+    """A 256 MiB buffer in 2 ms at each world size: busbw = S / t * the published factor, in 1e9 bytes/s."""
+    size, seconds = 256 << 20, 0.002
+    for op, factors in NCCL_TESTS_FACTORS.items():
+        for n, factor in factors.items():
+            assert busbw.busbw_gbps(op, size, seconds, n) == pytest.approx(size / seconds / 1e9 * factor), (op, n)
+
+
+def test_busbw_against_nccl_tests_published_factors() -> None:
+    assert_busbw_is_nccl_tests_convention()
+
+
+@pytest.mark.parametrize("op, wrong", [
+    ("all_gather", lambda n: 2.0 * (n - 1) / n),  # all_reduce's factor
+    ("all_reduce", lambda n: (n - 1) / n),  # a ring's reduce-scatter half only
+    ("reduce_scatter", lambda n: 1.0),  # algbw reported as busbw
+])
+def test_busbw_check_catches_a_wrong_factor(monkeypatch: pytest.MonkeyPatch, op: str, wrong: Any) -> None:
+    real = busbw.bus_factor
+    monkeypatch.setattr(busbw, "bus_factor", lambda o, n: wrong(n) if o == op else real(o, n))
+    with pytest.raises(AssertionError):
+        assert_busbw_is_nccl_tests_convention()
