@@ -31,6 +31,9 @@ CLI = [
     ("model-no-module", ["-m", ":fn"], "must read package.module:function"),
     ("model-markup", ["-m", "user_models:[red]x"], "'user_models:[red]x' must read"),  # printed, not markup
     ("repeats-zero", ["--repeats", "0"], "--repeats: value '0' is invalid"),
+    ("windows-zero", ["--windows", "0"], "--windows: value '0' is invalid"),
+    ("windows-over-steps", ["--steps", "2", "--windows", "3"], "windows must be at most steps (2), got 3"),
+    ("clip-negative", ["--clip-grad-norm", "-1"], "--clip-grad-norm: value '-1' is invalid"),
     ("repeats-negative", ["--repeats", "-1"], "greater than or equal to 1"),
     ("steps-zero", ["--steps", "0"], "--steps: value '0'"),
     ("steps-fraction", ["--steps", "2.5"], "--steps: value '2.5'"),

@@ -9,7 +9,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import OPTIMIZERS, TIMINGS, NonNegativeInt, PositiveFloat, PositiveInt, parse_list, parse_value
+from ..config import (
+    OPTIMIZERS,
+    TIMINGS,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    parse_list,
+    parse_value,
+)
 from ..errors import ConfigError
 
 
@@ -70,6 +79,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=_typed(PositiveInt), help="default: the model's")
     p.add_argument("--repeats", type=_typed(PositiveInt),
                    help="separate runs of each configuration (the compare gate wants >= 6)")
+    p.add_argument("--windows", type=_typed(PositiveInt), help="timed windows the steps are split into "
+                   "(each between two syncs; the step time is their median; default 1)")
+    p.add_argument("--clip-grad-norm", type=_typed(NonNegativeFloat), help="clip gradients to this global norm "
+                   "before each step, as each strategy's users do (default 0: off)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="AdamW implementation (default auto: fused on CUDA)")
     p.add_argument("--timing", choices=TIMINGS, help="events (default): no sync inside timed windows; "
                    "sync: a device sync around every step")
@@ -103,7 +116,8 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
 
     m = load_matrix(args.config) if args.config else default_matrix(device_type, device_count)
     base = dict(m.base)
-    for key in ("steps", "warmup", "global_batch", "micro_batch", "seq_len", "optimizer", "timing"):
+    for key in ("steps", "warmup", "global_batch", "micro_batch", "seq_len", "optimizer", "timing", "windows",
+                "clip_grad_norm"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
     if args.compile:
