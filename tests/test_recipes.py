@@ -5,6 +5,7 @@ FSDP2's DTensors, FSDP1's own, DeepSpeed's `gradient_clipping`)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from distbench.invariants.checks import assert_losses_match, assert_params_and_grads_match
 
@@ -37,3 +38,21 @@ def test_clipping_by_a_shards_own_norm_fails_parity(suite):
     broken = suite.run(2, "mutants:train", mutation="local_norm_clip", cfg=cfg.to_dict())[0]
     with pytest.raises(AssertionError):
         assert_losses_match(broken["losses"], ref["losses"], "fsdp_full ws2 clipping by local shards")
+
+
+@pytest.mark.strategies("single", "ddp", "fsdp_full", "fsdp_grad", "fsdp_hybrid", "zero2", "zero3")
+def test_activation_checkpointing_recomputes_and_keeps_the_losses(suite, strategy, world_size):
+    cfg = suite.config(strategy, world_size, activation_checkpointing=True)
+    out = suite.run(world_size, "recipe_jobs:train_counting_attention_forwards", cfg=cfg.to_dict())[0]
+    # negative control: every block's attention ran forward again in backward, so recomputation really happened
+    micro_steps = cfg.accum_steps * cfg.steps
+    assert out["attention_modules"] > 0 and min(out["attention_forwards"]) >= 2 * micro_steps, (micro_steps, out)
+    assert_losses_match(out["losses"], suite.reference(cfg)["losses"], f"{strategy} ws{world_size} with AC")
+
+
+def test_activation_checkpointing_needs_a_transformers_model(suite):
+    from distbench.errors import ConfigError
+    from distbench.strategies.base import enable_activation_checkpointing
+
+    with pytest.raises(ConfigError, match="activation_checkpointing_enable"):
+        enable_activation_checkpointing(torch.nn.Linear(2, 2))

@@ -74,6 +74,7 @@ class RunConfig:
     momentum: Momentum = 0.9  # SGD only
     timing: Timing = "events"  # how timed windows are measured
     clip_grad_norm: NonNegativeFloat = 0.0  # max global gradient norm before each step (0: no clipping)
+    activation_checkpointing: bool = False  # recompute each transformer block's activations in backward
     windows: PositiveInt = 1  # the timed steps run as this many windows, each between two synchronizations
     device_time_steps: NonNegativeInt = 2  # extra steps sampled under the profiler for device time and regime
     options: dict[str, Any] = field(default_factory=dict)  # strategy options, e.g. {"ds_config": {...}}

@@ -83,6 +83,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "(each between two syncs; the step time is their median; default 1)")
     p.add_argument("--clip-grad-norm", type=_typed(NonNegativeFloat), help="clip gradients to this global norm "
                    "before each step, as each strategy's users do (default 0: off)")
+    p.add_argument("--activation-checkpointing", action="store_true", help="recompute each transformer block's "
+                   "activations in backward (transformers' activation_checkpointing_enable)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="AdamW implementation (default auto: fused on CUDA)")
     p.add_argument("--timing", choices=TIMINGS, help="events (default): no sync inside timed windows; "
                    "sync: a device sync around every step")
@@ -120,6 +122,8 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
                 "clip_grad_norm"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
+    if args.activation_checkpointing:
+        base["activation_checkpointing"] = True
     if args.compile:
         base["compile"] = True
     if args.gc_during_steps:

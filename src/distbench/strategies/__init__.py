@@ -80,4 +80,8 @@ def build_trainer(ctx: RankContext, cfg: RunConfig, model: nn.Module) -> Trainer
         raise ConfigError(reason)
     module_name, cls_name = spec.target.split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
+    if cfg.activation_checkpointing:
+        from .base import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model)
     return cls(ctx, cfg, model, **spec.options_for(cfg))

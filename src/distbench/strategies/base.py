@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import RunConfig
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..runtime.context import RankContext
 from .checkpoint_files import write_manifest
 
@@ -77,6 +77,23 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
                 blocks = list(m)
                 break
     return blocks
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each transformer block in backward instead of keeping its activations, the way users of
+    transformers models switch it on whatever wraps the model next (DDP, FSDP, DeepSpeed), with torch's
+    non-reentrant checkpoint, which composes with all three. transformers 5 names it
+    activation_checkpointing_enable; gradient_checkpointing_enable is the older name of the same switch."""
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    older = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    elif older is not None:
+        older(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ConfigError(f"activation checkpointing needs a transformers model (activation_checkpointing_enable); "
+                          f"{type(model).__name__} has none: checkpoint its blocks in the factory, or drop the option")
 
 
 def maybe_compile(model: nn.Module, cfg: RunConfig) -> nn.Module:
