@@ -15,6 +15,7 @@ import pytest
 
 from .config import PositiveFloat, PositiveInt, parse_list, parse_value
 from .errors import ConfigError
+from .runtime.phases import PhaseLog
 from .runtime.pool import cuda_device_count
 from .strategies import REGISTRY, get_spec
 from .suite import TIER_DEFAULTS, Suite
@@ -22,6 +23,7 @@ from .workloads.models import check_model_name
 
 TIERS = (("cpu", ""), ("cuda", "-gpu"))
 OPTIONS = pytest.StashKey[dict[str, Any]]()
+PHASES = pytest.StashKey[PhaseLog]()  # the session's phase table, shared by both tiers' suites
 
 
 def _parse_options(config: pytest.Config) -> dict[str, Any]:
@@ -148,7 +150,8 @@ def _suites(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             opts = cfg.stash[OPTIONS]
             suites[device_type] = Suite(device_type, steps=opts["steps"], timeout=opts["job_timeout"],
                                         models=opts["models"] or [],
-                                        workdir=tmp_path_factory.mktemp(f"distbench-{device_type}"))
+                                        workdir=tmp_path_factory.mktemp(f"distbench-{device_type}"),
+                                        phases=cfg.stash.setdefault(PHASES, PhaseLog()))
         return suites[device_type]
 
     yield get
@@ -165,9 +168,21 @@ def device_type(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def suite(_suites, device_type: str) -> Suite:
-    """The session's Suite for this test's tier: pools, tier defaults and cached references."""
-    return _suites(device_type)
+def suite(_suites, device_type: str, request: pytest.FixtureRequest) -> Suite:
+    """The session's Suite for this test's tier: pools, tier defaults and cached references; the time its jobs
+    take is charged to this test in the session's phase table."""
+    s = _suites(device_type)
+    s.current_test = request.node.nodeid
+    return s
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Where the session's time went, by phase (runtime/phases.py): the suite's own slowdowns show here."""
+    lines = config.stash.get(PHASES, PhaseLog()).table()
+    if lines:
+        terminalreporter.write_sep("-", "distbench: time in rank jobs by phase")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

@@ -6,11 +6,13 @@ every test of a pytest session so rank pools and reference runs are built once.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .config import RunConfig
+from .runtime.phases import PhaseLog, job_phases
 from .runtime.pool import PoolManager
 
 TRAIN_JOB = "distbench.runtime.jobs:train"
@@ -39,6 +41,8 @@ class Suite:
     models: list[str] = field(default_factory=list)
     pools: PoolManager | None = None
     workdir: Path | None = None  # where session-wide checkpoints go
+    phases: PhaseLog = field(default_factory=PhaseLog)  # where the session's time went, per test
+    current_test: str = ""  # set by the `suite` fixture: whose jobs the phases are charged to
     _references: dict[str, dict[str, Any]] = field(default_factory=dict)
     _runs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -66,7 +70,13 @@ class Suite:
         return self.config(strategy, world_size, model, **{**base, **overrides})
 
     def run(self, world_size: int, job: str, timeout: float | None = None, **kwargs: Any) -> list[Any]:
-        return self.pool_manager.run(world_size, job, kwargs, timeout or self.timeout)
+        pool = self.pool_manager.get(world_size)
+        t0 = time.perf_counter()
+        outs = pool.run(job, kwargs, timeout or self.timeout)
+        phases = job_phases(outs, time.perf_counter() - t0, pool.last_start_s)
+        if phases:
+            self.phases.add(self.current_test, phases)
+        return outs
 
     def train(self, cfg: RunConfig, **kwargs: Any) -> list[dict[str, Any]]:
         """Run the train job at cfg.world_size; per-rank outputs (see runtime.jobs.train)."""

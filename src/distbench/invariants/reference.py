@@ -7,6 +7,7 @@ Only the inputs are shared: the model built from the seed and the samples of eac
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -62,5 +63,7 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
 
 def reference_job(ctx: RankContext, cfg: dict[str, Any], with_tensors: bool = False) -> dict[str, Any]:
     """Pool job wrapper (world size 1) so the reference runs on the same device type as the strategies."""
+    t0 = time.perf_counter()
     out = reference_run(ctx.config(cfg), ctx.device)
-    return out if with_tensors else {"losses": out["losses"], "grad_norms": out["grad_norms"]}
+    out = out if with_tensors else {"losses": out["losses"], "grad_norms": out["grad_norms"]}
+    return {**out, "phases": {"reference run": time.perf_counter() - t0}}

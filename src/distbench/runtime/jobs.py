@@ -12,6 +12,7 @@ from ..strategies.base import Trainer
 from ..workloads import get_model
 from ..workloads.data import rank_micro_batches
 from .context import RankContext
+from .phases import PhaseClock
 
 
 def set_numerics(cfg: RunConfig) -> None:
@@ -75,25 +76,34 @@ def train(
     return_grads: also return the full gradients of the last step, taken before its optimizer step.
     """
     rc = ctx.config(cfg)
-    trainer = make_trainer(ctx, rc)
+    clock = PhaseClock()
+    with clock("build and wrap"):
+        trainer = make_trainer(ctx, rc)
     try:
         start = 0
         if resume_from:
-            trainer.load_checkpoint(resume_from, reshard=reshard)
+            with clock("checkpoint load"):
+                trainer.load_checkpoint(resume_from, reshard=reshard)
             start = trainer.steps_done
         losses: list[float] = []
         if save_at is not None and start < save_at:
-            losses += run_steps(ctx, trainer, rc, save_at)
-            trainer.save_checkpoint(checkpoint_dir or "")
-        losses += run_steps(ctx, trainer, rc, rc.steps, capture_last_grads=return_grads)
+            with clock("training steps"):
+                losses += run_steps(ctx, trainer, rc, save_at)
+            with clock("checkpoint save"):
+                trainer.save_checkpoint(checkpoint_dir or "")
+        with clock("training steps"):
+            losses += run_steps(ctx, trainer, rc, rc.steps, capture_last_grads=return_grads)
         out: dict[str, Any] = {"rank": ctx.rank, "start_step": start, "losses": losses,
                                "grad_norms": [float(n) for n in trainer.grad_norms]}
-        if return_params:
-            params = trainer.full_state_dict()  # collective: every rank gathers, rank 0 returns
-            if ctx.rank == 0:
-                out["params"] = params
-        if return_grads and ctx.rank == 0:
-            out["grads"] = trainer.last_grads
-        return out
+        with clock("gather full state"):
+            if return_params:
+                params = trainer.full_state_dict()  # collective: every rank gathers, rank 0 returns
+                if ctx.rank == 0:
+                    out["params"] = params
+            if return_grads and ctx.rank == 0:
+                out["grads"] = trainer.last_grads
     finally:
-        trainer.close()
+        with clock("teardown"):
+            trainer.close()
+    out["phases"] = clock.seconds
+    return out

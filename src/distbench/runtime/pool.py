@@ -97,6 +97,7 @@ class RankPool:
         self.device_type = device_type
         self.start_timeout = start_timeout
         self.error_grace = error_grace
+        self.last_start_s = 0.0  # seconds the last run() spent starting the ranks (0 when they were up)
         self._procs: list[mp.process.BaseProcess] = []
         self._tasks: list[Connection] = []  # this process's write end of each rank's task pipe
         self._replies: list[MessageReader] = []
@@ -180,7 +181,9 @@ class RankPool:
     # --- jobs ----------------------------------------------------------------------------------------
     def run(self, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 600.0) -> list[Any]:
         """Run `target(ctx, **kwargs)` in every rank; return the per-rank results (index = rank)."""
+        t0, was_alive = time.perf_counter(), self.alive
         self.start(timeout)
+        self.last_start_s = 0.0 if was_alive else time.perf_counter() - t0
         job_id = next(self._job_ids)
         deadline = time.monotonic() + timeout
         for conn in self._tasks:

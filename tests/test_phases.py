@@ -1,0 +1,48 @@
+"""The suite's own time, by phase: every train job reports where its time went, the pytest process adds the
+pool's start and the transfer, and the session prints the table (the next slowdown of the suite shows)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from distbench.runtime.phases import POOL_START, TRANSFER, PhaseClock, PhaseLog, job_phases
+
+
+def test_a_clock_adds_up_each_phase():
+    clock = PhaseClock()
+    for _ in range(2):
+        with clock("steps"):
+            time.sleep(0.02)
+    with pytest.raises(RuntimeError), clock("save"):
+        raise RuntimeError("a failing phase is still timed")
+    assert 0.04 <= clock.seconds["steps"] < 0.2 and "save" in clock.seconds
+
+
+def test_job_phases_take_the_slowest_rank_and_charge_the_rest_to_transfer():
+    outs = [{"phases": {"build and wrap": 1.0, "training steps": 2.0}},
+            {"phases": {"build and wrap": 1.5, "training steps": 1.0}}]
+    phases = job_phases(outs, wall_s=6.0, start_s=2.0)
+    assert phases == {"build and wrap": 1.5, "training steps": 2.0, POOL_START: 2.0, TRANSFER: 0.5}
+    assert job_phases([{"losses": []}], 1.0, 0.0) is None  # jobs that report no phases add nothing
+
+
+def test_the_table_lists_phases_and_the_slowest_tests():
+    log = PhaseLog()
+    log.add("t::a", {"training steps": 3.0, TRANSFER: 1.0})
+    log.add("t::b", {"training steps": 1.0})
+    log.add("t::a", {"training steps": 1.0})
+    lines = log.table()
+    assert lines[1].split()[:3] == ["training", "steps", "5.0"] and "83.3%" in lines[1]
+    assert any(line.endswith("t::a (training steps 4.0, transfer and rest 1.0)") for line in lines)
+
+
+def test_a_train_job_reports_its_phases_to_the_session(suite, request):
+    cfg = suite.config("ddp", 2)
+    t0 = time.perf_counter()
+    suite.train(cfg, return_params=True)
+    wall = time.perf_counter() - t0
+    phases = suite.phases.by_test[request.node.nodeid]
+    assert {"build and wrap", "training steps", "gather full state", "teardown", TRANSFER} <= set(phases)
+    assert all(s >= 0 for s in phases.values()) and sum(phases.values()) == pytest.approx(wall, rel=0.05, abs=0.05)
