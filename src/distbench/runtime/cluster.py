@@ -209,6 +209,8 @@ class ClusterPool:
 
     cluster: Cluster
     world_size: int
+    #: RankPool's start time of the last run, for the phase table: torchrun started these processes already.
+    last_start_s = 0.0
 
     @property
     def device_type(self) -> str:
