@@ -23,7 +23,7 @@ import statistics
 from typing import Any
 
 from .results import config_key
-from .scaling import baseline_runs
+from .scaling import baseline_runs, tokens_per_s
 
 #: a run must fall this far below the median of its repeats to be flagged, whatever their spread
 MIN_GAP = 0.10
@@ -36,15 +36,10 @@ def rel_spread(result: dict[str, Any]) -> float:
     return (p90 - p10) / med if med and p10 is not None and p90 is not None else 0.0
 
 
-def _tps(result: dict[str, Any]) -> float:
-    """tokens/s of a result, 0.0 where it has none (failed, or not a benchmark)."""
-    return float((result.get("metrics") or {}).get("tokens_per_s") or 0.0)
-
-
 def _scaling(result: dict[str, Any], refs: list[dict[str, Any]]) -> list[str]:
     """Superlinear or within-noise speedup of a multi-rank result against one reference group."""
-    ws, tps = result["config"]["world_size"], _tps(result)
-    ref_tps = statistics.median(t for r in refs if (t := _tps(r)))
+    ws, tps = result["config"]["world_size"], tokens_per_s(result)
+    ref_tps = statistics.median(t for r in refs if (t := tokens_per_s(r)))
     speedup = tps / ref_tps
     noise = rel_spread(result) + statistics.median(rel_spread(r) for r in refs)
     against = (f"{speedup:.2f}x the tokens/s of {refs[0]['config'].get('strategy')} on 1 rank ({ref_tps:,.0f}, "
@@ -62,8 +57,8 @@ def _scaling(result: dict[str, Any], refs: list[dict[str, Any]]) -> list[str]:
 
 
 def _below_repeats(result: dict[str, Any], others: list[dict[str, Any]], first: bool) -> list[str]:
-    tps = _tps(result)
-    vals = [t for r in others if (t := _tps(r))]
+    tps = tokens_per_s(result)
+    vals = [t for r in others if (t := tokens_per_s(r))]
     med = statistics.median(vals)
     gap = max(MIN_GAP, (max(vals) - min(vals)) / med)
     if tps >= med * (1 - gap):
@@ -91,7 +86,7 @@ def _spread(result: dict[str, Any]) -> list[str]:
 
 def check(results: list[dict[str, Any]]) -> dict[str, list[str]]:
     """{result id: [warning, ...]} for every ok result with something implausible; others are absent."""
-    ok = [r for r in results if r.get("status") == "ok" and _tps(r)]
+    ok = [r for r in results if r.get("status") == "ok" and tokens_per_s(r)]
     order = {id(r): i for i, r in enumerate(ok)}  # run order breaks ties of `created` (whole seconds)
     first = min(ok, key=lambda r: (r.get("created", ""), order[id(r)]), default=None)
     groups: dict[tuple, list[dict[str, Any]]] = {}

@@ -23,15 +23,15 @@ def workload(result: dict[str, Any]) -> tuple:
     return config_key(result)[2:]
 
 
-def _tps(result: dict[str, Any]) -> float:
+def tokens_per_s(result: dict[str, Any]) -> float:
     """tokens/s of a result, 0.0 where it has none (failed, or not a benchmark)."""
     return float((result.get("metrics") or {}).get("tokens_per_s") or 0.0)
 
 
 def baseline_runs(results: list[dict[str, Any]], result: dict[str, Any]) -> list[dict[str, Any]]:
     """The ok 1-GPU runs `result`'s speedup is measured against: `single`'s, else its own strategy's."""
-    ones = [r for r in results if r.get("status") == "ok" and _tps(r) and r["config"].get("world_size") == 1
-            and workload(r) == workload(result)]
+    ones = [r for r in results if r.get("status") == "ok" and tokens_per_s(r)
+            and r["config"].get("world_size") == 1 and workload(r) == workload(result)]
     for strategy in ("single", result["config"].get("strategy")):
         runs = [r for r in ones if r["config"].get("strategy") == strategy]
         if runs:
@@ -41,19 +41,19 @@ def baseline_runs(results: list[dict[str, Any]], result: dict[str, Any]) -> list
 
 def baseline_tokens_per_s(results: list[dict[str, Any]], result: dict[str, Any]) -> float | None:
     runs = baseline_runs(results, result)
-    return statistics.median(_tps(r) for r in runs) if runs else None
+    return statistics.median(tokens_per_s(r) for r in runs) if runs else None
 
 
 def speedup(result: dict[str, Any], baseline_tps: float) -> tuple[float, float]:
     """(speedup, scaling efficiency) of `result` against a baseline's tokens/s."""
-    s = _tps(result) / baseline_tps
+    s = tokens_per_s(result) / baseline_tps
     return s, s / result["config"]["world_size"]
 
 
 def annotate(results: list[dict[str, Any]]) -> None:
     """Write speedup and scaling_efficiency into every ok result that has a baseline among `results`."""
     for r in results:
-        if r.get("status") != "ok" or not _tps(r):
+        if r.get("status") != "ok" or not tokens_per_s(r):
             continue
         base = baseline_tokens_per_s(results, r)
         metrics = r["metrics"]

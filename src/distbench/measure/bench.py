@@ -40,7 +40,7 @@ from ..runtime.fingerprint import environment_fingerprint
 from ..runtime.jobs import set_numerics
 from ..runtime.pool import JobError
 from ..strategies import build_trainer
-from ..strategies.base import Trainer, global_mean
+from ..strategies.base import IMPL_FLAGS, Trainer, global_mean
 from ..workloads.data import rank_micro_batches
 from ..workloads.models import count_params, get_model
 from .devicetime import DEVICE_BOUND_RATIO, regime, sample_device_time
@@ -264,9 +264,8 @@ def harness_overhead(
 
     bare = spec.build(rc.seed, ctx.device)
     trainer = build_trainer(ctx, rc, spec.build(rc.seed, ctx.device))
-    impl = {"fused": {"fused": True}, "foreach": {"foreach": True}, "forloop": {"foreach": False}}
     opt = torch.optim.AdamW(bare.parameters(), lr=rc.lr, betas=rc.betas, eps=rc.eps, weight_decay=rc.weight_decay,
-                            **impl[trainer.optimizer_impl])
+                            **IMPL_FLAGS[trainer.optimizer_impl])
 
     def amp() -> contextlib.AbstractContextManager:
         bf16 = rc.precision == "bf16"

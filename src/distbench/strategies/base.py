@@ -38,6 +38,11 @@ def model_logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out
 
 
+#: The torch.optim keyword arguments that select each implementation (fused, foreach, the per-parameter loop).
+IMPL_FLAGS: dict[str, dict[str, bool]] = {"fused": {"fused": True}, "foreach": {"foreach": True},
+                                          "forloop": {"foreach": False}}
+
+
 def optimizer_impl(cfg: RunConfig, device_type: str, *, offload: bool = False) -> str:
     """The AdamW implementation a run uses: cfg.optimizer, with "auto" resolved to what users pick.
 
@@ -53,7 +58,7 @@ def build_optimizer(params, cfg: RunConfig, impl: str = "foreach") -> torch.opti
     """AdamW with the run's hyper-parameters and implementation (see `optimizer_impl`); the same for every
     strategy. The per-parameter loop ("forloop") costs GPT-2 355M about 11 ms a step on an H100 (7% of its
     step time), which the harness-fidelity benchmark caught: it is there to compare, not to default to."""
-    flags = {"fused": {"fused": True}, "foreach": {"foreach": True}, "forloop": {"foreach": False}}[impl]
+    flags = IMPL_FLAGS[impl]
     if cfg.algorithm == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **flags)
     return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
