@@ -3,11 +3,14 @@ pool's start and the transfer, and the session prints the table (the next slowdo
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
 from distbench.runtime.phases import POOL_START, TRANSFER, PhaseClock, PhaseLog, job_phases
+
+pytest_plugins = ["pytester"]
 
 
 def test_a_clock_adds_up_each_phase():
@@ -46,3 +49,19 @@ def test_a_train_job_reports_its_phases_to_the_session(suite, request):
     phases = suite.phases.by_test[request.node.nodeid]
     assert {"build and wrap", "training steps", "gather full state", "teardown", TRANSFER} <= set(phases)
     assert all(s >= 0 for s in phases.values()) and sum(phases.values()) == pytest.approx(wall, rel=0.05, abs=0.05)
+
+
+def test_the_session_writes_its_phases_as_json_when_asked(pytester):
+    """The data behind the phase table, per test, for committing a GPU tier's durations."""
+    pytester.makepyfile(test_one="""
+        from distbench.pytest_plugin import PHASES
+        from distbench.runtime.phases import PhaseLog
+
+        def test_a(request):
+            request.config.stash.setdefault(PHASES, PhaseLog()).add(request.node.nodeid, {"training steps": 1.5})
+    """)
+    out = pytester.path / "phases.json"
+    result = pytester.runpytest_inprocess("-p", "distbench.pytest_plugin", f"--phases-json={out}")
+    result.assert_outcomes(passed=1)
+    assert json.loads(out.read_text()) == {"test_one.py::test_a": {"training steps": 1.5}}
+    result.stdout.fnmatch_lines(["*time in rank jobs by phase*", "training steps*1.5*"])

@@ -8,7 +8,9 @@ marked `gpu` and runs on CUDA with NCCL and a GPU-size model. Plain `pytest` des
 
 from __future__ import annotations
 
+import json
 import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,6 +57,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--steps", default="5", help="optimizer steps per training job (default 5)")
     g.addoption("--job-timeout", default="600", help="seconds before a hung job fails (default 600)")
     g.addoption("--results-dir", default=None, help="also write each benchmark test's result JSON here")
+    g.addoption("--phases-json", default=None, help="also write the session's seconds per test and phase "
+                "(the phase table's data) to this JSON file")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -178,7 +182,11 @@ def suite(_suites, device_type: str, request: pytest.FixtureRequest) -> Suite:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """Where the session's time went, by phase (runtime/phases.py): the suite's own slowdowns show here."""
-    lines = config.stash.get(PHASES, PhaseLog()).table()
+    log = config.stash.get(PHASES, PhaseLog())
+    out = config.getoption("--phases-json")
+    if out:
+        Path(out).write_text(json.dumps(log.by_test, indent=1, sort_keys=True) + "\n")
+    lines = log.table()
     if lines:
         terminalreporter.write_sep("-", "distbench: time in rank jobs by phase")
         for line in lines:
