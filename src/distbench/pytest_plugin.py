@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 
 from .config import PositiveFloat, PositiveInt, parse_list, parse_value
 from .errors import ConfigError
+from .runtime.channel import spill_root
 from .runtime.phases import PhaseLog
 from .runtime.pool import cuda_device_count
 from .strategies import REGISTRY, get_spec
@@ -25,6 +27,9 @@ from .workloads.models import check_model_name
 
 TIERS = (("cpu", ""), ("cuda", "-gpu"))
 OPTIONS = pytest.StashKey[dict[str, Any]]()
+#: The session's checkpoints go to /dev/shm when it has this much room: a GPU tier keeps tens of GB of them,
+#: and on tmpfs their saves skip the disk (DCP fsyncs every file).
+CHECKPOINT_SHM_MIN_FREE = 64 << 30
 PHASES = pytest.StashKey[PhaseLog]()  # the session's phase table, shared by both tiers' suites
 
 
@@ -145,7 +150,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def _suites(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+def _suites(request: pytest.FixtureRequest):
     cfg = request.config
     suites: dict[str, Suite] = {}
 
@@ -154,7 +159,8 @@ def _suites(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             opts = cfg.stash[OPTIONS]
             suites[device_type] = Suite(device_type, steps=opts["steps"], timeout=opts["job_timeout"],
                                         models=opts["models"] or [],
-                                        workdir=tmp_path_factory.mktemp(f"distbench-{device_type}"),
+                                        workdir=Path(tempfile.mkdtemp(prefix=f"distbench-{device_type}-",
+                                                                      dir=spill_root(CHECKPOINT_SHM_MIN_FREE))),
                                         phases=cfg.stash.setdefault(PHASES, PhaseLog()))
         return suites[device_type]
 
