@@ -221,7 +221,7 @@ class LaneRunner:
         (d / ITEMS).write_text(json.dumps(lane.nodeids))
         paths = list(dict.fromkeys(str(self.items[n].path) for n in lane.nodeids))
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "distbench.pytest_plugin",
-               *forwarded_args(self.config), "-m", "", "-q", "--capture=tee-sys", "--basetemp", str(d / "tmp"),
+               *forwarded_args(self.config), "-m", "", "-q", "--no-header", "--capture=tee-sys", "--basetemp", str(d / "tmp"),
                "--rootdir", str(self.config.rootpath),
                *(["-c", str(self.config.inipath)] if self.config.inipath else []),
                "--lanes", "off", "--distbench-lane", str(d), *paths]
