@@ -1,6 +1,6 @@
 """Nothing is left behind after a test session or a run, however it ends: a session with a failing and a
-hanging job, and a `distbench run` interrupted by Ctrl-C, leave no process, no distbench temp dir and no
-shared memory segment."""
+hanging job, a `distbench run` interrupted by Ctrl-C, and a session of lanes stopped by Ctrl-C or -x leave no
+process, no distbench temp dir and no shared memory segment."""
 
 from __future__ import annotations
 

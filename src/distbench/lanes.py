@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -66,6 +67,7 @@ def lane_cpus(slots: Sequence[int], n_slots: int) -> list[int] | None:
 def lane_env(slots: Sequence[int], gpus: bool) -> dict[str, str]:
     """The environment of a lane process: its slots, and on GPUs only its GPUs (renumbered from 0 for it)."""
     env = {**os.environ, LANE_ENV: ",".join(map(str, slots))}
+    env.pop("PYTEST_ADDOPTS", None)  # its reporting options (--junitxml=...) are the session's; forwarded_args
     src = str(Path(__file__).resolve().parents[1])  # this distbench, whatever else is installed
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     if gpus:
@@ -76,10 +78,11 @@ def lane_env(slots: Sequence[int], gpus: bool) -> dict[str, str]:
 
 
 def forwarded_args(config: pytest.Config) -> list[str]:
-    """The parent's options a lane needs to collect the same tests: plugins (-p), ini overrides (-o), the
-    distbench options and pytest-timeout's. Reporting options (-x, --junitxml, -v, ...) stay here."""
+    """The parent's options a lane needs to collect and run the same tests: plugins (-p) and ini overrides (-o),
+    from the command line and PYTEST_ADDOPTS, the distbench options and pytest-timeout's. Reporting options
+    (-x, --junitxml, -v, ...) stay with the session."""
     out: list[str] = []
-    args = [str(a) for a in config.invocation_params.args]
+    args = shlex.split(os.environ.get("PYTEST_ADDOPTS", "")) + [str(a) for a in config.invocation_params.args]
     for i, a in enumerate(args):
         for short, long in (("-p", None), ("-o", "--override-ini")):
             if a in (short, long) and i + 1 < len(args):
@@ -88,7 +91,8 @@ def forwarded_args(config: pytest.Config) -> list[str]:
                 out += [short, a[2:]]
             elif long and a.startswith(long + "="):
                 out += [short, a[len(long) + 1:]]
-    for opt in ("--strategies", "--world-sizes", "--models", "--steps", "--job-timeout", "--results-dir", "--timeout"):
+    for opt in ("--strategies", "--world-sizes", "--models", "--steps", "--job-timeout", "--results-dir",
+                "--timeout"):
         try:
             value = config.getoption(opt)
         except ValueError:  # pytest-timeout not installed
@@ -221,8 +225,8 @@ class LaneRunner:
         (d / ITEMS).write_text(json.dumps(lane.nodeids))
         paths = list(dict.fromkeys(str(self.items[n].path) for n in lane.nodeids))
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "distbench.pytest_plugin",
-               *forwarded_args(self.config), "-m", "", "-q", "--no-header", "--capture=tee-sys", "--basetemp", str(d / "tmp"),
-               "--rootdir", str(self.config.rootpath),
+               *forwarded_args(self.config), "-m", "", "-q", "--no-header", "--capture=tee-sys",
+               "--basetemp", str(d / "tmp"), "--rootdir", str(self.config.rootpath),
                *(["-c", str(self.config.inipath)] if self.config.inipath else []),
                "--lanes", "off", "--distbench-lane", str(d), *paths]
         with open(d / OUTPUT, "wb") as out:

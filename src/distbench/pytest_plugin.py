@@ -196,7 +196,7 @@ def _lane_plan(session: pytest.Session) -> tuple[Plan, int, bool] | None:
     if mode == "off":
         return None
     cases = [_case(it) for it in session.items]
-    gpus = any(item_device_type(it) == "cuda" for it, c in zip(session.items, cases) if not c.inert)
+    gpus = any(item_device_type(it) == "cuda" for it, c in zip(session.items, cases, strict=True) if not c.inert)
     if mode == "auto":
         if not gpus:  # the CPU tier: lanes cost more than they give on 2 cores (README, GPU tier)
             return None
