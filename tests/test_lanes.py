@@ -13,9 +13,12 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+pytest_plugins = ["pytester"]
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -202,3 +205,46 @@ def test_a_hung_lane_is_killed_at_the_lane_timeout_with_its_stack_and_the_rest_r
     assert "hanging in a lane" in failure
     assert 'test_hangs.py", line 5 in test_hangs' in failure, "no Python stack of the hung test"
     assert "PASSED test_hangs.py::test_after_hang" in out.stdout
+
+
+GPU_CASES = """
+import pytest
+
+@pytest.mark.gpu
+@pytest.mark.strategies("ddp", "zero3")
+def test_parity(strategy, world_size):
+    pass
+
+def test_cpu():
+    pass
+"""
+
+
+def test_auto_turns_lanes_on_with_two_gpus_and_two_lanes(pytester, monkeypatch):
+    import distbench.pytest_plugin as plugin
+
+    gpus = {"n": 4}
+    monkeypatch.setattr(plugin, "cuda_device_count", lambda: gpus["n"])
+    pytester.makeconftest("pytest_plugins = ['distbench.pytest_plugin']")
+    pytester.makepyfile(test_cases=GPU_CASES, test_more="def test_other():\n    pass\n")
+    items, _ = pytester.inline_genitems("-m", "gpu or not gpu", "--world-sizes", "1,2")
+    gpu_items = [it for it in items if "gpu" in it.nodeid]
+    config = items[0].config
+
+    def lanes(n: int, selected: list[pytest.Item], mode: str | int = "auto") -> list[tuple[int, int]] | None:
+        gpus["n"] = n
+        monkeypatch.setitem(config.stash[plugin.OPTIONS], "lanes", mode)
+        decision = plugin._lane_plan(SimpleNamespace(items=selected, config=config))  # type: ignore[arg-type]
+        return None if decision is None else [(lane.world_size, len(lane.nodeids)) for lane in decision[0].lanes]
+
+    assert lanes(2, gpu_items) == [(1, 1), (1, 1)]  # ws1 in two lanes (a strategy each); ws2 needs both GPUs
+    assert lanes(4, gpu_items) == [(1, 1), (1, 1), (2, 1), (2, 1)]
+    assert lanes(1, gpu_items) is None  # one GPU: nothing to share
+    assert lanes(2, [it for it in gpu_items if "ddp" in it.nodeid]) is None  # one lane is not worth a process
+    assert lanes(2, [it for it in gpu_items if "ws2" in it.nodeid]) is None  # every case needs every GPU
+    assert lanes(2, gpu_items, "off") is None
+    with pytest.raises(pytest.exit.Exception, match="this machine has 2 CUDA devices"):
+        lanes(2, gpu_items, 3)
+    cpu_items = [it for it in items if "gpu" not in it.nodeid]
+    assert lanes(2, cpu_items) is None  # the CPU tier: off unless asked for (README: measured slower)...
+    assert lanes(0, cpu_items, 2) == [(1, 1), (1, 1)]  # ...on 2 CPU slots when asked
