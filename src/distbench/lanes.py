@@ -134,17 +134,20 @@ class LaneRun:
         """SIGKILL the lane's process group (the lane and its ranks); `why` goes into its failures. With
         `stack`, SIGABRT first: pytest's faulthandler writes every thread's Python stack into the output."""
         self.killed_why = self.killed_why or why
-        if stack and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGABRT)
-            try:
-                self.proc.wait(timeout=_STACK_WAIT_S)
-            except subprocess.TimeoutExpired:
-                pass
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            if stack and self.proc.poll() is None:
+                os.kill(self.proc.pid, signal.SIGABRT)
+                self.proc.wait(timeout=_STACK_WAIT_S)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its ranks too: they are in its process group
         except ProcessLookupError:
             pass
-        self.proc.wait(timeout=10)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # stuck in the kernel: reported as it is, never waited on forever
+            pass
 
     def story(self, what: str) -> str:
         """Why the lane stopped, and the end of its output."""

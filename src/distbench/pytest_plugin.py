@@ -4,6 +4,8 @@ A test that takes `strategy` and/or `world_size` arguments is generated for both
 `test_loss_parity[zero3-ws2]` runs on CPU with gloo and a tiny model; `test_loss_parity[zero3-ws2-gpu]` is
 marked `gpu` and runs on CUDA with NCCL and a GPU-size model. Plain `pytest` deselects the gpu tier
 (addopts `-m 'not gpu'`); `pytest -m gpu` selects it. Cases that cannot run here skip with the reason.
+On 2+ GPUs the session runs in lanes (schedule.py plans them, lanes.py runs them): small world sizes side by
+side on disjoint GPUs, `exclusive` tests alone last.
 """
 
 from __future__ import annotations
@@ -184,6 +186,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _case(item: pytest.Item) -> Case:
+    """An item as the scheduler sees it; its group is its strategy (a strategy's cases share the session's
+    cached checkpointed runs, so they go to one lane) or else its module (module fixtures)."""
     params = _params(item)
     group = params.get("strategy") or params.get("strategy_name") or item.nodeid.split("::")[0]
     return Case(item.nodeid, item_world_size(item), str(group), exclusive=bool(item.get_closest_marker("exclusive")),
