@@ -41,7 +41,8 @@ def _pairs(device_type: str) -> list:
     sizes = [1, 2] if device_type == "cpu" else [1, 2, 4]
     marks = [pytest.mark.gpu] if device_type == "cuda" else []
     sfx = "-gpu" if device_type == "cuda" else ""
-    return [pytest.param(device_type, a, b, id=f"ws{a}-to-ws{b}{sfx}", marks=marks)
+    # The world_size mark tells the plugin (skips, lanes) it needs max(a, b) ranks, not the default 1.
+    return [pytest.param(device_type, a, b, id=f"ws{a}-to-ws{b}{sfx}", marks=[*marks, pytest.mark.world_size(max(a, b))])
             for a in sizes for b in sizes if a != b]
 
 

@@ -1,6 +1,6 @@
 """Nothing is left behind after a test session or a run, however it ends: a session with a failing and a
-hanging job, and a `distbench run` interrupted by Ctrl-C, leave no process, no distbench temp dir and no
-shared memory segment."""
+hanging job, a `distbench run` interrupted by Ctrl-C, and a session of lanes stopped by Ctrl-C or -x leave no
+process, no distbench temp dir and no shared memory segment."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from leftovers import TAG_ENV, new_tag, shm_entries, tagged_processes, wait_clean
 
-pytestmark = pytest.mark.slow  # whole sessions and runs, ended every way: ~30 s on 2 cores
+pytestmark = pytest.mark.slow  # whole sessions and runs (lanes too), ended every way: ~55 s on 2 cores
 
 TESTS = Path(__file__).parent
 
@@ -79,3 +79,72 @@ def test_ctrl_c_during_a_run_leaves_nothing(tmp_path: Path):
     assert took < 4, f"Ctrl-C took {took:.1f}s to end the run"
     left = wait_clean(tag, tmp, shm, within=10.0)
     assert not left, f"left behind by an interrupted run: {left}\n{out[-3000:]}"
+
+
+LANE_TESTS = """
+import time
+from pathlib import Path
+
+def test_{name}(suite):
+    assert suite.run(1, "rank_jobs:whoami")[0]["rank"] == 0  # a pool of ranks in the lane process
+    Path("started-{name}").touch()
+    time.sleep(600)
+"""
+
+
+def _lane_session(tag: str, tmp: Path, work: Path, *args: str) -> subprocess.Popen[str]:
+    """A session of two lanes (`--lanes 2`), each holding a rank pool and sleeping in a test."""
+    for name in ("one", "two"):
+        (work / f"test_{name}.py").write_text(LANE_TESTS.replace("{name}", name))
+    return subprocess.Popen([sys.executable, "-m", "pytest", "-p", "distbench.pytest_plugin", "-p", "no:cacheprovider",
+                             "--lanes", "2", *args], cwd=work, env=_env(tag, tmp), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _wait_for(paths: list[Path], proc: subprocess.Popen[str], within: float = 120.0) -> None:
+    end = time.monotonic() + within
+    while time.monotonic() < end and not all(p.exists() for p in paths) and proc.poll() is None:
+        time.sleep(0.05)
+
+
+def test_ctrl_c_during_lanes_kills_every_lane_and_its_ranks(tmp_path: Path):
+    tag, tmp, work = new_tag(), tmp_path / "tmp", tmp_path / "session"
+    tmp.mkdir()
+    work.mkdir()
+    shm = shm_entries()
+    run = _lane_session(tag, tmp, work)
+    try:
+        _wait_for([work / "started-one", work / "started-two"], run)
+        assert (work / "started-one").exists() and (work / "started-two").exists(), "the lanes never started"
+        assert len(tagged_processes(tag)) >= 5, "expected the session, two lanes and a rank each"
+        os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the lanes have sessions of their own
+        out, _ = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert run.returncode == 2 and "KeyboardInterrupt" in out, out[-3000:]
+    left = wait_clean(tag, tmp, shm, within=10.0)
+    assert not left, f"left behind by an interrupted lane session: {left}\n{out[-3000:]}"
+
+
+def test_exitfirst_stops_every_lane_and_leaves_nothing(tmp_path: Path):
+    tag, tmp, work = new_tag(), tmp_path / "tmp", tmp_path / "session"
+    tmp.mkdir()
+    work.mkdir()
+    shm = shm_entries()
+    (work / "test_zero.py").write_text(  # fails once both other lanes hold their ranks, in their tests
+        "import time\nfrom pathlib import Path\n\ndef test_fails_when_the_others_run():\n"
+        "    while not (Path('started-one').exists() and Path('started-two').exists()):\n        time.sleep(0.05)\n"
+        "    assert False, 'first failure'\n")
+    run = _lane_session(tag, tmp, work, "-x", "--lanes", "3")
+    try:
+        out, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert run.returncode == 1, out[-3000:]
+    assert "stopping after 1 failures" in out and "1 failed" in out, out[-3000:]
+    left = wait_clean(tag, tmp, shm, within=10.0)
+    assert not left, f"left behind by a lane session stopped by -x: {left}\n{out[-3000:]}"

@@ -4,10 +4,13 @@ A test that takes `strategy` and/or `world_size` arguments is generated for both
 `test_loss_parity[zero3-ws2]` runs on CPU with gloo and a tiny model; `test_loss_parity[zero3-ws2-gpu]` is
 marked `gpu` and runs on CUDA with NCCL and a GPU-size model. Plain `pytest` deselects the gpu tier
 (addopts `-m 'not gpu'`); `pytest -m gpu` selects it. Cases that cannot run here skip with the reason.
+On 2+ GPUs the session runs in lanes (schedule.py plans them, lanes.py runs them): small world sizes side by
+side on disjoint GPUs, `exclusive` tests alone last.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import tempfile
@@ -21,6 +24,7 @@ from .errors import ConfigError
 from .runtime.channel import spill_root
 from .runtime.phases import PhaseLog
 from .runtime.pool import cuda_device_count
+from .schedule import Case, Plan, plan
 from .strategies import REGISTRY, get_spec
 from .suite import TIER_DEFAULTS, Suite
 from .workloads.models import check_model_name
@@ -50,7 +54,19 @@ def _parse_options(config: pytest.Config) -> dict[str, Any]:
             "world_sizes": listed("--world-sizes", PositiveInt),
             "models": listed("--models", str, check_model_name),
             "steps": parse_value(PositiveInt, config.getoption("--steps"), "--steps"),
-            "job_timeout": parse_value(PositiveFloat, config.getoption("--job-timeout"), "--job-timeout")}
+            "job_timeout": parse_value(PositiveFloat, config.getoption("--job-timeout"), "--job-timeout"),
+            "lanes": _parse_lanes(config.getoption("--lanes")),
+            "lane_timeout": None if config.getoption("--lane-timeout") is None else
+            parse_value(PositiveFloat, config.getoption("--lane-timeout"), "--lane-timeout")}
+
+
+def _parse_lanes(text: str) -> str | int:
+    """auto, off, or a number of device slots."""
+    if text in ("auto", "off"):
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"--lanes {text!r}: use auto, off, or a number of device slots (1 or more)")
+    return int(text)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -64,16 +80,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--results-dir", default=None, help="also write each benchmark test's result JSON here")
     g.addoption("--phases-json", default=None, help="also write the session's seconds per test and phase "
                 "(the phase table's data) to this JSON file")
+    g.addoption("--lanes", default="auto", help="run tests of world sizes smaller than the GPU count side by side "
+                "on disjoint GPUs, each lane a pytest process, `exclusive` tests alone last: auto (on with 2+ "
+                "GPUs when 2+ lanes would exist), off, or N device slots (without GPUs: N CPU slots)")
+    g.addoption("--lane-timeout", default=None, help="seconds one test may run in a lane before its process is "
+                "killed and the test fails (default 3 x --job-timeout)")
+    g.addoption("--distbench-lane", default=None, help=argparse.SUPPRESS)  # set by lanes.py in a lane process
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: GPU tier (NCCL, GPU-size models); run with `pytest -m gpu`")
     config.addinivalue_line("markers", "world_size(n): the test needs n ranks")
     config.addinivalue_line("markers", "strategies(*names): restrict a strategy-parametrized test to these")
+    config.addinivalue_line("markers", "exclusive: measures time or memory of the machine; under lanes it runs "
+                            "last, with nothing else running")
     try:
         config.stash[OPTIONS] = _parse_options(config)
     except ConfigError as e:  # a usage error, not an INTERNALERROR: one line with the fix
         raise pytest.UsageError(str(e)) from None
+    lane_dir = config.getoption("--distbench-lane")
+    if lane_dir:
+        from .lane_child import LaneReporter
+
+        reporter = LaneReporter(config, Path(lane_dir), config.stash.setdefault(PHASES, PhaseLog()))
+        config.pluginmanager.register(reporter, "distbench-lane")
+        config.add_cleanup(reporter.close)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -126,14 +157,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(argnames, params)
 
 
+def _params(item: pytest.Item) -> dict[str, Any]:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params if callspec else {}
+
+
+def item_device_type(item: pytest.Item) -> str:
+    return str(_params(item).get("device_type", "cuda" if item.get_closest_marker("gpu") else "cpu"))
+
+
+def item_world_size(item: pytest.Item) -> int:
+    """The ranks (GPUs on the gpu tier) a test needs: its world_size parameter or marker, else 1."""
+    marker = item.get_closest_marker("world_size")
+    return int(_params(item).get("world_size") or (marker.args[0] if marker else 1))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     n_cuda: int | None = None
     for item in items:
-        callspec = getattr(item, "callspec", None)
-        params = callspec.params if callspec else {}
-        device_type = params.get("device_type", "cuda" if item.get_closest_marker("gpu") else "cpu")
-        ws_marker = item.get_closest_marker("world_size")
-        ws = params.get("world_size") or (ws_marker.args[0] if ws_marker else 1)
+        params = _params(item)
+        device_type = item_device_type(item)
+        ws = item_world_size(item)
         if device_type == "cuda":
             n_cuda = cuda_device_count() if n_cuda is None else n_cuda
             if n_cuda == 0:
@@ -147,6 +191,59 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reason = get_spec(strategy).unsupported_reason(device_type, ws)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _case(item: pytest.Item) -> Case:
+    """An item as the scheduler sees it; its group is its strategy (a strategy's cases share the session's
+    cached checkpointed runs, so they go to one lane) or else its module (module fixtures)."""
+    params = _params(item)
+    group = params.get("strategy") or params.get("strategy_name") or item.nodeid.split("::")[0]
+    return Case(item.nodeid, item_world_size(item), str(group), exclusive=bool(item.get_closest_marker("exclusive")),
+                inert=bool(item.get_closest_marker("skip")))
+
+
+def _lane_plan(session: pytest.Session) -> tuple[Plan, int, bool] | None:
+    """The session's lane plan, its number of device slots and whether they are GPUs; None to run here."""
+    mode = session.config.stash[OPTIONS]["lanes"]
+    if mode == "off":
+        return None
+    cases = [_case(it) for it in session.items]
+    gpus = any(item_device_type(it) == "cuda" for it, c in zip(session.items, cases, strict=True) if not c.inert)
+    if mode == "auto":
+        if not gpus:  # the CPU tier: lanes cost more than they give on 2 cores (README, GPU tier)
+            return None
+        slots = cuda_device_count()
+    else:
+        slots = int(mode)
+        if gpus and slots > cuda_device_count():
+            pytest.exit(f"--lanes {slots}: this machine has {cuda_device_count()} CUDA devices", returncode=4)
+    p = plan(cases, slots)
+    return (p, slots, gpus) if slots >= 2 and p.worth_it else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    """With lanes (--lanes), run the session as lanes.py plans it; otherwise pytest's own loop."""
+    cfg = session.config
+    if (cfg.option.collectonly or cfg.getoption("--distbench-lane")
+            or (session.testsfailed and not cfg.option.continue_on_collection_errors)):
+        return None
+    decision = _lane_plan(session)
+    if decision is None:
+        return None
+    from .lanes import LaneRunner
+
+    p, slots, gpus = decision
+    reporter = cfg.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        lanes = ", ".join(f"ws{lane.world_size} x{len(lane.nodeids)}" for lane in p.lanes)
+        reporter.write_line(f"distbench lanes on {slots} {'GPUs' if gpus else 'slots'}: {len(p.first)} skipped "
+                            f"here, then {len(p.lanes)} lanes side by side ({lanes}), then {len(p.whole)} on every "
+                            f"slot here, then {len(p.alone)} exclusive alone")
+    opts = cfg.stash[OPTIONS]
+    LaneRunner(session, p, slots, gpus, opts["lane_timeout"] or 3 * opts["job_timeout"],
+               cfg.stash.setdefault(PHASES, PhaseLog())).run()
+    return True
 
 
 @pytest.fixture(scope="session")

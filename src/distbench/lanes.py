@@ -1,0 +1,302 @@
+"""Run a session's plan (schedule.py): lanes as child pytest processes on disjoint device slots, the rest here.
+
+Each lane is `python -m pytest` on the lane's modules, told its tests and its directory with
+`--distbench-lane` (lane_child.py), its devices with CUDA_VISIBLE_DEVICES (GPU slots) and its slots with
+DISTBENCH_LANE. Its tests are replayed into this session as they finish, through pytest's report
+serialization hooks (as pytest-xdist does), so the terminal, -x/--maxfail, --junitxml, --durations, the exit
+status and the phase table read as if this process had run them. A lane process that dies or outlives
+--lane-timeout on one test fails that test with its output, and a fresh process runs the rest of its lane.
+Every lane process is its own process group, killed with its ranks on Ctrl-C or -x; the lanes' directory
+(test ids, events, output, the lane's basetemp) is removed at the end.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .lane_child import EVENTS, ITEMS, OUTPUT
+from .runtime.phases import PhaseLog
+from .schedule import Lane, Plan, next_start
+
+LANE_ENV = "DISTBENCH_LANE"
+WHEN = ("setup", "call", "teardown")
+_OUTPUT_TAIL = 6000  # characters of a dead lane's output quoted in each test it fails
+_POLL_S = 0.05
+_STACK_WAIT_S = 2.0  # for a hung lane to write its stack before it is killed
+
+
+def _die_with_parent_and_bind(cpus: list[int] | None) -> Callable[[], None]:
+    """A preexec for a lane process: SIGKILL when this process dies (its ranks follow it the same way), and
+    its share of the CPUs when DISTBENCH_BIND_CPUS slices them per rank (slices of lanes must not overlap)."""
+    def preexec() -> None:
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    return preexec
+
+
+def lane_cpus(slots: Sequence[int], n_slots: int) -> list[int] | None:
+    """This lane's equal share of the CPUs, by slot, when ranks are bound to CPUs; else None."""
+    if not os.environ.get("DISTBENCH_BIND_CPUS") or not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    per_slot = len(cpus) // n_slots
+    if per_slot == 0:
+        return None
+    return [c for s in slots for c in cpus[s * per_slot:(s + 1) * per_slot]]
+
+
+def lane_env(slots: Sequence[int], gpus: bool) -> dict[str, str]:
+    """The environment of a lane process: its slots, and on GPUs only its GPUs (renumbered from 0 for it)."""
+    env = {**os.environ, LANE_ENV: ",".join(map(str, slots))}
+    env.pop("PYTEST_ADDOPTS", None)  # its reporting options (--junitxml=...) are the session's; forwarded_args
+    src = str(Path(__file__).resolve().parents[1])  # this distbench, whatever else is installed
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+    if gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(i) for i in range(max(slots) + 1)]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[s] for s in slots)
+    return env
+
+
+def forwarded_args(config: pytest.Config) -> list[str]:
+    """The parent's options a lane needs to collect and run the same tests: plugins (-p) and ini overrides (-o),
+    from the command line and PYTEST_ADDOPTS, the distbench options and pytest-timeout's. Reporting options
+    (-x, --junitxml, -v, ...) stay with the session."""
+    out: list[str] = []
+    args = shlex.split(os.environ.get("PYTEST_ADDOPTS", "")) + [str(a) for a in config.invocation_params.args]
+    for i, a in enumerate(args):
+        for short, long in (("-p", None), ("-o", "--override-ini")):
+            if a in (short, long) and i + 1 < len(args):
+                out += [short, args[i + 1]]
+            elif a.startswith(short) and len(a) > 2 and not a.startswith("--"):
+                out += [short, a[2:]]
+            elif long and a.startswith(long + "="):
+                out += [short, a[len(long) + 1:]]
+    for opt in ("--strategies", "--world-sizes", "--models", "--steps", "--job-timeout", "--results-dir",
+                "--timeout"):
+        try:
+            value = config.getoption(opt)
+        except ValueError:  # pytest-timeout not installed
+            continue
+        if value is not None:
+            out += [opt, str(value)]
+    return out
+
+
+@dataclass
+class LaneRun:
+    """One lane process: what it was given, what it has reported, and the test it is in."""
+
+    lane: Lane
+    slots: list[int]
+    dir: Path
+    proc: subprocess.Popen[bytes]
+    remaining: list[str]
+    current: str | None = None
+    current_since: float = 0.0
+    reports: list[pytest.TestReport] = field(default_factory=list)
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    killed_why: str = ""
+    _offset: int = 0
+
+    def events(self) -> list[dict[str, Any]]:
+        """Whole event lines written since the last call (a partial last line waits for its end)."""
+        path = self.dir / EVENTS
+        if not path.exists():
+            return []
+        with open(path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        whole = data[:data.rfind(b"\n") + 1]
+        self._offset += len(whole)
+        return [json.loads(line) for line in whole.splitlines() if line.strip()]
+
+    def kill(self, why: str, stack: bool = False) -> None:
+        """SIGKILL the lane's process group (the lane and its ranks); `why` goes into its failures. With
+        `stack`, SIGABRT first: pytest's faulthandler writes every thread's Python stack into the output."""
+        self.killed_why = self.killed_why or why
+        try:
+            if stack and self.proc.poll() is None:
+                os.kill(self.proc.pid, signal.SIGABRT)
+                self.proc.wait(timeout=_STACK_WAIT_S)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its ranks too: they are in its process group
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # stuck in the kernel: reported as it is, never waited on forever
+            pass
+
+    def story(self, what: str) -> str:
+        """Why the lane stopped, and the end of its output."""
+        rc = self.proc.returncode
+        how = self.killed_why or (f"was killed by signal {signal.Signals(-rc).name} {what}" if rc and rc < 0 else
+                                  f"exited with status {rc} {what}")
+        try:
+            tail = (self.dir / OUTPUT).read_bytes()[-_OUTPUT_TAIL:].decode(errors="replace")
+        except OSError:
+            tail = ""
+        return (f"lane process {self.proc.pid} (slots {','.join(map(str, self.slots))}) {how}\n"
+                f"----- last output of the lane process -----\n{tail}")
+
+
+class LaneRunner:
+    """Runs a Plan: lanes side by side on disjoint slots, then the rest of the session here."""
+
+    def __init__(self, session: pytest.Session, plan: Plan, slots: int, gpus: bool, lane_timeout: float,
+                 phases: PhaseLog) -> None:
+        self.session, self.config = session, session.config
+        self.plan, self.slots, self.gpus = plan, slots, gpus
+        self.lane_timeout = lane_timeout
+        self.phases = phases
+        self.items = {it.nodeid: it for it in session.items}
+        self.pending = list(plan.lanes)
+        self.free = list(range(slots))
+        self.running: list[LaneRun] = []
+        self._starts = 0
+        self._root = Path(tempfile.mkdtemp(prefix="distbench-lanes-"))
+
+    # --- the session -----------------------------------------------------------------------------------
+    def run(self) -> None:
+        here = [self.items[n] for n in (*self.plan.first, *self.plan.whole, *self.plan.alone)]
+        nxt = {it.nodeid: (here[i + 1] if i + 1 < len(here) else None) for i, it in enumerate(here)}
+        try:
+            self._run_here(self.plan.first, nxt)
+            self._run_lanes()
+            self._run_here(self.plan.whole + self.plan.alone, nxt)
+        finally:
+            for run in self.running:
+                run.kill("was stopped")
+            shutil.rmtree(self._root, ignore_errors=True)
+
+    def _run_here(self, nodeids: list[str], nxt: dict[str, pytest.Item | None]) -> None:
+        for nodeid in nodeids:
+            item = self.items[nodeid]
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt[nodeid])
+            self._check_stop()
+
+    def _check_stop(self) -> None:
+        if self.session.shouldfail:
+            raise self.session.Failed(self.session.shouldfail)
+        if self.session.shouldstop:
+            raise self.session.Interrupted(self.session.shouldstop)
+
+    # --- lanes ------------------------------------------------------------------------------------------
+    def _run_lanes(self) -> None:
+        while self.pending or self.running:
+            while (pick := next_start(self.pending, self.free)) is not None:
+                i, slots = pick
+                self._start(self.pending.pop(i), slots)
+            for run in list(self.running):
+                ended = run.proc.poll() is not None  # before reading: every event it wrote is then on disk
+                for event in run.events():
+                    self._on_event(run, event)
+                    self._check_stop()
+                if ended:
+                    self._ended(run)
+                elif run.current and time.monotonic() - run.current_since > self.lane_timeout:
+                    run.kill(f"was killed: this test ran longer than --lane-timeout {self.lane_timeout:.0f}s "
+                             "(its Python stack, if it could write one, is below)", stack=True)
+            time.sleep(_POLL_S)
+
+    def _start(self, lane: Lane, slots: list[int]) -> None:
+        self._starts += 1
+        d = self._root / f"lane{self._starts}"
+        d.mkdir()
+        (d / ITEMS).write_text(json.dumps(lane.nodeids))
+        paths = list(dict.fromkeys(str(self.items[n].path) for n in lane.nodeids))
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "distbench.pytest_plugin",
+               *forwarded_args(self.config), "-m", "", "-q", "--no-header", "--capture=tee-sys",
+               "--basetemp", str(d / "tmp"), "--rootdir", str(self.config.rootpath),
+               *(["-c", str(self.config.inipath)] if self.config.inipath else []),
+               "--lanes", "off", "--distbench-lane", str(d), *paths]
+        with open(d / OUTPUT, "wb") as out:
+            proc = subprocess.Popen(cmd, cwd=self.config.invocation_params.dir, env=lane_env(slots, self.gpus),
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True,  # Ctrl-C reaches this process, which kills it
+                                    preexec_fn=_die_with_parent_and_bind(lane_cpus(slots, self.slots)))
+        self.free = [s for s in self.free if s not in slots]
+        self.running.append(LaneRun(lane, slots, d, proc, list(lane.nodeids)))
+
+    def _on_event(self, run: LaneRun, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind == "start":
+            run.current, run.current_since, run.reports = event["nodeid"], time.monotonic(), []
+        elif kind == "report":
+            run.reports.append(self._report(event["data"]))
+        elif kind == "phases":
+            run.phases.update(event["by_test"])
+        elif kind == "finish":
+            self._replay(event["nodeid"], run.reports)
+            run.remaining.remove(event["nodeid"])
+            run.current, run.reports = None, []
+        elif kind == "collect":
+            self.config.hook.pytest_collectreport(report=self._report(event["data"]))
+
+    def _ended(self, run: LaneRun) -> None:
+        """Account for a lane process that exited: blame the test it was in, rerun or fail the rest."""
+        self.running.remove(run)
+        self.free += run.slots
+        for test, phases in run.phases.items():
+            self.phases.add(test, phases)
+        rest = run.remaining
+        if run.current is not None:
+            done = {r.when for r in run.reports}
+            when = next((w for w in WHEN if w not in done), None)
+            reports = list(run.reports)
+            if when is not None:
+                reports.append(self._failure(run.current, when, run.story("during this test")))
+            self._replay(run.current, reports)
+            rest = [n for n in rest if n != run.current]
+            if rest:  # the process died in a test it is blamed for: a fresh one runs the rest
+                self.pending.insert(0, Lane(run.lane.world_size, rest))
+            return
+        for nodeid in rest:  # it stopped between tests or never started one: nothing to blame, nothing to rerun
+            self._replay(nodeid, [self._failure(nodeid, "setup", run.story("before running this test"))])
+            self._check_stop()
+
+    # --- reports ----------------------------------------------------------------------------------------
+    def _report(self, data: dict[str, Any]) -> Any:
+        rep = self.config.hook.pytest_report_from_serializable(config=self.config, data=data)
+        for name in ("location", "longrepr"):  # JSON made these tuples lists (a skip's longrepr is one)
+            if isinstance(getattr(rep, name, None), list):
+                setattr(rep, name, tuple(getattr(rep, name)))
+        if isinstance(rep, pytest.TestReport):
+            rep.user_properties = [(str(k), v) for k, v in rep.user_properties]
+            rep.sections = [(str(k), str(v)) for k, v in rep.sections]
+        return rep
+
+    def _failure(self, nodeid: str, when: str, text: str) -> pytest.TestReport:
+        item = self.items[nodeid]
+        return pytest.TestReport(nodeid, item.location, {k: 1 for k in item.keywords}, "failed", text,
+                                 when)  # type: ignore[arg-type]
+
+    def _replay(self, nodeid: str, reports: list[pytest.TestReport]) -> None:
+        """One test of a lane, as this session would have logged it had it run the test itself."""
+        hook, location = self.config.hook, self.items[nodeid].location
+        hook.pytest_runtest_logstart(nodeid=nodeid, location=location)
+        for rep in reports:
+            hook.pytest_runtest_logreport(report=rep)
+        hook.pytest_runtest_logfinish(nodeid=nodeid, location=location)

@@ -1,0 +1,250 @@
+"""Lanes on CPU slots (`--lanes 2`): what `pytest -m gpu` does on a machine of 2 GPUs, shown without GPUs.
+
+World-size-1 tests run in two lane processes at once, world-size-2 tests after them, `exclusive` tests with
+nothing else running; what the lanes report (failures, skips, errors, a lane process killed or hung, their
+phase tables) reaches the one session the user started, its summary, its junit XML and its exit status.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+RECORD = """
+import json, os, time
+from pathlib import Path
+
+LOG = Path(os.environ["LANES_LOG"])
+
+def record(name, seconds, wait_for=None):
+    t0 = time.time()
+    if wait_for:  # both lanes' first tests wait for each other: passes only if the lanes run at once
+        (LOG.parent / name).touch()
+        while not (LOG.parent / wait_for).exists():
+            assert time.time() - t0 < 60, f"{wait_for} never started beside {name}"
+            time.sleep(0.05)
+    time.sleep(seconds)
+    with open(LOG, "a") as f:
+        f.write(json.dumps({"name": name, "start": t0, "end": time.time(), "pid": os.getpid(),
+                            "lane": os.environ.get("DISTBENCH_LANE")}) + "\\n")
+"""
+
+CONCURRENT = {
+    "record.py": RECORD,
+    "test_one.py": """
+from record import record
+def test_one_a(): record("one_a", 0.2, wait_for="two_a")
+def test_one_b(): record("one_b", 0.2)
+""",
+    "test_two.py": """
+from record import record
+def test_two_a(request):
+    from distbench.pytest_plugin import PHASES
+    from distbench.runtime.phases import PhaseLog
+    request.config.stash.setdefault(PHASES, PhaseLog()).add(request.node.nodeid, {"training steps": 7.5})
+    record("two_a", 0.2, wait_for="one_a")
+def test_two_b(): record("two_b", 0.2)
+""",
+    "test_whole.py": """
+import pytest
+from record import record
+@pytest.mark.world_size(2)
+def test_whole_a(): record("whole_a", 0.2)
+@pytest.mark.world_size(2)
+def test_whole_b(): record("whole_b", 0.2)
+""",
+    "test_alone.py": """
+import pytest
+from record import record
+pytestmark = pytest.mark.exclusive
+def test_alone(): record("alone", 0.3)
+""",
+}
+
+OUTCOMES = {
+    "test_mixed.py": """
+import pytest
+@pytest.fixture
+def broken():
+    raise RuntimeError("fixture broke in a lane")
+def test_fails(): assert 1 == 2, "planted failure in a lane"
+def test_skips(): pytest.skip("planted skip in a lane")
+def test_errors(broken): pass
+@pytest.mark.xfail(reason="planted xfail")
+def test_xfails(): assert False
+def test_passes(): pass
+""",
+    "test_dies.py": """
+import os, signal
+def test_dies():
+    print("last words of the lane", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+def test_after_death(): pass
+""",
+    "test_hangs.py": """
+import time
+def test_hangs():
+    print("hanging in a lane", flush=True)
+    time.sleep(600)
+def test_after_hang(): pass
+""",
+}
+
+
+def session(tmp: Path, files: dict[str, str], *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """A whole pytest session over `files` in its own process, as a user runs it."""
+    for name, text in files.items():
+        (tmp / name).write_text(text)
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), **env}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "distbench.pytest_plugin", "-p", "no:cacheprovider",
+                           "-rA", *args], cwd=tmp, env=environ, capture_output=True, text=True, timeout=240)
+
+
+def intervals(log: Path) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in map(json.loads, log.read_text().splitlines())}
+
+
+def overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a["start"] < b["end"] and b["start"] < a["end"]
+
+
+@pytest.fixture(scope="module")
+def concurrent(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
+    tmp = tmp_path_factory.mktemp("lanes")
+    out = session(tmp, CONCURRENT, "--lanes", "2", LANES_LOG=str(tmp / "log.jsonl"))
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    return out, intervals(tmp / "log.jsonl")
+
+
+def test_world_size_1_runs_in_two_lanes_at_once(concurrent):
+    _, runs = concurrent
+    assert overlap(runs["one_a"], runs["two_a"])
+    assert {runs[n]["lane"] for n in ("one_a", "one_b")} | {runs[n]["lane"] for n in ("two_a", "two_b")} == {"0", "1"}
+    assert runs["one_a"]["lane"] == runs["one_b"]["lane"], "a module's tests share one lane"
+    assert runs["one_a"]["pid"] != runs["two_a"]["pid"]
+
+
+def test_world_size_2_runs_after_the_lanes_on_every_slot(concurrent):
+    _, runs = concurrent
+    lanes_end = max(runs[n]["end"] for n in ("one_a", "one_b", "two_a", "two_b"))
+    for name in ("whole_a", "whole_b"):
+        assert runs[name]["start"] >= lanes_end, f"{name} started while a lane ran"
+        assert runs[name]["lane"] is None, "world size 2 needs both slots: the session itself runs it"
+
+
+def test_an_exclusive_test_runs_with_nothing_else_running(concurrent):
+    _, runs = concurrent
+    alone = runs.pop("alone")
+    assert runs, "no other test recorded its interval"
+    assert not [n for n, r in runs.items() if overlap(alone, r)]
+    assert alone["lane"] is None
+
+
+def test_the_session_reports_every_lane_test_and_merges_the_phase_tables(concurrent):
+    out, _ = concurrent
+    assert "7 passed" in out.stdout
+    assert "distbench lanes on 2 slots" in out.stdout
+    table = out.stdout.split("distbench: time in rank jobs by phase")[1]
+    assert "training steps" in table and "test_two.py::test_two_a" in table
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], ET.Element]:
+    tmp = tmp_path_factory.mktemp("lanes")
+    out = session(tmp, OUTCOMES, "--lanes", "3", "--lane-timeout", "3", "--junitxml", str(tmp / "junit.xml"))
+    return out, ET.parse(tmp / "junit.xml").getroot()
+
+
+def _junit(root: ET.Element) -> dict[str, str]:
+    """testcase name -> its outcome in the junit XML."""
+    got = {}
+    for case in root.iter("testcase"):
+        kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
+        got[case.get("name", "")] = kinds[0] if kinds else "passed"
+    return got
+
+
+def test_failures_skips_and_errors_in_lanes_reach_the_summary_junit_and_exit_status(outcomes):
+    out, root = outcomes
+    assert out.returncode == 1, out.stdout[-3000:]
+    for line in ("FAILED test_mixed.py::test_fails - AssertionError: planted failure in a lane",
+                 "ERROR test_mixed.py::test_errors - RuntimeError: fixture broke in a lane",
+                 "XFAIL test_mixed.py::test_xfails - planted xfail",
+                 "PASSED test_mixed.py::test_passes"):
+        assert line in out.stdout, line
+    assert "SKIPPED [1] test_mixed.py:7: planted skip in a lane" in out.stdout
+    assert _junit(root) == {"test_fails": "failure", "test_skips": "skipped", "test_errors": "error",
+                            "test_xfails": "skipped", "test_passes": "passed", "test_dies": "failure",
+                            "test_after_death": "passed", "test_hangs": "failure", "test_after_hang": "passed"}
+
+
+def test_a_lane_killed_mid_test_fails_that_test_with_its_output_and_the_rest_runs(outcomes):
+    out, _ = outcomes
+    failure = out.stdout.split("___ test_dies ___")[1].split("___ test_")[0]
+    assert "was killed by signal SIGKILL during this test" in failure
+    assert "last words of the lane" in failure
+    assert "PASSED test_dies.py::test_after_death" in out.stdout
+
+
+def test_a_hung_lane_is_killed_at_the_lane_timeout_with_its_stack_and_the_rest_runs(outcomes):
+    out, _ = outcomes
+    failure = out.stdout.split("___ test_hangs ___")[1].split("___ test_")[0]
+    assert "ran longer than --lane-timeout 3s" in failure
+    assert "hanging in a lane" in failure
+    assert 'test_hangs.py", line 5 in test_hangs' in failure, "no Python stack of the hung test"
+    assert "PASSED test_hangs.py::test_after_hang" in out.stdout
+
+
+GPU_CASES = """
+import pytest
+
+@pytest.mark.gpu
+@pytest.mark.strategies("ddp", "zero3")
+def test_parity(strategy, world_size):
+    pass
+
+def test_cpu():
+    pass
+"""
+
+
+def test_auto_turns_lanes_on_with_two_gpus_and_two_lanes(pytester, monkeypatch):
+    import distbench.pytest_plugin as plugin
+
+    gpus = {"n": 4}
+    monkeypatch.setattr(plugin, "cuda_device_count", lambda: gpus["n"])
+    pytester.makeconftest("pytest_plugins = ['distbench.pytest_plugin']")
+    pytester.makepyfile(test_cases=GPU_CASES, test_more="def test_other():\n    pass\n")
+    items, _ = pytester.inline_genitems("-m", "gpu or not gpu", "--world-sizes", "1,2")
+    gpu_items = [it for it in items if "gpu" in it.nodeid]
+    config = items[0].config
+
+    def lanes(n: int, selected: list[pytest.Item], mode: str | int = "auto") -> list[tuple[int, int]] | None:
+        gpus["n"] = n
+        monkeypatch.setitem(config.stash[plugin.OPTIONS], "lanes", mode)
+        decision = plugin._lane_plan(SimpleNamespace(items=selected, config=config))  # type: ignore[arg-type]
+        return None if decision is None else [(lane.world_size, len(lane.nodeids)) for lane in decision[0].lanes]
+
+    assert lanes(2, gpu_items) == [(1, 1), (1, 1)]  # ws1 in two lanes (a strategy each); ws2 needs both GPUs
+    assert lanes(4, gpu_items) == [(1, 1), (1, 1), (2, 1), (2, 1)]
+    assert lanes(1, gpu_items) is None  # one GPU: nothing to share
+    assert lanes(2, [it for it in gpu_items if "ddp" in it.nodeid]) is None  # one lane is not worth a process
+    assert lanes(2, [it for it in gpu_items if "ws2" in it.nodeid]) is None  # every case needs every GPU
+    assert lanes(2, gpu_items, "off") is None
+    with pytest.raises(pytest.exit.Exception, match="this machine has 2 CUDA devices"):
+        lanes(2, gpu_items, 3)
+    cpu_items = [it for it in items if "gpu" not in it.nodeid]
+    assert lanes(2, cpu_items) is None  # the CPU tier: off unless asked for (README: measured slower)...
+    assert lanes(0, cpu_items, 2) == [(1, 1), (1, 1)]  # ...on 2 CPU slots when asked
