@@ -23,6 +23,8 @@ NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Name = Annotated[str, Field(min_length=1)]
 Beta = Annotated[float, Field(ge=0, lt=1)]
+#: A dropout rate: the probability of zeroing a unit (1 would zero everything).
+DropoutRate = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 
 Precision = Literal["fp32", "bf16"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
@@ -75,6 +77,8 @@ class RunConfig:
     timing: Timing = "events"  # how timed windows are measured
     clip_grad_norm: NonNegativeFloat = 0.0  # max global gradient norm before each step (0: no clipping)
     activation_checkpointing: bool = False  # recompute each transformer block's activations in backward
+    # the model's dropout rate, each sample's masks drawn from its own stream (workloads/dropout.py); 0: off
+    dropout: DropoutRate = 0.0
     windows: PositiveInt = 1  # the timed steps run as this many windows, each between two synchronizations
     device_time_steps: NonNegativeInt = 2  # extra steps sampled under the profiler for device time and regime
     options: dict[str, Any] = field(default_factory=dict)  # strategy options, e.g. {"ds_config": {...}}

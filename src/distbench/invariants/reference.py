@@ -2,7 +2,9 @@
 
 Deliberately shares nothing with the strategies or the Trainer: a hand-written loop over the global
 batch with gradient accumulation, torch's AdamW and LR schedule configured from the same hyper-parameters.
-Only the inputs are shared: the model built from the seed and the samples of each step.
+Only the inputs are shared: the model built from the seed, the samples of each step, and under dropout the
+definition of each sample's random stream (workloads/dropout.py), which the reference keys by the sample's place
+in the global batch itself.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ..config import RunConfig
 from ..runtime.context import RankContext
 from ..workloads import get_model
 from ..workloads.data import global_batch
+from ..workloads.dropout import apply_dropout, sample_streams
 
 
 def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[str, Any]:
@@ -30,6 +33,8 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
     spec = get_model(cfg.model)
     seq_len = cfg.seq_len or spec.seq_len
     model = spec.build(cfg.seed, device)
+    if cfg.dropout:
+        apply_dropout(model, cfg.dropout)
     if cfg.algorithm == "sgd":
         opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                                      weight_decay=cfg.weight_decay, foreach=False)
@@ -43,11 +48,13 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
     for step in range(cfg.steps):
         tokens = global_batch(cfg, step, seq_len, spec.vocab_size).to(device)
         total = 0.0
-        for chunk in tokens.split(cfg.micro_batch):
-            out = model(input_ids=chunk[:, :-1])
-            logits = out.logits if hasattr(out, "logits") else out
-            loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten())
-            (loss / n_micro).backward()
+        for k, chunk in enumerate(tokens.split(cfg.micro_batch)):
+            first = k * cfg.micro_batch  # sample i of the step sees dropout stream i, whoever runs it
+            with sample_streams(cfg.seed, step, range(first, first + len(chunk))):
+                out = model(input_ids=chunk[:, :-1])
+                logits = out.logits if hasattr(out, "logits") else out
+                loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten())
+                (loss / n_micro).backward()
             total += loss.item()
         if step == cfg.steps - 1:
             grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters() if p.grad is not None}

@@ -80,6 +80,10 @@ def build_trainer(ctx: RankContext, cfg: RunConfig, model: nn.Module) -> Trainer
         raise ConfigError(reason)
     module_name, cls_name = spec.target.split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
+    if cfg.dropout:
+        from ..workloads.dropout import apply_dropout
+
+        apply_dropout(model, cfg.dropout)
     if cfg.activation_checkpointing:
         from .base import enable_activation_checkpointing
 

@@ -23,6 +23,7 @@ from torch import nn
 from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
 from ..runtime.context import RankContext
+from ..workloads.dropout import sample_streams
 from .checkpoint_files import write_manifest
 
 Batch = dict[str, torch.Tensor]
@@ -222,7 +223,8 @@ class Trainer(ABC):
         total = torch.zeros((), device=self.ctx.device, dtype=torch.float64)
         n = len(micro_batches)
         for i, mb in enumerate(micro_batches):
-            total += self.forward_backward(mb, sync=(i == n - 1)).double()
+            with self.sample_streams(mb):
+                total += self.forward_backward(mb, sync=(i == n - 1)).double()
         if capture_grads:
             self.last_grads = self.full_grads()  # before clipping: what the step's backward produced
         norm = self.clip_gradients()
@@ -233,6 +235,14 @@ class Trainer(ABC):
             self.grad_norms.append(norm.detach())
         self.steps_done += 1
         return total / n
+
+    def sample_streams(self, batch: Batch) -> contextlib.AbstractContextManager:
+        """Under dropout, name the micro-batch's samples by their global index for its forward and backward
+        (recomputation included), so each sample's masks come from its own stream whichever rank, micro-batch
+        or resume runs it (workloads/dropout.py)."""
+        if not self.cfg.dropout:
+            return contextlib.nullcontext()
+        return sample_streams(self.cfg.seed, self.steps_done, batch["sample_index"].tolist())
 
     def grad_norm_after_step(self) -> torch.Tensor | None:
         """The pre-clip global norm of a strategy that clips inside its optimizer step (DeepSpeed)."""
