@@ -34,6 +34,7 @@ CLI = [
     ("windows-zero", ["--windows", "0"], "--windows: value '0' is invalid"),
     ("windows-over-steps", ["--steps", "2", "--windows", "3"], "windows must be at most steps (2), got 3"),
     ("clip-negative", ["--clip-grad-norm", "-1"], "--clip-grad-norm: value '-1' is invalid"),
+    ("dropout-one", ["--dropout", "1"], "--dropout: value '1' is invalid: input should be less than 1"),
     ("repeats-negative", ["--repeats", "-1"], "greater than or equal to 1"),
     ("steps-zero", ["--steps", "0"], "--steps: value '0'"),
     ("steps-fraction", ["--steps", "2.5"], "--steps: value '2.5'"),

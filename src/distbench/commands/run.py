@@ -12,6 +12,7 @@ from typing import Any
 from ..config import (
     OPTIMIZERS,
     TIMINGS,
+    DropoutRate,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
@@ -85,6 +86,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "before each step, as each strategy's users do (default 0: off)")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each transformer block's "
                    "activations in backward (transformers' activation_checkpointing_enable)")
+    p.add_argument("--dropout", type=_typed(DropoutRate), help="the model's dropout rate, each sample's masks "
+                   "from its own random stream (default 0: off)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="AdamW implementation (default auto: fused on CUDA)")
     p.add_argument("--timing", choices=TIMINGS, help="events (default): no sync inside timed windows; "
                    "sync: a device sync around every step")
@@ -119,7 +122,7 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
     m = load_matrix(args.config) if args.config else default_matrix(device_type, device_count)
     base = dict(m.base)
     for key in ("steps", "warmup", "global_batch", "micro_batch", "seq_len", "optimizer", "timing", "windows",
-                "clip_grad_norm"):
+                "clip_grad_norm", "dropout"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
     if args.activation_checkpointing:
