@@ -11,6 +11,8 @@ Each mutation breaks one property a real incident breaks, on top of a correct tr
                      torch-native trainer)
   dropout_local_index  each sample's dropout stream keyed by its index within the rank's share of the batch
                      instead of its global index (any trainer)
+  fp16_no_skip       under fp16, the optimizer steps even when the gradients overflowed (any torch-native
+                     trainer; the scaler still backs off)
 
 The rank processes import this module by name: spawned ranks inherit the pytest process's sys.path, on which
 pytest puts this directory.
@@ -73,6 +75,10 @@ def _mutate(trainer: Any, mutation: str) -> None:
         first = trainer.ctx.rank * trainer.cfg.per_rank_batch
         trainer.sample_streams = lambda batch: streams({**batch, "sample_index": batch["sample_index"] - first})
         return
+    if mutation == "fp16_no_skip":
+        assert trainer.scaler is not None, "fp16_no_skip needs precision fp16"
+        trainer.scaler.step = lambda optimizer, *args, **kwargs: optimizer.step()
+        return
     assert isinstance(trainer, DDPTrainer), f"mutation {mutation!r} is written against the ddp strategy"
     if mutation == "no_grad_sync":
         trainer.forward_backward = lambda batch, sync: DDPTrainer.forward_backward(trainer, batch, False)
@@ -103,6 +109,14 @@ def _mutated(mutation: str) -> Iterator[None]:
 def train(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
     with _mutated(mutation):
         return jobs.train(ctx, **kwargs)
+
+
+def train_with_an_overflow(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
+    """recipe_jobs.train_with_an_overflow, mutated."""
+    import recipe_jobs
+
+    with _mutated(mutation):
+        return recipe_jobs.train_with_an_overflow(ctx, **kwargs)
 
 
 def count_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, float]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..config import (
     OPTIMIZERS,
+    PRECISIONS,
     TIMINGS,
     DropoutRate,
     NonNegativeFloat,
@@ -72,7 +73,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    type=_arg(lambda text: parse_list(PositiveInt, text, "world size")))
     p.add_argument("--model", "-m", action="append", type=_arg(_models),
                    help="model name or module:function factory")
-    p.add_argument("--precision", action="append", choices=["fp32", "bf16"])
+    p.add_argument("--precision", action="append", choices=PRECISIONS,
+                   help="fp16 trains with dynamic loss scaling (GradScaler; DeepSpeed's fp16 section)")
     p.add_argument("--steps", type=_typed(PositiveInt), help="timed steps")
     p.add_argument("--warmup", type=_typed(NonNegativeInt), help="untimed warm-up steps")
     p.add_argument("--global-batch", type=_typed(PositiveInt))
