@@ -7,6 +7,12 @@ Each mutation breaks one property a real incident breaks, on top of a correct tr
   fresh_optimizer    a resume restores the model but silently resets the optimizer state (any torch-native
                      trainer, resharding loads included)
   local_norm_clip    gradients clipped by the norm of this rank's own shard instead of the global norm (FSDP2)
+  dropout_global_rng  dropout masks drawn from torch's global RNG instead of each sample's stream (any
+                     torch-native trainer)
+  dropout_local_index  each sample's dropout stream keyed by its index within the rank's share of the batch
+                     instead of its global index (any trainer)
+  fp16_no_skip       under fp16, the optimizer steps even when the gradients overflowed (any torch-native
+                     trainer; the scaler still backs off)
 
 The rank processes import this module by name: spawned ranks inherit the pytest process's sys.path, on which
 pytest puts this directory.
@@ -15,6 +21,7 @@ pytest puts this directory.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,12 +32,18 @@ import distbench.invariants.collectives as collectives
 import distbench.runtime.jobs as jobs
 from distbench.strategies.ddp import DDPTrainer
 from distbench.strategies.fsdp import FSDP2Trainer
+from distbench.workloads.dropout import SampleDropout
 
 
 def _sum_hook(state, bucket):  # unannotated: DDP rejects the string annotations of `from __future__`
     """DDP comm hook that all-reduces without dividing by the world size."""
     fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
     return fut.then(lambda f: f.value()[0])
+
+
+def _global_rng_dropout(module: SampleDropout, x: torch.Tensor) -> torch.Tensor:
+    """What plain nn.Dropout does: a mask from torch's global RNG, the same stream whichever sample it is."""
+    return torch.nn.functional.dropout(x, module.rate, module.training)
 
 
 def _mutate(trainer: Any, mutation: str) -> None:
@@ -51,6 +64,20 @@ def _mutate(trainer: Any, mutation: str) -> None:
             return torch.nn.utils.clip_grad_norm_(grads, trainer.cfg.clip_grad_norm)
 
         trainer.clip_gradients = clip_by_local_shard
+        return
+    if mutation == "dropout_global_rng":
+        for module in trainer.model.modules():
+            if isinstance(module, SampleDropout):
+                module.forward = functools.partial(_global_rng_dropout, module)
+        return
+    if mutation == "dropout_local_index":
+        streams = trainer.sample_streams
+        first = trainer.ctx.rank * trainer.cfg.per_rank_batch
+        trainer.sample_streams = lambda batch: streams({**batch, "sample_index": batch["sample_index"] - first})
+        return
+    if mutation == "fp16_no_skip":
+        assert trainer.scaler is not None, "fp16_no_skip needs precision fp16"
+        trainer.scaler.step = lambda optimizer, *args, **kwargs: optimizer.step()
         return
     assert isinstance(trainer, DDPTrainer), f"mutation {mutation!r} is written against the ddp strategy"
     if mutation == "no_grad_sync":
@@ -82,6 +109,14 @@ def _mutated(mutation: str) -> Iterator[None]:
 def train(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
     with _mutated(mutation):
         return jobs.train(ctx, **kwargs)
+
+
+def train_with_an_overflow(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
+    """recipe_jobs.train_with_an_overflow, mutated."""
+    import recipe_jobs
+
+    with _mutated(mutation):
+        return recipe_jobs.train_with_an_overflow(ctx, **kwargs)
 
 
 def count_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, float]:

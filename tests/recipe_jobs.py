@@ -1,14 +1,19 @@
-"""Rank jobs for the recipe tests: the train job, watched from outside the code under test.
+"""Rank jobs for the recipe tests: the train job (and the reference), watched or disturbed from outside the code
+under test.
 
 The rank processes import this module by name (pytest puts this directory on the spawned ranks' sys.path)."""
 
 from __future__ import annotations
 
+import contextlib
+import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 import distbench.runtime.jobs as jobs
+from distbench.invariants.reference import reference_run
 
 
 def train_counting_attention_forwards(ctx: Any, **kwargs: Any) -> dict[str, Any]:
@@ -28,3 +33,61 @@ def train_counting_attention_forwards(ctx: Any, **kwargs: Any) -> dict[str, Any]
     finally:
         handle.remove()
     return {**out, "attention_modules": len(calls), "attention_forwards": sorted(set(calls.values()))}
+
+
+def _inf_at_first_element(grad: torch.Tensor) -> torch.Tensor:
+    grad = grad.clone()
+    grad[(0,) * grad.dim()] = math.inf
+    return grad
+
+
+@contextlib.contextmanager
+def _overflow_at(forward: int | None) -> Iterator[None]:
+    """Inside, the `forward`-th run (0-based; None: none) of the first nn.Embedding to run puts inf into one
+    element of its output's gradient, so one token's embedding row gets an inf gradient: an fp16 overflow in
+    one micro-batch, on one rank, planted without the code under test knowing."""
+    seen: dict[str, Any] = {"module": None, "count": 0}
+
+    def plant(module: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
+        if not isinstance(module, torch.nn.Embedding) or seen["module"] not in (None, id(module)):
+            return
+        seen["module"] = id(module)
+        if seen["count"] == forward:
+            out.register_hook(_inf_at_first_element)
+        seen["count"] += 1
+
+    handle = torch.nn.modules.module.register_module_forward_hook(plant)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def train_with_an_overflow(ctx: Any, cfg: dict[str, Any], step: int, micro_batch: int, **kwargs: Any
+                           ) -> dict[str, Any]:
+    """jobs.train with an inf planted in the gradient of global micro-batch
+    `micro_batch` of step `step`, on the rank that runs it (global micro-batches rank x accum_steps on), and the
+    dtypes the model's matmuls produced (fp16 if it really computes in fp16)."""
+    rc = ctx.config(cfg)
+    rank, local = divmod(micro_batch, rc.accum_steps)
+    dtypes: set[str] = set()
+
+    def matmul_dtype(module: torch.nn.Module, args: Any, out: Any) -> None:
+        if type(module).__name__ in ("Linear", "Conv1D") and isinstance(out, torch.Tensor):
+            dtypes.add(str(out.dtype).removeprefix("torch."))
+
+    handle = torch.nn.modules.module.register_module_forward_hook(matmul_dtype)
+    try:
+        with _overflow_at(step * rc.accum_steps + local if ctx.rank == rank else None):
+            out = jobs.train(ctx, cfg=cfg, **kwargs)
+    finally:
+        handle.remove()
+    return {**out, "matmul_dtypes": sorted(dtypes)}
+
+
+def reference_with_an_overflow(ctx: Any, cfg: dict[str, Any], step: int, micro_batch: int) -> dict[str, Any]:
+    """The reference with the same inf planted (it runs every micro-batch of a step, in order)."""
+    rc = ctx.config(cfg)
+    with _overflow_at(step * (rc.global_batch // rc.micro_batch) + micro_batch):
+        out = reference_run(rc, ctx.device)
+    return {k: out[k] for k in ("losses", "loss_scales", "skipped_steps")}

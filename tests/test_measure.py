@@ -110,7 +110,7 @@ def test_mfu_and_tflops_per_gpu():
     assert mfu.tflops_per_gpu(1000.0, 1e9) == pytest.approx(1.0)
     assert mfu.mfu(1000.0, 1e9, 1e13) == pytest.approx(0.1)
     assert mfu.mfu(1000.0, 1e9, None) is None
-    assert mfu.peak_dtype("bf16") == "bf16"
+    assert mfu.peak_dtype("bf16") == mfu.peak_dtype("fp16") == "bf16"
 
 
 # --- collective bandwidth --------------------------------------------------------------------------------

@@ -1,13 +1,25 @@
 """The recipes users train with, at parity with the independent reference: gradient clipping by the global
 gradient norm, each strategy clipping the way its users do (torch's clip_grad_norm_ for single, DDP and
-FSDP2's DTensors, FSDP1's own, DeepSpeed's `gradient_clipping`)."""
+FSDP2's DTensors, FSDP1's own, DeepSpeed's `gradient_clipping`); activation checkpointing; dropout, each
+sample's masks from its own stream, whichever rank, micro-batch, recomputation or resume runs it; fp16 with
+dynamic loss scaling, an overflow planted from outside skipping the same step everywhere."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from distbench.invariants.checks import assert_losses_match, assert_params_and_grads_match
+from distbench.invariants.checks import (
+    PARITY_RTOL,
+    assert_loss_scaling_matches,
+    assert_losses_match,
+    assert_params_and_grads_match,
+    assert_resume_exact,
+)
+from distbench.runtime.pool import JobError
+from distbench.strategies import get_spec
+from distbench.workloads.dropout import SampleDropout, sample_streams
 
 #: Far below gpt2-tiny's gradient norms on this data (about 3-4): every step is clipped, hard.
 CLIP = 0.25
@@ -56,3 +68,159 @@ def test_activation_checkpointing_needs_a_transformers_model(suite):
 
     with pytest.raises(ConfigError, match="activation_checkpointing_enable"):
         enable_activation_checkpointing(torch.nn.Linear(2, 2))
+
+
+#: A dropout rate that moves gpt2-tiny's losses a hundred times the parity tolerance and more (asserted).
+DROPOUT = 0.2
+
+
+def _dropped(suite, strategy: str, world_size: int, **overrides):
+    cfg = suite.config(strategy, world_size, dropout=DROPOUT, **overrides)
+    ref = suite.reference(cfg)
+    plain = suite.reference(cfg.replace(dropout=0.0))["losses"]
+    # negative control: dropout that dropped nothing would pass whatever the strategy does with the streams
+    assert not np.allclose(ref["losses"], plain, rtol=100 * PARITY_RTOL, atol=0), (ref["losses"], plain)
+    return cfg, ref
+
+
+def test_dropout_streams_match_the_reference(suite, strategy, world_size):
+    """Every sample sees its own dropout stream whichever rank and micro-batch runs it: losses, parameters and
+    gradients equal the reference's, which keys the streams by each sample's place in the global batch."""
+    cfg, ref = _dropped(suite, strategy, world_size)
+    run = suite.train(cfg, return_params=True, return_grads=True)[0]
+    what = f"{strategy} ws{world_size} with dropout {DROPOUT}"
+    assert_losses_match(run["losses"], ref["losses"], what)
+    assert_params_and_grads_match(run, ref, cfg.lr, what)
+
+
+@pytest.mark.strategies("ddp")
+def test_dropout_resumes_exactly(suite, strategy, world_size):
+    """A resumed run draws the masks the uninterrupted run drew: the streams follow the restored step alone,
+    which test_checkpoint_roundtrip shows every strategy restores, so one strategy stands for all here."""
+    cfg, _ = _dropped(suite, strategy, world_size)
+    run = suite.checkpointed_run(cfg)
+    resumed = suite.train(cfg, resume_from=run["checkpoint"])[0]
+    assert_resume_exact(resumed, run["losses"], run["save_at"], f"{strategy} ws{world_size} with dropout")
+
+
+@pytest.mark.strategies("fsdp_full")  # a wrapper whose hooks run again in the recomputation
+def test_dropout_masks_survive_recomputation(suite, strategy, world_size):
+    """Activation checkpointing runs each block's forward again in backward; the recomputed dropout must draw
+    the forward's masks (torch restores only its global RNG for it), or gradients belong to other masks."""
+    cfg, ref = _dropped(suite, strategy, world_size, activation_checkpointing=True)
+    out = suite.run(world_size, "recipe_jobs:train_counting_attention_forwards", cfg=cfg.to_dict())[0]
+    micro_steps = cfg.accum_steps * cfg.steps
+    assert min(out["attention_forwards"], default=0) >= 2 * micro_steps, (micro_steps, out)  # it recomputed
+    assert_losses_match(out["losses"], ref["losses"], f"{strategy} ws{world_size} with dropout and AC")
+
+
+@pytest.mark.parametrize("mutation", ["dropout_global_rng", "dropout_local_index"])
+def test_dropout_from_another_stream_fails_parity(suite, mutation):
+    """Masks from torch's global RNG (the same on both ranks), or streams keyed by the rank's local sample
+    index, give other masks than the reference's at world size 2: caught by the losses."""
+    cfg, ref = _dropped(suite, "ddp", 2)
+    broken = suite.run(2, "mutants:train", mutation=mutation, cfg=cfg.to_dict())[0]
+    with pytest.raises(AssertionError):
+        assert_losses_match(broken["losses"], ref["losses"], f"ddp ws2 {mutation}")
+
+
+def test_sample_dropout_masks_belong_to_the_sample():
+    """A sample's mask depends on the sample, not on its neighbours or its row; each sample's differs, each step's
+    differs; outside sample_streams it refuses rather than fall back to the global RNG."""
+    drop = SampleDropout(0.5, index=0).train()
+    x = torch.ones(4, 256)
+    with sample_streams(7, 3, [10, 11, 12, 13]):
+        four = drop(x)
+        again = drop(x)
+    with sample_streams(7, 3, [12, 10]):
+        two = drop(x[:2])
+    with sample_streams(7, 4, [10]):
+        next_step = drop(x[:1])
+    assert torch.equal(four, again) and torch.equal(two[0], four[2]) and torch.equal(two[1], four[0])
+    assert not torch.equal(four[0], four[1]) and not torch.equal(next_step[0], four[0])
+    assert set(four.unique().tolist()) == {0.0, 2.0}  # dropped, and the survivors scaled by 1 / (1 - rate)
+    with pytest.raises(RuntimeError, match="outside sample_streams"):
+        drop(x)
+
+
+def test_dropout_needs_dropout_modules():
+    from distbench.errors import ConfigError
+    from distbench.workloads.dropout import apply_dropout
+
+    with pytest.raises(ConfigError, match="nn.Dropout"):
+        apply_dropout(torch.nn.Linear(2, 2), DROPOUT)
+
+
+#: fp16 with a planted overflow: a first loss scale of 2**8 overflows nothing by itself, a window of 2 doubles it
+#: after two clean steps, and an inf planted in the gradient of step OVERFLOW_STEP's last micro-batch (the last
+#: rank's) must skip that step on every rank and halve the scale (each asserted on the reference).
+FP16 = {"precision": "fp16", "loss_scale_power": 8, "loss_scale_window": 2}
+OVERFLOW_STEP = 2
+#: fp16 loss parity of the torch-native strategies: each micro-batch's forward is the reference's fp16 autocast
+#: computation on the same fp32 weights, so what separates them is fp32 parity's reduction order in the
+#: gradients, plus any weight whose fp16 rounding that flips (a change of 2**-11 in it): ten times fp32's
+#: tolerance (measured on gpt2-tiny: 1.3e-6 at world size 2, 0 at 1).
+FP16_RTOL = 10 * PARITY_RTOL
+#: DeepSpeed's fp16 casts the whole model to fp16, where autocast keeps embeddings, layer norms and the residual
+#: stream in fp32: every one of those roundings (2**-11 = 4.9e-4 relative) differs from the reference's, so the
+#: loss may differ by a few fp16 units. An estimate (GPU only, not yet measured): four units of the loss.
+FP16_DS_RTOL = 4 * 2.0**-11
+
+_overflow_references: dict[str, dict] = {}
+
+
+def _with_an_overflow(suite, strategy: str, world_size: int):
+    reason = get_spec(strategy).unsupported_reason(suite.device_type, world_size, precision="fp16")
+    if reason:
+        pytest.skip(reason)
+    cfg = suite.config(strategy, world_size, **FP16)
+    where = {"step": OVERFLOW_STEP, "micro_batch": cfg.global_batch // cfg.micro_batch - 1}
+    ref_cfg = cfg.replace(strategy="single", world_size=1).to_dict()
+    key = repr((suite.device_type, sorted(ref_cfg.items())))
+    if key not in _overflow_references:
+        _overflow_references[key] = suite.run(1, "recipe_jobs:reference_with_an_overflow", cfg=ref_cfg, **where)[0]
+    ref = _overflow_references[key]
+    # negative controls: the planted inf skipped its step, other steps ran, and the scale grew, so the strategy's
+    # every decision of the rule (skip and halve, step, grow) is compared
+    scales, skipped = ref["loss_scales"], ref["skipped_steps"]
+    assert skipped[OVERFLOW_STEP] and not all(skipped), ref
+    assert any(b > a for a, b in zip(scales, scales[1:], strict=False)), ref
+    return cfg, where, ref
+
+
+def test_fp16_loss_scaling_matches_the_reference(suite, strategy, world_size):
+    """GradScaler (torch-native; FSDP2's DTensor gradients reduce the overflow flag over the mesh, FSDP1 its
+    sharded scaler) or DeepSpeed's fp16 section against the reference's own scaling rule: an overflow on the
+    last rank skips the step on rank 0 too, with the same loss scale at every step."""
+    cfg, where, ref = _with_an_overflow(suite, strategy, world_size)
+    run = suite.run(world_size, "recipe_jobs:train_with_an_overflow", cfg=cfg.to_dict(), **where)[0]
+    what = f"{strategy} ws{world_size} fp16"
+    assert run["matmul_dtypes"] == ["float16"], f"{what} multiplied in {run['matmul_dtypes']}"  # it ran fp16
+    rtol = FP16_DS_RTOL if get_spec(strategy).family == "deepspeed" else FP16_RTOL
+    assert_loss_scaling_matches(run, ref, rtol, what)
+
+
+def test_fp16_stepping_through_an_overflow_fails_parity(suite):
+    """A trainer that applies an overflowed step (its scaler still backs off, so the scales agree) is caught."""
+    cfg, where, ref = _with_an_overflow(suite, "ddp", 2)
+    broken = suite.run(2, "mutants:train_with_an_overflow", mutation="fp16_no_skip", cfg=cfg.to_dict(), **where)[0]
+    with pytest.raises(AssertionError):
+        assert_loss_scaling_matches(broken, ref, FP16_RTOL, "ddp ws2 fp16 stepping through an overflow")
+
+
+@pytest.mark.strategies("fsdp_full")  # the scaler's state is harness state, saved alike by every torch-native one
+def test_fp16_loss_scale_survives_a_resume(suite, strategy, world_size):
+    cfg = suite.config(strategy, world_size, **FP16)
+    run = suite.checkpointed_run(cfg)
+    k = run["save_at"]
+    # negative control: the scale grew before the save, so a resume that forgot it would start from the first
+    assert run["loss_scales"][k] != run["loss_scales"][0], run["loss_scales"]
+    resumed = suite.train(cfg, resume_from=run["checkpoint"])[0]
+    assert resumed["loss_scales"] == run["loss_scales"][k:], (resumed["loss_scales"], run["loss_scales"])
+    assert_resume_exact(resumed, run["losses"], k, f"{strategy} ws{world_size} fp16")
+
+
+def test_deepspeed_fp16_on_cpu_is_refused_with_its_reason(suite):
+    with pytest.raises(JobError) as info:
+        suite.train(suite.config("zero2", 1, precision="fp16"))
+    assert info.value.exc_types == {"ConfigError"} and "fp16 on cuda only" in str(info.value), info.value

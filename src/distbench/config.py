@@ -23,8 +23,11 @@ NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Name = Annotated[str, Field(min_length=1)]
 Beta = Annotated[float, Field(ge=0, lt=1)]
+#: A dropout rate: the probability of zeroing a unit (1 would zero everything).
+DropoutRate = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 
-Precision = Literal["fp32", "bf16"]
+#: fp16 trains with dynamic loss scaling (loss_scale_power, loss_scale_window); bf16 and fp32 need none.
+Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 #: AdamW implementations: "auto" picks fused where it supports the parameters (CUDA, DTensor included),
 #: foreach otherwise; the others force one. Every result records the one that ran.
@@ -34,6 +37,8 @@ OPTIMIZERS: tuple[str, ...] = typing.get_args(Optimizer)
 #: scale invariance hides a gradient scaled by a constant (a missing 1/world_size) from the losses.
 Algorithm = Literal["adamw", "sgd"]
 Momentum = Annotated[float, Field(ge=0, lt=1)]
+#: log2 of fp16's first loss scale: 2**64 is far past any gradient's overflow, and fp32 holds it exactly.
+ScalePower = Annotated[int, Field(ge=0, le=64)]
 #: "events": no host synchronization inside a timed window (per-step times from device events, the
 #: window's throughput from its wall clock around one final sync), as users train; "sync": a device
 #: synchronization around every step, the old mode, kept for comparison.
@@ -75,6 +80,12 @@ class RunConfig:
     timing: Timing = "events"  # how timed windows are measured
     clip_grad_norm: NonNegativeFloat = 0.0  # max global gradient norm before each step (0: no clipping)
     activation_checkpointing: bool = False  # recompute each transformer block's activations in backward
+    # the model's dropout rate, each sample's masks drawn from its own stream (workloads/dropout.py); 0: off
+    dropout: DropoutRate = 0.0
+    # fp16's dynamic loss scale: it starts at 2**loss_scale_power, halves on a step whose gradients overflow (the
+    # step is skipped), doubles after loss_scale_window overflow-free steps in a row (torch's GradScaler defaults)
+    loss_scale_power: ScalePower = 16
+    loss_scale_window: PositiveInt = 2000
     windows: PositiveInt = 1  # the timed steps run as this many windows, each between two synchronizations
     device_time_steps: NonNegativeInt = 2  # extra steps sampled under the profiler for device time and regime
     options: dict[str, Any] = field(default_factory=dict)  # strategy options, e.g. {"ds_config": {...}}

@@ -75,7 +75,7 @@ class Matrix:
             self.models, self.precisions, sorted(self.world_sizes), self.strategies
         ):
             spec = get_spec(strategy)
-            reason = spec.unsupported_reason(device_type, ws, device_count)
+            reason = spec.unsupported_reason(device_type, ws, device_count, precision)
             if reason:
                 skipped.append(f"{strategy} ws{ws}: {reason}")
                 continue

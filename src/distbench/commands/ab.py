@@ -85,12 +85,13 @@ def _configs(args: argparse.Namespace, device: str, n_cuda: int) -> list[RunConf
     ws = args.world_size or (n_cuda if device == "cuda" else 2)
     mb = args.micro_batch or d["micro_batch"]
     configs = []
+    precision = args.precision or d["precision"]
     for s in strategies:
-        reason = get_spec(s).unsupported_reason(device, ws, n_cuda if device == "cuda" else None)
+        reason = get_spec(s).unsupported_reason(device, ws, n_cuda if device == "cuda" else None, precision)
         if reason:
             raise DistbenchError(reason)
         configs.append(RunConfig(
-            strategy=s, world_size=ws, model=args.model or d["model"], precision=args.precision or d["precision"],
+            strategy=s, world_size=ws, model=args.model or d["model"], precision=precision,
             seq_len=d["seq_len"] if args.seq_len is None else args.seq_len, micro_batch=mb,
             global_batch=mb * ws, steps=args.steps or d["steps"], windows=args.windows or d["windows"],
             warmup=d["warmup"] if args.warmup is None else args.warmup, optimizer=args.optimizer,

@@ -11,7 +11,9 @@ from typing import Any
 
 from ..config import (
     OPTIMIZERS,
+    PRECISIONS,
     TIMINGS,
+    DropoutRate,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
@@ -71,7 +73,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    type=_arg(lambda text: parse_list(PositiveInt, text, "world size")))
     p.add_argument("--model", "-m", action="append", type=_arg(_models),
                    help="model name or module:function factory")
-    p.add_argument("--precision", action="append", choices=["fp32", "bf16"])
+    p.add_argument("--precision", action="append", choices=PRECISIONS,
+                   help="fp16 trains with dynamic loss scaling (GradScaler; DeepSpeed's fp16 section)")
     p.add_argument("--steps", type=_typed(PositiveInt), help="timed steps")
     p.add_argument("--warmup", type=_typed(NonNegativeInt), help="untimed warm-up steps")
     p.add_argument("--global-batch", type=_typed(PositiveInt))
@@ -85,6 +88,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "before each step, as each strategy's users do (default 0: off)")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each transformer block's "
                    "activations in backward (transformers' activation_checkpointing_enable)")
+    p.add_argument("--dropout", type=_typed(DropoutRate), help="the model's dropout rate, each sample's masks "
+                   "from its own random stream (default 0: off)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="AdamW implementation (default auto: fused on CUDA)")
     p.add_argument("--timing", choices=TIMINGS, help="events (default): no sync inside timed windows; "
                    "sync: a device sync around every step")
@@ -119,7 +124,7 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
     m = load_matrix(args.config) if args.config else default_matrix(device_type, device_count)
     base = dict(m.base)
     for key in ("steps", "warmup", "global_batch", "micro_batch", "seq_len", "optimizer", "timing", "windows",
-                "clip_grad_norm"):
+                "clip_grad_norm", "dropout"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
     if args.activation_checkpointing:

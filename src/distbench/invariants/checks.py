@@ -24,6 +24,18 @@ def assert_losses_match(losses: list[float], reference: list[float], what: str) 
                                err_msg=f"{what} diverges from the single-process reference")
 
 
+def assert_loss_scaling_matches(run: dict[str, Any], reference: dict[str, Any], rtol: float, what: str) -> None:
+    """fp16: the same steps skipped for an overflow, the same loss scale at every step (powers of two: equal, not
+    close), and per-step losses within `rtol` (fp16's tolerance, which the caller states)."""
+    assert run["skipped_steps"] == reference["skipped_steps"], (
+        f"{what} skipped steps {run['skipped_steps']}, the reference {reference['skipped_steps']}")
+    assert run["loss_scales"] == reference["loss_scales"], (
+        f"{what} ran with loss scales {run['loss_scales']}, the reference with {reference['loss_scales']}")
+    assert len(run["losses"]) == len(reference["losses"]), f"{what}: {len(run['losses'])} losses"
+    np.testing.assert_allclose(run["losses"], reference["losses"], rtol=rtol, atol=0,
+                               err_msg=f"{what} diverges from the single-process reference")
+
+
 def assert_tensors_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str,
                          rtol: float, atol: float) -> None:
     """Same names, and every tensor close to the reference's."""

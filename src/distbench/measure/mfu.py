@@ -90,8 +90,9 @@ def peak_flops(device_name: str | None, dtype: str) -> float | None:
 
 
 def peak_dtype(precision: str) -> str:
-    """Which peak applies to a run's precision: fp32 matmuls run on tensor cores (TF32) when torch allows."""
-    if precision == "bf16":
+    """Which peak applies to a run's precision: fp32 matmuls run on tensor cores (TF32) when torch allows; fp16
+    matmuls have bf16's dense peak on every GPU in the table that has bf16 (V100, which has only fp16, gets none)."""
+    if precision in ("bf16", "fp16"):
         return "bf16"
     tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
     return "tf32" if tf32 else "fp32"

@@ -94,7 +94,8 @@ def train(
         with clock("training steps"):
             losses += run_steps(ctx, trainer, rc, rc.steps, capture_last_grads=return_grads)
         out: dict[str, Any] = {"rank": ctx.rank, "start_step": start, "losses": losses,
-                               "grad_norms": [float(n) for n in trainer.grad_norms]}
+                               "grad_norms": [float(n) for n in trainer.grad_norms],
+                               "loss_scales": trainer.loss_scales, "skipped_steps": trainer.skipped_steps}
         with clock("gather full state"):
             if return_params:
                 params = trainer.full_state_dict()  # collective: every rank gathers, rank 0 returns

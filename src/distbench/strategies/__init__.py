@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from .base import Trainer
 
 DS_OPTIONS = ("ds_config",)  # a DeepSpeed config JSON (path or dict) merged into the harness's, see ds_config.py
+#: Why DeepSpeed's fp16 (its own optimizer wrapper and loss scaler) does not run on the CPU tier.
+DS_FP16_WHY = "DeepSpeed 0.19's CPU accelerator does not support fp16"
 
 _ENTRIES = [
     StrategySpec("single", "one process, no wrapper; accumulates gradients over the whole global batch",
@@ -34,7 +36,9 @@ _ENTRIES = [
     StrategySpec("fsdp_offload", "FSDP2 full sharding with CPUOffloadPolicy (parameters and optimizer on host)",
                  "distbench.strategies.fsdp:FSDP2Trainer", cpu=False, family="fsdp",
                  defaults=(("reshard_after_forward", True), ("offload", True)),
-                 gpu_only_why="CPUOffloadPolicy pins host memory, which needs an accelerator"),
+                 gpu_only_why="CPUOffloadPolicy pins host memory, which needs an accelerator", fp16_devices=(),
+                 fp16_why="its gradients are host DTensors on the CUDA mesh: GradScaler's overflow flag, max-reduced "
+                 "over the mesh by DTensor, would go through NCCL from host memory, which NCCL cannot read"),
     StrategySpec("fsdp1_full", "legacy FSDP1 FullyShardedDataParallel, ShardingStrategy.FULL_SHARD",
                  "distbench.strategies.fsdp1:FSDP1Trainer", cpu=False, family="fsdp1",
                  defaults=(("sharding", "FULL_SHARD"),), gpu_only_why="legacy FSDP1 requires CUDA"),
@@ -43,16 +47,20 @@ _ENTRIES = [
                  defaults=(("sharding", "SHARD_GRAD_OP"),), gpu_only_why="legacy FSDP1 requires CUDA"),
     StrategySpec("zero1", "DeepSpeed ZeRO stage 1: optimizer state sharded",
                  "distbench.strategies.deepspeed:DeepSpeedTrainer", family="deepspeed",
-                 defaults=(("stage", 1),), user_options=DS_OPTIONS),
+                 defaults=(("stage", 1),), user_options=DS_OPTIONS,
+                 fp16_devices=("cuda",), fp16_why=DS_FP16_WHY),
     StrategySpec("zero2", "DeepSpeed ZeRO stage 2: optimizer state and gradients sharded",
                  "distbench.strategies.deepspeed:DeepSpeedTrainer", family="deepspeed",
-                 defaults=(("stage", 2),), user_options=DS_OPTIONS),
+                 defaults=(("stage", 2),), user_options=DS_OPTIONS,
+                 fp16_devices=("cuda",), fp16_why=DS_FP16_WHY),
     StrategySpec("zero3", "DeepSpeed ZeRO stage 3: optimizer state, gradients and parameters sharded",
                  "distbench.strategies.deepspeed:DeepSpeedTrainer", family="deepspeed",
-                 defaults=(("stage", 3),), user_options=DS_OPTIONS),
+                 defaults=(("stage", 3),), user_options=DS_OPTIONS,
+                 fp16_devices=("cuda",), fp16_why=DS_FP16_WHY),
     StrategySpec("zero3_offload", "DeepSpeed ZeRO stage 3 with optimizer state and parameters offloaded to CPU",
                  "distbench.strategies.deepspeed:DeepSpeedTrainer", family="deepspeed",
-                 defaults=(("stage", 3), ("offload", True)), user_options=DS_OPTIONS),
+                 defaults=(("stage", 3), ("offload", True)), user_options=DS_OPTIONS,
+                 fp16_devices=("cuda",), fp16_why=DS_FP16_WHY),
 ]
 
 REGISTRY: dict[str, StrategySpec] = {s.name: s for s in _ENTRIES}
@@ -75,11 +83,15 @@ def strategy_names(device_type: str | None = None) -> list[str]:
 def build_trainer(ctx: RankContext, cfg: RunConfig, model: nn.Module) -> Trainer:
     """Wrap `model` (built identically on every rank) with the strategy `cfg.strategy` names."""
     spec = get_spec(cfg.strategy)
-    reason = spec.unsupported_reason(ctx.device_type, ctx.world_size)
+    reason = spec.unsupported_reason(ctx.device_type, ctx.world_size, precision=cfg.precision)
     if reason:
         raise ConfigError(reason)
     module_name, cls_name = spec.target.split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
+    if cfg.dropout:
+        from ..workloads.dropout import apply_dropout
+
+        apply_dropout(model, cfg.dropout)
     if cfg.activation_checkpointing:
         from .base import enable_activation_checkpointing
 

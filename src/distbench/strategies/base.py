@@ -23,6 +23,7 @@ from torch import nn
 from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
 from ..runtime.context import RankContext
+from ..workloads.dropout import sample_streams
 from .checkpoint_files import write_manifest
 
 Batch = dict[str, torch.Tensor]
@@ -126,7 +127,8 @@ class Trainer(ABC):
     """One rank's view of a model and optimizer wrapped by a strategy."""
 
     #: True when this strategy runs bf16 through torch.autocast (single, DDP); False when the
-    #: wrapper owns the precision policy (FSDP MixedPrecisionPolicy, DeepSpeed's bf16 section).
+    #: wrapper owns the precision policy (FSDP MixedPrecisionPolicy, DeepSpeed's bf16 section). fp16 runs
+    #: through torch.autocast over fp32 parameters in every torch-native strategy (see make_grad_scaler).
     autocast_bf16: bool = True
     #: Torch-native strategies set these; optimizer_step uses them.
     optimizer: torch.optim.Optimizer
@@ -138,6 +140,19 @@ class Trainer(ABC):
         self.steps_done = 0
         self.optimizer_impl = ""  # set by make_optimizer: the AdamW implementation results record
         self.grad_norms: list[torch.Tensor] = []  # per step, before clipping, when the run clips
+        self.loss_scales: list[float] = []  # fp16: the loss scale each step ran with
+        self.skipped_steps: list[bool] = []  # fp16: whether each step was skipped for an overflow
+        self.scaler = self.make_grad_scaler() if cfg.precision == "fp16" else None
+
+    def make_grad_scaler(self) -> torch.amp.GradScaler | None:
+        """fp16's dynamic loss scaling, the way users of torch-native strategies run it: torch's GradScaler
+        (doubling after loss_scale_window clean steps, halving on an overflow, whose step it skips). It serves
+        FSDP2 too: unscale_ on DTensor gradients unscales the local shards and max-reduces the found-inf flag
+        over the mesh (DTensor's handler of _amp_foreach_non_finite_check_and_unscale_), so every rank skips
+        together. FSDP1 takes its ShardedGradScaler; DeepSpeed scales inside its engine (None)."""
+        return torch.amp.GradScaler(self.ctx.device_type, init_scale=2.0 ** self.cfg.loss_scale_power,
+                                    growth_factor=2.0, backoff_factor=0.5,
+                                    growth_interval=self.cfg.loss_scale_window)
 
     def make_optimizer(self, params, *, offload: bool = False) -> torch.optim.Optimizer:
         """The run's optimizer (cfg.algorithm) over `params` (see `optimizer_impl`), remembering which
@@ -169,10 +184,31 @@ class Trainer(ABC):
 
     def optimizer_step(self) -> None:
         """Apply the accumulated gradients, step the LR schedule, zero the gradients (torch-native
-        strategies; DeepSpeed's engine does all three itself)."""
-        self.optimizer.step()
-        self.scheduler.step()
+        strategies; DeepSpeed's engine does all three itself). Under fp16 the scaler skips a step whose
+        gradients overflowed, and the LR schedule stays where it was then, as DeepSpeed and HF's Trainer do;
+        reading the scale back costs a host sync per step, as it does them."""
+        if self.scaler is None:
+            self.optimizer.step()
+            self.scheduler.step()
+        else:
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < scale  # the scale backs off exactly when the step was skipped
+            self.record_loss_scale(scale, skipped)
+            if not skipped:
+                self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def record_loss_scale(self, scale: float, skipped: bool) -> None:
+        self.loss_scales.append(float(scale))
+        self.skipped_steps.append(bool(skipped))
+
+    def unscale_gradients(self) -> None:
+        """Under fp16, divide the step's gradients by the loss scale (noting any overflow) before anything
+        reads them: clipping must see the true norm, and captured gradients the reference's."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
 
     @abstractmethod
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -197,6 +233,8 @@ class Trainer(ABC):
 
     # --- shared ------------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager:
+        if self.cfg.precision == "fp16":
+            return torch.autocast(self.ctx.device_type, dtype=torch.float16)
         if self.cfg.precision == "bf16" and self.autocast_bf16:
             return torch.autocast(self.ctx.device_type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
@@ -207,7 +245,8 @@ class Trainer(ABC):
         with self.autocast():
             logits = model_logits(model, batch["input_ids"])
         loss = lm_loss(logits, batch["labels"])
-        (loss / self.cfg.accum_steps).backward()
+        scaled = loss / self.cfg.accum_steps
+        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         return loss.detach()
 
     def step(self, micro_batches: list[Batch], capture_grads: bool = False) -> float:
@@ -222,7 +261,9 @@ class Trainer(ABC):
         total = torch.zeros((), device=self.ctx.device, dtype=torch.float64)
         n = len(micro_batches)
         for i, mb in enumerate(micro_batches):
-            total += self.forward_backward(mb, sync=(i == n - 1)).double()
+            with self.sample_streams(mb):
+                total += self.forward_backward(mb, sync=(i == n - 1)).double()
+        self.unscale_gradients()
         if capture_grads:
             self.last_grads = self.full_grads()  # before clipping: what the step's backward produced
         norm = self.clip_gradients()
@@ -234,17 +275,35 @@ class Trainer(ABC):
         self.steps_done += 1
         return total / n
 
+    def sample_streams(self, batch: Batch) -> contextlib.AbstractContextManager:
+        """Under dropout, name the micro-batch's samples by their global index for its forward and backward
+        (recomputation included), so each sample's masks come from its own stream whichever rank, micro-batch
+        or resume runs it (workloads/dropout.py)."""
+        if not self.cfg.dropout:
+            return contextlib.nullcontext()
+        return sample_streams(self.cfg.seed, self.steps_done, batch["sample_index"].tolist())
+
     def grad_norm_after_step(self) -> torch.Tensor | None:
         """The pre-clip global norm of a strategy that clips inside its optimizer step (DeepSpeed)."""
         return None
 
     def extra_state(self) -> dict[str, Any]:
-        """Harness state a resume needs besides model and optimizer: data position and RNG."""
-        return {"steps_done": self.steps_done, "rng": rng_state(self.ctx)}
+        """Harness state a resume needs besides model and optimizer: data position, RNG, fp16's loss scale."""
+        state = {"steps_done": self.steps_done, "rng": rng_state(self.ctx)}
+        if self.scaler is not None:
+            state["grad_scaler"] = self.scaler.state_dict()
+        return state
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.steps_done = int(state["steps_done"])
+        self.load_progress(state)
         set_rng_state(self.ctx, state["rng"])
+
+    def load_progress(self, state: dict[str, Any]) -> None:
+        """What any resume restores from a rank's extra state, one at another world size included (whose RNG
+        is fresh): the data position and fp16's loss scale, the same on every rank."""
+        self.steps_done = int(state["steps_done"])
+        if self.scaler is not None and "grad_scaler" in state:
+            self.scaler.load_state_dict(state["grad_scaler"])
 
     def seal_checkpoint(self, path: str) -> None:
         """End of every save: once all ranks have written, rank 0 records each file's digest (see

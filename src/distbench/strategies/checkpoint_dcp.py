@@ -67,4 +67,4 @@ class DCPCheckpointMixin(Trainer):
         if saved_ws == self.ctx.world_size:
             self.restore_extra_state(path)
         else:
-            self.steps_done = int(torch_load(os.path.join(path, "extra_rank0.pt"))["steps_done"])
+            self.load_progress(torch_load(os.path.join(path, "extra_rank0.pt")))

@@ -86,14 +86,15 @@ def verify_manifest(path: str | os.PathLike[str]) -> None:
 
 
 def _deepspeed_globals() -> list[Any]:
-    """The classes DeepSpeed 0.19 pickles into its optimizer shards besides tensors and containers."""
+    """The classes DeepSpeed 0.19 pickles into its optimizer shards besides tensors and containers (fp16's
+    dynamic loss scaler under precision fp16)."""
     try:
-        from deepspeed.runtime.fp16.loss_scaler import LossScaler
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
         from deepspeed.runtime.zero.config import ZeroStageEnum
         from deepspeed.utils.tensor_fragment import fragment_address
     except ImportError:
         return []
-    return [LossScaler, ZeroStageEnum, fragment_address]
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
 @contextlib.contextmanager

@@ -52,6 +52,11 @@ class DeepSpeedTrainer(Trainer):
             self.engine.step()  # only counts the micro-step; the boundary's step is optimizer_step()
         return loss.detach()
 
+    def make_grad_scaler(self) -> None:
+        """None: under fp16 DeepSpeed scales the loss, unscales, skips and rescales inside its engine (its fp16
+        section, written from the run's loss-scale settings in ds_config.py)."""
+        return None
+
     def clip_gradients(self) -> torch.Tensor | None:
         """None: DeepSpeed clips inside engine.step() (its `gradient_clipping`, set from clip_grad_norm)."""
         return None
@@ -66,13 +71,20 @@ class DeepSpeedTrainer(Trainer):
         """At the accumulation boundary engine.step() steps the optimizer and LR schedule and zeroes gradients.
 
         It runs here rather than in forward_backward so that full_grads() can still see the step's gradients.
+        Under fp16 it records the loss scale the step ran with and whether the engine skipped it (an overflow).
         """
+        if self.cfg.precision != "fp16":
+            self.engine.step()
+            return
+        scale, skipped_before = self.engine._get_optimizer_loss_scale(), self.engine.skipped_steps
         self.engine.step()
+        self.record_loss_scale(float(scale), self.engine.skipped_steps > skipped_before)
 
     def full_grads(self) -> dict[str, torch.Tensor]:
         from deepspeed.utils import safe_get_full_grad
 
         # Collective under ZeRO (the owners of each partition contribute), so every rank calls it for every param.
+        # Under fp16 they are still multiplied by the loss scale: DeepSpeed unscales inside its step.
         return {n: safe_get_full_grad(p).detach().float().cpu().clone()
                 for n, p in self.engine.module.named_parameters()}
 
@@ -132,7 +144,7 @@ class DeepSpeedTrainer(Trainer):
         if loaded is None:
             raise CheckpointError(f"DeepSpeed checkpoint {path} is incomplete: its 'latest' tag file is missing")
         if other_ws:
-            self.steps_done = int(torch_load(os.path.join(path, "extra_rank0.pt"))["steps_done"])
+            self.load_progress(torch_load(os.path.join(path, "extra_rank0.pt")))
         else:
             self.restore_extra_state(path)
 

@@ -81,7 +81,7 @@ def harness_config(cfg: RunConfig, stage: int, offload: bool, n_params: int | No
         "gradient_accumulation_steps": cfg.accum_steps,
         "zero_optimization": zero,
         "bf16": {"enabled": cfg.precision == "bf16"},
-        "fp16": {"enabled": False},
+        "fp16": fp16_section(cfg),
         "torch_autocast": {"enabled": False},
         # Parity: recent DeepSpeed (0.19.8 here; older releases used 0.0) defaults gradient_clipping to 1.0, so
         # every step's gradient was silently rescaled to global norm 1 while DDP and the reference do not clip.
@@ -98,11 +98,25 @@ def harness_config(cfg: RunConfig, stage: int, offload: bool, n_params: int | No
     }
 
 
+def fp16_section(cfg: RunConfig) -> dict[str, Any]:
+    """DeepSpeed's fp16 section: off unless precision is fp16, then dynamic loss scaling by torch GradScaler's
+    rule as far as DeepSpeed's DynamicLossScaler can follow it. It starts at 2**loss_scale_power and, with
+    hysteresis 1, halves on every overflow (skipping that step and its LR step). It grows after window + 1 clean
+    steps the first time after a start or an overflow and every window steps after that, where GradScaler grows
+    every growth_interval steps: a window of loss_scale_window - 1 makes the first growth agree (the one a short
+    run sees; from a loss_scale_window of 2 up), later ones in the same clean stretch come a step early. min_loss_scale stays DeepSpeed's 1."""
+    if cfg.precision != "fp16":
+        return {"enabled": False}
+    return {"enabled": True, "loss_scale": 0, "initial_scale_power": cfg.loss_scale_power,
+            "loss_scale_window": max(1, cfg.loss_scale_window - 1), "hysteresis": 1, "consecutive_hysteresis": False}
+
+
 def _controlled(cfg: RunConfig, stage: int, offload: bool) -> dict[tuple[str, ...], tuple[Any, str]]:
     """Harness-owned leaves: path -> (harness value, how a user changes it instead)."""
     device = "cpu" if offload else "none"
     off_fix = "use the zero3_offload strategy for CPU offload (NVMe offload is not supported), or remove the key"
     prec_fix = f"set RunConfig.precision (now {cfg.precision!r}) instead, or remove the key"
+    scale_fix = "set RunConfig.loss_scale_power / loss_scale_window instead, or remove the key"
     return {
         ("train_batch_size",): (cfg.global_batch, "set RunConfig.global_batch instead, or remove the key"),
         ("train_micro_batch_size_per_gpu",): (cfg.micro_batch, "set RunConfig.micro_batch instead, or remove the key"),
@@ -113,7 +127,7 @@ def _controlled(cfg: RunConfig, stage: int, offload: bool) -> dict[tuple[str, ..
         ("zero_optimization", "offload_optimizer", "device"): (device, off_fix),
         ("zero_optimization", "offload_param", "device"): (device, off_fix),
         ("bf16", "enabled"): (cfg.precision == "bf16", prec_fix),
-        ("fp16", "enabled"): (False, "distbench runs fp32 or bf16 (RunConfig.precision); remove the fp16 section"),
+        **{("fp16", k): (v, prec_fix if k == "enabled" else scale_fix) for k, v in fp16_section(cfg).items()},
         ("torch_autocast", "enabled"): (False, prec_fix),
         ("zero_allow_untested_optimizer",): (True, "distbench passes torch.optim.AdamW; remove the key"),
         ("zero_force_ds_cpu_optimizer",): (False, "distbench passes torch.optim.AdamW; remove the key"),

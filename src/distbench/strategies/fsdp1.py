@@ -44,6 +44,14 @@ class FSDP1Trainer(DCPCheckpointMixin):
         self.optimizer = self.make_optimizer(self.model.parameters())
         self.scheduler = build_scheduler(self.optimizer, cfg)
 
+    def make_grad_scaler(self) -> torch.amp.GradScaler | None:
+        """FSDP1's ShardedGradScaler: its gradients are plain tensors holding each rank's shard, so the overflow
+        flag must be all-reduced for every rank to skip the same steps (torch's GradScaler would not)."""
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(self.ctx.device_type, init_scale=2.0 ** self.cfg.loss_scale_power,
+                                 growth_factor=2.0, backoff_factor=0.5, growth_interval=self.cfg.loss_scale_window)
+
     def clip_gradients(self) -> torch.Tensor | None:
         """FSDP1's own clip_grad_norm_, which reduces the norm over its flat shards (torch's would not)."""
         if not self.cfg.clip_grad_norm:

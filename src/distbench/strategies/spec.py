@@ -23,6 +23,8 @@ class StrategySpec:
     defaults: tuple[tuple[str, Any], ...] = ()
     gpu_only_why: str = ""
     user_options: tuple[str, ...] = ()  # RunConfig.options keys this strategy takes; the rest define it
+    fp16_devices: tuple[str, ...] = ("cpu", "cuda")  # the device types its fp16 (loss scaling) runs on
+    fp16_why: str = ""  # why not on the others
 
     def options_for(self, cfg: RunConfig) -> dict[str, Any]:
         """The strategy's constructor options: its registry defaults plus the run's user options."""
@@ -32,10 +34,14 @@ class StrategySpec:
             raise ConfigError(f"strategy {self.name} has no option {wrong[0]!r} ({takes}); remove it from options")
         return {**dict(self.defaults), **cfg.options}
 
-    def unsupported_reason(self, device_type: str, world_size: int, device_count: int | None = None) -> str | None:
-        """Why this strategy cannot run here, or None if it can."""
+    def unsupported_reason(self, device_type: str, world_size: int, device_count: int | None = None,
+                           precision: str = "fp32") -> str | None:
+        """Why this strategy cannot run here (at this precision), or None if it can."""
         if device_type == "cpu" and not self.cpu:
             return f"{self.name} needs CUDA GPUs ({self.gpu_only_why or 'it does not run on CPU/gloo'})"
+        if precision == "fp16" and device_type not in self.fp16_devices:
+            where = f"on {' and '.join(self.fp16_devices)} only" if self.fp16_devices else "nowhere"
+            return f"{self.name} runs fp16 {where} ({self.fp16_why})"
         if world_size < self.min_world_size:
             return f"{self.name} needs world size >= {self.min_world_size}"
         if self.max_world_size is not None and world_size > self.max_world_size:

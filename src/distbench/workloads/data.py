@@ -40,7 +40,8 @@ def global_batch(cfg: RunConfig, step: int, seq_len: int, vocab_size: int) -> to
 def rank_micro_batches(
     cfg: RunConfig, step: int, rank: int, seq_len: int, vocab_size: int, device: torch.device | str = "cpu"
 ) -> list[Batch]:
-    """This rank's micro-batches for `step`, in accumulation order, on `device`."""
+    """This rank's micro-batches for `step`, in accumulation order, on `device`. Each names its samples'
+    global indices in `sample_index` (on the host): their dropout streams (workloads/dropout.py)."""
     per_rank = cfg.per_rank_batch
     first = rank * per_rank
     out = []
@@ -49,5 +50,6 @@ def rank_micro_batches(
         toks = torch.stack(
             [sample_tokens(cfg.seed, step, i, seq_len, vocab_size) for i in range(lo, lo + cfg.micro_batch)]
         ).to(device, non_blocking=True)
-        out.append({"input_ids": toks[:, :-1], "labels": toks[:, 1:]})
+        out.append({"input_ids": toks[:, :-1], "labels": toks[:, 1:],
+                    "sample_index": torch.arange(lo, lo + cfg.micro_batch)})
     return out

@@ -1,7 +1,8 @@
 """Models from transformers configs with random init (no hub downloads), plus users' own factories.
 
 Every rank builds the same model from the same seed, so all strategies start from identical weights.
-Dropout is off so that losses are a deterministic function of weights and data.
+The configs' dropout is off so that losses are a deterministic function of weights and data; RunConfig.dropout
+puts per-sample dropout (workloads/dropout.py) in place of their nn.Dropout modules, deterministic too.
 """
 
 from __future__ import annotations
