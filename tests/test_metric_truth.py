@@ -24,27 +24,18 @@ from distbench.measure import busbw, devicetime, mfu
 from distbench.measure.timing import Window, time_window
 from distbench.runtime.context import RankContext
 from distbench.workloads.models import get_model
-from metric_jobs import counted_bench
+from metric_jobs import (
+    HostStream,
+    StreamContext,
+    TimeWindow,
+    counted_bench,
+    cpu_clock,
+    extra_step,
+    late_clock,
+    without_final_sync,
+)
 
 CPU = RankContext(0, 1, 0, torch.device("cpu"), "gloo")
-TimeWindow = Callable[[RankContext, str, Any], Window]
-
-
-# --- planted timer defects ---------------------------------------------------------------------------------
-def late_clock(real: TimeWindow) -> TimeWindow:
-    """time_window whose window clock starts after the first step (that step runs, untimed)."""
-    def window(ctx: RankContext, mode: str, steps: Any) -> Window:
-        w = real(ctx, mode, steps)
-        return Window(w.wall_s - w.step_s[0], w.step_s, w.host_cpu_s, w.losses)
-    return window
-
-
-def cpu_clock(real: TimeWindow) -> TimeWindow:
-    """time_window reporting CPU time as step time: a step that waits (on a device, a peer, a sleep) reads 0."""
-    def window(ctx: RankContext, mode: str, steps: Any) -> Window:
-        w = real(ctx, mode, steps)
-        return Window(w.wall_s, w.host_cpu_s, w.host_cpu_s, w.losses)
-    return window
 
 
 # --- step time ---------------------------------------------------------------------------------------------
@@ -116,13 +107,141 @@ def test_bench_step_time_matches_a_known_workload(mode: str) -> None:
 
 
 @pytest.mark.usefixtures("known_steps")
-@pytest.mark.parametrize("defect", [late_clock, cpu_clock])
+@pytest.mark.parametrize("defect", [late_clock, cpu_clock, extra_step])
 def test_bench_step_time_check_catches_timer_defects(
     monkeypatch: pytest.MonkeyPatch, defect: Callable[[TimeWindow], TimeWindow]
 ) -> None:
     monkeypatch.setattr(bm, "time_window", defect(time_window))
     with pytest.raises(AssertionError):
         assert_bench_step_time_is_the_known_workload("events")
+
+
+# --- step time of work still running when the host moves on ---------------------------------------------
+def launching(stream: HostStream, durations: tuple[float, ...]) -> list[Callable[[], torch.Tensor]]:
+    """Steps that only launch a sleep of known length onto `stream` and return at once, as a GPU step
+    returns once its kernels are queued."""
+    def step(d: float) -> Callable[[], torch.Tensor]:
+        return lambda: stream.launch(lambda: time.sleep(d)) or torch.zeros(())
+    return [step(d) for d in durations]
+
+
+def assert_window_waits_for_launched_work(measure: TimeWindow, mode: str) -> None:
+    """A window of steps whose work runs behind the host (a HostStream) holds all of that work: its wall
+    clock is at least the work's length and at most SLACK_S a step more. In sync mode every step's time is
+    its own work too; in events mode on CPU per-step times are host times, which see the launch only (on
+    GPUs CUDA events time them: test_step_time_of_a_device_spin)."""
+    stream = HostStream()
+    try:
+        w = measure(StreamContext(0, 1, 0, torch.device("cpu"), "gloo", stream=stream), mode,
+                    launching(stream, DURATIONS_S))
+    finally:
+        stream.close()
+    assert sum(DURATIONS_S) <= w.wall_s <= sum(DURATIONS_S) + len(DURATIONS_S) * SLACK_S, (mode, w.wall_s)
+    if mode == "sync":
+        for got, want in zip(w.step_s, DURATIONS_S, strict=True):
+            assert want <= got <= want + SLACK_S, (mode, w.step_s)
+
+
+@pytest.mark.parametrize("mode", ["events", "sync"])
+def test_window_waits_for_work_still_running(mode: str) -> None:
+    assert_window_waits_for_launched_work(time_window, mode)
+
+
+def test_launched_work_check_catches_a_dropped_final_sync() -> None:
+    """time_window recompiled without its last synchronization stops the clock while the work still runs.
+    (Sync mode synchronizes after each step anyway: there the defect changes nothing, rightly.)"""
+    with pytest.raises(AssertionError):
+        assert_window_waits_for_launched_work(without_final_sync(), "events")
+
+
+@pytest.fixture
+def launched_steps(monkeypatch: pytest.MonkeyPatch) -> StreamContext:
+    """A rank context with a HostStream, and trainers whose step launches MICRO_BATCH_S of sleep per
+    micro-batch onto it and returns at once."""
+    stream = HostStream()
+    ctx = StreamContext(0, 1, 0, torch.device("cpu"), "gloo", stream=stream)
+    real = bm.build_trainer
+
+    def launch(micro_batches: list[Any], capture_grads: bool = False) -> torch.Tensor:
+        stream.launch(lambda: time.sleep(MICRO_BATCH_S * len(micro_batches)))
+        return torch.zeros(())
+
+    def build(ctx_: RankContext, cfg: RunConfig, model: nn.Module) -> Any:
+        trainer = real(ctx_, cfg, model)
+        trainer.step_async = launch
+        return trainer
+
+    monkeypatch.setattr(bm, "build_trainer", build)
+    yield ctx
+    stream.close()
+
+
+def assert_bench_holds_the_launched_work(ctx: StreamContext) -> None:
+    """`bench` (events timing) over steps whose work runs behind the host: step_time_s at least the work's
+    length, at most 30% over it."""
+    cfg = RunConfig.from_dict({**KNOWN, "timing": "events"})
+    step_time = bm.summarize_bench(cfg, [bm.bench(ctx, cfg.to_dict(), nvml=False)])["metrics"]["step_time_s"]
+    known = cfg.accum_steps * MICRO_BATCH_S
+    assert known <= step_time <= 1.3 * known, step_time
+
+
+def test_bench_step_time_holds_work_still_running(launched_steps: StreamContext) -> None:
+    assert_bench_holds_the_launched_work(launched_steps)
+
+
+def test_bench_running_work_check_catches_a_dropped_final_sync(
+    launched_steps: StreamContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bm, "time_window", without_final_sync())
+    with pytest.raises(AssertionError):
+        assert_bench_holds_the_launched_work(launched_steps)
+
+
+#: Length of the device-side spin each micro-batch of a GPU spin step runs.
+SPIN_S = 0.02
+SPIN = {"model": "user_models:tiny_lm", "micro_batch": 1, "steps": 5, "warmup": 1, "windows": 1,
+        "device_time_steps": 0}
+
+
+def spin_config(world_size: int, mode: str) -> RunConfig:
+    """Two micro-batches per rank (accumulation), the timing mode under test."""
+    return RunConfig.from_dict({**SPIN, "strategy": "single" if world_size == 1 else "ddp",
+                                "world_size": world_size, "global_batch": 2 * world_size, "timing": mode})
+
+
+def assert_step_time_is_the_spin(result: dict[str, Any], known_s: list[float]) -> None:
+    """step_time_s (the window's wall clock per step) and every per-step time (CUDA events, or host time
+    between syncs) equal the spin step's length measured beside the benchmark by the host clock, before
+    and after it: within 3% of the nearer (the SM clock _sleep counts may drift between the two readings),
+    plus 1 ms a step for launches and the loss bookkeeping."""
+    lo, hi = 0.97 * min(known_s), 1.03 * max(known_s) + 1e-3
+    assert lo <= result["metrics"]["step_time_s"] <= hi, (result["metrics"]["step_time_s"], known_s)
+    steps = result["step_time_s"]["steps"]
+    assert all(lo <= s <= hi for s in steps), (steps, known_s)
+
+
+def spin_result(suite: Any, world_size: int, mode: str, plant: str | None = None) -> tuple[dict[str, Any], list[float]]:
+    cfg = spin_config(world_size, mode)
+    out = suite.run(world_size, "metric_jobs:spin_bench", cfg=cfg.to_dict(), spin_s=SPIN_S, plant=plant)
+    known = [max(k) for k in zip(*(o["known_s"] for o in out), strict=True)]  # the slowest rank's, as a step
+    return bm.summarize_bench(cfg, [o["reply"] for o in out]), known
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["events", "sync"])
+def test_step_time_of_a_device_spin(suite: Any, world_size: int, mode: str) -> None:
+    """GPU: steps that are nothing but torch.cuda._sleep spins read as the spins' length, by the host clock."""
+    assert_step_time_is_the_spin(*spin_result(suite, world_size, mode))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plant", ["late_clock", "extra_step"])
+def test_device_spin_check_catches_timer_defects(suite: Any, plant: str) -> None:
+    """GPU: a window clock started after its first step, or one step too many counted, fails the spin check
+    (CPU: test_bench_step_time_check_catches_timer_defects, with the same defects)."""
+    result, known = spin_result(suite, 1, "events", plant)
+    with pytest.raises(AssertionError):
+        assert_step_time_is_the_spin(result, known)
 
 
 # --- throughput --------------------------------------------------------------------------------------------
