@@ -351,6 +351,117 @@ def test_flops_check_catches_a_wrong_factor(monkeypatch: pytest.MonkeyPatch, wro
         assert_model_flops_are_counted_flops(get_model("gpt2-tiny").build(0), 32)
 
 
+# --- MFU ---------------------------------------------------------------------------------------------------
+MATMUL_STACK = {"strategy": "single", "world_size": 1, "model": "user_models:matmul_stack", "precision": "bf16",
+                "micro_batch": 32, "global_batch": 32, "steps": 5, "warmup": 2, "windows": 1,
+                "deterministic": False, "device_time_steps": 0}
+#: The harness's MFU over the bf16 matmul benchmark's (achieved FLOP/s over the same bf16 peak). At most 1.10:
+#: the harness's step does these very matmuls and more, so it cannot beat the benchmark beyond cuBLAS's
+#: run-to-run spread. At least 0.7: besides the matmuls its step runs fused AdamW (about 28 bytes of memory
+#: traffic per parameter: under 1 ms for these 101M on an H100), the fp32 loss over the logits, autocast's weight
+#: casts and the embedding's backward, an estimated 10-15% of this step (~25 ms of matmuls: 84M matmul
+#: weights, 32768 tokens), with the rest of the margin for launch gaps.
+MFU_RATIO = (0.7, 1.10)
+
+_mfu_runs: dict[str, dict[str, Any]] = {}
+
+
+def mfu_run(suite: Any) -> dict[str, Any]:
+    """metric_jobs.mfu_beside_matmuls once per session (the bite tests read the same run)."""
+    if "run" not in _mfu_runs:
+        _mfu_runs["run"] = suite.run(1, "metric_jobs:mfu_beside_matmuls", cfg=MATMUL_STACK)[0]
+    return _mfu_runs["run"]
+
+
+def assert_mfu_is_the_matmul_benchmarks(run: dict[str, Any]) -> None:
+    """The result's mfu against the best of the matmul benchmarks run before and after it, both over the
+    device's dense bf16 peak (the benchmark is bf16 whatever the harness picked)."""
+    cfg = RunConfig.from_dict(MATMUL_STACK)
+    metrics = bm.summarize_bench(cfg, [run["reply"]])["metrics"]
+    peak = mfu.peak_flops(run["device_name"], "bf16")
+    assert peak, f"no bf16 peak for {run['device_name']!r}: add it to measure/mfu.py's table"
+    assert "mfu" in metrics, f"the result reports no mfu on {run['device_name']}"
+    reference = max(run["matmul_flops_per_s"]) / peak
+    ratio = metrics["mfu"] / reference
+    assert MFU_RATIO[0] <= ratio <= MFU_RATIO[1], (
+        f"harness mfu {metrics['mfu']:.3f}, bf16 matmuls of the same shapes {reference:.3f} "
+        f"({run['matmul_flops_per_s']} FLOP/s): ratio {ratio:.3f}")
+
+
+@pytest.mark.gpu
+def test_mfu_matches_a_bf16_matmul_benchmark_of_the_same_shapes(suite: Any) -> None:
+    assert_mfu_is_the_matmul_benchmarks(mfu_run(suite))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plant, value", [
+    ("peak_dtype", lambda precision: "tf32"),  # the bf16 run measured against the TF32 peak: MFU x2
+    ("flops_per_token", lambda n, layers, hidden, s: 4.0 * n),  # the weight gradient forgotten: MFU x2/3
+])
+def test_mfu_check_catches_planted_defects(suite: Any, monkeypatch: pytest.MonkeyPatch, plant: str,
+                                            value: Any) -> None:
+    """GPU (the same run as the MFU test, re-summarized; no CPU version: a CPU has no peak to hold MFU to).
+    The defect is planted where the pytest process computes: the peak's dtype in the reply, the FLOPs per
+    token recomputed from the reply's N."""
+    run = mfu_run(suite)
+    reply = dict(run["reply"])
+    if plant == "peak_dtype":
+        reply["peak_dtype"] = value(MATMUL_STACK["precision"])
+    else:
+        f = reply["flops"]
+        reply["flops"] = {**f, "flops_per_token": value(f["n_params_matmul"], f["layers"], f["hidden"],
+                                                        f["seq_len"])}
+    with pytest.raises(AssertionError):
+        assert_mfu_is_the_matmul_benchmarks({**run, "reply": reply})
+
+
+# --- memory ------------------------------------------------------------------------------------------------
+#: The tensor the first configuration allocates inside its timed window and keeps to the window's end.
+KNOWN_MIB = 256
+#: Two identical configurations of a tiny model differ only by the planted tensor; what else may differ
+#: between them (allocator rounding, cuBLAS workspaces on first use) is well under this.
+MEMORY_SLACK = 16 << 20
+MEMORY = {"model": "user_models:tiny_lm", "micro_batch": 2, "steps": 2, "warmup": 1, "windows": 1,
+          "device_time_steps": 0}
+
+
+def assert_the_allocation_is_in_its_own_peak_only(readings: dict[str, dict[str, Any]]) -> None:
+    """The first configuration's peaks hold the planted tensor (allocated peak exactly KNOWN_MIB above the
+    next configuration's, within MEMORY_SLACK; reserved peak at least that large), the next one's do not:
+    bench resets the peaks between configurations."""
+    first, after = readings["with"], readings["next"]
+    known = KNOWN_MIB << 20
+    extra = first["mem_allocated_peak_bytes"] - after["mem_allocated_peak_bytes"]
+    assert abs(extra - known) <= MEMORY_SLACK, (
+        f"allocated peak {first['mem_allocated_peak_bytes']} with the {KNOWN_MIB} MiB tensor, "
+        f"{after['mem_allocated_peak_bytes']} in the next configuration: {extra / 2**20:.1f} MiB apart")
+    assert first["mem_reserved_peak_bytes"] >= known, first
+
+
+def memory_readings(suite: Any, world_size: int, plant: str | None = None) -> list[dict[str, Any]]:
+    cfg = RunConfig.from_dict({**MEMORY, "strategy": "single" if world_size == 1 else "ddp",
+                               "world_size": world_size, "global_batch": 2 * world_size})
+    return suite.run(world_size, "metric_jobs:known_allocation_bench", cfg=cfg.to_dict(), mib=KNOWN_MIB,
+                     plant=plant)
+
+
+@pytest.mark.gpu
+def test_peak_memory_holds_a_known_allocation_and_resets(suite: Any, world_size: int) -> None:
+    """GPU, every rank: a KNOWN_MIB tensor allocated in the timed window shows in that configuration's peaks
+    and not in the next configuration's."""
+    for readings in memory_readings(suite, world_size):
+        assert_the_allocation_is_in_its_own_peak_only(readings)
+
+
+@pytest.mark.gpu
+def test_peak_memory_check_catches_a_skipped_reset(suite: Any) -> None:
+    """GPU (CPU has no device memory to read): bench without reset_peaks carries the first configuration's
+    peak into the next."""
+    readings = memory_readings(suite, 1, plant="no_peak_reset")[0]
+    with pytest.raises(AssertionError):
+        assert_the_allocation_is_in_its_own_peak_only(readings)
+
+
 # --- device time -------------------------------------------------------------------------------------------
 #: (activity, name, start_ns, duration_ns) as Kineto gives them, over 2 steps. By hand: compute kernels on
 #: two streams overlap on [50, 100); the NCCL kernel overlaps compute on [120, 150); a copy and a memset
