@@ -7,6 +7,8 @@ Each mutation breaks one property a real incident breaks, on top of a correct tr
   fresh_optimizer    a resume restores the model but silently resets the optimizer state (any torch-native
                      trainer, resharding loads included)
   local_norm_clip    gradients clipped by the norm of this rank's own shard instead of the global norm (FSDP2)
+  bf16_master_weights  master weights held in bf16: rounded to bf16 at the start and after every optimizer
+                     step (any torch-native trainer; DTensor shards rounded in place)
 
 The rank processes import this module by name: spawned ranks inherit the pytest process's sys.path, on which
 pytest puts this directory.
@@ -51,6 +53,22 @@ def _mutate(trainer: Any, mutation: str) -> None:
             return torch.nn.utils.clip_grad_norm_(grads, trainer.cfg.clip_grad_norm)
 
         trainer.clip_gradients = clip_by_local_shard
+        return
+    if mutation == "bf16_master_weights":
+        def round_to_bf16() -> None:
+            with torch.no_grad():
+                for p in trainer.optimizer_parameters():
+                    local = p.to_local() if hasattr(p, "to_local") else p
+                    local.copy_(local.to(torch.bfloat16))
+
+        step = trainer.optimizer_step
+
+        def step_then_round() -> None:
+            step()
+            round_to_bf16()
+
+        round_to_bf16()
+        trainer.optimizer_step = step_then_round
         return
     assert isinstance(trainer, DDPTrainer), f"mutation {mutation!r} is written against the ddp strategy"
     if mutation == "no_grad_sync":
