@@ -34,7 +34,6 @@ from distbench.workloads.data import rank_micro_batches
 from distbench.workloads.models import get_model
 from mutants import _mutate
 
-
 TimeWindow = Callable[[RankContext, str, Any], Window]
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from distbench.invariants.checks import assert_losses_match
 from delay_jobs import SITES
+from distbench.invariants.checks import assert_losses_match
 
 JOB = "delay_jobs:train_with_delays"
 DELAYED = ("fsdp_full", "fsdp_grad", "zero3")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import distbench.measure.bench as bm
 from distbench.config import RunConfig
 from distbench.measure import busbw, devicetime, mfu
-from distbench.measure.timing import Window, time_window
+from distbench.measure.timing import time_window
 from distbench.runtime.context import RankContext
 from distbench.workloads.models import get_model
 from metric_jobs import (
@@ -155,7 +155,7 @@ def test_launched_work_check_catches_a_dropped_final_sync() -> None:
 
 
 @pytest.fixture
-def launched_steps(monkeypatch: pytest.MonkeyPatch) -> StreamContext:
+def launched_steps(monkeypatch: pytest.MonkeyPatch) -> Iterator[StreamContext]:
     """A rank context with a HostStream, and trainers whose step launches MICRO_BATCH_S of sleep per
     micro-batch onto it and returns at once."""
     stream = HostStream()
