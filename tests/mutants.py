@@ -13,6 +13,8 @@ Each mutation breaks one property a real incident breaks, on top of a correct tr
                      instead of its global index (any trainer)
   fp16_no_skip       under fp16, the optimizer steps even when the gradients overflowed (any torch-native
                      trainer; the scaler still backs off)
+  bf16_master_weights  master weights held in bf16: rounded to bf16 at the start and after every optimizer
+                     step (any torch-native trainer; DTensor shards rounded in place)
 
 The rank processes import this module by name: spawned ranks inherit the pytest process's sys.path, on which
 pytest puts this directory.
@@ -78,6 +80,22 @@ def _mutate(trainer: Any, mutation: str) -> None:
     if mutation == "fp16_no_skip":
         assert trainer.scaler is not None, "fp16_no_skip needs precision fp16"
         trainer.scaler.step = lambda optimizer, *args, **kwargs: optimizer.step()
+        return
+    if mutation == "bf16_master_weights":
+        def round_to_bf16() -> None:
+            with torch.no_grad():
+                for p in trainer.optimizer_parameters():
+                    local = p.to_local() if hasattr(p, "to_local") else p
+                    local.copy_(local.to(torch.bfloat16))
+
+        step = trainer.optimizer_step
+
+        def step_then_round() -> None:
+            step()
+            round_to_bf16()
+
+        round_to_bf16()
+        trainer.optimizer_step = step_then_round
         return
     assert isinstance(trainer, DDPTrainer), f"mutation {mutation!r} is written against the ddp strategy"
     if mutation == "no_grad_sync":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -21,30 +21,21 @@ from torch.utils.flop_counter import FlopCounterMode
 import distbench.measure.bench as bm
 from distbench.config import RunConfig
 from distbench.measure import busbw, devicetime, mfu
-from distbench.measure.timing import Window, time_window
+from distbench.measure.timing import time_window
 from distbench.runtime.context import RankContext
 from distbench.workloads.models import get_model
-from metric_jobs import counted_bench
+from metric_jobs import (
+    HostStream,
+    StreamContext,
+    TimeWindow,
+    counted_bench,
+    cpu_clock,
+    extra_step,
+    late_clock,
+    without_final_sync,
+)
 
 CPU = RankContext(0, 1, 0, torch.device("cpu"), "gloo")
-TimeWindow = Callable[[RankContext, str, Any], Window]
-
-
-# --- planted timer defects ---------------------------------------------------------------------------------
-def late_clock(real: TimeWindow) -> TimeWindow:
-    """time_window whose window clock starts after the first step (that step runs, untimed)."""
-    def window(ctx: RankContext, mode: str, steps: Any) -> Window:
-        w = real(ctx, mode, steps)
-        return Window(w.wall_s - w.step_s[0], w.step_s, w.host_cpu_s, w.losses)
-    return window
-
-
-def cpu_clock(real: TimeWindow) -> TimeWindow:
-    """time_window reporting CPU time as step time: a step that waits (on a device, a peer, a sleep) reads 0."""
-    def window(ctx: RankContext, mode: str, steps: Any) -> Window:
-        w = real(ctx, mode, steps)
-        return Window(w.wall_s, w.host_cpu_s, w.host_cpu_s, w.losses)
-    return window
 
 
 # --- step time ---------------------------------------------------------------------------------------------
@@ -118,13 +109,141 @@ def test_bench_step_time_matches_a_known_workload(mode: str) -> None:
 
 
 @pytest.mark.usefixtures("known_steps")
-@pytest.mark.parametrize("defect", [late_clock, cpu_clock])
+@pytest.mark.parametrize("defect", [late_clock, cpu_clock, extra_step])
 def test_bench_step_time_check_catches_timer_defects(
     monkeypatch: pytest.MonkeyPatch, defect: Callable[[TimeWindow], TimeWindow]
 ) -> None:
     monkeypatch.setattr(bm, "time_window", defect(time_window))
     with pytest.raises(AssertionError):
         assert_bench_step_time_is_the_known_workload("events")
+
+
+# --- step time of work still running when the host moves on ---------------------------------------------
+def launching(stream: HostStream, durations: tuple[float, ...]) -> list[Callable[[], torch.Tensor]]:
+    """Steps that only launch a sleep of known length onto `stream` and return at once, as a GPU step
+    returns once its kernels are queued."""
+    def step(d: float) -> Callable[[], torch.Tensor]:
+        return lambda: stream.launch(lambda: time.sleep(d)) or torch.zeros(())
+    return [step(d) for d in durations]
+
+
+def assert_window_waits_for_launched_work(measure: TimeWindow, mode: str) -> None:
+    """A window of steps whose work runs behind the host (a HostStream) holds all of that work: its wall
+    clock is at least the work's length and at most SLACK_S a step more. In sync mode every step's time is
+    its own work too; in events mode on CPU per-step times are host times, which see the launch only (on
+    GPUs CUDA events time them: test_step_time_of_a_device_spin)."""
+    stream = HostStream()
+    try:
+        w = measure(StreamContext(0, 1, 0, torch.device("cpu"), "gloo", stream=stream), mode,
+                    launching(stream, DURATIONS_S))
+    finally:
+        stream.close()
+    assert sum(DURATIONS_S) <= w.wall_s <= sum(DURATIONS_S) + len(DURATIONS_S) * SLACK_S, (mode, w.wall_s)
+    if mode == "sync":
+        for got, want in zip(w.step_s, DURATIONS_S, strict=True):
+            assert want <= got <= want + SLACK_S, (mode, w.step_s)
+
+
+@pytest.mark.parametrize("mode", ["events", "sync"])
+def test_window_waits_for_work_still_running(mode: str) -> None:
+    assert_window_waits_for_launched_work(time_window, mode)
+
+
+def test_launched_work_check_catches_a_dropped_final_sync() -> None:
+    """time_window recompiled without its last synchronization stops the clock while the work still runs.
+    (Sync mode synchronizes after each step anyway: there the defect changes nothing, rightly.)"""
+    with pytest.raises(AssertionError):
+        assert_window_waits_for_launched_work(without_final_sync(), "events")
+
+
+@pytest.fixture
+def launched_steps(monkeypatch: pytest.MonkeyPatch) -> Iterator[StreamContext]:
+    """A rank context with a HostStream, and trainers whose step launches MICRO_BATCH_S of sleep per
+    micro-batch onto it and returns at once."""
+    stream = HostStream()
+    ctx = StreamContext(0, 1, 0, torch.device("cpu"), "gloo", stream=stream)
+    real = bm.build_trainer
+
+    def launch(micro_batches: list[Any], capture_grads: bool = False) -> torch.Tensor:
+        stream.launch(lambda: time.sleep(MICRO_BATCH_S * len(micro_batches)))
+        return torch.zeros(())
+
+    def build(ctx_: RankContext, cfg: RunConfig, model: nn.Module) -> Any:
+        trainer = real(ctx_, cfg, model)
+        trainer.step_async = launch
+        return trainer
+
+    monkeypatch.setattr(bm, "build_trainer", build)
+    yield ctx
+    stream.close()
+
+
+def assert_bench_holds_the_launched_work(ctx: StreamContext) -> None:
+    """`bench` (events timing) over steps whose work runs behind the host: step_time_s at least the work's
+    length, at most 30% over it."""
+    cfg = RunConfig.from_dict({**KNOWN, "timing": "events"})
+    step_time = bm.summarize_bench(cfg, [bm.bench(ctx, cfg.to_dict(), nvml=False)])["metrics"]["step_time_s"]
+    known = cfg.accum_steps * MICRO_BATCH_S
+    assert known <= step_time <= 1.3 * known, step_time
+
+
+def test_bench_step_time_holds_work_still_running(launched_steps: StreamContext) -> None:
+    assert_bench_holds_the_launched_work(launched_steps)
+
+
+def test_bench_running_work_check_catches_a_dropped_final_sync(
+    launched_steps: StreamContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bm, "time_window", without_final_sync())
+    with pytest.raises(AssertionError):
+        assert_bench_holds_the_launched_work(launched_steps)
+
+
+#: Length of the device-side spin each micro-batch of a GPU spin step runs.
+SPIN_S = 0.02
+SPIN = {"model": "user_models:tiny_lm", "micro_batch": 1, "steps": 5, "warmup": 1, "windows": 1,
+        "device_time_steps": 0}
+
+
+def spin_config(world_size: int, mode: str) -> RunConfig:
+    """Two micro-batches per rank (accumulation), the timing mode under test."""
+    return RunConfig.from_dict({**SPIN, "strategy": "single" if world_size == 1 else "ddp",
+                                "world_size": world_size, "global_batch": 2 * world_size, "timing": mode})
+
+
+def assert_step_time_is_the_spin(result: dict[str, Any], known_s: list[float]) -> None:
+    """step_time_s (the window's wall clock per step) and every per-step time (CUDA events, or host time
+    between syncs) equal the spin step's length measured beside the benchmark by the host clock, before
+    and after it: within 3% of the nearer (the SM clock _sleep counts may drift between the two readings),
+    plus 1 ms a step for launches and the loss bookkeeping."""
+    lo, hi = 0.97 * min(known_s), 1.03 * max(known_s) + 1e-3
+    assert lo <= result["metrics"]["step_time_s"] <= hi, (result["metrics"]["step_time_s"], known_s)
+    steps = result["step_time_s"]["steps"]
+    assert all(lo <= s <= hi for s in steps), (steps, known_s)
+
+
+def spin_result(suite: Any, world_size: int, mode: str, plant: str | None = None) -> tuple[dict[str, Any], list[float]]:
+    cfg = spin_config(world_size, mode)
+    out = suite.run(world_size, "metric_jobs:spin_bench", cfg=cfg.to_dict(), spin_s=SPIN_S, plant=plant)
+    known = [max(k) for k in zip(*(o["known_s"] for o in out), strict=True)]  # the slowest rank's, as a step
+    return bm.summarize_bench(cfg, [o["reply"] for o in out]), known
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["events", "sync"])
+def test_step_time_of_a_device_spin(suite: Any, world_size: int, mode: str) -> None:
+    """GPU: steps that are nothing but torch.cuda._sleep spins read as the spins' length, by the host clock."""
+    assert_step_time_is_the_spin(*spin_result(suite, world_size, mode))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plant", ["late_clock", "extra_step"])
+def test_device_spin_check_catches_timer_defects(suite: Any, plant: str) -> None:
+    """GPU: a window clock started after its first step, or one step too many counted, fails the spin check
+    (CPU: test_bench_step_time_check_catches_timer_defects, with the same defects)."""
+    result, known = spin_result(suite, 1, "events", plant)
+    with pytest.raises(AssertionError):
+        assert_step_time_is_the_spin(result, known)
 
 
 # --- throughput --------------------------------------------------------------------------------------------
@@ -232,6 +351,117 @@ def test_flops_check_catches_a_wrong_factor(monkeypatch: pytest.MonkeyPatch, wro
     monkeypatch.setattr(mfu, "flops_per_token", wrong)
     with pytest.raises(AssertionError):
         assert_model_flops_are_counted_flops(get_model("gpt2-tiny").build(0), 32)
+
+
+# --- MFU ---------------------------------------------------------------------------------------------------
+MATMUL_STACK = {"strategy": "single", "world_size": 1, "model": "user_models:matmul_stack", "precision": "bf16",
+                "micro_batch": 32, "global_batch": 32, "steps": 5, "warmup": 2, "windows": 1,
+                "deterministic": False, "device_time_steps": 0}
+#: The harness's MFU over the bf16 matmul benchmark's (achieved FLOP/s over the same bf16 peak). At most 1.10:
+#: the harness's step does these very matmuls and more, so it cannot beat the benchmark beyond cuBLAS's
+#: run-to-run spread. At least 0.7: besides the matmuls its step runs fused AdamW (about 28 bytes of memory
+#: traffic per parameter: under 1 ms for these 101M on an H100), the fp32 loss over the logits, autocast's weight
+#: casts and the embedding's backward, an estimated 10-15% of this step (~25 ms of matmuls: 84M matmul
+#: weights, 32768 tokens), with the rest of the margin for launch gaps.
+MFU_RATIO = (0.7, 1.10)
+
+_mfu_runs: dict[str, dict[str, Any]] = {}
+
+
+def mfu_run(suite: Any) -> dict[str, Any]:
+    """metric_jobs.mfu_beside_matmuls once per session (the bite tests read the same run)."""
+    if "run" not in _mfu_runs:
+        _mfu_runs["run"] = suite.run(1, "metric_jobs:mfu_beside_matmuls", cfg=MATMUL_STACK)[0]
+    return _mfu_runs["run"]
+
+
+def assert_mfu_is_the_matmul_benchmarks(run: dict[str, Any]) -> None:
+    """The result's mfu against the best of the matmul benchmarks run before and after it, both over the
+    device's dense bf16 peak (the benchmark is bf16 whatever the harness picked)."""
+    cfg = RunConfig.from_dict(MATMUL_STACK)
+    metrics = bm.summarize_bench(cfg, [run["reply"]])["metrics"]
+    peak = mfu.peak_flops(run["device_name"], "bf16")
+    assert peak, f"no bf16 peak for {run['device_name']!r}: add it to measure/mfu.py's table"
+    assert "mfu" in metrics, f"the result reports no mfu on {run['device_name']}"
+    reference = max(run["matmul_flops_per_s"]) / peak
+    ratio = metrics["mfu"] / reference
+    assert MFU_RATIO[0] <= ratio <= MFU_RATIO[1], (
+        f"harness mfu {metrics['mfu']:.3f}, bf16 matmuls of the same shapes {reference:.3f} "
+        f"({run['matmul_flops_per_s']} FLOP/s): ratio {ratio:.3f}")
+
+
+@pytest.mark.gpu
+def test_mfu_matches_a_bf16_matmul_benchmark_of_the_same_shapes(suite: Any) -> None:
+    assert_mfu_is_the_matmul_benchmarks(mfu_run(suite))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plant, value", [
+    ("peak_dtype", lambda precision: "tf32"),  # the bf16 run measured against the TF32 peak: MFU x2
+    ("flops_per_token", lambda n, layers, hidden, s: 4.0 * n),  # the weight gradient forgotten: MFU x2/3
+])
+def test_mfu_check_catches_planted_defects(suite: Any, monkeypatch: pytest.MonkeyPatch, plant: str,
+                                            value: Any) -> None:
+    """GPU (the same run as the MFU test, re-summarized; no CPU version: a CPU has no peak to hold MFU to).
+    The defect is planted where the pytest process computes: the peak's dtype in the reply, the FLOPs per
+    token recomputed from the reply's N."""
+    run = mfu_run(suite)
+    reply = dict(run["reply"])
+    if plant == "peak_dtype":
+        reply["peak_dtype"] = value(MATMUL_STACK["precision"])
+    else:
+        f = reply["flops"]
+        reply["flops"] = {**f, "flops_per_token": value(f["n_params_matmul"], f["layers"], f["hidden"],
+                                                        f["seq_len"])}
+    with pytest.raises(AssertionError):
+        assert_mfu_is_the_matmul_benchmarks({**run, "reply": reply})
+
+
+# --- memory ------------------------------------------------------------------------------------------------
+#: The tensor the first configuration allocates inside its timed window and keeps to the window's end.
+KNOWN_MIB = 256
+#: Two identical configurations of a tiny model differ only by the planted tensor; what else may differ
+#: between them (allocator rounding, cuBLAS workspaces on first use) is well under this.
+MEMORY_SLACK = 16 << 20
+MEMORY = {"model": "user_models:tiny_lm", "micro_batch": 2, "steps": 2, "warmup": 1, "windows": 1,
+          "device_time_steps": 0}
+
+
+def assert_the_allocation_is_in_its_own_peak_only(readings: dict[str, dict[str, Any]]) -> None:
+    """The first configuration's peaks hold the planted tensor (allocated peak exactly KNOWN_MIB above the
+    next configuration's, within MEMORY_SLACK; reserved peak at least that large), the next one's do not:
+    bench resets the peaks between configurations."""
+    first, after = readings["with"], readings["next"]
+    known = KNOWN_MIB << 20
+    extra = first["mem_allocated_peak_bytes"] - after["mem_allocated_peak_bytes"]
+    assert abs(extra - known) <= MEMORY_SLACK, (
+        f"allocated peak {first['mem_allocated_peak_bytes']} with the {KNOWN_MIB} MiB tensor, "
+        f"{after['mem_allocated_peak_bytes']} in the next configuration: {extra / 2**20:.1f} MiB apart")
+    assert first["mem_reserved_peak_bytes"] >= known, first
+
+
+def memory_readings(suite: Any, world_size: int, plant: str | None = None) -> list[dict[str, Any]]:
+    cfg = RunConfig.from_dict({**MEMORY, "strategy": "single" if world_size == 1 else "ddp",
+                               "world_size": world_size, "global_batch": 2 * world_size})
+    return suite.run(world_size, "metric_jobs:known_allocation_bench", cfg=cfg.to_dict(), mib=KNOWN_MIB,
+                     plant=plant)
+
+
+@pytest.mark.gpu
+def test_peak_memory_holds_a_known_allocation_and_resets(suite: Any, world_size: int) -> None:
+    """GPU, every rank: a KNOWN_MIB tensor allocated in the timed window shows in that configuration's peaks
+    and not in the next configuration's."""
+    for readings in memory_readings(suite, world_size):
+        assert_the_allocation_is_in_its_own_peak_only(readings)
+
+
+@pytest.mark.gpu
+def test_peak_memory_check_catches_a_skipped_reset(suite: Any) -> None:
+    """GPU (CPU has no device memory to read): bench without reset_peaks carries the first configuration's
+    peak into the next."""
+    readings = memory_readings(suite, 1, plant="no_peak_reset")[0]
+    with pytest.raises(AssertionError):
+        assert_the_allocation_is_in_its_own_peak_only(readings)
 
 
 # --- device time -------------------------------------------------------------------------------------------

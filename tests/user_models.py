@@ -59,3 +59,27 @@ class _OutOfMemoryLM(TinyLM):
 def oom_lm() -> nn.Module:
     """Runs out of device memory in its first forward, as a too-large configuration does on a GPU."""
     return _OutOfMemoryLM()
+
+
+class MatmulStackLM(nn.Module):
+    """An embedding lookup, then bias-free square Linear layers and a bias-free head: every FLOP the MFU
+    formula counts (6 per matmul weight per token) is a plain matrix multiply, so a bf16 matmul benchmark of
+    the same shapes is the model's compute without the harness."""
+
+    def __init__(self, width: int, layers: int, vocab: int, seq_len: int) -> None:
+        super().__init__()
+        self.vocab_size, self.seq_len = vocab, seq_len
+        self.embed = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(layers))
+        self.head = nn.Linear(width, vocab, bias=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(input_ids)
+        for layer in self.layers:  # no activation function: nothing but matmuls, on randn-like data
+            h = layer(h)
+        return self.head(h)
+
+
+def matmul_stack() -> nn.Module:
+    """GPU size: 4 layers 4096 wide, a 4096-token vocabulary, sequence 1024 (84M matmul weights, 101M parameters)."""
+    return MatmulStackLM(width=4096, layers=4, vocab=4096, seq_len=1024)

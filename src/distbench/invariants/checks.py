@@ -36,6 +36,50 @@ def assert_loss_scaling_matches(run: dict[str, Any], reference: dict[str, Any], 
                                err_msg=f"{what} diverges from the single-process reference")
 
 
+#: bf16 keeps 8 significant bits: a relative rounding error of at most 2^-8 (eps_bf16 = 2^-7 = 7.8e-3).
+#: Losses of a bf16 run against the fp32 reference: rtol 1.6e-2, about two eps_bf16, which is torch.testing's
+#: default for bf16 and what PyTorch's own FSDP mixed-precision tests hold bf16 losses to. A loss is a mean
+#: over thousands of tokens of fp32 cross-entropy of bf16 logits: the roundings of the logits (each within
+#: 2^-8 relative, through a network whose depth compounds them) average out rather than add, so the loss
+#: moves far less than one eps (1e-5 relative on gpt2-tiny on CPU); two eps leave room for GPU kernels.
+BF16_LOSS_RTOL = 1.6e-2
+#: Parameters of a bf16 run may differ from the fp32 reference's by the bf16 rounding of the initial weights
+#: (DeepSpeed's bf16 mode builds its fp32 masters from the bf16 model: measured on CPU, exactly that) and by
+#: this fraction of how far the reference's parameters moved, added in quadrature (independent errors).
+#: With fp32 master weights the rest is Adam updates flipped by bf16 noise in the gradient (measured: 2% of
+#: the movement); with bf16 master weights every update below half an ulp of its weight is rounded away,
+#: which at a learning rate below that half ulp is most of the movement.
+BF16_MOVEMENT_FRACTION = 0.5
+
+
+def rms(tensors: dict[str, torch.Tensor]) -> float:
+    """Root mean square over every element of every tensor."""
+    n = sum(t.numel() for t in tensors.values())
+    return float(sum(float(t.double().pow(2).sum()) for t in tensors.values()) / n) ** 0.5
+
+
+def assert_bf16_matches_fp32_reference(run: dict[str, Any], ref: dict[str, Any], init: dict[str, torch.Tensor],
+                                       what: str) -> None:
+    """A bf16 run (bf16 compute, fp32 master weights, fp32 gradient reduction) against the fp32 reference of
+    the same workload: per-step losses within BF16_LOSS_RTOL; final full parameters within the bf16
+    rounding of `init` (the initial weights) plus BF16_MOVEMENT_FRACTION of the reference's movement from
+    `init`, as root mean squares over all parameters."""
+    assert len(run["losses"]) == len(ref["losses"]), f"{what}: {len(run['losses'])} losses, reference has " \
+        f"{len(ref['losses'])}"
+    np.testing.assert_allclose(run["losses"], ref["losses"], rtol=BF16_LOSS_RTOL, atol=0,
+                               err_msg=f"{what} diverges from the fp32 reference beyond bf16's precision")
+    names = sorted(ref["params"])
+    assert set(run["params"]) == set(names), f"{what}: parameter names differ from the reference's"
+    error = rms({n: run["params"][n].float() - ref["params"][n] for n in names})
+    moved = rms({n: ref["params"][n] - init[n].float() for n in names})
+    rounding = rms({n: init[n].float() - init[n].bfloat16().float() for n in names})
+    allowed = (rounding ** 2 + (BF16_MOVEMENT_FRACTION * moved) ** 2) ** 0.5
+    assert error <= allowed, (
+        f"{what}: parameters {error:.3g} (rms) from the fp32 reference's, allowed {allowed:.3g} (bf16 rounding "
+        f"of the initial weights {rounding:.3g}, the reference moved {moved:.3g}): updates lost, as bf16 master "
+        "weights lose them")
+
+
 def assert_tensors_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str,
                          rtol: float, atol: float) -> None:
     """Same names, and every tensor close to the reference's."""
