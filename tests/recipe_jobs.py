@@ -10,6 +10,10 @@ import torch
 
 import distbench.runtime.jobs as jobs
 
+#: The LoRA the tests train: rank 4 on the family's default targets, alpha 8 (scale 2, not 1, so a scale
+#: applied twice or not at all shows).
+LORA: dict[str, Any] = {"lora_rank": 4, "lora_alpha": 8}
+
 
 def train_counting_attention_forwards(ctx: Any, **kwargs: Any) -> dict[str, Any]:
     """jobs.train, plus how often each attention module ran forward (a global forward hook, so no trainer code

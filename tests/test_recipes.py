@@ -7,7 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distbench.invariants.checks import assert_losses_match, assert_params_and_grads_match
+from distbench.invariants.checks import (
+    assert_losses_match,
+    assert_only_adapters_trained,
+    assert_params_and_grads_match,
+)
+from recipe_jobs import LORA
 
 #: Far below gpt2-tiny's gradient norms on this data (about 3-4): every step is clipped, hard.
 CLIP = 0.25
@@ -56,3 +61,16 @@ def test_activation_checkpointing_needs_a_transformers_model(suite):
 
     with pytest.raises(ConfigError, match="activation_checkpointing_enable"):
         enable_activation_checkpointing(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.strategies("single", "ddp", "fsdp_full", "fsdp_grad", "fsdp1_full", "fsdp1_grad", "zero2", "zero3")
+def test_lora_trains_the_adapters_alone_at_parity(suite, strategy, world_size):
+    """LoRA through peft: the losses, every parameter and the adapters' gradients are the reference's (which
+    writes LoRA out by hand), the base weights are their initial values and every adapter moved."""
+    cfg = suite.config(strategy, world_size, **LORA)
+    ref = suite.reference(cfg)
+    run = suite.checkpointed_run(cfg)
+    what = f"{strategy} ws{world_size} with LoRA rank {cfg.lora_rank}"
+    assert_losses_match(run["losses"], ref["losses"], what)
+    assert_params_and_grads_match(run, ref, cfg.lr, what)
+    assert_only_adapters_trained(run["params"], ref["initial"], what)

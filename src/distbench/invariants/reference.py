@@ -1,17 +1,20 @@
 """The independent single-process reference every strategy is compared against.
 
 Deliberately shares nothing with the strategies or the Trainer: a hand-written loop over the global
-batch with gradient accumulation, torch's AdamW and LR schedule configured from the same hyper-parameters.
-Only the inputs are shared: the model built from the seed and the samples of each step.
+batch with gradient accumulation, torch's AdamW and LR schedule configured from the same hyper-parameters,
+and LoRA written out by hand rather than through peft. Only the inputs are shared: the model built from the
+seed, the samples of each step, and the model family's default LoRA targets.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..config import RunConfig
 from ..runtime.context import RankContext
@@ -30,11 +33,15 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
     spec = get_model(cfg.model)
     seq_len = cfg.seq_len or spec.seq_len
     model = spec.build(cfg.seed, device)
+    if cfg.lora_rank:
+        add_lora(model, cfg)
+    initial = _named(model.state_dict(), cfg) if cfg.lora_rank else {}
+    trainable = [p for p in model.parameters() if p.requires_grad]
     if cfg.algorithm == "sgd":
-        opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+        opt: torch.optim.Optimizer = torch.optim.SGD(trainable, lr=cfg.lr, momentum=cfg.momentum,
                                                      weight_decay=cfg.weight_decay, foreach=False)
     else:
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
+        opt = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
                                 weight_decay=cfg.weight_decay, foreach=False)
     sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, end_factor=1.0,
                                               total_iters=max(1, cfg.lr_warmup_steps))
@@ -50,15 +57,59 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
             (loss / n_micro).backward()
             total += loss.item()
         if step == cfg.steps - 1:
-            grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters() if p.grad is not None}
+            grads = _named({n: p.grad for n, p in model.named_parameters() if p.grad is not None}, cfg)
         if cfg.clip_grad_norm:  # by the global norm of the whole model's gradients, reported before clipping
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)))
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
         losses.append(total / n_micro)
-    params = {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
-    return {"losses": losses, "params": params, "grads": grads, "grad_norms": norms}
+    params = _named(model.state_dict(), cfg)
+    out = {"losses": losses, "params": params, "grads": grads, "grad_norms": norms}
+    return {**out, "initial": initial} if cfg.lora_rank else out
+
+
+class LoRA(nn.Module):
+    """`base(x) + alpha / rank * B(A(x))`, LoRA as its paper writes it, with peft's attribute names (base_layer,
+    lora_A.default, lora_B.default) so that its parameters compare with a PeftModel's name by name."""
+
+    def __init__(self, base: nn.Module, cfg: RunConfig, gen: torch.Generator) -> None:
+        super().__init__()
+        if type(base).__name__ not in ("Linear", "Conv1D"):
+            raise NotImplementedError(f"the reference writes LoRA out for linear layers only, not {type(base).__name__}")
+        w = cast(torch.Tensor, base.weight)
+        # GPT-2's Conv1D holds its weight as (in, out), torch's Linear as (out, in)
+        fan_in, fan_out = (w.shape[0], w.shape[1]) if type(base).__name__ == "Conv1D" else (w.shape[1], w.shape[0])
+        a = nn.Linear(fan_in, cfg.lora_rank, bias=False, device=w.device)
+        b = nn.Linear(cfg.lora_rank, fan_out, bias=False, device=w.device)
+        with torch.no_grad():  # the init that makes the run and the reference comparable: see strategies/lora.py
+            bound = 1 / math.sqrt(fan_in)
+            a.weight.copy_(torch.empty(a.weight.shape).uniform_(-bound, bound, generator=gen))
+            b.weight.zero_()
+        self.base_layer, self.scale = base, cfg.lora_alpha / cfg.lora_rank
+        self.lora_A, self.lora_B = nn.ModuleDict({"default": a}), nn.ModuleDict({"default": b})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base_layer(x) + self.scale * self.lora_B["default"](self.lora_A["default"](x))
+
+
+def add_lora(model: nn.Module, cfg: RunConfig) -> None:
+    """Freeze `model` and put a LoRA around every target module (a name or a dotted suffix of one, as peft
+    matches a list), drawing the adapters in model order from a generator seeded with cfg.seed."""
+    targets = get_model(cfg.model).lora_targets(cfg.lora_targets)
+    model.requires_grad_(False)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    chosen = [n for n, _ in model.named_modules() if any(n == t or n.endswith("." + t) for t in targets)]
+    for name in chosen:
+        parent, _, child = name.rpartition(".")
+        holder = model.get_submodule(parent)
+        setattr(holder, child, LoRA(getattr(holder, child), cfg, gen))
+
+
+def _named(tensors: dict[str, torch.Tensor], cfg: RunConfig) -> dict[str, torch.Tensor]:
+    """CPU fp32 copies, keyed as the trained model keys them: a PeftModel's names start with base_model.model."""
+    prefix = "base_model.model." if cfg.lora_rank else ""
+    return {prefix + k: v.detach().float().cpu().clone() for k, v in tensors.items()}
 
 
 def reference_job(ctx: RankContext, cfg: dict[str, Any], with_tensors: bool = False) -> dict[str, Any]:
