@@ -74,3 +74,27 @@ def test_lora_trains_the_adapters_alone_at_parity(suite, strategy, world_size):
     assert_losses_match(run["losses"], ref["losses"], what)
     assert_params_and_grads_match(run, ref, cfg.lr, what)
     assert_only_adapters_trained(run["params"], ref["initial"], what)
+
+
+def test_lora_with_the_base_left_trainable_fails(suite):
+    """A LoRA run whose base weights train too (the model set trainable again after peft froze it): the base
+    weights move and the losses leave the reference's."""
+    if suite.device_type == "cuda":
+        pytest.skip("the CPU tier's bite test covers the check")
+    cfg = suite.config("ddp", 2, **LORA)
+    ref = suite.reference(cfg)
+    broken = suite.run(2, "mutants:train", mutation="lora_base_trainable", cfg=cfg.to_dict(), return_params=True)[0]
+    with pytest.raises(AssertionError, match="frozen base weights changed"):
+        assert_only_adapters_trained(broken["params"], ref["initial"], "ddp ws2 with the base trainable")
+    with pytest.raises(AssertionError, match="diverges from the single-process reference"):
+        assert_losses_match(broken["losses"], ref["losses"], "ddp ws2 with the base trainable")
+
+
+def test_lora_without_gradient_sync_fails_parity(suite):
+    """DDP ranks that never all-reduce the adapters' gradients train different adapters: caught by the losses."""
+    if suite.device_type == "cuda":
+        pytest.skip("the CPU tier's bite test covers the check")
+    cfg = suite.config("ddp", 2, **LORA)
+    broken = suite.run(2, "mutants:train", mutation="no_grad_sync", cfg=cfg.to_dict())[0]
+    with pytest.raises(AssertionError, match="diverges from the single-process reference"):
+        assert_losses_match(broken["losses"], suite.reference(cfg)["losses"], "ddp ws2 LoRA without gradient sync")
