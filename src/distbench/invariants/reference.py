@@ -66,7 +66,10 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
         losses.append(total / n_micro)
     params = _named(model.state_dict(), cfg)
     out = {"losses": losses, "params": params, "grads": grads, "grad_norms": norms}
-    return {**out, "initial": initial} if cfg.lora_rank else out
+    return {**out, "initial": initial, "merged": merged_state(model)} if cfg.lora_rank else out
+
+
+LORA_ADAPTER = "default"  # peft's name for a model's first adapter, part of its parameters' names
 
 
 class LoRA(nn.Module):
@@ -87,10 +90,28 @@ class LoRA(nn.Module):
             a.weight.copy_(torch.empty(a.weight.shape).uniform_(-bound, bound, generator=gen))
             b.weight.zero_()
         self.base_layer, self.scale = base, cfg.lora_alpha / cfg.lora_rank
-        self.lora_A, self.lora_B = nn.ModuleDict({"default": a}), nn.ModuleDict({"default": b})
+        self.lora_A, self.lora_B = nn.ModuleDict({LORA_ADAPTER: a}), nn.ModuleDict({LORA_ADAPTER: b})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base_layer(x) + self.scale * self.lora_B["default"](self.lora_A["default"](x))
+        return self.base_layer(x) + self.scale * self.lora_B[LORA_ADAPTER](self.lora_A[LORA_ADAPTER](x))
+
+    def delta(self) -> torch.Tensor:
+        """What merging adds to the base weight: alpha / rank * B A, in the base layer's layout."""
+        b, a = (cast(nn.Linear, m[LORA_ADAPTER]).weight for m in (self.lora_B, self.lora_A))
+        d = self.scale * (b @ a)  # (out, in)
+        return d.T if type(self.base_layer).__name__ == "Conv1D" else d
+
+
+@torch.no_grad()
+def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """`model`'s weights with every LoRA folded into its base layer, under the plain model's names: what a
+    merged export must hold."""
+    out = {k.replace(".base_layer.", "."): v for k, v in model.state_dict().items()
+           if ".lora_A." not in k and ".lora_B." not in k}
+    for name, m in model.named_modules():
+        if isinstance(m, LoRA):
+            out[f"{name}.weight"] = out[f"{name}.weight"] + m.delta()
+    return {k: v.detach().float().cpu().clone() for k, v in out.items()}
 
 
 def add_lora(model: nn.Module, cfg: RunConfig) -> None:
