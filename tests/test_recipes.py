@@ -1,6 +1,7 @@
 """The recipes users train with, at parity with the independent reference: gradient clipping by the global
 gradient norm, each strategy clipping the way its users do (torch's clip_grad_norm_ for single, DDP and
-FSDP2's DTensors, FSDP1's own, DeepSpeed's `gradient_clipping`)."""
+FSDP2's DTensors, FSDP1's own, DeepSpeed's `gradient_clipping`); activation checkpointing; LoRA fine-tuning
+through peft, against a reference that writes LoRA out by hand."""
 
 from __future__ import annotations
 
