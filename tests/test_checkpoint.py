@@ -24,11 +24,11 @@ def test_checkpoint_roundtrip(suite, strategy, world_size):
     _assert_roundtrip(suite, strategy, world_size)
 
 
-@pytest.mark.strategies("ddp", "fsdp_full", "fsdp1_full", "zero2", "zero3")
+@pytest.mark.strategies("ddp", "fsdp_full", "fsdp1_full", "zero3")
 def test_lora_checkpoint_roundtrip(suite, strategy, world_size):
     """The same with LoRA: the adapters and their optimizer state come back exactly beside frozen base weights
-    that have none (DCP, DeepSpeed's engine checkpoint, torch's state dict). The run is the one the LoRA parity
-    test checked against the reference."""
+    that have none (torch's state dict, DCP, DeepSpeed's engine checkpoint; ZeRO-2, saved and loaded by the same
+    trainer code, is left out for the CPU tier's time). The run is the one the LoRA parity test checked."""
     _assert_roundtrip(suite, strategy, world_size, **LORA)
 
 
