@@ -15,6 +15,8 @@ Each mutation breaks one property a real incident breaks, on top of a correct tr
                      trainer; the scaler still backs off)
   bf16_master_weights  master weights held in bf16: rounded to bf16 at the start and after every optimizer
                      step (any torch-native trainer; DTensor shards rounded in place)
+  lora_base_trainable  LoRA applied, then the whole model set trainable again before the optimizer is built
+                     (any strategy): the base weights train beside the adapters
 
 The rank processes import this module by name: spawned ranks inherit the pytest process's sys.path, on which
 pytest puts this directory.
@@ -26,12 +28,14 @@ import contextlib
 import functools
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 
 import distbench.invariants.collectives as collectives
 import distbench.runtime.jobs as jobs
+import distbench.strategies.lora as lora
 from distbench.strategies.ddp import DDPTrainer
 from distbench.strategies.fsdp import FSDP2Trainer
 from distbench.workloads.dropout import SampleDropout
@@ -108,9 +112,21 @@ def _mutate(trainer: Any, mutation: str) -> None:
         raise ValueError(f"unknown mutation {mutation!r}")
 
 
+def _apply_lora_leaving_base_trainable(model: Any, cfg: Any) -> Any:
+    return _apply_lora(model, cfg).requires_grad_(True)
+
+
+_apply_lora = lora.apply_lora
+
+
 @contextlib.contextmanager
 def _mutated(mutation: str) -> Iterator[None]:
     """Every trainer the jobs build while inside is mutated (the modules hold make_trainer by name)."""
+    if mutation == "lora_base_trainable":  # before the wrapper and the optimizer see the model
+        with mock.patch.object(lora, "apply_lora", _apply_lora_leaving_base_trainable):
+            yield
+        return
+
     def make(ctx: Any, cfg: Any) -> Any:
         trainer = original(ctx, cfg)
         _mutate(trainer, mutation)

@@ -15,6 +15,11 @@ import torch
 import distbench.runtime.jobs as jobs
 from distbench.invariants.reference import reference_run
 
+#: The LoRA the tests train: rank 4 on the family's default targets, alpha 8 (scale 2, not 1, so a scale
+#: applied twice or not at all shows), 4 steps (the CPU tier's time): the half-way checkpoint, after step 2,
+#: holds optimizer state for B and A alike (A's first gradient comes at step 2, B starting at zero).
+LORA: dict[str, Any] = {"lora_rank": 4, "lora_alpha": 8, "steps": 4}
+
 
 def train_counting_attention_forwards(ctx: Any, **kwargs: Any) -> dict[str, Any]:
     """jobs.train, plus how often each attention module ran forward (a global forward hook, so no trainer code

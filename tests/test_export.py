@@ -14,9 +14,11 @@ from distbench.invariants.export import (
     full_state_dict_from_checkpoint,
     global_batch_loss,
     load_into_model,
+    merge_lora,
     save_and_reload_pretrained,
 )
 from distbench.strategies import get_spec
+from recipe_jobs import LORA
 
 
 @pytest.mark.strategies("zero3", "fsdp_full")
@@ -31,4 +33,21 @@ def test_export_to_plain_and_pretrained(suite, strategy, world_size, tmp_path):
     want = run["losses"][k]  # the loss of the weights after k steps on step k's batch
     assert global_batch_loss(plain, cfg, k) == pytest.approx(want, rel=PARITY_RTOL)
     reloaded = save_and_reload_pretrained(plain, tmp_path / "pretrained")
+    assert global_batch_loss(reloaded, cfg, k) == pytest.approx(want, rel=PARITY_RTOL)
+
+
+@pytest.mark.strategies("zero3", "fsdp_full")
+def test_lora_merged_export(suite, strategy, world_size, tmp_path):
+    """A LoRA run's checkpoint, its adapters merged into the base weights (peft's merge_and_unload): the
+    merged weights are the reference's base plus alpha / rank * B A, and the plain model, saved and reloaded
+    with no peft in sight, gives the loss the run reported for its next step."""
+    cfg = suite.config(strategy, world_size, **LORA)
+    run = suite.checkpointed_run(cfg)
+    k = run["save_at"]
+    merged = merge_lora(full_state_dict_from_checkpoint(run["checkpoint"], get_spec(strategy).family), cfg)
+    ref = suite.reference(cfg.replace(steps=k))["merged"]
+    assert_exported_weights_match(merged, ref, cfg.lr, f"{strategy} ws{world_size} LoRA merged")
+    want = run["losses"][k]
+    assert global_batch_loss(merged, cfg, k) == pytest.approx(want, rel=PARITY_RTOL)
+    reloaded = save_and_reload_pretrained(merged, tmp_path / "merged")
     assert global_batch_loss(reloaded, cfg, k) == pytest.approx(want, rel=PARITY_RTOL)

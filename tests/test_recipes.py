@@ -2,7 +2,8 @@
 gradient norm, each strategy clipping the way its users do (torch's clip_grad_norm_ for single, DDP and
 FSDP2's DTensors, FSDP1's own, DeepSpeed's `gradient_clipping`); activation checkpointing; dropout, each
 sample's masks from its own stream, whichever rank, micro-batch, recomputation or resume runs it; fp16 with
-dynamic loss scaling, an overflow planted from outside skipping the same step everywhere."""
+dynamic loss scaling, an overflow planted from outside skipping the same step everywhere; LoRA fine-tuning
+through peft, against a reference that writes LoRA out by hand."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from distbench.invariants.checks import (
     PARITY_RTOL,
     assert_loss_scaling_matches,
     assert_losses_match,
+    assert_only_adapters_trained,
     assert_params_and_grads_match,
     assert_resume_exact,
 )
 from distbench.runtime.pool import JobError
 from distbench.strategies import get_spec
 from distbench.workloads.dropout import SampleDropout, sample_streams
+from recipe_jobs import LORA
 
 #: Far below gpt2-tiny's gradient norms on this data (about 3-4): every step is clipped, hard.
 CLIP = 0.25
@@ -224,3 +227,40 @@ def test_deepspeed_fp16_on_cpu_is_refused_with_its_reason(suite):
     with pytest.raises(JobError) as info:
         suite.train(suite.config("zero2", 1, precision="fp16"))
     assert info.value.exc_types == {"ConfigError"} and "fp16 on cuda only" in str(info.value), info.value
+
+
+@pytest.mark.strategies("single", "ddp", "fsdp_full", "fsdp_grad", "fsdp1_full", "fsdp1_grad", "zero2", "zero3")
+def test_lora_trains_the_adapters_alone_at_parity(suite, strategy, world_size):
+    """LoRA through peft: the losses, every parameter and the adapters' gradients are the reference's (which
+    writes LoRA out by hand), the base weights are their initial values and every adapter moved."""
+    cfg = suite.config(strategy, world_size, **LORA)
+    ref = suite.reference(cfg)
+    run = suite.checkpointed_run(cfg)
+    what = f"{strategy} ws{world_size} with LoRA rank {cfg.lora_rank}"
+    assert_losses_match(run["losses"], ref["losses"], what)
+    assert_params_and_grads_match(run, ref, cfg.lr, what)
+    assert_only_adapters_trained(run["params"], ref["initial"], what)
+
+
+def test_lora_with_the_base_left_trainable_fails(suite):
+    """A LoRA run whose base weights train too (the model set trainable again after peft froze it): the base
+    weights move and the losses leave the reference's."""
+    if suite.device_type == "cuda":
+        pytest.skip("the CPU tier's bite test covers the check")
+    cfg = suite.config("ddp", 2, **LORA)
+    ref = suite.reference(cfg)
+    broken = suite.run(2, "mutants:train", mutation="lora_base_trainable", cfg=cfg.to_dict(), return_params=True)[0]
+    with pytest.raises(AssertionError, match="frozen base weights changed"):
+        assert_only_adapters_trained(broken["params"], ref["initial"], "ddp ws2 with the base trainable")
+    with pytest.raises(AssertionError, match="diverges from the single-process reference"):
+        assert_losses_match(broken["losses"], ref["losses"], "ddp ws2 with the base trainable")
+
+
+def test_lora_without_gradient_sync_fails_parity(suite):
+    """DDP ranks that never all-reduce the adapters' gradients train different adapters: caught by the losses."""
+    if suite.device_type == "cuda":
+        pytest.skip("the CPU tier's bite test covers the check")
+    cfg = suite.config("ddp", 2, **LORA)
+    broken = suite.run(2, "mutants:train", mutation="no_grad_sync", cfg=cfg.to_dict())[0]
+    with pytest.raises(AssertionError, match="diverges from the single-process reference"):
+        assert_losses_match(broken["losses"], suite.reference(cfg)["losses"], "ddp ws2 LoRA without gradient sync")

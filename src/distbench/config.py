@@ -44,6 +44,9 @@ ScalePower = Annotated[int, Field(ge=0, le=64)]
 #: synchronization around every step, the old mode, kept for comparison.
 Timing = Literal["events", "sync"]
 TIMINGS: tuple[str, ...] = typing.get_args(Timing)
+#: A LoRA target: a module name or dotted name suffix, matched as peft matches a list of names
+#: ("c_proj" adapts every module called c_proj; "attn.c_proj" only attention's).
+LoraTarget = Name
 
 
 @dataclass(frozen=True)
@@ -86,12 +89,18 @@ class RunConfig:
     # step is skipped), doubles after loss_scale_window overflow-free steps in a row (torch's GradScaler defaults)
     loss_scale_power: ScalePower = 16
     loss_scale_window: PositiveInt = 2000
+    lora_rank: NonNegativeInt = 0  # LoRA through peft: base weights frozen, rank-r adapters trained (0: off)
+    lora_alpha: PositiveInt = 16  # adapter output scaled by lora_alpha / lora_rank (an int, as peft takes it)
+    lora_targets: tuple[LoraTarget, ...] = ()  # modules to adapt; (): the model family's (see workloads/models.py)
     windows: PositiveInt = 1  # the timed steps run as this many windows, each between two synchronizations
     device_time_steps: NonNegativeInt = 2  # extra steps sampled under the profiler for device time and regime
     options: dict[str, Any] = field(default_factory=dict)  # strategy options, e.g. {"ds_config": {...}}
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.lora_targets and not self.lora_rank:
+            raise ConfigError(f"lora_targets {list(self.lora_targets)} given without lora_rank; set lora_rank "
+                              "(e.g. 8) to train LoRA adapters, or drop lora_targets")
         if self.windows > self.steps:
             raise ConfigError(f"windows must be at most steps ({self.steps}), got {self.windows}; lower --windows")
         per_step = self.world_size * self.micro_batch
@@ -119,6 +128,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["betas"] = list(self.betas)
+        d["lora_targets"] = list(self.lora_targets)
         return d
 
     @classmethod
@@ -128,8 +138,9 @@ class RunConfig:
 
 
 def from_json(d: dict[str, Any]) -> dict[str, Any]:
-    """RunConfig fields as JSON and YAML hold them (betas a list) in the types RunConfig holds (a tuple)."""
-    return {**d, "betas": tuple(d["betas"])} if isinstance(d.get("betas"), list) else dict(d)
+    """RunConfig fields as JSON and YAML hold them (betas, lora_targets: lists) in the types RunConfig holds
+    (tuples)."""
+    return {**d, **{k: tuple(d[k]) for k in ("betas", "lora_targets") if isinstance(d.get(k), list)}}
 
 
 def check_keys(d: dict[str, Any], extra: typing.Collection[str] = ()) -> None:

@@ -14,6 +14,7 @@ from ..config import (
     PRECISIONS,
     TIMINGS,
     DropoutRate,
+    LoraTarget,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
@@ -90,6 +91,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "activations in backward (transformers' activation_checkpointing_enable)")
     p.add_argument("--dropout", type=_typed(DropoutRate), help="the model's dropout rate, each sample's masks "
                    "from its own random stream (default 0: off)")
+    p.add_argument("--lora-rank", type=_typed(NonNegativeInt), help="fine-tune LoRA adapters of this rank "
+                   "through peft, the base weights frozen (default 0: train every weight)")
+    p.add_argument("--lora-alpha", type=_typed(PositiveInt), help="scale the adapters by alpha / rank (default 16)")
+    p.add_argument("--lora-targets", type=_arg(lambda text: tuple(parse_list(LoraTarget, text, "LoRA target"))),
+                   help="comma-separated module names to adapt (default: GPT-2's c_attn,c_proj; Llama's "
+                   "q_proj,k_proj,v_proj,o_proj)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="AdamW implementation (default auto: fused on CUDA)")
     p.add_argument("--timing", choices=TIMINGS, help="events (default): no sync inside timed windows; "
                    "sync: a device sync around every step")
@@ -124,7 +131,7 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
     m = load_matrix(args.config) if args.config else default_matrix(device_type, device_count)
     base = dict(m.base)
     for key in ("steps", "warmup", "global_batch", "micro_batch", "seq_len", "optimizer", "timing", "windows",
-                "clip_grad_norm", "dropout"):
+                "clip_grad_norm", "dropout", "lora_rank", "lora_alpha", "lora_targets"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
     if args.activation_checkpointing:
@@ -159,6 +166,7 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
     from ..runtime import affinity
     from ..runtime.pool import PoolManager, cuda_device_count
     from ..strategies.ds_config import check_run_config
+    from ..strategies.lora import check_lora
 
     console = Console(width=None if Console().is_terminal else 140)
     n_cuda = cuda_device_count() if device_count is None else device_count
@@ -179,6 +187,8 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
         for cfg in configs:
             if "ds_config" in cfg.options:
                 check_run_config(cfg)
+        for cfg in {(c.model, c.lora_targets): c for c in configs if c.lora_rank}.values():
+            check_lora(cfg)  # targets the model lacks: refused here, one meta build per model and targets
     except (DistbenchError, ValueError) as e:
         return _usage_error(" ".join(str(e).split()))
     for note in skipped:

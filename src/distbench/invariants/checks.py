@@ -106,6 +106,20 @@ def assert_params_and_grads_match(run: dict[str, Any], ref: dict[str, Any], lr: 
     assert_tensors_close(run["grads"], ref["grads"], f"{what} gradient", rtol=1e-4, atol=1e-5 * gmax)
 
 
+def assert_only_adapters_trained(params: dict[str, torch.Tensor], initial: dict[str, torch.Tensor],
+                                 what: str) -> None:
+    """LoRA trained what it should: every base weight bitwise equal to its initial value (frozen, so not even
+    weight decay may touch it) and every adapter moved from its own. Parity with the reference alone would
+    miss a defect the reference shared; this is stated against the initial weights."""
+    adapters = {n for n in initial if ".lora_A." in n or ".lora_B." in n}
+    assert adapters, f"{what}: the model has no LoRA adapters"
+    assert set(params) == set(initial), f"{what}: parameter names differ from the initial model's"
+    moved = [n for n in sorted(set(initial) - adapters) if not torch.equal(params[n], initial[n])]
+    assert not moved, f"{what}: {len(moved)} frozen base weights changed, e.g. {moved[:3]}"
+    still = [n for n in sorted(adapters) if torch.equal(params[n], initial[n])]
+    assert not still, f"{what}: {len(still)} adapters never moved, e.g. {still[:3]}"
+
+
 def assert_exported_weights_match(model: torch.nn.Module, ref_params: dict[str, torch.Tensor], lr: float,
                                   what: str) -> None:
     """An exported model's weights against the reference's after the same steps, with the parameter

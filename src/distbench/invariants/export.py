@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -53,15 +53,31 @@ def full_state_dict_from_checkpoint(path: str | os.PathLike[str], family: str) -
 
 
 def load_into_model(state: dict[str, torch.Tensor], model_name: str) -> PreTrainedModel:
-    """A fresh bare model holding `state`; only weights tied to another key may be absent from it."""
+    """A fresh bare model holding `state`."""
     model = cast("PreTrainedModel", get_model(model_name).build(seed=0, device="cpu"))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {k for k in missing if k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False)}
-    if set(missing) - tied or unexpected:
-        raise CheckpointError(f"exported state does not fit {model_name}: missing {sorted(set(missing) - tied)}, "
-                              f"unexpected {sorted(unexpected)}")
-    model.tie_weights()
+    _load(model, state, model_name)
     return model
+
+
+def merge_lora(state: dict[str, torch.Tensor], cfg: RunConfig) -> PreTrainedModel:
+    """A fresh model with cfg's LoRA holding `state` (a LoRA run's: base weights and adapters), the adapters
+    folded into the base weights by peft's merge_and_unload: the plain model users ship after LoRA training."""
+    from ..strategies.lora import apply_lora
+
+    model = apply_lora(get_model(cfg.model).build(seed=0, device="cpu"), cfg)
+    _load(model, state, f"{cfg.model} with LoRA")
+    return cast("PreTrainedModel", cast(Any, model).merge_and_unload())
+
+
+def _load(model: nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+    """Load `state` into `model`; only weights tied to another key may be absent from it."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tie = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    tied = {k for k in missing if tie and (k == "lm_head.weight" or k.endswith(".lm_head.weight"))}
+    if set(missing) - tied or unexpected:
+        raise CheckpointError(f"exported state does not fit {what}: missing {sorted(set(missing) - tied)}, "
+                              f"unexpected {sorted(unexpected)}")
+    cast(Any, model).tie_weights()
 
 
 def save_and_reload_pretrained(model: PreTrainedModel, out_dir: str | os.PathLike[str]) -> nn.Module:

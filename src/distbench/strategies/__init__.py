@@ -96,4 +96,8 @@ def build_trainer(ctx: RankContext, cfg: RunConfig, model: nn.Module) -> Trainer
         from .base import enable_activation_checkpointing
 
         enable_activation_checkpointing(model)
+    if cfg.lora_rank:
+        from .lora import apply_lora
+
+        model = apply_lora(model, cfg)
     return cls(ctx, cfg, model, **spec.options_for(cfg))

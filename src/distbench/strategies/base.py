@@ -155,10 +155,11 @@ class Trainer(ABC):
                                     growth_interval=self.cfg.loss_scale_window)
 
     def make_optimizer(self, params, *, offload: bool = False) -> torch.optim.Optimizer:
-        """The run's optimizer (cfg.algorithm) over `params` (see `optimizer_impl`), remembering which
-        implementation it is."""
+        """The run's optimizer (cfg.algorithm) over the trainable ones of `params` (see `optimizer_impl`),
+        remembering which implementation it is. Frozen parameters (LoRA's base weights) get no optimizer
+        state, so checkpoints and ZeRO's partitions hold the adapters' alone."""
         self.optimizer_impl = optimizer_impl(self.cfg, self.ctx.device_type, offload=offload)
-        return build_optimizer(params, self.cfg, self.optimizer_impl)
+        return build_optimizer([p for p in params if p.requires_grad], self.cfg, self.optimizer_impl)
 
     # --- what each strategy provides -------------------------------------------------------------
     @abstractmethod

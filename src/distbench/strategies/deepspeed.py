@@ -83,10 +83,11 @@ class DeepSpeedTrainer(Trainer):
     def full_grads(self) -> dict[str, torch.Tensor]:
         from deepspeed.utils import safe_get_full_grad
 
-        # Collective under ZeRO (the owners of each partition contribute), so every rank calls it for every param.
-        # Under fp16 they are still multiplied by the loss scale: DeepSpeed unscales inside its step.
+        # Collective under ZeRO (the owners of each partition contribute), so every rank calls it for every
+        # trainable param; frozen ones (LoRA's base) have no gradient. Under fp16 they are still multiplied by
+        # the loss scale: DeepSpeed unscales inside its step.
         return {n: safe_get_full_grad(p).detach().float().cpu().clone()
-                for n, p in self.engine.module.named_parameters()}
+                for n, p in self.engine.module.named_parameters() if p.requires_grad}
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         from deepspeed.utils import safe_get_full_fp32_param
@@ -94,12 +95,14 @@ class DeepSpeedTrainer(Trainer):
         module = self.engine.module
         # safe_get_full_fp32_param gathers the optimizer's fp32 master copy (a collective under ZeRO-3), so
         # under bf16 this returns what training holds, not the bf16 compute copy; tied weights map to one tensor.
+        # A frozen parameter (LoRA's base) has no master copy: the module's own, gathered under ZeRO-3.
         full: dict[int, torch.Tensor] = {}
         out = {}
         for key, t in module.state_dict(keep_vars=True).items():
             if isinstance(t, nn.Parameter):
                 if id(t) not in full:
-                    full[id(t)] = safe_get_full_fp32_param(t).detach().float().cpu().clone()
+                    full[id(t)] = (safe_get_full_fp32_param(t) if t.requires_grad else _gathered(t)).detach()
+                    full[id(t)] = full[id(t)].float().cpu().clone()
                 out[key] = full[id(t)]
             else:
                 out[key] = t.detach().float().cpu().clone()
@@ -183,6 +186,14 @@ class DeepSpeedTrainer(Trainer):
             _forget_zero3_module(engine.module)
             del self.engine, engine
         gc.collect()
+
+
+def _gathered(p: nn.Parameter) -> torch.Tensor:
+    """A copy of the whole of `p`, gathered from its ZeRO-3 partitions (a collective), or `p` itself otherwise."""
+    from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+
+    with GatheredParameters([p]):
+        return p.detach().clone()
 
 
 def _read_meta(meta_file: str) -> dict[str, Any]:

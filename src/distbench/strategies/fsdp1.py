@@ -63,9 +63,10 @@ class FSDP1Trainer(DCPCheckpointMixin):
             return self.accumulate(self.model, batch)
 
     def full_grads(self) -> dict[str, torch.Tensor]:
+        # A frozen parameter (LoRA's base) has no gradient of its own, whatever its span of the flat gradient holds
         with FSDP.summon_full_params(self.model, with_grads=True, writeback=False):
             return {n: p.grad.detach().float().cpu().clone()
-                    for n, p in self.model.named_parameters() if p.grad is not None}
+                    for n, p in self.model.named_parameters() if p.grad is not None and p.requires_grad}
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         cfg = FullStateDictConfig(offload_to_cpu=True, rank0_only=False)

@@ -19,6 +19,12 @@ if TYPE_CHECKING:  # torch is imported where a model is built, so that names are
     from torch import nn
 
 
+#: The modules LoRA adapts by default, per family: GPT-2's attention projections and its MLP's output
+#: projection (every module named c_attn or c_proj), Llama's attention projections.
+LORA_TARGETS: dict[str, tuple[str, ...]] = {"gpt2": ("c_attn", "c_proj"),
+                                            "llama": ("q_proj", "k_proj", "v_proj", "o_proj")}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -40,6 +46,14 @@ class ModelSpec:
             if self.config.get(key):
                 return int(self.config[key])
         return None
+
+    def lora_targets(self, given: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """The modules LoRA adapts: those `given`, else the family's defaults (a user's factory has none)."""
+        targets = given or LORA_TARGETS.get(self.family, ())
+        if not targets:
+            raise ConfigError(f"model {self.name} has no default LoRA targets; name the modules to adapt "
+                              "(lora_targets, --lora-targets)")
+        return targets
 
     def hf_config(self):
         import transformers
