@@ -8,7 +8,8 @@ A drop in MFU then shows in asv as a rise, flagged like any slowdown.
 
 Grid: with CUDA GPUs, the model in DISTBENCH_ASV_MODEL (default gpt2-large) in bf16, micro-batch 8, at
 world sizes 1, 2, 4, 8 up to the GPU count; without, gpt2-tiny in fp32 on gloo at world sizes 1 and 2, small
-enough for `asv run --quick` on a laptop. DISTBENCH_ASV_STRATEGIES (comma-separated) overrides the strategies.
+enough for `asv run --quick` on a laptop. The strategies are the registry's "cuda" or "asv-cpu" default grid
+(strategies/spec.py); DISTBENCH_ASV_STRATEGIES (comma-separated) overrides them.
 
 Every configuration is measured once, in the module-level `setup_cache`: asv runs it in one process and
 hands its pickled results to every benchmark. `_train` and `_busbw` are cached per process as well, so a
@@ -25,18 +26,19 @@ import os as _os
 from typing import Any
 
 from distbench.runtime.pool import cuda_device_count as _cuda_device_count
+from distbench.strategies import default_strategies as _default_strategies
 from distbench.strategies import get_spec as _get_spec
 
 GPUS = _cuda_device_count()
 DEVICE = "cuda" if GPUS else "cpu"
 if GPUS:
-    _DEFAULT_STRATEGIES = "single,ddp,fsdp_full,fsdp_grad,zero2,zero3"
+    _DEFAULT_STRATEGIES = ",".join(_default_strategies("cuda"))
     WORLD_SIZES = [n for n in (1, 2, 4, 8) if n <= GPUS]
     WORKLOAD: dict[str, Any] = {"model": _os.environ.get("DISTBENCH_ASV_MODEL", "gpt2-large"),
                                 "precision": "bf16", "micro_batch": 8, "global_batch": 8 * max(WORLD_SIZES),
                                 "steps": 20, "warmup": 5}
 else:
-    _DEFAULT_STRATEGIES = "single,ddp,fsdp_full"
+    _DEFAULT_STRATEGIES = ",".join(_default_strategies("asv-cpu"))
     WORLD_SIZES = [1, 2]
     WORKLOAD = {"model": "gpt2-tiny", "precision": "fp32", "micro_batch": 2, "global_batch": 8,
                 "steps": 5, "warmup": 2}

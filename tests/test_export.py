@@ -16,7 +16,6 @@ from distbench.invariants.export import (
     load_into_model,
     save_and_reload_pretrained,
 )
-from distbench.strategies import get_spec
 
 
 @pytest.mark.strategies("zero3", "fsdp_full")
@@ -24,7 +23,7 @@ def test_export_to_plain_and_pretrained(suite, strategy, world_size, tmp_path):
     cfg = suite.config(strategy, world_size)
     run = suite.checkpointed_run(cfg)
     k = run["save_at"]
-    state = full_state_dict_from_checkpoint(run["checkpoint"], get_spec(strategy).family)
+    state = full_state_dict_from_checkpoint(run["checkpoint"], strategy)
     plain = load_into_model(state, cfg.model)
     ref = suite.reference(cfg.replace(steps=k))["params"]  # the LR schedule does not depend on `steps`
     assert_exported_weights_match(plain, ref, cfg.lr, f"{strategy} ws{world_size}")

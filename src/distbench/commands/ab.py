@@ -32,8 +32,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "(comma-separated; empty: this checkout). Exit 0 pass, 1 regression, 2 usage, 3 undecided.")
     p.add_argument("--base", default="", help="the baseline variant (default: this checkout)")
     p.add_argument("--head", default="", help="the candidate variant (default: this checkout, i.e. an A/A run)")
+    from ..strategies import default_strategies
+
     p.add_argument("--strategy", "-s", action="append", help="strategies; repeat or comma-separate "
-                   "(default: ddp,fsdp_grad,zero2,zero3)")
+                   f"(default: {','.join(default_strategies('ab'))})")
     p.add_argument("--world-size", "-n", type=int, help="ranks per configuration (default: GPUs here, or 2 on CPU)")
     p.add_argument("--model", "-m", help="model (default: gpt2-large on GPUs, gpt2-tiny on CPU)")
     p.add_argument("--micro-batch", type=int, help="per-GPU micro-batch (default 16 on GPUs: device-bound)")
@@ -78,10 +80,11 @@ def _configs(args: argparse.Namespace, device: str, n_cuda: int) -> list[RunConf
     run here."""
     from ..config import RunConfig
     from ..errors import DistbenchError
-    from ..strategies import get_spec
+    from ..strategies import default_strategies, get_spec
 
     d = DEFAULTS[device]
-    strategies = [s.strip() for v in (args.strategy or ["ddp,fsdp_grad,zero2,zero3"]) for s in v.split(",") if s]
+    given = args.strategy or [",".join(default_strategies("ab"))]
+    strategies = [s.strip() for v in given for s in v.split(",") if s]
     ws = args.world_size or (n_cuda if device == "cuda" else 2)
     mb = args.micro_batch or d["micro_batch"]
     configs = []

@@ -153,7 +153,7 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
     from ..measure.telemetry import Telemetry, parse_listen
     from ..runtime import affinity
     from ..runtime.pool import PoolManager, cuda_device_count
-    from ..strategies.ds_config import check_run_config
+    from ..strategies import get_spec
 
     console = Console(width=None if Console().is_terminal else 140)
     n_cuda = cuda_device_count() if device_count is None else device_count
@@ -172,8 +172,8 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
                 pools.check_world_size(ws)
         configs, skipped = matrix.configs(device_type, n_cuda if device_type == "cuda" else None)
         for cfg in configs:
-            if "ds_config" in cfg.options:
-                check_run_config(cfg)
+            if cfg.options:  # what a user passes to a strategy is checked by the strategy before ranks start
+                get_spec(cfg.strategy).check_config(cfg)
     except (DistbenchError, ValueError) as e:
         return _usage_error(" ".join(str(e).split()))
     for note in skipped:
