@@ -18,14 +18,12 @@ from pydantic import Field
 from . import scaling
 from .config import Name, PositiveInt, Precision, RunConfig, check_field, check_fields, check_keys, from_json
 from .errors import ConfigError
+from .metrics import names
 from .plausibility import annotate
 from .results import save_result
 from .runtime.pool import JobError, PoolManager, cuda_device_count
 from .strategies import REGISTRY, default_strategies, get_spec
 from .workloads import get_model
-
-TRACE_METRICS = ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct")
-
 
 MATRIX_KEYS = ("strategies", "world_sizes", "models", "precisions", "repeats", "trace")
 
@@ -161,7 +159,7 @@ def run_matrix(
                     result["trace"] = run_trace(pools.get(cfg.world_size), cfg, str(tdir), timeout=timeout)
                 except Exception as e:  # a trace HTA cannot analyse costs its breakdown, not the matrix
                     result["trace"] = {"error": f"{type(e).__name__}: {e}", "trace_dir": str(tdir)}
-                result["metrics"].update({k: result["trace"][k] for k in TRACE_METRICS
+                result["metrics"].update({k: result["trace"][k] for k in names(source="trace")
                                           if result["trace"].get(k) is not None})
             results.append(result)
             if out_dir is not None:

@@ -233,6 +233,8 @@ def results_table(results: list[dict[str, Any]]):
     from rich.markup import escape
     from rich.table import Table
 
+    from ..report.markdown import MEMORY_METRICS
+
     workloads = sorted({f"{r['config']['model']} {r['config']['precision']} seq {r['config']['seq_len']} "
                         f"global batch {r['config']['global_batch']}" for r in results})
     t = Table("strategy", "ws", "tok/s", "tok/s/GPU", "speedup", "eff", "step s [p10-p90]", "MFU",
@@ -251,8 +253,7 @@ def results_table(results: list[dict[str, Any]]):
         if marks:
             status += f" [yellow]! {','.join(marks)}[/]"
         losses = r.get("losses") or []
-        mem = "/".join(_gib(m.get(k)) for k in
-                       ("mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes"))
+        mem = "/".join(_gib(m.get(k)) for k in MEMORY_METRICS)
         t.add_row(
             c["strategy"], str(c["world_size"]),
             f"{m['tokens_per_s']:,.0f}" if "tokens_per_s" in m else "-",
