@@ -132,14 +132,6 @@ METRICS: dict[str, Metric] = {m.name: m for m in _ENTRIES}
 COMPARED = tuple(m.name for m in _ENTRIES if m.compare)
 
 
-def get_metric(name: str) -> Metric:
-    """The registry entry of `name`; KeyError naming the known metrics for one without an entry."""
-    try:
-        return METRICS[name]
-    except KeyError:
-        raise KeyError(f"no metric {name!r} in distbench.metrics; known: {', '.join(METRICS)}") from None
-
-
 def names(*, source: Source | None = None, ab: AbRole | None = None, unit: str | None = None) -> tuple[str, ...]:
     """Metric names in registry order; only those of one `source`, A/B role or `unit` when given."""
     return tuple(m.name for m in _ENTRIES if (source is None or m.source == source) and (ab is None or m.ab == ab)
