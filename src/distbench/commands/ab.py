@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from ..config import RunConfig
     from ..gate.ab import ABReport, ConfigOutcome, Pair
+    from ..gate.variants import Variant
 
 #: Per-tier defaults: GPUs as seed 004 measures (bf16, sequence 1024) at a device-bound micro-batch; three
 #: windows a run, so one stalled window costs the run's median nothing (with two, the median is their mean:
@@ -119,15 +122,12 @@ def _publish(report: ABReport, args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import tempfile
-
+    """`distbench ab`: check the flags, build the configurations, alternate the variants, publish the verdict."""
     from rich.console import Console
     from rich.markup import escape
 
     from ..errors import DistbenchError
-    from ..gate.ab import run_ab
-    from ..gate.variants import VariantProcess, parse_variant
-    from ..results import save_result
+    from ..gate.variants import parse_variant
     from ..runtime.pool import cuda_device_count
 
     console = Console(width=None if Console().is_terminal else 160)
@@ -146,6 +146,28 @@ def run(args: argparse.Namespace) -> int:
     if args.bind_cpus:
         os.environ["DISTBENCH_BIND_CPUS"] = "exclusive"
     args.output.mkdir(parents=True, exist_ok=True)
+    try:
+        report = _alternate(args, configs, device, (base_v, head_v), console)
+    except DistbenchError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}")
+        return 2
+    report.base_desc, report.head_desc = base_v.describe(), head_v.describe()
+    _publish(report, args)
+    return report.exit_code
+
+
+def _alternate(args: argparse.Namespace, configs: list[RunConfig], device: str, variants: tuple[Variant, Variant],
+               console: Console) -> ABReport:
+    """Serve each variant from its own process and checkout, alternate them over `configs` (gate/ab.py), save
+    every run's result under --output/<variant>; the processes and checkouts are gone when it returns.
+    DistbenchError when a variant cannot start."""
+    import tempfile
+
+    from ..gate.ab import run_ab
+    from ..gate.variants import VariantProcess
+    from ..results import save_result
+
+    base_v, head_v = variants
     with tempfile.TemporaryDirectory(prefix="distbench-ab-") as tmp:
         servers = {v.label: VariantProcess(v, Path(tmp), device, args.output) for v in (base_v, head_v)}
 
@@ -172,17 +194,11 @@ def run(args: argparse.Namespace) -> int:
                 server.start()
             console.print(f"distbench ab: {len(configs)} configuration(s) on {device}; base {base_v.describe()} "
                           f"vs head {head_v.describe()}; budget {args.budget:.0f} s")
-            report = run_ab(configs, runner("base"), runner("head"), alpha=args.alpha, threshold=args.threshold,
-                            min_effect=args.min_effect, min_pairs=args.min_pairs, max_pairs=args.max_pairs,
-                            look_every=args.look_every, budget_s=args.budget, on_pair=progress,
-                            between_rounds=recycle_all)
-        except DistbenchError as e:
-            console.print(f"[red]error:[/] {escape(str(e))}")
-            return 2
+            return run_ab(configs, runner("base"), runner("head"), alpha=args.alpha, threshold=args.threshold,
+                          min_effect=args.min_effect, min_pairs=args.min_pairs, max_pairs=args.max_pairs,
+                          look_every=args.look_every, budget_s=args.budget, on_pair=progress,
+                          between_rounds=recycle_all)
         finally:
             for server in servers.values():
                 server.close()
                 server.remove_checkout()
-    report.base_desc, report.head_desc = base_v.describe(), head_v.describe()
-    _publish(report, args)
-    return report.exit_code

@@ -145,12 +145,9 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
     """`distbench run`; `distbench launch` passes its Cluster as `pools` and the launched world as
     `device_count` (default: rank pools on this machine's GPUs)."""
     from rich.console import Console
-    from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..errors import DistbenchError
-    from ..matrix import run_matrix
-    from ..measure.telemetry import Telemetry, parse_listen
+    from ..measure.telemetry import parse_listen
     from ..runtime import affinity
     from ..runtime.pool import PoolManager, cuda_device_count
     from ..strategies import get_spec
@@ -186,10 +183,23 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
                       "cores, so times measure contention; use world sizes up to the CPU count")
     console.print(f"distbench run: {len(configs)} configuration(s) x {matrix.repeats} on {device_type}; "
                   f"results -> {args.output}")
+    results = _run_with_progress(matrix, len(configs), args, pools, n_cuda, listen, console)
+    console.print(results_table(results))
+    return _print_failures(results, args, console)
+
+
+def _run_with_progress(matrix: Any, n_configs: int, args: argparse.Namespace, pools: Any, n_cuda: int,
+                       listen: Any, console: Any) -> list[dict[str, Any]]:
+    """run_matrix under a progress bar, feeding telemetry when asked; the pools are closed when it returns."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..matrix import run_matrix
+    from ..measure.telemetry import Telemetry
+
     telemetry = Telemetry(listen=listen, textfile_dir=args.textfile).start() if listen or args.textfile else None
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
-        task = progress.add_task("running", total=len(configs) * matrix.repeats)
+        task = progress.add_task("running", total=n_configs * matrix.repeats)
 
         def advance(cfg, result):
             if telemetry is not None:
@@ -197,13 +207,18 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
             progress.update(task, advance=1, description=f"{cfg.strategy} ws{cfg.world_size} {result['status']}")
 
         try:
-            results = run_matrix(matrix, out_dir=args.output, pools=pools, on_result=advance,
-                                 timeout=args.timeout, device_count=n_cuda)
+            return run_matrix(matrix, out_dir=args.output, pools=pools, on_result=advance,
+                              timeout=args.timeout, device_count=n_cuda)
         finally:
             pools.close_all()
             if telemetry is not None:
                 telemetry.close()
-    console.print(results_table(results))
+
+
+def _print_failures(results: list[dict[str, Any]], args: argparse.Namespace, console: Any) -> int:
+    """One line per failed configuration and per missing trace breakdown; the exit status of the run."""
+    from rich.markup import escape
+
     # Out of memory is a failed configuration too (exit 1): a run has no OOM edge to find, so CI must not read
     # a matrix whose configurations did not fit as a success.
     failed = [r for r in results if r["status"] != "ok"]
