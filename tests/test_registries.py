@@ -53,6 +53,16 @@ def test_default_grids_come_from_the_registry():
         default_strategies("nightly")  # type: ignore[arg-type]
 
 
+def test_the_gpu_nightly_runs_every_strategy_without_listing_them():
+    from pathlib import Path
+
+    from distbench.commands.run import _strategies
+
+    assert _strategies("all") == list(REGISTRY)
+    gpu = (Path(__file__).resolve().parents[1] / ".github" / "workflows" / "gpu.yml").read_text()
+    assert "distbench run\n          --strategy all\n" in gpu
+
+
 def test_user_options_are_typed():
     spec = get_spec("zero2")
     cfg = RunConfig(strategy="zero2", world_size=1, options={"ds_config": 3})

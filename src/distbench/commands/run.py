@@ -33,8 +33,11 @@ def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def _strategies(text: str) -> list[str]:
-    from ..strategies import get_spec
+    """Strategy names, or `all`: every registry entry (those that cannot run here are skipped, with why)."""
+    from ..strategies import REGISTRY, get_spec
 
+    if text.strip() == "all":
+        return list(REGISTRY)
     return [get_spec(s).name for s in parse_list(str, text, "strategy list")]
 
 
@@ -66,7 +69,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="matrix YAML (strategies, world_sizes, models, precisions, repeats, "
                    "and RunConfig fields); flags given too override it")
     p.add_argument("--strategy", "-s", action="append", type=_arg(_strategies),
-                   help="strategy name; repeat or comma-separate")
+                   help="strategy name, or `all` (every strategy; those that cannot run here are skipped); "
+                   "repeat or comma-separate")
     p.add_argument("--world-size", "-n", action="append", help="world size; repeat or comma-separate",
                    type=_arg(lambda text: parse_list(PositiveInt, text, "world size")))
     p.add_argument("--model", "-m", action="append", type=_arg(_models),
