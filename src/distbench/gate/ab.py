@@ -11,7 +11,8 @@ difference in host CPU time per step). The
 family-wise false-alarm rate `alpha` is divided over configurations, gated metrics and the looks the
 schedule allows.
 
-Gated metrics follow the configuration's regime, read from the base's first run:
+Gated metrics follow the configuration's regime, read from the base's first run (the roles are each metric's
+`ab` in distbench/metrics.py):
     always                 step_time_s (the window wall clock per step: what users get)
     with a device sample   device_compute_s (kernels other than NCCL: the quiet device-side figure)
     host-bound             host_cpu_s (the training thread's CPU time per step)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .base import Trainer
 
 #: A DeepSpeed config JSON (path or dict) merged into the harness's, see ds_config.py.
-DS_OPTIONS = (Option("ds_config", dict[str, Any] | str, "DeepSpeed config JSON (a path or a dict)"),)
+DS_OPTIONS = (Option("ds_config", dict[str, Any] | str),)
 DS_CHECK = "distbench.strategies.ds_config:check_run_config"
 ALL_GRIDS: frozenset[Grid] = frozenset({"cpu", "cuda", "asv-cpu"})
 _FSDP2 = "distbench.strategies.fsdp:FSDP2Trainer"

@@ -67,7 +67,6 @@ class Option:
 
     name: str
     annotation: Any
-    help: str = ""
 
 
 @dataclass(frozen=True)
