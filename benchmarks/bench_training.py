@@ -1,14 +1,17 @@
 """Training and collective metrics per strategy x world size, tracked by asv.
 
-Direction: asv 0.6 reads an increase of any benchmark as a regression and has no attribute to say that
-higher is better (airspeed-velocity/asv#1617 asks for one and is open). So every track is kept in a
-lower-is-better form: step time and peak memory as measured, and MFU, scaling efficiency and bus bandwidth
-as their inverses (x the time at peak FLOP/s, x the ideal linear-scaling time, ms per GB of bus traffic).
-A drop in MFU then shows in asv as a rise, flagged like any slowdown.
+What is tracked, under which benchmark name and unit, comes from the metric registry (distbench/metrics.py,
+each metric's `asv`): the training tracks are built from it. Direction: asv 0.6 reads an increase of any
+benchmark as a regression and has no attribute to say that higher is better (airspeed-velocity/asv#1617
+asks for one and is open). So every track is kept in a lower-is-better form: step time and peak memory as
+measured, and MFU, scaling efficiency and bus bandwidth as their inverses (x the time at peak FLOP/s, x the
+ideal linear-scaling time, ms per GB of bus traffic). A drop in MFU then shows in asv as a rise, flagged
+like any slowdown. Each track has an explicit asv `version`, so refactoring this file keeps the history.
 
 Grid: with CUDA GPUs, the model in DISTBENCH_ASV_MODEL (default gpt2-large) in bf16, micro-batch 8, at
 world sizes 1, 2, 4, 8 up to the GPU count; without, gpt2-tiny in fp32 on gloo at world sizes 1 and 2, small
-enough for `asv run --quick` on a laptop. DISTBENCH_ASV_STRATEGIES (comma-separated) overrides the strategies.
+enough for `asv run --quick` on a laptop. The strategies are the registry's "cuda" or "asv-cpu" default grid
+(strategies/spec.py); DISTBENCH_ASV_STRATEGIES (comma-separated) overrides them.
 
 Every configuration is measured once, in the module-level `setup_cache`: asv runs it in one process and
 hands its pickled results to every benchmark. `_train` and `_busbw` are cached per process as well, so a
@@ -24,25 +27,28 @@ import functools as _functools
 import os as _os
 from typing import Any
 
+from distbench.metrics import METRICS as _METRICS
 from distbench.runtime.pool import cuda_device_count as _cuda_device_count
+from distbench.strategies import default_strategies as _default_strategies
 from distbench.strategies import get_spec as _get_spec
 
 GPUS = _cuda_device_count()
 DEVICE = "cuda" if GPUS else "cpu"
 if GPUS:
-    _DEFAULT_STRATEGIES = "single,ddp,fsdp_full,fsdp_grad,zero2,zero3"
+    _DEFAULT_STRATEGIES = ",".join(_default_strategies("cuda"))
     WORLD_SIZES = [n for n in (1, 2, 4, 8) if n <= GPUS]
     WORKLOAD: dict[str, Any] = {"model": _os.environ.get("DISTBENCH_ASV_MODEL", "gpt2-large"),
                                 "precision": "bf16", "micro_batch": 8, "global_batch": 8 * max(WORLD_SIZES),
                                 "steps": 20, "warmup": 5}
 else:
-    _DEFAULT_STRATEGIES = "single,ddp,fsdp_full"
+    _DEFAULT_STRATEGIES = ",".join(_default_strategies("asv-cpu"))
     WORLD_SIZES = [1, 2]
     WORKLOAD = {"model": "gpt2-tiny", "precision": "fp32", "micro_batch": 2, "global_batch": 8,
                 "steps": 5, "warmup": 2}
 STRATEGIES = [_get_spec(s.strip()).name for s in
               _os.environ.get("DISTBENCH_ASV_STRATEGIES", _DEFAULT_STRATEGIES).split(",") if s.strip()]
 OPS = ["all_reduce", "all_gather", "reduce_scatter"]
+_BUSBW = _METRICS["busbw_gbps"]
 
 
 @_functools.cache
@@ -95,14 +101,15 @@ class _Training:
 
     params = (STRATEGIES, WORLD_SIZES)
     param_names = ("strategy", "world_size")
-    needs = "step_time_s"
+    needs: tuple[str, ...] = ("step_time_s",)
 
     def setup(self, cache: dict[str, Any], strategy: str, world_size: int) -> None:
         r = cache["train"][f"{strategy}/{world_size}"]
         if "skip" in r:
             raise NotImplementedError(r["skip"])
-        if r["status"] == "ok" and r["metrics"].get(self.needs) is None:
-            raise NotImplementedError(f"no {self.needs} in this result (not measured on {DEVICE}, "
+        missing = [k for k in self.needs if r["status"] == "ok" and r["metrics"].get(k) is None]
+        if missing:
+            raise NotImplementedError(f"no {missing[0]} in this result (not measured on {DEVICE}, "
                                       "or no 1-GPU baseline of its workload ran)")
         self.result = r
 
@@ -112,58 +119,34 @@ class _Training:
         return float(self.result["metrics"][name])
 
 
-class StepTime(_Training):
-    def track_step_time(self, cache: dict[str, Any], strategy: str, world_size: int) -> float:
-        """Median steady-state optimizer step time."""
-        return self.metric("step_time_s")
+def _track(metric: Any) -> Any:
+    """The asv track method of one registry metric (distbench/metrics.py): its value in asv's lower-is-better
+    form, with the registry's unit and a version that survives refactors of this file."""
 
-    track_step_time.unit = "seconds"
+    def track(self: _Training, cache: dict[str, Any], strategy: str, world_size: int) -> float:
+        return metric.asv_value(self.metric(metric.name))
 
-
-class Memory(_Training):
-    needs = "mem_allocated_peak_bytes"  # torch.cuda memory stats: GPU only
-
-    def track_peak_mem_allocated(self, cache: dict[str, Any], strategy: str, world_size: int) -> float:
-        """torch peak allocated bytes per GPU over the timed steps (max over ranks)."""
-        return self.metric("mem_allocated_peak_bytes")
-
-    track_peak_mem_allocated.unit = "bytes"
-
-    def track_peak_mem_reserved(self, cache: dict[str, Any], strategy: str, world_size: int) -> float:
-        """torch caching-allocator peak reserved bytes per GPU (max over ranks)."""
-        return self.metric("mem_reserved_peak_bytes")
-
-    track_peak_mem_reserved.unit = "bytes"
+    inverted = "" if metric.better == "lower" else f" Tracked as {metric.asv.scale:g} / value: lower is better."
+    track.__doc__ = metric.description.rstrip(".") + "." + inverted
+    track.__name__ = metric.asv.benchmark.split(".")[1]
+    track.unit = metric.asv.unit  # type: ignore[attr-defined]
+    track.version = f"{metric.name}:{metric.asv.unit}:{metric.asv.version}"  # type: ignore[attr-defined]
+    return track
 
 
-class DeviceMemory(_Training):
-    needs = "nvml_mem_used_peak_bytes"
-
-    def track_peak_mem_nvml(self, cache: dict[str, Any], strategy: str, world_size: int) -> float:
-        """NVML device memory peak: adds NCCL buffers and the CUDA context, which torch does not see."""
-        return self.metric("nvml_mem_used_peak_bytes")
-
-    track_peak_mem_nvml.unit = "bytes"
-
-
-class Mfu(_Training):
-    needs = "mfu"
-
-    def track_inverse_mfu(self, cache: dict[str, Any], strategy: str, world_size: int) -> float:
-        """1 / MFU: step time as a multiple of the time at the GPU's peak FLOP/s (lower is better)."""
-        return 1.0 / self.metric("mfu")
-
-    track_inverse_mfu.unit = "x peak-FLOP time"
+def _training_classes() -> dict[str, type]:
+    """One class per asv benchmark class the registry names (StepTime, Memory, ...), each with the tracks of
+    its metrics; a class skips a configuration without all of them (`needs`)."""
+    groups: dict[str, list[Any]] = {}
+    for m in _METRICS.values():
+        if m.asv is not None and m.source in ("bench", "scaling"):
+            groups.setdefault(m.asv.benchmark.split(".")[0], []).append(m)
+    return {cls: type(cls, (_Training,), {"needs": tuple(m.name for m in ms), "__module__": __name__,
+                                          **{m.asv.benchmark.split(".")[1]: _track(m) for m in ms}})
+            for cls, ms in groups.items()}
 
 
-class Scaling(_Training):
-    needs = "scaling_efficiency"
-
-    def track_inverse_scaling_efficiency(self, cache: dict[str, Any], strategy: str, world_size: int) -> float:
-        """1 / scaling efficiency vs the 1-GPU baseline: 1.0 is linear scaling (lower is better)."""
-        return 1.0 / self.metric("scaling_efficiency")
-
-    track_inverse_scaling_efficiency.unit = "x ideal time"
+globals().update(_training_classes())  # StepTime, Memory, DeviceMemory, Mfu, Scaling
 
 
 class BusBandwidth:
@@ -183,6 +166,8 @@ class BusBandwidth:
 
     def track_ms_per_bus_gb(self, cache: dict[str, Any], op: str, world_size: int) -> float:
         """1000 / busbw (nccl-tests convention) at the largest message size: ms per GB (lower is better)."""
-        return 1000.0 / self.row["busbw_gbps"]
+        return _BUSBW.asv_value(self.row[_BUSBW.name])
 
-    track_ms_per_bus_gb.unit = "ms/GB"
+    track_ms_per_bus_gb.unit = _BUSBW.asv.unit
+    track_ms_per_bus_gb.version = f"{_BUSBW.name}:{_BUSBW.asv.unit}:{_BUSBW.asv.version}"
+

@@ -54,7 +54,7 @@ def train_with_delays(ctx: RankContext, cfg: dict[str, Any], sites: list[str], d
     sleep on CPU) before every call at each of `sites`; the reply adds {"delays": {site: calls delayed}}.
     plant "legacy_names": FSDP2's collectives patched under their pre-2.1x names only."""
     rc = RunConfig.from_dict(cfg)
-    family = get_spec(rc.strategy).family
+    family = get_spec(rc.strategy).trainer_module
     unknown = set(sites) - set(SITES)
     if unknown or family not in COLLECTIVES:
         raise ValueError(f"delays at {sites} are written for FSDP2 and ZeRO, not {rc.strategy}")

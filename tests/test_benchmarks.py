@@ -14,12 +14,13 @@ import pytest
 
 from distbench.measure.bench import run_benchmark, summarize_bench, sweep_micro_batch
 from distbench.runtime.fingerprint import environment_fingerprint
+from distbench.strategies import default_strategies
 
 #: Every test here times steps or reads memory: under lanes they run last, with nothing else on the machine.
 pytestmark = pytest.mark.exclusive
 
 BENCH = "distbench.measure.bench"
-SEED_STRATEGIES = ("single", "ddp", "fsdp_full", "fsdp_grad", "zero2", "zero3")
+SEED_STRATEGIES = default_strategies("cuda")  # seed 004's, the GPU default grid
 
 
 @pytest.mark.strategies(*SEED_STRATEGIES)

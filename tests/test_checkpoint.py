@@ -13,7 +13,6 @@ from distbench.errors import CheckpointError
 from distbench.invariants.checks import assert_losses_match, assert_resume_exact
 from distbench.invariants.export import full_state_dict_from_checkpoint
 from distbench.runtime.pool import JobError
-from distbench.strategies import get_spec
 from distbench.strategies.checkpoint_files import MANIFEST, write_manifest
 from recipe_jobs import LORA
 
@@ -227,7 +226,7 @@ def test_a_hostile_pickle_in_a_checkpoint_runs_no_code(suite, strategy_name, ws,
     write_manifest(bad)
     if path == "export":
         with pytest.raises(CheckpointError) as e:
-            full_state_dict_from_checkpoint(bad, get_spec(strategy_name).family)
+            full_state_dict_from_checkpoint(bad, strategy_name)
         assert target.name in str(e.value)
     elif path == "reshard":
         _expect_checkpoint_error(suite, cfg.replace(world_size=2), bad, target.name, reshard=True)

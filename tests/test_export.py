@@ -17,7 +17,6 @@ from distbench.invariants.export import (
     merge_lora,
     save_and_reload_pretrained,
 )
-from distbench.strategies import get_spec
 from recipe_jobs import LORA
 
 
@@ -26,7 +25,7 @@ def test_export_to_plain_and_pretrained(suite, strategy, world_size, tmp_path):
     cfg = suite.config(strategy, world_size)
     run = suite.checkpointed_run(cfg)
     k = run["save_at"]
-    state = full_state_dict_from_checkpoint(run["checkpoint"], get_spec(strategy).family)
+    state = full_state_dict_from_checkpoint(run["checkpoint"], strategy)
     plain = load_into_model(state, cfg.model)
     ref = suite.reference(cfg.replace(steps=k))["params"]  # the LR schedule does not depend on `steps`
     assert_exported_weights_match(plain, ref, cfg.lr, f"{strategy} ws{world_size}")
@@ -44,7 +43,7 @@ def test_lora_merged_export(suite, strategy, world_size, tmp_path):
     cfg = suite.config(strategy, world_size, **LORA)
     run = suite.checkpointed_run(cfg)
     k = run["save_at"]
-    merged = merge_lora(full_state_dict_from_checkpoint(run["checkpoint"], get_spec(strategy).family), cfg)
+    merged = merge_lora(full_state_dict_from_checkpoint(run["checkpoint"], strategy), cfg)
     ref = suite.reference(cfg.replace(steps=k))["merged"]
     assert_exported_weights_match(merged, ref, cfg.lr, f"{strategy} ws{world_size} LoRA merged")
     want = run["losses"][k]

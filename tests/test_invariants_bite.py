@@ -84,7 +84,7 @@ def test_export_check_catches_bf16_rounded_weights(suite):
     cfg = suite.config("fsdp_full", WS)
     run = suite.checkpointed_run(cfg)
     ref = suite.reference(cfg.replace(steps=run["save_at"]))["params"]
-    state = full_state_dict_from_checkpoint(run["checkpoint"], "fsdp")
+    state = full_state_dict_from_checkpoint(run["checkpoint"], "fsdp_full")
     assert_exported_weights_match(load_into_model(state, cfg.model), ref, cfg.lr, "fsdp_full")
     rounded = {n: t.to(torch.bfloat16).float() for n, t in state.items()}
     with pytest.raises(AssertionError, match="exported parameter"):

@@ -26,7 +26,8 @@ from distbench.measure import busbw, mfu, nvml
 from distbench.measure.memory import memory_stats, reset_peaks
 from distbench.measure.pygc import GcWatch
 from distbench.measure.timing import per_step_max, percentile, step_stats, throughput
-from distbench.results import METRIC_DIRECTIONS, SCHEMA, load_results, save_result
+from distbench.metrics import METRICS
+from distbench.results import SCHEMA, load_results, save_result
 from distbench.runtime import worker
 from distbench.runtime.context import RankContext
 from distbench.runtime.fingerprint import environment_fingerprint, git_state, relevant_env
@@ -375,7 +376,7 @@ def test_run_benchmark_result_schema(bench_reply, tmp_path):
     res = bm.run_benchmark(FakePool([bench_reply]), cfg)
     assert res["schema"] == SCHEMA and res["status"] == "ok" and res["error"] is None
     m = res["metrics"]
-    assert set(m) <= set(METRIC_DIRECTIONS)
+    assert set(m) <= set(METRICS)
     assert {"tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s", "step_time_s", "tflops_per_gpu"} <= set(m)
     assert "mfu" not in m and "mem_allocated_peak_bytes" not in m  # CPU: no peak, no device memory
     (window,) = bench_reply["windows"]  # one window: the step time is its wall clock per step

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from distbench.invariants.memory import LAYOUT, analytic_bytes
+from distbench.invariants.memory import analytic_bytes
+from distbench.strategies import REGISTRY
 
 JOB = "distbench.invariants.memory:state_memory"
 #: Allowed excess over the model: 15% plus 1.5 GiB for communication buckets and allocator rounding
@@ -34,7 +35,7 @@ def _measure(suite, strategy, world_size):
 
 
 @pytest.mark.gpu
-@pytest.mark.strategies(*LAYOUT)
+@pytest.mark.strategies(*REGISTRY)
 def test_memory_model(suite, strategy, world_size):
     cfg, m = _measure(suite, strategy, world_size)
     assert m["left_after_close_bytes"] <= LEFTOVER_MAX, (
@@ -58,7 +59,7 @@ def test_memory_model(suite, strategy, world_size):
 
 
 @pytest.mark.gpu
-@pytest.mark.strategies(*[s for s, (sharded, host) in LAYOUT.items() if sharded - host])
+@pytest.mark.strategies(*[s.name for s in REGISTRY.values() if s.memory and s.memory.sharded - s.memory.on_host])
 def test_sharded_memory_shrinks_with_world_size(suite, strategy, world_size):
     """Strategies that keep sharded state on the device (offload keeps none: what stays is fixed buffers)."""
     if world_size < 2:

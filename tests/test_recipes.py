@@ -199,7 +199,7 @@ def test_fp16_loss_scaling_matches_the_reference(suite, strategy, world_size):
     run = suite.run(world_size, "recipe_jobs:train_with_an_overflow", cfg=cfg.to_dict(), **where)[0]
     what = f"{strategy} ws{world_size} fp16"
     assert run["matmul_dtypes"] == ["float16"], f"{what} multiplied in {run['matmul_dtypes']}"  # it ran fp16
-    rtol = FP16_DS_RTOL if get_spec(strategy).family == "deepspeed" else FP16_RTOL
+    rtol = FP16_DS_RTOL if get_spec(strategy).trainer_module == "deepspeed" else FP16_RTOL
     assert_loss_scaling_matches(run, ref, rtol, what)
 
 

@@ -237,3 +237,20 @@ def test_the_linters_catch_a_broken_workflow(tmp_path):
     assert audit.returncode != 0
     for finding in ("dangerous-triggers", "unpinned-uses", "template-injection"):
         assert finding in audit.stdout + audit.stderr
+
+
+def test_pre_commit_runs_ruff_check_ruff_format_and_mypy_at_the_pinned_versions():
+    """The hooks run the environment's ruff and mypy: the [lint] extra pins them, at the versions CI installs."""
+    hooks = {h["id"]: h for repo in yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"]
+             for h in repo["hooks"]}
+    assert {"ruff", "ruff-format", "mypy"} <= set(hooks)
+    assert hooks["ruff-format"]["entry"] == "ruff format" and hooks["ruff"]["entry"].startswith("ruff check")
+    pyproject = (ROOT / "pyproject.toml").read_text()  # no tomllib on Python 3.10
+    extra = re.search(r"^lint = \[(.*)\]$", pyproject, re.M)
+    assert extra, "pyproject.toml has no [lint] extra"
+    lint = dict(re.findall(r'"([\w-]+)==([\w.]+)"', extra.group(1)))
+    assert {"ruff", "mypy"} <= set(lint), "the [lint] extra must pin ruff and mypy"
+    ci = {pkg.split("==")[0]: pkg.split("==")[1] for pkgs in _pip_installs(CI.read_text()) for pkg in pkgs
+          if "==" in pkg}
+    assert ci["ruff"] == lint["ruff"], "CI's ruff and the [lint] extra's differ"
+    assert re.search(r"^\[tool\.ruff\.format\]$", pyproject, re.M), "no [tool.ruff.format] for the ruff-format hook"

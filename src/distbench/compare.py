@@ -34,8 +34,9 @@ from typing import Any
 from .errors import ConfigError
 from .gate import stats
 from .gate.stats import IMPROVEMENT, REGRESSION, UNCHANGED, UNDECIDED
-from .report.markdown import config_label, fmt_metric, md_table
-from .results import METRIC_DIRECTIONS, config_key
+from .metrics import COMPARED, METRICS, fmt_metric
+from .report.markdown import config_label, md_table
+from .results import config_key
 
 INSUFFICIENT = "insufficient-data"
 
@@ -43,20 +44,6 @@ EXIT_OK = 0
 EXIT_REGRESSION = 1
 EXIT_INSUFFICIENT = 3
 
-#: Compared by default: one throughput, one time, the efficiency and the memory figures; the per-GPU and
-#: percentage variants are redundant with these and would only repeat a verdict.
-DEFAULT_METRICS = (
-    "tokens_per_s",
-    "step_time_s",
-    "mfu",
-    "mem_allocated_peak_bytes",
-    "mem_reserved_peak_bytes",
-    "nvml_mem_used_peak_bytes",
-    "busbw_gbps",
-)
-#: Metrics whose regression is worth attributing to compute / non-compute / idle time.
-TIME_METRICS = frozenset({"tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s", "samples_per_s_per_gpu",
-                          "step_time_s", "mfu", "tflops_per_gpu"})
 TRACE_PARTS = ("compute", "non_compute", "idle")
 
 MIN_EFFECT = 0.01  # 1%: below this a significant move is not worth a red build
@@ -331,10 +318,10 @@ def compare(
         raise ConfigError(f"alpha must be between 0 and 0.5, got {alpha}")
     if not 0 < min_effect <= threshold < 1:
         raise ConfigError(f"need 0 < min_effect <= threshold < 1, got {min_effect} and {threshold}")
-    names = tuple(metrics) if metrics else DEFAULT_METRICS
-    unknown = [m for m in names if m not in METRIC_DIRECTIONS]
+    names = tuple(metrics) if metrics else COMPARED  # the registry's `compare` metrics
+    unknown = [m for m in names if m not in METRICS]
     if unknown:
-        raise ConfigError(f"unknown metric(s) {unknown}; known metrics: {', '.join(METRIC_DIRECTIONS)}")
+        raise ConfigError(f"unknown metric(s) {unknown}; known metrics: {', '.join(METRICS)}")
     excluded: list[Excluded] = []
     sides: dict[str, dict[tuple, list[dict[str, Any]]]] = {}
     for side, results in (("base", base), ("head", head)):
@@ -361,9 +348,9 @@ def compare(
     report.per_test_alpha = stats.family_alpha(alpha, len(testable))
     for row in testable:
         row.effect = stats.unpaired_effect(row.base, row.head, report.per_test_alpha)
-        row.verdict = stats.verdict(row.effect, METRIC_DIRECTIONS[row.metric], threshold=threshold,
+        row.verdict = stats.verdict(row.effect, METRICS[row.metric].direction, threshold=threshold,
                                     min_effect=min_effect)
-        if row.verdict == REGRESSION and row.metric in TIME_METRICS:
+        if row.verdict == REGRESSION and METRICS[row.metric].time:  # worth attributing to trace categories
             b, h = sides["base"][row.key], sides["head"][row.key]
             row.attribution = _attribute(b, h)
     return report

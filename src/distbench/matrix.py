@@ -18,14 +18,12 @@ from pydantic import Field
 from . import scaling
 from .config import Name, PositiveInt, Precision, RunConfig, check_field, check_fields, check_keys, from_json
 from .errors import ConfigError
+from .metrics import names
 from .plausibility import annotate
 from .results import save_result
 from .runtime.pool import JobError, PoolManager, cuda_device_count
-from .strategies import REGISTRY, get_spec
+from .strategies import REGISTRY, default_strategies, get_spec
 from .workloads import get_model
-
-TRACE_METRICS = ("compute_pct", "non_compute_pct", "idle_pct", "overlap_pct")
-
 
 MATRIX_KEYS = ("strategies", "world_sizes", "models", "precisions", "repeats", "trace")
 
@@ -53,8 +51,8 @@ class Matrix:
             check_field(key, value)
         specs = [get_spec(s) for s in self.strategies]
         for key in self.base.get("options", {}):
-            if not any(key in spec.user_options for spec in specs):
-                takers = [s.name for s in REGISTRY.values() if key in s.user_options]
+            if not any(spec.takes(key) for spec in specs):
+                takers = [s.name for s in REGISTRY.values() if s.takes(key)]
                 raise ConfigError(f"option {key!r} applies to {', '.join(takers) or 'no strategy'} only, and none "
                                   f"of the selected strategies ({', '.join(self.strategies)}) takes it; add one "
                                   "of them or drop the option")
@@ -80,7 +78,7 @@ class Matrix:
                 skipped.append(f"{strategy} ws{ws}: {reason}")
                 continue
             base = dict(self.base)
-            base["options"] = {k: v for k, v in base.get("options", {}).items() if k in spec.user_options}
+            base["options"] = {k: v for k, v in base.get("options", {}).items() if spec.takes(k)}
             if not base.get("global_batch"):
                 base["global_batch"] = base.get("micro_batch", 2) * max(self.world_sizes)
             out.append(RunConfig(strategy=strategy, world_size=ws, model=model, precision=precision, **base))
@@ -88,12 +86,13 @@ class Matrix:
 
 
 def default_matrix(device_type: str, device_count: int) -> Matrix:
-    """`distbench run` without flags: a seed-004-style sweep sized for the machine at hand."""
+    """`distbench run` without flags: a seed-004-style sweep sized for the machine at hand, over the strategies
+    whose registry entry puts them in the device's default grid."""
     if device_type == "cpu":
-        return Matrix(["single", "ddp", "fsdp_full", "fsdp_grad", "zero2"], [1, 2], ["gpt2-tiny"], ["fp32"],
+        return Matrix(default_strategies("cpu"), [1, 2], ["gpt2-tiny"], ["fp32"],
                       {"micro_batch": 2, "steps": 8, "warmup": 2, "deterministic": False})
     sizes = [n for n in (1, 2, 4, 8) if n <= device_count]
-    return Matrix(["single", "ddp", "fsdp_full", "fsdp_grad", "zero2", "zero3"], sizes, ["gpt2-124m"], ["bf16"],
+    return Matrix(default_strategies("cuda"), sizes, ["gpt2-124m"], ["bf16"],
                   {"micro_batch": 8, "seq_len": 1024, "steps": 15, "warmup": 5, "deterministic": False})
 
 
@@ -160,7 +159,7 @@ def run_matrix(
                     result["trace"] = run_trace(pools.get(cfg.world_size), cfg, str(tdir), timeout=timeout)
                 except Exception as e:  # a trace HTA cannot analyse costs its breakdown, not the matrix
                     result["trace"] = {"error": f"{type(e).__name__}: {e}", "trace_dir": str(tdir)}
-                result["metrics"].update({k: result["trace"][k] for k in TRACE_METRICS
+                result["metrics"].update({k: result["trace"][k] for k in names(source="trace")
                                           if result["trace"].get(k) is not None})
             results.append(result)
             if out_dir is not None:

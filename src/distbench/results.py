@@ -9,7 +9,7 @@ A result is a plain JSON object:
       "status": "ok" | "oom" | "error",
       "error": null | "message",
       "config": {strategy, world_size, model, seq_len, global_batch, micro_batch, precision, steps, warmup, device, ...},
-      "metrics": {<name>: float, ...},          # flat, directions in METRIC_DIRECTIONS
+      "metrics": {<name>: float, ...},          # flat, each described in distbench.metrics
       "step_time_s": {"median", "p10", "p90", "mean", "std", "cv", "n", "steps": [s, ...]},
       "losses": [float, ...],
       "nvml": {... , "throttled": bool} | null,
@@ -18,7 +18,8 @@ A result is a plain JSON object:
       "env": {fingerprint}
     }
 
-Everything that compares results (the compare gate, asv, reports) reads metric directions from here.
+Everything that compares results (the compare gate, asv, reports) reads a metric's direction, unit and
+format from the metric registry, distbench/metrics.py.
 Results are read through the pydantic model `Result` (its JSON Schema: schemas/distbench.result-1.json):
 known fields are typed strictly (a string where a number belongs is refused), and sections and metrics
 this version does not know pass through, so newer writers stay readable.
@@ -97,41 +98,6 @@ class Result(_Section):
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of a stored result, generated from `Result` (committed as schemas/distbench.result-1.json)."""
     return Result.model_json_schema(by_alias=True)
-
-#: +1: higher is better, -1: lower is better.
-METRIC_DIRECTIONS: dict[str, int] = {
-    "tokens_per_s": +1,
-    "tokens_per_s_per_gpu": +1,
-    "samples_per_s": +1,
-    "samples_per_s_per_gpu": +1,
-    "mfu": +1,
-    "tflops_per_gpu": +1,
-    "scaling_efficiency": +1,
-    "speedup": +1,
-    "busbw_gbps": +1,
-    "algbw_gbps": +1,
-    "step_time_s": -1,
-    "step_gcycles": -1,
-    "host_cpu_s": -1,
-    "device_compute_s": -1,
-    "device_comm_s": -1,
-    "device_busy_s": -1,
-    "busy_ratio": +1,
-    "config_overhead_s": -1,
-    "mem_allocated_peak_bytes": -1,
-    "mem_reserved_peak_bytes": -1,
-    "nvml_mem_used_peak_bytes": -1,
-    "compute_pct": +1,
-    "idle_pct": -1,
-    "non_compute_pct": -1,
-    "overlap_pct": +1,
-}
-
-
-def direction(metric: str) -> int:
-    """+1 if a larger value of `metric` is better, -1 if smaller is; KeyError for unknown metrics."""
-    return METRIC_DIRECTIONS[metric]
-
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")

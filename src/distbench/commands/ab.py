@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from ..config import RunConfig
     from ..gate.ab import ABReport, ConfigOutcome, Pair
+    from ..gate.variants import Variant
 
 #: Per-tier defaults: GPUs as seed 004 measures (bf16, sequence 1024) at a device-bound micro-batch; three
 #: windows a run, so one stalled window costs the run's median nothing (with two, the median is their mean:
@@ -32,8 +35,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "(comma-separated; empty: this checkout). Exit 0 pass, 1 regression, 2 usage, 3 undecided.")
     p.add_argument("--base", default="", help="the baseline variant (default: this checkout)")
     p.add_argument("--head", default="", help="the candidate variant (default: this checkout, i.e. an A/A run)")
+    from ..strategies import default_strategies
+
     p.add_argument("--strategy", "-s", action="append", help="strategies; repeat or comma-separate "
-                   "(default: ddp,fsdp_grad,zero2,zero3)")
+                   f"(default: {','.join(default_strategies('ab'))})")
     p.add_argument("--world-size", "-n", type=int, help="ranks per configuration (default: GPUs here, or 2 on CPU)")
     p.add_argument("--model", "-m", help="model (default: gpt2-large on GPUs, gpt2-tiny on CPU)")
     p.add_argument("--micro-batch", type=int, help="per-GPU micro-batch (default 16 on GPUs: device-bound)")
@@ -78,10 +83,11 @@ def _configs(args: argparse.Namespace, device: str, n_cuda: int) -> list[RunConf
     run here."""
     from ..config import RunConfig
     from ..errors import DistbenchError
-    from ..strategies import get_spec
+    from ..strategies import default_strategies, get_spec
 
     d = DEFAULTS[device]
-    strategies = [s.strip() for v in (args.strategy or ["ddp,fsdp_grad,zero2,zero3"]) for s in v.split(",") if s]
+    given = args.strategy or [",".join(default_strategies("ab"))]
+    strategies = [s.strip() for v in given for s in v.split(",") if s]
     ws = args.world_size or (n_cuda if device == "cuda" else 2)
     mb = args.micro_batch or d["micro_batch"]
     configs = []
@@ -117,15 +123,12 @@ def _publish(report: ABReport, args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import tempfile
-
+    """`distbench ab`: check the flags, build the configurations, alternate the variants, publish the verdict."""
     from rich.console import Console
     from rich.markup import escape
 
     from ..errors import DistbenchError
-    from ..gate.ab import run_ab
-    from ..gate.variants import VariantProcess, parse_variant
-    from ..results import save_result
+    from ..gate.variants import parse_variant
     from ..runtime.pool import cuda_device_count
 
     console = Console(width=None if Console().is_terminal else 160)
@@ -144,6 +147,28 @@ def run(args: argparse.Namespace) -> int:
     if args.bind_cpus:
         os.environ["DISTBENCH_BIND_CPUS"] = "exclusive"
     args.output.mkdir(parents=True, exist_ok=True)
+    try:
+        report = _alternate(args, configs, device, (base_v, head_v), console)
+    except DistbenchError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}")
+        return 2
+    report.base_desc, report.head_desc = base_v.describe(), head_v.describe()
+    _publish(report, args)
+    return report.exit_code
+
+
+def _alternate(args: argparse.Namespace, configs: list[RunConfig], device: str, variants: tuple[Variant, Variant],
+               console: Console) -> ABReport:
+    """Serve each variant from its own process and checkout, alternate them over `configs` (gate/ab.py), save
+    every run's result under --output/<variant>; the processes and checkouts are gone when it returns.
+    DistbenchError when a variant cannot start."""
+    import tempfile
+
+    from ..gate.ab import run_ab
+    from ..gate.variants import VariantProcess
+    from ..results import save_result
+
+    base_v, head_v = variants
     with tempfile.TemporaryDirectory(prefix="distbench-ab-") as tmp:
         servers = {v.label: VariantProcess(v, Path(tmp), device, args.output) for v in (base_v, head_v)}
 
@@ -170,17 +195,11 @@ def run(args: argparse.Namespace) -> int:
                 server.start()
             console.print(f"distbench ab: {len(configs)} configuration(s) on {device}; base {base_v.describe()} "
                           f"vs head {head_v.describe()}; budget {args.budget:.0f} s")
-            report = run_ab(configs, runner("base"), runner("head"), alpha=args.alpha, threshold=args.threshold,
-                            min_effect=args.min_effect, min_pairs=args.min_pairs, max_pairs=args.max_pairs,
-                            look_every=args.look_every, budget_s=args.budget, on_pair=progress,
-                            between_rounds=recycle_all)
-        except DistbenchError as e:
-            console.print(f"[red]error:[/] {escape(str(e))}")
-            return 2
+            return run_ab(configs, runner("base"), runner("head"), alpha=args.alpha, threshold=args.threshold,
+                          min_effect=args.min_effect, min_pairs=args.min_pairs, max_pairs=args.max_pairs,
+                          look_every=args.look_every, budget_s=args.budget, on_pair=progress,
+                          between_rounds=recycle_all)
         finally:
             for server in servers.values():
                 server.close()
                 server.remove_checkout()
-    report.base_desc, report.head_desc = base_v.describe(), head_v.describe()
-    _publish(report, args)
-    return report.exit_code

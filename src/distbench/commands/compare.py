@@ -10,6 +10,7 @@ from pathlib import Path
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from ..compare import ALPHA, MIN_EFFECT, THRESHOLD
+    from ..metrics import COMPARED
 
     p = subparsers.add_parser(
         "compare",
@@ -22,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("base", type=Path, help="result file or directory (searched recursively) of the baseline")
     p.add_argument("head", type=Path, help="result file or directory (searched recursively) of the candidate")
     p.add_argument("--metric", action="append", dest="metrics", help="metric to compare (repeatable; "
-                   "default: tokens_per_s, step_time_s, mfu, memory peaks, busbw_gbps where present)")
+                   f"default: {', '.join(COMPARED)}, where present)")
     p.add_argument("--alpha", type=float, default=ALPHA,
                    help=f"family-wise false-alarm rate over every row (default {ALPHA})")
     p.add_argument("--min-effect", type=float, default=MIN_EFFECT,

@@ -36,8 +36,11 @@ def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def _strategies(text: str) -> list[str]:
-    from ..strategies import get_spec
+    """Strategy names, or `all`: every registry entry (those that cannot run here are skipped, with why)."""
+    from ..strategies import REGISTRY, get_spec
 
+    if text.strip() == "all":
+        return list(REGISTRY)
     return [get_spec(s).name for s in parse_list(str, text, "strategy list")]
 
 
@@ -69,7 +72,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="matrix YAML (strategies, world_sizes, models, precisions, repeats, "
                    "and RunConfig fields); flags given too override it")
     p.add_argument("--strategy", "-s", action="append", type=_arg(_strategies),
-                   help="strategy name; repeat or comma-separate")
+                   help="strategy name, or `all` (every strategy; those that cannot run here are skipped); "
+                   "repeat or comma-separate")
     p.add_argument("--world-size", "-n", action="append", help="world size; repeat or comma-separate",
                    type=_arg(lambda text: parse_list(PositiveInt, text, "world size")))
     p.add_argument("--model", "-m", action="append", type=_arg(_models),
@@ -157,15 +161,12 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
     """`distbench run`; `distbench launch` passes its Cluster as `pools` and the launched world as
     `device_count` (default: rank pools on this machine's GPUs)."""
     from rich.console import Console
-    from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..errors import DistbenchError
-    from ..matrix import run_matrix
-    from ..measure.telemetry import Telemetry, parse_listen
+    from ..measure.telemetry import parse_listen
     from ..runtime import affinity
     from ..runtime.pool import PoolManager, cuda_device_count
-    from ..strategies.ds_config import check_run_config
+    from ..strategies import get_spec
     from ..strategies.lora import check_lora
 
     console = Console(width=None if Console().is_terminal else 140)
@@ -185,8 +186,8 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
                 pools.check_world_size(ws)
         configs, skipped = matrix.configs(device_type, n_cuda if device_type == "cuda" else None)
         for cfg in configs:
-            if "ds_config" in cfg.options:
-                check_run_config(cfg)
+            if cfg.options:  # what a user passes to a strategy is checked by the strategy before ranks start
+                get_spec(cfg.strategy).check_config(cfg)
         for cfg in {(c.model, c.lora_targets): c for c in configs if c.lora_rank}.values():
             check_lora(cfg)  # targets the model lacks: refused here, one meta build per model and targets
     except (DistbenchError, ValueError) as e:
@@ -201,10 +202,23 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
                       "cores, so times measure contention; use world sizes up to the CPU count")
     console.print(f"distbench run: {len(configs)} configuration(s) x {matrix.repeats} on {device_type}; "
                   f"results -> {args.output}")
+    results = _run_with_progress(matrix, len(configs), args, pools, n_cuda, listen, console)
+    console.print(results_table(results))
+    return _print_failures(results, args, console)
+
+
+def _run_with_progress(matrix: Any, n_configs: int, args: argparse.Namespace, pools: Any, n_cuda: int,
+                       listen: Any, console: Any) -> list[dict[str, Any]]:
+    """run_matrix under a progress bar, feeding telemetry when asked; the pools are closed when it returns."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..matrix import run_matrix
+    from ..measure.telemetry import Telemetry
+
     telemetry = Telemetry(listen=listen, textfile_dir=args.textfile).start() if listen or args.textfile else None
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
-        task = progress.add_task("running", total=len(configs) * matrix.repeats)
+        task = progress.add_task("running", total=n_configs * matrix.repeats)
 
         def advance(cfg, result):
             if telemetry is not None:
@@ -212,13 +226,18 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
             progress.update(task, advance=1, description=f"{cfg.strategy} ws{cfg.world_size} {result['status']}")
 
         try:
-            results = run_matrix(matrix, out_dir=args.output, pools=pools, on_result=advance,
-                                 timeout=args.timeout, device_count=n_cuda)
+            return run_matrix(matrix, out_dir=args.output, pools=pools, on_result=advance,
+                              timeout=args.timeout, device_count=n_cuda)
         finally:
             pools.close_all()
             if telemetry is not None:
                 telemetry.close()
-    console.print(results_table(results))
+
+
+def _print_failures(results: list[dict[str, Any]], args: argparse.Namespace, console: Any) -> int:
+    """One line per failed configuration and per missing trace breakdown; the exit status of the run."""
+    from rich.markup import escape
+
     # Out of memory is a failed configuration too (exit 1): a run has no OOM edge to find, so CI must not read
     # a matrix whose configurations did not fit as a success.
     failed = [r for r in results if r["status"] != "ok"]
@@ -248,6 +267,8 @@ def results_table(results: list[dict[str, Any]]):
     from rich.markup import escape
     from rich.table import Table
 
+    from ..report.markdown import MEMORY_METRICS
+
     workloads = sorted({f"{r['config']['model']} {r['config']['precision']} seq {r['config']['seq_len']} "
                         f"global batch {r['config']['global_batch']}" for r in results})
     t = Table("strategy", "ws", "tok/s", "tok/s/GPU", "speedup", "eff", "step s [p10-p90]", "MFU",
@@ -266,8 +287,7 @@ def results_table(results: list[dict[str, Any]]):
         if marks:
             status += f" [yellow]! {','.join(marks)}[/]"
         losses = r.get("losses") or []
-        mem = "/".join(_gib(m.get(k)) for k in
-                       ("mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes"))
+        mem = "/".join(_gib(m.get(k)) for k in MEMORY_METRICS)
         t.add_row(
             c["strategy"], str(c["world_size"]),
             f"{m['tokens_per_s']:,.0f}" if "tokens_per_s" in m else "-",

@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
 
     t = Table("strategy", "cpu", "description", title="distbench strategies")
     for spec in REGISTRY.values():
-        cpu = "yes" if spec.cpu else f"no ({spec.gpu_only_why})" if spec.gpu_only_why else "no"
+        cpu = "yes" if spec.cpu else f"no ({spec.gpu_only_why})"
         t.add_row(spec.name, cpu, spec.description)
     Console().print(t)
     return 0

@@ -11,7 +11,8 @@ difference in host CPU time per step). The
 family-wise false-alarm rate `alpha` is divided over configurations, gated metrics and the looks the
 schedule allows.
 
-Gated metrics follow the configuration's regime, read from the base's first run:
+Gated metrics follow the configuration's regime, read from the base's first run (the roles are each metric's
+`ab` in distbench/metrics.py):
     always                 step_time_s (the window wall clock per step: what users get)
     with a device sample   device_compute_s (kernels other than NCCL: the quiet device-side figure)
     host-bound             host_cpu_s (the training thread's CPU time per step)
@@ -30,10 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import RunConfig
-from ..results import METRIC_DIRECTIONS
+from ..metrics import METRICS, names
 from . import stats
-
-REPORTED = ("tokens_per_s", "step_gcycles", "device_comm_s", "busy_ratio")
 
 
 @dataclass
@@ -80,15 +79,12 @@ def label_of(cfg: RunConfig) -> str:
 
 
 def gated_metrics(first_base: dict[str, Any]) -> tuple[str, ...]:
+    """The registry's gated metrics (`ab` "gate", and "gate-host-bound" unless the configuration is
+    device-bound) that the base's first run has, in registry order."""
     m = first_base.get("metrics") or {}
-    out = ["step_time_s"]
-    if "device_compute_s" in m:
-        out.append("device_compute_s")
-    if (first_base.get("regime") or {}).get("regime") != "device-bound" and "host_cpu_s" in m:
-        out.append("host_cpu_s")
-    if m.get("mem_allocated_peak_bytes"):
-        out.append("mem_allocated_peak_bytes")
-    return tuple(out)
+    host_bound = (first_base.get("regime") or {}).get("regime") != "device-bound"
+    roles = ("gate", "gate-host-bound") if host_bound else ("gate",)
+    return tuple(k for k, metric in METRICS.items() if metric.ab in roles and m.get(k))
 
 
 def looks(min_pairs: int, max_pairs: int, look_every: int) -> list[int]:
@@ -99,7 +95,7 @@ def looks(min_pairs: int, max_pairs: int, look_every: int) -> list[int]:
 def judge(outcome: ConfigOutcome, *, alpha: float, threshold: float, min_effect: float) -> None:
     """Fill outcome.rows from its pairs."""
     outcome.rows = []
-    for metric in (*outcome.gated, *[m for m in REPORTED if m not in outcome.gated]):
+    for metric in (*outcome.gated, *[m for m in names(ab="report") if m not in outcome.gated]):
         base = [p.base["metrics"].get(metric) for p in outcome.pairs]
         head = [p.head["metrics"].get(metric) for p in outcome.pairs]
         if any(v is None or v <= 0 for v in base + head):
@@ -108,7 +104,7 @@ def judge(outcome: ConfigOutcome, *, alpha: float, threshold: float, min_effect:
         row = Row(outcome.label, metric, gated, base, head, stats.UNDECIDED)
         if len(base) >= stats.MIN_RUNS:
             row.effect = stats.paired_effect(base, head, alpha)
-            row.verdict = stats.verdict(row.effect, METRIC_DIRECTIONS[metric], threshold=threshold,
+            row.verdict = stats.verdict(row.effect, METRICS[metric].direction, threshold=threshold,
                                         min_effect=min_effect)
         outcome.rows.append(row)
 

@@ -7,6 +7,7 @@ DCP checkpoint with torch's dcp_to_torch_save, load the result into the bare mod
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -16,6 +17,7 @@ from torch import nn
 
 from ..config import RunConfig
 from ..errors import CheckpointError
+from ..strategies import get_spec
 from ..strategies.checkpoint_files import SafeFileSystemReader, verify_manifest, weights_only_loads
 from ..workloads import get_model
 from ..workloads.data import global_batch
@@ -24,27 +26,42 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 
-def full_state_dict_from_checkpoint(path: str | os.PathLike[str], family: str) -> dict[str, torch.Tensor]:
-    """fp32 full model state dict from a `deepspeed` (ZeRO) or `fsdp` (DCP) checkpoint directory, once its
-    manifest checks out, and without running code from any file in it (see strategies/checkpoint_files.py)."""
+def _zero_to_fp32(path: str) -> dict[str, torch.Tensor]:
+    """DeepSpeed's zero_to_fp32 consolidation of a ZeRO checkpoint."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return dict(get_fp32_state_dict_from_zero_checkpoint(path))
+
+
+def _dcp(path: str) -> dict[str, torch.Tensor]:
+    """The model half of a DCP checkpoint, gathered as torch's dcp_to_torch_save does."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    SafeFileSystemReader(os.path.join(path, "dcp")).read_metadata()  # a refusal names the file
+    state: dict = {}  # filled from the checkpoint's own layout
+    _load_state_dict(state, storage_reader=SafeFileSystemReader(os.path.join(path, "dcp")),
+                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    return state["model"]
+
+
+#: exporter name (a registry CheckpointFormat's `exporter`) -> checkpoint directory to fp32 full state dict
+EXPORTERS: dict[str, Callable[[str], dict[str, torch.Tensor]]] = {"zero_to_fp32": _zero_to_fp32, "dcp": _dcp}
+
+
+def full_state_dict_from_checkpoint(path: str | os.PathLike[str], strategy: str) -> dict[str, torch.Tensor]:
+    """fp32 full model state dict from a checkpoint directory `strategy` saved, by the exporter of its
+    registry checkpoint format, once its manifest checks out, and without running code from any file in it
+    (see strategies/checkpoint_files.py)."""
     path = str(path)
-    if family not in ("deepspeed", "fsdp", "fsdp1"):
-        raise CheckpointError(f"no exporter for strategy family {family!r}")
+    fmt = get_spec(strategy).checkpoint
+    if fmt is None or fmt.exporter not in EXPORTERS:
+        raise CheckpointError(f"no exporter for strategy {strategy}'s checkpoints "
+                              f"({fmt.name if fmt else 'no checkpoint format'})")
     verify_manifest(path)
     try:
         with weights_only_loads():
-            if family == "deepspeed":
-                from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-                return dict(get_fp32_state_dict_from_zero_checkpoint(path))
-            from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-            from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-            SafeFileSystemReader(os.path.join(path, "dcp")).read_metadata()  # a refusal names the file
-            state: dict = {}  # filled from the checkpoint's own layout, as torch's dcp_to_torch_save does
-            _load_state_dict(state, storage_reader=SafeFileSystemReader(os.path.join(path, "dcp")),
-                             planner=_EmptyStateDictLoadPlanner(), no_dist=True)
-            return state["model"]
+            return EXPORTERS[fmt.exporter](path)
     except CheckpointError:
         raise
     except Exception as e:

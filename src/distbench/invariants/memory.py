@@ -27,33 +27,21 @@ from ..runtime.jobs import make_trainer, run_steps
 from ..strategies import get_spec
 from ..workloads import count_params, get_model
 
-#: strategy -> (which components are sharded, which are on the host)
-LAYOUT: dict[str, tuple[set[str], set[str]]] = {
-    "single": (set(), set()),
-    "ddp": (set(), set()),
-    "fsdp_full": ({"params", "grads", "optimizer"}, set()),
-    "fsdp_grad": ({"params", "grads", "optimizer"}, set()),
-    "fsdp_hybrid": ({"params", "grads", "optimizer"}, set()),
-    "fsdp_offload": ({"params", "grads", "optimizer"}, {"params", "grads", "optimizer"}),
-    "fsdp1_full": ({"params", "grads", "optimizer"}, set()),
-    "fsdp1_grad": ({"params", "grads", "optimizer"}, set()),
-    "zero1": ({"optimizer"}, set()),
-    "zero2": ({"grads", "optimizer"}, set()),
-    "zero3": ({"params", "grads", "optimizer"}, set()),
-    "zero3_offload": ({"params", "grads", "optimizer"}, {"params", "grads", "optimizer"}),
-}
-
 
 def analytic_bytes(strategy: str, n_params: int, world_size: int, precision: str) -> dict[str, float]:
-    """Predicted device bytes per rank of each component (see module docstring)."""
+    """Predicted device bytes per rank of each component (see module docstring), from the strategy's
+    registry memory layout."""
     from ..strategies.fsdp import hybrid_shape
 
-    deepspeed_bf16 = get_spec(strategy).family == "deepspeed" and precision == "bf16"
+    layout = get_spec(strategy).memory
+    if layout is None:
+        raise ValueError(f"strategy {strategy} has no memory layout in the registry")
+    deepspeed_bf16 = layout.bytes_per_param == "deepspeed" and precision == "bf16"
     per_param = {"params": 2, "grads": 2, "optimizer": 12} if deepspeed_bf16 else \
         {"params": 4, "grads": 4, "optimizer": 8}
-    shard = hybrid_shape(world_size)[1] if strategy == "fsdp_hybrid" else world_size
-    sharded, host = LAYOUT[strategy]
-    return {k: 0.0 if k in host else b * n_params / (shard if k in sharded else 1) for k, b in per_param.items()}
+    shard = hybrid_shape(world_size)[1] if layout.shard_group == "hybrid" else world_size
+    return {k: 0.0 if k in layout.on_host else b * n_params / (shard if k in layout.sharded else 1)
+            for k, b in per_param.items()}
 
 
 def state_memory(ctx: RankContext, cfg: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ from typing import Any
 
 from ..gate.ab import ABReport, ConfigOutcome, Row
 from ..gate.stats import REGRESSION, UNDECIDED
-from .markdown import fmt_metric, md_table
+from ..metrics import fmt_metric
+from .markdown import md_table
 
 HEAD = ["Config", "Regime", "Metric", "Pairs", "Base median", "Head median", "Effect [CI]", "Detectable",
         "p (Wilcoxon)", "Verdict"]

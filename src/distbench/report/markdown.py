@@ -12,11 +12,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..measure.timing import step_stats
+from ..metrics import METRICS, fmt_metric, names
 from ..plausibility import check
 from ..results import config_key
 from ..scaling import baseline_tokens_per_s
-
-GIB = 1024**3
 
 
 def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -25,25 +24,6 @@ def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
         return "| " + " | ".join(str(x).replace("|", "\\|") for x in xs) + " |"
 
     return [cells(head), "|" + "---|" * len(head), *(cells(r) for r in rows)]
-
-
-def fmt_metric(metric: str, value: float | None) -> str:
-    """A metric value in the unit people read it in (GiB, ms, %, GB/s)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    if metric.endswith("_bytes"):
-        return f"{value / GIB:.2f} GiB"
-    if metric in ("step_time_s", "host_cpu_s") or metric.startswith("device_") and metric.endswith("_s"):
-        return f"{value * 1000:.2f} ms"
-    if metric in ("mfu", "scaling_efficiency"):
-        return f"{value:.1%}"
-    if metric.endswith("_pct"):
-        return f"{value:.2f}%"
-    if metric.endswith("_gbps"):
-        return f"{value:.1f} GB/s"
-    if metric.startswith(("tokens_per_s", "samples_per_s")):
-        return f"{value:,.0f}"
-    return f"{value:.4g}"
 
 
 def config_label(cfg: dict[str, Any]) -> str:
@@ -168,12 +148,12 @@ def warnings_list(cells: list[Cell], found: dict[str, list[str]]) -> list[str]:
 
 
 #: Peak device memory per GPU: torch allocated, torch reserved, NVML (adds NCCL buffers and the CUDA context).
-MEMORY_METRICS = ("mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes")
+MEMORY_METRICS = names(unit="bytes")
 
 
 def memory_table(cells: list[Cell]) -> list[str]:
     rows = [[c.strategy, str(c.world_size)] + [fmt_metric(m, c.metric(m)) for m in MEMORY_METRICS] for c in cells]
-    return md_table(["Strategy", "GPUs", "Peak allocated", "Peak reserved", "Peak NVML (device)"], rows)
+    return md_table(["Strategy", "GPUs", *(METRICS[m].label for m in MEMORY_METRICS)], rows)
 
 
 TRACE_COLUMNS = (("compute_ms", "Compute ms", ".1f"), ("non_compute_ms", "Non-compute ms", ".1f"),

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .markdown import _fmt, fmt_metric, md_table, scaling_of
+from ..metrics import fmt_metric
+from .markdown import _fmt, md_table, scaling_of
 
 if TYPE_CHECKING:
     from .markdown import Cell

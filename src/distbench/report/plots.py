@@ -9,8 +9,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..metrics import GIB, METRICS  # noqa: E402
 from ..scaling import baseline_tokens_per_s  # noqa: E402
-from .markdown import GIB, MEMORY_METRICS, Cell, workload_title  # noqa: E402
+from .markdown import MEMORY_METRICS, Cell, workload_title  # noqa: E402
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
@@ -45,7 +46,7 @@ def throughput_plot(cells: list[Cell], path: Path) -> Path:
 
 def memory_plot(cells: list[Cell], path: Path) -> Path:
     """Peak allocated / reserved / NVML memory per GPU for every strategy x world size."""
-    series = tuple(zip(MEMORY_METRICS, ("allocated", "reserved", "NVML device"), strict=True))
+    series = [(m, METRICS[m].label) for m in MEMORY_METRICS]
     labels = [f"{c.strategy}\n{c.world_size} GPU" for c in cells]
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(cells)), 4.5))

@@ -106,8 +106,6 @@ class RankPool:
         self._store: Any = None
         self._spill: str | None = None  # where the ranks' large result tensors travel (channel.dumps)
         self._job_ids = itertools.count()
-        self.jobs_run = 0
-        self.starts = 0
 
     # --- lifecycle -----------------------------------------------------------------------------------
     @property
@@ -146,7 +144,6 @@ class RankPool:
             self._tasks.append(task_w)
             self._replies.append(MessageReader(reply_r))
             self._stacks.append(MessageReader(stack_r))
-        self.starts += 1
         limit = min(self.start_timeout, timeout if timeout is not None else self.start_timeout)
         outcomes = self._collect_or_kill(-1, time.monotonic() + limit)
         if any(o.status != "ok" for o in outcomes):
@@ -195,7 +192,6 @@ class RankPool:
         for conn in self._tasks:
             write_message(conn.fileno(), (job_id, target, kwargs or {}), deadline)  # missed: it times out
         outcomes = self._collect_or_kill(job_id, deadline)
-        self.jobs_run += 1
         if all(o.status == "ok" for o in outcomes):
             return [loads(o.payload or b"") for o in outcomes]
         statuses = {o.status for o in outcomes}

@@ -49,14 +49,11 @@ def build_ds_config(cfg: RunConfig, stage: int, offload: bool, user: dict | str 
 
 
 def check_run_config(cfg: RunConfig) -> None:
-    """Build cfg's DeepSpeed config here, so a bad ds_config fails before any rank starts (no-op for other
-    strategies)."""
+    """Build cfg's DeepSpeed config here, so a bad ds_config fails before any rank starts (the `config_check`
+    of the zero* registry entries)."""
     from . import get_spec
 
-    spec = get_spec(cfg.strategy)
-    if spec.family != "deepspeed":
-        return
-    options = spec.options_for(cfg)
+    options = get_spec(cfg.strategy).options_for(cfg)
     build_ds_config(cfg, options["stage"], options.get("offload", False), options.get("ds_config"))
 
 

@@ -62,8 +62,11 @@ class SingleTrainer(Trainer):
 
     def load_checkpoint(self, path: str, *, reshard: bool = False) -> None:
         if reshard:
-            raise CheckpointError(f"checkpoint {path}: resharding is for sharded checkpoints (FSDP2 through DCP, "
-                                  "ZeRO through universal checkpoints); this strategy's replicas load as saved")
+            from . import REGISTRY
+
+            which = [s.name for s in REGISTRY.values() if s.checkpoint and s.checkpoint.reshards]
+            raise CheckpointError(f"checkpoint {path}: resharding is for sharded checkpoints ({', '.join(which)}); "
+                                  f"{self.cfg.strategy}'s replicas load as saved")
         verify_manifest(path)
         state = torch_load(os.path.join(path, "checkpoint.pt"))
         try:

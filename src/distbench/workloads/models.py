@@ -32,7 +32,6 @@ class ModelSpec:
     description: str
     config: dict[str, Any] = field(default_factory=dict)
     seq_len: int = 1024
-    cpu_ok: bool = False  # small enough for the CPU tier
     factory: Callable[[], nn.Module] | None = None
 
     @property
@@ -96,7 +95,7 @@ _MODELS = [
     ModelSpec("gpt2-tiny", "gpt2", "2-layer, 64-wide GPT-2 for the CPU tier",
               {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 64,
                "bos_token_id": 0, "eos_token_id": 0},
-              seq_len=32, cpu_ok=True),
+              seq_len=32),
     _gpt2("gpt2-124m", 12, 768, 12, "GPT-2 small (124M)"),
     _gpt2("gpt2-355m", 24, 1024, 16, "GPT-2 medium (355M)"),
     _gpt2("gpt2-774m", 36, 1280, 20, "GPT-2 large (774M), the model of seed 004"),
@@ -105,7 +104,7 @@ _MODELS = [
               {"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4,
                "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 64,
                "bos_token_id": 0, "eos_token_id": 0},
-              seq_len=32, cpu_ok=True),
+              seq_len=32),
     ModelSpec("llama-1b", "llama", "Llama-3.2-1B shape (16 layers, 2048 wide, GQA 32/8, 128k vocab)",
               {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
                "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
@@ -172,7 +171,7 @@ def _custom(ref: str) -> ModelSpec:
     seq = getattr(probe, "seq_len", None) or positions or 128
     extra = {"n_positions": int(positions)} if positions else {}
     return ModelSpec(ref, "custom", f"user factory {ref}", {"vocab_size": int(vocab), **extra}, seq_len=int(seq),
-                     cpu_ok=True, factory=fn)
+                     factory=fn)
 
 
 def count_params(model: nn.Module) -> int:
