@@ -38,6 +38,7 @@ def _assert_roundtrip(suite, strategy: str, world_size: int, **overrides: Any) -
     assert_resume_exact(resumed, run["losses"], run["save_at"], f"{strategy} ws{world_size} {overrides or ''}")
 
 
+@pytest.mark.slow  # four ranks on two cores: 10 s
 @pytest.mark.world_size(4)
 def test_ddp_resumes_exactly_at_four_ranks(suite):
     """From 3 ranks up, a ring all-reduce sums each element in an order set by its offset in the bucket, and

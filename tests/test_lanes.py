@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 
+#: Each test here starts child pytest sessions (~25 s together on 2 cores): the slow tier, which CI runs too.
+pytestmark = pytest.mark.slow
+
 pytest_plugins = ["pytester"]
 
 SRC = Path(__file__).resolve().parents[1] / "src"
