@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ import pytest
 
 from .config import PositiveFloat, PositiveInt, parse_list, parse_value
 from .errors import ConfigError
-from .runtime.channel import spill_root
 from .runtime.phases import PhaseLog
 from .runtime.pool import cuda_device_count
 from .schedule import Case, Plan, plan
@@ -31,9 +29,6 @@ from .workloads.models import check_model_name
 
 TIERS = (("cpu", ""), ("cuda", "-gpu"))
 OPTIONS = pytest.StashKey[dict[str, Any]]()
-#: The session's checkpoints go to /dev/shm when it has this much room: a GPU tier keeps tens of GB of them,
-#: and on tmpfs their saves skip the disk (DCP fsyncs every file).
-CHECKPOINT_SHM_MIN_FREE = 64 << 30
 PHASES = pytest.StashKey[PhaseLog]()  # the session's phase table, shared by both tiers' suites
 
 
@@ -247,7 +242,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
 
 
 @pytest.fixture(scope="session")
-def _suites(request: pytest.FixtureRequest):
+def _suites(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     cfg = request.config
     suites: dict[str, Suite] = {}
 
@@ -256,8 +251,7 @@ def _suites(request: pytest.FixtureRequest):
             opts = cfg.stash[OPTIONS]
             suites[device_type] = Suite(device_type, steps=opts["steps"], timeout=opts["job_timeout"],
                                         models=opts["models"] or [],
-                                        workdir=Path(tempfile.mkdtemp(prefix=f"distbench-{device_type}-",
-                                                                      dir=spill_root(CHECKPOINT_SHM_MIN_FREE))),
+                                        workdir=tmp_path_factory.mktemp(f"distbench-{device_type}"),
                                         phases=cfg.stash.setdefault(PHASES, PhaseLog()))
         return suites[device_type]
 

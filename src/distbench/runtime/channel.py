@@ -37,12 +37,11 @@ SPILL_MIN_BYTES = 64 << 10
 _SHM_MIN_FREE = 8 << 30
 
 
-def spill_root(min_free: int = _SHM_MIN_FREE) -> str:
-    """Where scratch directories go: /dev/shm when it has `min_free` bytes free (no disk writes, no fsync
-    cost), else the temp dir."""
+def spill_root() -> str:
+    """Where spill directories go: /dev/shm when it has room (no disk writes), else the temp dir."""
     shm = "/dev/shm"
     try:
-        if os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= min_free:
+        if os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= _SHM_MIN_FREE:
             return shm
     except OSError:
         pass
