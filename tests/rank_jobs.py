@@ -130,18 +130,3 @@ def replace_stack_handler_and_hang(ctx: Any, rank: int) -> None:
         signal.signal(STACK_SIGNAL, lambda *_: None)
         planted_hang()
     dist.barrier()
-
-
-def big_tensors(ctx: Any, fail_rank: int = -1) -> dict[str, Any]:
-    """Tensors above and below the spill threshold, of several dtypes and shapes, seeded by rank; rank
-    `fail_rank` raises after the others replied (their spilled files are then nobody's to read)."""
-    import torch
-
-    g = torch.Generator().manual_seed(ctx.rank)
-    out = {"rank": ctx.rank, "f32": torch.randn(300, 257, generator=g), "small": torch.arange(7.0),
-           "bf16": torch.randn(512, 130, generator=g).to(torch.bfloat16), "scalar": torch.tensor(3.5),
-           "nested": [torch.randint(0, 1000, (70_000,), generator=g)],
-           "view": torch.randn(400, 400, generator=g)[::2, 1:]}
-    if ctx.rank == fail_rank:
-        raise RuntimeError("planted")
-    return out

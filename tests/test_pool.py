@@ -125,52 +125,6 @@ def test_close_leaves_no_process_behind():
             os.kill(pid, 0)
 
 
-def _spilled(pool: RankPool) -> list[str]:
-    assert pool._spill is not None
-    return os.listdir(pool._spill)
-
-
-def test_large_result_tensors_travel_by_file_and_arrive_intact(pool):
-    import torch
-
-    from distbench.runtime.channel import SPILL_MIN_BYTES
-
-    out = pool.run(f"{JOBS}:big_tensors")
-    for r, got in enumerate(out):
-        g = torch.Generator().manual_seed(r)  # the job's own draws, in its order
-        want = {"f32": torch.randn(300, 257, generator=g), "bf16": torch.randn(512, 130, generator=g).to(torch.bfloat16),
-                "nested": [torch.randint(0, 1000, (70_000,), generator=g)], "view": torch.randn(400, 400, generator=g)[::2, 1:]}
-        for k in ("f32", "bf16", "view"):
-            assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), (r, k)
-        assert torch.equal(got["nested"][0], want["nested"][0]) and got["nested"][0].dtype == torch.int64
-        assert torch.equal(got["small"], torch.arange(7.0)) and got["scalar"].item() == 3.5
-    assert out[0]["f32"].nbytes >= SPILL_MIN_BYTES > out[0]["small"].nbytes  # both paths were taken
-    assert _spilled(pool) == [], "read spill files must be removed"
-
-
-def test_spill_files_of_a_failed_job_go_with_the_pool():
-    p = RankPool(2, "cpu", error_grace=5.0)
-    try:
-        p.start()
-        spill = p._spill
-        assert spill is not None and os.path.isdir(spill)
-        with pytest.raises(JobError, match="planted"):
-            p.run(f"{JOBS}:big_tensors", {"fail_rank": 1})  # rank 0's reply, spilled, is never read
-    finally:
-        p.close()
-    assert not os.path.exists(spill)
-
-
-def test_without_room_for_spill_files_tensors_go_through_the_pipe(tmp_path):
-    import torch
-
-    from distbench.runtime.channel import dumps, loads
-
-    gone = str(tmp_path / "missing")  # the directory does not exist: every spill write fails
-    t = torch.randn(200, 200)
-    assert torch.equal(loads(dumps({"t": t}, gone))["t"], t)
-
-
 def test_more_ranks_than_gpus_is_refused_with_the_fix():
     with pytest.raises(ResourceError, match=r"world size 64 needs 64 CUDA devices.*--world-size"):
         PoolManager("cuda").check_world_size(64)

@@ -4,99 +4,21 @@ A rank that dies or freezes half-way through a message must not block the pool i
 only what select() says is there, keeps a partial message in a buffer, and takes end-of-file for the death
 of the writer. Each pipe has one writer (one rank, or the pool), so a writer killed mid-message cannot
 corrupt or lock anyone else's channel, as it could on a multiprocessing.Queue shared by all ranks. Messages
-are pickled: both ends are processes of the same run.
-
-Large tensors do not go through the pipes: a job's result of full parameters and gradients is a gigabyte at
-GPT-2 124M, and pickling it through a pipe cost the GPU tier a quarter of its job time. `dumps` writes each
-tensor's raw bytes to a file in the pool's spill directory (memory-backed /dev/shm where it has room) and
-pickles only its name, dtype and shape; `loads` reads the bytes back and removes the file. The pool removes
-the directory when it closes, so files of an abandoned reply do not outlive it.
+are pickled: both ends are processes of the same run, and nothing here is read from disk.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import pickle
 import select
-import shutil
 import struct
-import sys
-import tempfile
 import time
-import uuid
 from multiprocessing.connection import Connection
 from typing import Any
 
 _HEADER = struct.Struct("!Q")
 _CHUNK = 1 << 20
-#: Tensors of at least this many bytes travel through spill files (small ones: pickling is cheaper).
-SPILL_MIN_BYTES = 64 << 10
-#: /dev/shm is used for spill files only with at least this much free space, else the system temp dir.
-_SHM_MIN_FREE = 8 << 30
-
-
-def spill_root() -> str:
-    """Where spill directories go: /dev/shm when it has room (no disk writes), else the temp dir."""
-    shm = "/dev/shm"
-    try:
-        if os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= _SHM_MIN_FREE:
-            return shm
-    except OSError:
-        pass
-    return tempfile.gettempdir()
-
-
-class _SpillPickler(pickle.Pickler):
-    def __init__(self, file: io.BytesIO, spill_dir: str) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.spill_dir = spill_dir
-        self.torch = sys.modules.get("torch")  # no torch imported: no tensors to spill
-
-    def persistent_id(self, obj: Any) -> Any:
-        torch = self.torch
-        if torch is None or type(obj) is not torch.Tensor or obj.nbytes < SPILL_MIN_BYTES:
-            return None
-        t = obj.detach().to("cpu").contiguous()
-        path = os.path.join(self.spill_dir, uuid.uuid4().hex)
-        try:
-            with open(path, "wb") as f:
-                f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-        except OSError:  # no room: this tensor goes through the pipe
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            return None
-        return ("tensor", path, str(t.dtype).removeprefix("torch."), tuple(t.shape))
-
-
-class _SpillUnpickler(pickle.Unpickler):
-    def persistent_load(self, pid: Any) -> Any:
-        import torch
-
-        kind, path, dtype, shape = pid
-        if kind != "tensor" or not isinstance(getattr(torch, dtype, None), torch.dtype):
-            raise pickle.UnpicklingError(f"unknown spilled object {pid!r}")
-        try:
-            raw = torch.from_file(path, shared=False, size=os.path.getsize(path), dtype=torch.uint8)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        return raw.view(getattr(torch, dtype)).reshape(shape)
-
-
-def dumps(obj: Any, spill_dir: str | None) -> bytes:
-    """Pickle `obj`, large tensors to files in `spill_dir` (None: everything inline)."""
-    if spill_dir is None:
-        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    buf = io.BytesIO()
-    _SpillPickler(buf, spill_dir).dump(obj)
-    return buf.getvalue()
-
-
-def loads(data: bytes) -> Any:
-    """The inverse of `dumps`: spilled tensors are read back and their files removed."""
-    return _SpillUnpickler(io.BytesIO(data)).load()
 
 
 def write_message(fd: int, obj: Any, deadline: float | None = None) -> bool:

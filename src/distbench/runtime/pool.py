@@ -12,9 +12,8 @@ import atexit
 import itertools
 import multiprocessing as mp
 import os
+import pickle
 import select
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -23,7 +22,7 @@ from typing import Any
 
 from ..errors import ResourceError
 from .affinity import rank_cpus
-from .channel import MessageReader, loads, spill_root, write_message
+from .channel import MessageReader, write_message
 from .worker import STACK_SIGNAL, worker_main
 
 _EXIT_GRACE_S = 5.0
@@ -104,7 +103,6 @@ class RankPool:
         self._replies: list[MessageReader] = []
         self._stacks: list[MessageReader] = []
         self._store: Any = None
-        self._spill: str | None = None  # where the ranks' large result tensors travel (channel.dumps)
         self._job_ids = itertools.count()
 
     # --- lifecycle -----------------------------------------------------------------------------------
@@ -124,7 +122,6 @@ class RankPool:
         ctx = mp.get_context("spawn")
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         env = rank_env(self.device_type)
-        self._spill = tempfile.mkdtemp(prefix=f"distbench-xfer-ws{self.world_size}-", dir=spill_root())
         for r in range(self.world_size):
             task_r, task_w = ctx.Pipe(duplex=False)
             reply_r, reply_w = ctx.Pipe(duplex=False)
@@ -132,7 +129,7 @@ class RankPool:
             p = ctx.Process(
                 target=worker_main,
                 args=(r, self.world_size, self.device_type, os.getpid(), self._store.port, env, task_r, reply_w,
-                      stack_w, cpus[r], self._spill),
+                      stack_w, cpus[r]),
                 name=f"distbench-ws{self.world_size}-rank{r}",
                 daemon=False,  # ranks may start their own subprocesses (compile workers)
             )
@@ -176,9 +173,6 @@ class RankPool:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
         for reader in (*self._replies, *self._stacks):
             reader.conn.close()
-        if self._spill is not None:  # files of replies nobody read (a failed or abandoned job)
-            shutil.rmtree(self._spill, ignore_errors=True)
-            self._spill = None
         self._procs, self._tasks, self._replies, self._stacks, self._store = [], [], [], [], None
 
     # --- jobs ----------------------------------------------------------------------------------------
@@ -193,7 +187,7 @@ class RankPool:
             write_message(conn.fileno(), (job_id, target, kwargs or {}), deadline)  # missed: it times out
         outcomes = self._collect_or_kill(job_id, deadline)
         if all(o.status == "ok" for o in outcomes):
-            return [loads(o.payload or b"") for o in outcomes]
+            return [pickle.loads(o.payload or b"") for o in outcomes]
         statuses = {o.status for o in outcomes}
         same_error = statuses == {"error"} and len({o.exc_type for o in outcomes}) == 1
         if not same_error:

@@ -1,8 +1,8 @@
 """The loop each rank process runs: join the process group once, then execute jobs until told to stop.
 
 Jobs are named "package.module:function" and called as function(ctx, **kwargs) in every rank. Results
-travel back pickled to bytes, large tensors by value through the pool's spill files (channel.dumps) rather
-than through torch's shared-memory reductions (which leak file descriptors across many jobs).
+travel back pickled to bytes with the plain pickler, so tensors are copied by value rather than through
+torch's shared-memory reductions (which leak file descriptors across many jobs).
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import faulthandler
 import gc
 import importlib
 import os
+import pickle
 import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .channel import dumps, read_message, write_message
+from .channel import read_message, write_message
 
 #: State that outlives one job inside this rank process (e.g. a trainer kept between benchmark rounds).
 STATE: dict[str, Any] = {}
@@ -54,7 +55,6 @@ def worker_main(
     replies: Connection,
     stacks: Connection,
     cpus: list[int] | None = None,
-    spill_dir: str | None = None,
 ) -> None:
     """Join the process group through the pool's store, then run jobs from `tasks` until it closes (the
     pool closed it, or died): the pipe's end-of-file is the stop signal and the parent-death watchdog."""
@@ -96,7 +96,7 @@ def worker_main(
         job_id, target, kwargs = msg
         try:
             out = resolve(target)(ctx, **kwargs)
-            reply: tuple[Any, ...] = (job_id, rank, "ok", None, dumps(out, spill_dir))
+            reply: tuple[Any, ...] = (job_id, rank, "ok", None, pickle.dumps(out))
         except BaseException as e:  # report everything, including KeyboardInterrupt in a rank
             reply = (job_id, rank, "error", type(e).__name__, traceback.format_exc())
         finally:
