@@ -21,6 +21,7 @@ from distbench.invariants.checks import (
 )
 from distbench.runtime.pool import JobError
 from distbench.strategies import get_spec
+from distbench.strategies.fsdp1 import LORA_ONE_RANK_WHY
 from distbench.workloads.dropout import SampleDropout, sample_streams
 from recipe_jobs import LORA
 
@@ -36,11 +37,22 @@ def _clipped(suite, strategy: str, world_size: int):
     return cfg, ref
 
 
+#: The pre-clip global norm against the reference's, relative. On the device both sum squares in a tree and
+#: agree to 1e-5. Where the gradients live on the host (offload), torch's CPU norm sums fp32 squares in long
+#: runs: over GPT-2 124M-shaped random tensors it reads 4.8e-5 low against float64, and on an H200 fsdp_offload's
+#: five clipped steps of GPT-2 124M differed from the device reference by 3.9e-5 to 6.7e-4. A norm taken over a
+#: shard of the gradient instead of all of it is off by tens of percent, which both tolerances catch.
+NORM_RTOL = 1e-5
+HOST_NORM_RTOL = 2e-3
+
+
 def test_clipping_by_the_global_norm_matches_the_reference(suite, strategy, world_size):
     cfg, ref = _clipped(suite, strategy, world_size)
     run = suite.train(cfg, return_params=True, return_grads=True)[0]
     what = f"{strategy} ws{world_size} clipped at {CLIP}"
-    assert run["grad_norms"] == pytest.approx(ref["grad_norms"], rel=1e-5), what  # the global norm, pre-clip
+    on_host = dict(get_spec(strategy).defaults).get("offload", False)
+    rel = HOST_NORM_RTOL if on_host else NORM_RTOL
+    assert run["grad_norms"] == pytest.approx(ref["grad_norms"], rel=rel), what  # the global norm, pre-clip
     assert_losses_match(run["losses"], ref["losses"], what)
     assert_params_and_grads_match(run, ref, cfg.lr, what)
 
@@ -165,9 +177,12 @@ OVERFLOW_STEP = 2
 #: tolerance (measured on gpt2-tiny: 1.3e-6 at world size 2, 0 at 1).
 FP16_RTOL = 10 * PARITY_RTOL
 #: DeepSpeed's fp16 casts the whole model to fp16, where autocast keeps embeddings, layer norms and the residual
-#: stream in fp32: every one of those roundings (2**-11 = 4.9e-4 relative) differs from the reference's, so the
-#: loss may differ by a few fp16 units. An estimate (GPU only, not yet measured): four units of the loss.
-FP16_DS_RTOL = 4 * 2.0**-11
+#: stream in fp32: every one of those roundings (2**-11 = 4.9e-4 relative) differs from the reference's, so each
+#: step's update differs a little and the losses drift apart step by step. Measured on an H200 (GPT-2 124M,
+#: world size 1, the same for zero1, zero2, zero3 and zero3_offload): 0.004, 0.04, 1.4, 3.4 and 5.8 units of
+#: 2**-11 at steps 0-4. Allowed: 1 + 2k units at step k (9 at step 4). The skip decisions and loss scales,
+#: which are what loss scaling must get right, are still compared exactly.
+FP16_DS_RTOL = [(1 + 2 * k) * 2.0**-11 for k in range(16)]
 
 _overflow_references: dict[str, dict] = {}
 
@@ -199,7 +214,8 @@ def test_fp16_loss_scaling_matches_the_reference(suite, strategy, world_size):
     run = suite.run(world_size, "recipe_jobs:train_with_an_overflow", cfg=cfg.to_dict(), **where)[0]
     what = f"{strategy} ws{world_size} fp16"
     assert run["matmul_dtypes"] == ["float16"], f"{what} multiplied in {run['matmul_dtypes']}"  # it ran fp16
-    rtol = FP16_DS_RTOL if get_spec(strategy).trainer_module == "deepspeed" else FP16_RTOL
+    n = len(ref["losses"])
+    rtol = FP16_DS_RTOL[:n] if get_spec(strategy).trainer_module == "deepspeed" else [FP16_RTOL] * n
     assert_loss_scaling_matches(run, ref, rtol, what)
 
 
@@ -234,6 +250,11 @@ def test_lora_trains_the_adapters_alone_at_parity(suite, strategy, world_size):
     """LoRA through peft: the losses, every parameter and the adapters' gradients are the reference's (which
     writes LoRA out by hand), the base weights are their initial values and every adapter moved."""
     cfg = suite.config(strategy, world_size, **LORA)
+    if get_spec(strategy).trainer_module == "fsdp1" and world_size == 1:  # refused, clearly, before it wraps
+        with pytest.raises(JobError) as info:
+            suite.train(cfg)
+        assert info.value.exc_types == {"ConfigError"} and LORA_ONE_RANK_WHY in str(info.value), info.value
+        return
     ref = suite.reference(cfg)
     run = suite.checkpointed_run(cfg)
     what = f"{strategy} ws{world_size} with LoRA rank {cfg.lora_rank}"

@@ -44,15 +44,16 @@ IMPL_FLAGS: dict[str, dict[str, bool]] = {"fused": {"fused": True}, "foreach": {
                                           "forloop": {"foreach": False}}
 
 
-def optimizer_impl(cfg: RunConfig, device_type: str, *, offload: bool = False) -> str:
+def optimizer_impl(cfg: RunConfig, device_type: str, *, offload: bool = False, fused_ok: bool = True) -> str:
     """The AdamW implementation a run uses: cfg.optimizer, with "auto" resolved to what users pick.
 
     Fused on CUDA (one kernel for the whole update: the usual GPU choice, and FSDP2's DTensors support it),
-    foreach where parameters or optimizer state live on the host (CPU tier, offload).
+    foreach where parameters or optimizer state live on the host (CPU tier, offload) or where the strategy
+    says fused cannot run (`fused_ok`).
     """
     if cfg.optimizer != "auto":
         return cfg.optimizer
-    return "fused" if device_type == "cuda" and not offload else "foreach"
+    return "fused" if device_type == "cuda" and not offload and fused_ok else "foreach"
 
 
 def build_optimizer(params, cfg: RunConfig, impl: str = "foreach") -> torch.optim.Optimizer:
@@ -154,11 +155,11 @@ class Trainer(ABC):
                                     growth_factor=2.0, backoff_factor=0.5,
                                     growth_interval=self.cfg.loss_scale_window)
 
-    def make_optimizer(self, params, *, offload: bool = False) -> torch.optim.Optimizer:
+    def make_optimizer(self, params, *, offload: bool = False, fused_ok: bool = True) -> torch.optim.Optimizer:
         """The run's optimizer (cfg.algorithm) over the trainable ones of `params` (see `optimizer_impl`),
         remembering which implementation it is. Frozen parameters (LoRA's base weights) get no optimizer
         state, so checkpoints and ZeRO's partitions hold the adapters' alone."""
-        self.optimizer_impl = optimizer_impl(self.cfg, self.ctx.device_type, offload=offload)
+        self.optimizer_impl = optimizer_impl(self.cfg, self.ctx.device_type, offload=offload, fused_ok=fused_ok)
         return build_optimizer([p for p in params if p.requires_grad], self.cfg, self.optimizer_impl)
 
     # --- what each strategy provides -------------------------------------------------------------

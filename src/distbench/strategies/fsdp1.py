@@ -11,6 +11,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from ..config import RunConfig
+from ..errors import ConfigError
 from ..runtime.context import RankContext
 from .base import (
     Batch,
@@ -21,12 +22,26 @@ from .base import (
 )
 from .checkpoint_dcp import DCPCheckpointMixin
 
+#: Measured on an H200 (torch 2.11): FSDP1 turns FULL_SHARD and SHARD_GRAD_OP into NO_SHARD on one rank, and
+#: NO_SHARD's use_orig_params reshard after the forward asserts ("as_params=True type(prim_param)=Tensor", on a
+#: shared weight) once LoRA has frozen part of a flat parameter. Refused before it wraps, with the way out.
+LORA_ONE_RANK_WHY = ("FSDP1 on one rank runs NO_SHARD, whose use_orig_params path fails on a model LoRA has "
+                     "partly frozen (torch asserts on a shared weight); use ddp or fsdp_full for LoRA on one GPU, "
+                     "or two or more ranks")
+#: ShardedGradScaler hands a fused optimizer a found-inf flag of shape [1] where fused AdamW's step counters
+#: need a scalar ("output with shape [] doesn't match the broadcast shape [1]", torch 2.11 on an H200).
+FP16_FUSED_WHY = "FSDP1's ShardedGradScaler cannot drive the fused AdamW; use --optimizer foreach"
+
 
 class FSDP1Trainer(DCPCheckpointMixin):
     autocast_bf16 = False  # FSDP1's MixedPrecision owns the precision
 
     def __init__(self, ctx: RankContext, cfg: RunConfig, model: nn.Module, *, sharding: str = "FULL_SHARD") -> None:
         super().__init__(ctx, cfg, model)
+        if cfg.lora_rank and ctx.world_size == 1:
+            raise ConfigError(f"{cfg.strategy} with LoRA at world size 1: {LORA_ONE_RANK_WHY}")
+        if cfg.precision == "fp16" and cfg.optimizer == "fused":
+            raise ConfigError(f"{cfg.strategy} with fp16: {FP16_FUSED_WHY}")
         mp = (MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
               if cfg.precision == "bf16" else None)
         block_types = {type(b) for b in transformer_blocks(model)}
@@ -41,7 +56,7 @@ class FSDP1Trainer(DCPCheckpointMixin):
         )
         if mp is not None:
             _allow_low_precision_grads(self.model)
-        self.optimizer = self.make_optimizer(self.model.parameters())
+        self.optimizer = self.make_optimizer(self.model.parameters(), fused_ok=cfg.precision != "fp16")
         self.scheduler = build_scheduler(self.optimizer, cfg)
 
     def make_grad_scaler(self) -> torch.amp.GradScaler | None:
