@@ -96,3 +96,36 @@ def reference_with_an_overflow(ctx: Any, cfg: dict[str, Any], step: int, micro_b
     with _overflow_at(step * (rc.global_batch // rc.micro_batch) + micro_batch):
         out = reference_run(rc, ctx.device)
     return {k: out[k] for k in ("losses", "loss_scales", "skipped_steps")}
+
+
+def saved_activation_bytes(ctx: Any, cfg: dict[str, Any]) -> dict[str, int]:
+    """Bytes autograd keeps for backward from one micro-batch's forward, counted by its saved-tensor hooks, with
+    activation checkpointing off and on: an account of activation memory that neither measure/ nor the caching
+    allocator takes part in. Each storage counts once; only tensors with the batch as their first dimension
+    count, as weights (and autocast's casts of them) are kept either way."""
+    from distbench.strategies.base import enable_activation_checkpointing, model_logits
+    from distbench.workloads import get_model
+    from distbench.workloads.data import rank_micro_batches
+
+    rc = ctx.config(cfg)
+    spec = get_model(rc.model)
+    batch = rank_micro_batches(rc, 0, ctx.rank, jobs.seq_len_of(rc), spec.vocab_size, ctx.device)[0]
+    out = {}
+    for checkpointed in (False, True):
+        model = spec.build(rc.seed, ctx.device)
+        if checkpointed:
+            enable_activation_checkpointing(model)
+        model.train()
+        kept: dict[tuple[int, int], int] = {}
+
+        def pack(t: torch.Tensor, kept: dict[tuple[int, int], int] = kept) -> torch.Tensor:
+            if t.dim() >= 2 and t.shape[0] == rc.micro_batch:
+                kept[(t.untyped_storage().data_ptr(), t.device.index or 0)] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast(ctx.device_type, dtype=torch.bfloat16, enabled=rc.precision == "bf16"):
+                model_logits(model, batch["input_ids"])
+        out["checkpointed" if checkpointed else "plain"] = sum(kept.values())
+        del model
+    return out

@@ -54,7 +54,9 @@ def test_clipping_by_the_global_norm_matches_the_reference(suite, strategy, worl
     rel = HOST_NORM_RTOL if on_host else NORM_RTOL
     assert run["grad_norms"] == pytest.approx(ref["grad_norms"], rel=rel), what  # the global norm, pre-clip
     assert_losses_match(run["losses"], ref["losses"], what)
-    assert_params_and_grads_match(run, ref, cfg.lr, what)
+    # the clip coefficient carries the norm's error into every update: 1.2e-5 on one of GPT-2's 38.6M embedding
+    # weights after five steps of fsdp_offload on an H200, over the device strategies' lr / 100 floor
+    assert_params_and_grads_match(run, ref, cfg.lr, what, update_rtol=rel if on_host else 0.0, steps=cfg.steps)
 
 
 def test_clipping_by_a_shards_own_norm_fails_parity(suite):
