@@ -120,6 +120,19 @@ def test_the_ranking_puts_the_fastest_fit_first_and_the_ruled_out_last():
     assert rows[-1]["fits"] is False and rows[-1]["ruled_out"].endswith("out of memory")
 
 
+def test_candidates_inside_the_tops_step_time_spread_are_named_as_noise():
+    def timed(strategy: str, tokens_per_s: float, p10: float, median: float, p90: float) -> Outcome:
+        out = _outcome(strategy, tokens_per_s)
+        assert out.best is not None
+        out.best["step_time_s"] = {"p10": p10, "median": median, "p90": p90}
+        return out
+
+    top = timed("zero2", 1000.0, 0.9, 1.0, 1.25)  # at its p90 step time: 800 tokens/s
+    near, far = timed("ddp", 850.0, 1.0, 1.0, 1.0), timed("fsdp_full", 700.0, 1.0, 1.0, 1.0)
+    assert recommend.rivals(rank([far, near, top])) == [near]
+    assert recommend.rivals([timed("zero2", 1000.0, 1.0, 1.0, 1.0), near]) == []
+
+
 # --- bite: each check above fails on a planted defect ---------------------------------------------------------
 def test_the_edge_check_catches_a_search_that_stops_one_probe_early():
     probes_needed = len(search(DDP, _limited(5), max_micro_batch=1024, max_probes=32).probes)

@@ -153,6 +153,18 @@ def rank(outcomes: Iterable[Outcome]) -> list[Outcome]:
     return fitting + [o for o in outcomes if o.best is None]
 
 
+def rivals(ranked: list[Outcome]) -> list[Outcome]:
+    """The fitting candidates the top one does not beat beyond its own step-time spread: each has tokens/s
+    at least the top's at its p90 step time. A few timed steps per probe rank these by noise, not by merit."""
+    if not ranked or ranked[0].best is None:
+        return []
+    top, st = ranked[0], ranked[0].best.get("step_time_s") or {}
+    if not st.get("p90"):
+        return []
+    floor = (top.tokens_per_s or 0.0) * st["median"] / st["p90"]
+    return [o for o in ranked[1:] if o.best is not None and (o.tokens_per_s or 0.0) >= floor]
+
+
 def summary(outcomes: list[Outcome], evidence: dict[str, str]) -> list[dict[str, Any]]:
     """The ranked list as JSON (recommendation.json): each candidate's verdict and the result file behind every
     probe (`evidence` maps a result id to its file)."""

@@ -191,7 +191,7 @@ def _report(outcomes: list[Any], notes: list[str], args: argparse.Namespace, gpu
     from rich.markup import escape
     from rich.table import Table
 
-    from ..recommend import GIB, headroom_bytes, peak_bytes, rank, summary
+    from ..recommend import GIB, headroom_bytes, peak_bytes, rank, rivals, summary
     from ..results import write_json_atomic
 
     ranked = rank(outcomes)
@@ -208,29 +208,40 @@ def _report(outcomes: list[Any], notes: list[str], args: argparse.Namespace, gpu
         best = o.best or {}
         ac = {None: "-", False: "off", True: "on"}[o.candidate.activation_checkpointing]
         mb = "-" if o.micro_batch is None else f"{o.micro_batch}" + ("+" if o.capped else "")
-        status = "fits" + (f" (search capped at {args.max_probes} probes)" if o.capped else "") if o.best \
-            else f"ruled out: {escape(o.ruled_out or '')}"
+        if o.best is None:
+            status = f"ruled out: {escape(o.ruled_out or '')}"
+        elif o.capped:  # the edge lies between this micro-batch and the first miss
+            status = f"fits; search cut at {args.max_probes} probes, larger untested"
+        else:
+            status = "fits" + (" up to --max-micro-batch" if o.micro_batch == args.max_micro_batch else "")
         t.add_row(str(i), o.candidate.strategy, ac, mb, f"{o.tokens_per_s:,.0f}" if o.tokens_per_s else "-",
                   gib(peak_bytes(best) if best else None), gib(headroom_bytes(best) if best else None), status)
     if notes:
         t.caption = "\n".join(notes)
     console.print(t)
     top = ranked[0] if ranked and ranked[0].best else None
-    rows = summary(ranked, evidence)
+    rows, close = summary(ranked, evidence), rivals(ranked)
     path = write_json_atomic(out / "recommendation.json", {
         "model": args.model, "gpus": gpus, "device": device, "precision": precision,
         "headroom": {"bytes": headroom.bytes, "fraction": headroom.fraction},
         "max_micro_batch": args.max_micro_batch, "max_probes": args.max_probes,
         "recommendation": rows[0] if top else None, "ranked": rows,
+        "within_noise": [{"strategy": o.candidate.strategy,
+                          "activation_checkpointing": o.candidate.activation_checkpointing} for o in close],
     })
     if top is None:
-        console.print("[red]No recommendation[/]: no candidate fits at micro-batch 1 (see the status column)")
+        console.print("[red]No recommendation[/]: no candidate fits (the status column says why)")
         return 1
     best = top.best or {}
     left = headroom_bytes(best)
     mem = "" if peak_bytes(best) is None else f", {gib(peak_bytes(best))} GiB peak ({gib(left)} GiB headroom)"
     console.print(f"Recommendation: {top.candidate.label} at micro-batch {top.micro_batch}: "
                   f"{top.tokens_per_s or 0:,.0f} tokens/s{mem}", highlight=False)
+    if close:
+        console.print(f"[yellow]Within the top's step-time spread (p10-p90)[/]: "
+                      f"{', '.join(o.candidate.label for o in close)}; their order is noise at this many steps: "
+                      "rerun with more --steps, or `distbench run --repeats 6` each at its micro-batch and "
+                      "`distbench compare` them", highlight=False)
     console.print(f"Evidence: {escape(evidence[best['id']])} (every probe's result is under {escape(str(out))}; "
                   f"ranked list: {escape(str(path))})", highlight=False)
     return 0
