@@ -120,17 +120,18 @@ def test_the_ranking_puts_the_fastest_fit_first_and_the_ruled_out_last():
     assert rows[-1]["fits"] is False and rows[-1]["ruled_out"].endswith("out of memory")
 
 
-def test_candidates_inside_the_tops_step_time_spread_are_named_as_noise():
+def test_candidates_whose_step_time_range_overlaps_the_tops_are_named_as_noise():
     def timed(strategy: str, tokens_per_s: float, p10: float, median: float, p90: float) -> Outcome:
         out = _outcome(strategy, tokens_per_s)
         assert out.best is not None
         out.best["step_time_s"] = {"p10": p10, "median": median, "p90": p90}
         return out
 
-    top = timed("zero2", 1000.0, 0.9, 1.0, 1.25)  # at its p90 step time: 800 tokens/s
-    near, far = timed("ddp", 850.0, 1.0, 1.0, 1.0), timed("fsdp_full", 700.0, 1.0, 1.0, 1.0)
+    top = timed("zero2", 1000.0, 0.9, 1.0, 1.25)  # 800-1111 tokens/s
+    near = timed("ddp", 700.0, 0.8, 1.0, 1.0)  # 700-875: overlaps
+    far = timed("fsdp_full", 700.0, 0.9, 1.0, 1.0)  # 700-778: below the top's 800
     assert recommend.rivals(rank([far, near, top])) == [near]
-    assert recommend.rivals([timed("zero2", 1000.0, 1.0, 1.0, 1.0), near]) == []
+    assert recommend.rivals([timed("zero2", 1000.0, 1.0, 1.0, 1.0), timed("ddp", 999.0, 1.0, 1.0, 1.0)]) == []
 
 
 # --- bite: each check above fails on a planted defect ---------------------------------------------------------

@@ -153,16 +153,21 @@ def rank(outcomes: Iterable[Outcome]) -> list[Outcome]:
     return fitting + [o for o in outcomes if o.best is None]
 
 
+def _tokens_per_s_range(o: Outcome) -> tuple[float, float]:
+    """The candidate's tokens/s at its p90 and p10 step times (its slowest and fastest usual steps)."""
+    tps, st = o.tokens_per_s or 0.0, (o.best or {}).get("step_time_s") or {}
+    if not st.get("p10") or not st.get("p90"):
+        return tps, tps
+    return tps * st["median"] / st["p90"], tps * st["median"] / st["p10"]
+
+
 def rivals(ranked: list[Outcome]) -> list[Outcome]:
-    """The fitting candidates the top one does not beat beyond its own step-time spread: each has tokens/s
-    at least the top's at its p90 step time. A few timed steps per probe rank these by noise, not by merit."""
+    """The fitting candidates whose p10-p90 step-time range, as tokens/s, overlaps the top one's: with a few
+    timed steps per probe their order behind the top is noise, not merit."""
     if not ranked or ranked[0].best is None:
         return []
-    top, st = ranked[0], ranked[0].best.get("step_time_s") or {}
-    if not st.get("p90"):
-        return []
-    floor = (top.tokens_per_s or 0.0) * st["median"] / st["p90"]
-    return [o for o in ranked[1:] if o.best is not None and (o.tokens_per_s or 0.0) >= floor]
+    floor = _tokens_per_s_range(ranked[0])[0]
+    return [o for o in ranked[1:] if o.best is not None and _tokens_per_s_range(o)[1] >= floor]
 
 
 def summary(outcomes: list[Outcome], evidence: dict[str, str]) -> list[dict[str, Any]]:

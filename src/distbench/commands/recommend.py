@@ -238,7 +238,7 @@ def _report(outcomes: list[Any], notes: list[str], args: argparse.Namespace, gpu
     console.print(f"Recommendation: {top.candidate.label} at micro-batch {top.micro_batch}: "
                   f"{top.tokens_per_s or 0:,.0f} tokens/s{mem}", highlight=False)
     if close:
-        console.print(f"[yellow]Within the top's step-time spread (p10-p90)[/]: "
+        console.print(f"[yellow]Step-time ranges (p10-p90) overlap the top's[/]: "
                       f"{', '.join(o.candidate.label for o in close)}; their order is noise at this many steps: "
                       "rerun with more --steps, or `distbench run --repeats 6` each at its micro-batch and "
                       "`distbench compare` them", highlight=False)
