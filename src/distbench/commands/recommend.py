@@ -22,6 +22,18 @@ from ..config import (
     Precision,
     parse_list,
 )
+from ..recommend import (
+    GIB,
+    Candidate,
+    Headroom,
+    Outcome,
+    headroom_bytes,
+    peak_bytes,
+    rank,
+    rivals,
+    search,
+    summary,
+)
 from .run import _arg, _output_dir, _typed
 
 AC_CHOICES = ("both", "off", "on")
@@ -97,7 +109,6 @@ def run(args: argparse.Namespace) -> int:
     from ..config import RunConfig
     from ..errors import DistbenchError
     from ..matrix import Matrix
-    from ..recommend import GIB, Candidate, Headroom, Outcome
     from ..runtime.pool import cuda_device_count
     from ..strategies import REGISTRY, get_spec
 
@@ -121,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             runnable.append(name)
     try:
-        base = _base(args, precision)
+        base = _base(args)
         if runnable:  # the model loads, the sequence fits its positions, the fields are valid: before any rank
             Matrix(runnable, [gpus], [args.model], [precision], base).configs(device, n_cuda or None)
         ac_ok = _checkpointable(args.model, RunConfig().seed)
@@ -145,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     return _report(outcomes + searched, notes, args, gpus, device, precision, headroom, console)
 
 
-def _base(args: argparse.Namespace, precision: str) -> dict[str, Any]:
+def _base(args: argparse.Namespace) -> dict[str, Any]:
     """RunConfig fields every probe shares. No device-time sample: a probe needs throughput and memory only."""
     base: dict[str, Any] = {"steps": args.steps, "warmup": args.warmup, "deterministic": False,
                             "device_time_steps": 0}
@@ -154,12 +165,11 @@ def _base(args: argparse.Namespace, precision: str) -> dict[str, Any]:
     return base
 
 
-def _search_all(candidates: list[Any], args: argparse.Namespace, base: dict[str, Any],
-                where: tuple[int, str, Precision, int], headroom: Any, console: Any) -> list[Any]:
+def _search_all(candidates: list[Candidate], args: argparse.Namespace, base: dict[str, Any],
+                where: tuple[int, str, Precision, int], headroom: Headroom, console: Any) -> list[Outcome]:
     """Every candidate's search, one rank pool of `gpus` ranks shared by all probes; a line per probe.
     `where`: world size, device type, precision, CUDA devices visible."""
     from ..matrix import Matrix, run_matrix
-    from ..recommend import search
     from ..runtime.pool import PoolManager
 
     gpus, device, precision, n_cuda = where
@@ -167,7 +177,7 @@ def _search_all(candidates: list[Any], args: argparse.Namespace, base: dict[str,
     out = []
     try:
         for cand in candidates:
-            def probe(mb: int, cand: Any = cand) -> dict[str, Any]:
+            def probe(mb: int, cand: Candidate = cand) -> dict[str, Any]:
                 cfg = {**base, "micro_batch": mb, "global_batch": mb * gpus,
                        "activation_checkpointing": cand.activation_checkpointing}
                 matrix = Matrix([cand.strategy], [gpus], [args.model], [precision], cfg)
@@ -185,13 +195,12 @@ def _search_all(candidates: list[Any], args: argparse.Namespace, base: dict[str,
     return out
 
 
-def _report(outcomes: list[Any], notes: list[str], args: argparse.Namespace, gpus: int, device: str,
-            precision: str, headroom: Any, console: Any) -> int:
+def _report(outcomes: list[Outcome], notes: list[str], args: argparse.Namespace, gpus: int, device: str,
+            precision: str, headroom: Headroom, console: Any) -> int:
     """The ranked table, the recommendation with its evidence, recommendation.json; exit 1 when nothing fits."""
     from rich.markup import escape
     from rich.table import Table
 
-    from ..recommend import GIB, headroom_bytes, peak_bytes, rank, rivals, summary
     from ..results import write_json_atomic
 
     ranked = rank(outcomes)
