@@ -14,8 +14,10 @@ LIMIT = 3
 class _Bounded(TinyLM):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if input_ids.shape[0] > LIMIT:
-            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {input_ids.shape[0]} samples "
-                                         f"(planted: at most {LIMIT} fit)")
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {input_ids.shape[0]} samples "
+                f"(planted: at most {LIMIT} fit)"
+            )
         return super().forward(input_ids)
 
 

@@ -21,22 +21,36 @@ from distbench.results import load_results, make_result
 DDP = Candidate("ddp", False)
 
 
-def _result(mb: int, status: str = "ok", tokens_per_s: float = 0.0, peak_gib: float | None = None,
-            total_gib: float | None = None, error: str | None = None, strategy: str = "ddp") -> dict[str, Any]:
+def _result(
+    mb: int,
+    status: str = "ok",
+    tokens_per_s: float = 0.0,
+    peak_gib: float | None = None,
+    total_gib: float | None = None,
+    error: str | None = None,
+    strategy: str = "ddp",
+) -> dict[str, Any]:
     metrics = {"tokens_per_s": tokens_per_s} if status == "ok" else {}
     if peak_gib is not None:
         metrics["mem_reserved_peak_bytes"] = int(peak_gib * GIB)
     per_rank = [{"rank": 0, "mem_total_bytes": int(total_gib * GIB) if total_gib else None}]
-    return make_result({"strategy": strategy, "world_size": 1, "micro_batch": mb}, metrics=metrics, status=status,
-                       error=error, per_rank=per_rank)
+    return make_result(
+        {"strategy": strategy, "world_size": 1, "micro_batch": mb},
+        metrics=metrics,
+        status=status,
+        error=error,
+        per_rank=per_rank,
+    )
 
 
 def _limited(limit: int, calls: list[int] | None = None) -> recommend.Probe:
     """A probe out of memory above `limit` samples, its throughput growing with the micro-batch."""
+
     def probe(mb: int) -> dict[str, Any]:
         if calls is not None:
             calls.append(mb)
         return _result(mb, "oom" if mb > limit else "ok", tokens_per_s=100.0 * mb)
+
     return probe
 
 
@@ -47,11 +61,15 @@ def assert_finds_edge(search_fn: Callable[..., Outcome], limit: int, max_micro_b
     assert not out.capped and out.ruled_out is None
 
 
-def assert_recommends_fastest(rank_fn: Callable[[list[Outcome]], list[Outcome]], outcomes: list[Outcome]) -> None:
+def assert_recommends_fastest(
+    rank_fn: Callable[[list[Outcome]], list[Outcome]], outcomes: list[Outcome]
+) -> None:
     """The check the ranking must pass: the fastest fitting candidate first, every ruled-out one after the fits."""
     ranked = rank_fn(outcomes)
     fastest = max((o for o in outcomes if o.best), key=lambda o: o.tokens_per_s or 0.0)
-    assert ranked[0] is fastest, f"recommended {ranked[0].candidate.label}, fastest is {fastest.candidate.label}"
+    assert ranked[0] is fastest, (
+        f"recommended {ranked[0].candidate.label}, fastest is {fastest.candidate.label}"
+    )
     fits = [o.best is not None for o in ranked]
     assert fits == sorted(fits, reverse=True), "a ruled-out candidate ranked above a fitting one"
 
@@ -66,6 +84,16 @@ def test_the_search_bisects_after_doubling_and_never_probes_twice():
     out = search(DDP, _limited(5, calls), max_micro_batch=1024, max_probes=16)
     assert calls == [1, 2, 4, 8, 6, 5] and out.micro_batch == 5
     assert [mb for mb, _ in out.probes] == calls
+
+
+@pytest.mark.parametrize(
+    "start, limit, probes",
+    [(4, 9, [4, 8, 16, 12, 10, 9]), (4, 2, [4, 2, 3]), (4, 0, [4, 2, 1]), (2000, 5000, [1024])],
+)
+def test_a_search_started_where_a_lighter_variant_fit_still_finds_the_edge(start, limit, probes):
+    calls: list[int] = []
+    out = search(DDP, _limited(limit, calls), max_micro_batch=1024, max_probes=16, start=start)
+    assert calls == probes and out.micro_batch == (min(limit, 1024) or None)
 
 
 def test_nothing_fits_rules_the_candidate_out_after_one_probe():
@@ -87,17 +115,29 @@ def test_a_fit_leaving_less_than_the_headroom_counts_as_out_of_memory():
     def probe(mb: int) -> dict[str, Any]:  # 1 GiB per sample on a 10 GiB device
         return _result(mb, tokens_per_s=mb, peak_gib=mb, total_gib=10)
 
-    assert search(DDP, probe, max_micro_batch=64, max_probes=16, headroom=Headroom(bytes=3 * GIB)).micro_batch == 7
-    assert search(DDP, probe, max_micro_batch=64, max_probes=16, headroom=Headroom(fraction=0.5)).micro_batch == 5
-    assert recommend.misfit(probe(8), Headroom(bytes=3 * GIB)) == \
-        "leaves 2.00 GiB free, less than the 3.00 GiB headroom"
-    assert recommend.misfit(_result(8, tokens_per_s=1.0), Headroom(bytes=3 * GIB)) is None  # CPU: no memory known
+    assert (
+        search(DDP, probe, max_micro_batch=64, max_probes=16, headroom=Headroom(bytes=3 * GIB)).micro_batch
+        == 7
+    )
+    assert (
+        search(DDP, probe, max_micro_batch=64, max_probes=16, headroom=Headroom(fraction=0.5)).micro_batch
+        == 5
+    )
+    assert (
+        recommend.misfit(probe(8), Headroom(bytes=3 * GIB))
+        == "leaves 2.00 GiB free, less than the 3.00 GiB headroom"
+    )
+    assert (
+        recommend.misfit(_result(8, tokens_per_s=1.0), Headroom(bytes=3 * GIB)) is None
+    )  # CPU: no memory known
 
 
 def test_a_probe_that_fails_otherwise_rules_the_candidate_out_with_its_exception():
-    error = ("job distbench.measure.bench:bench failed at world size 2: rank 0 raised ValueError\n"
-             "===== rank 0: error (ValueError) =====\nTraceback (most recent call last):\n  File \"x.py\"\n"
-             "ValueError: bad shapes\n===== rank 1: ok =====")
+    error = (
+        "job distbench.measure.bench:bench failed at world size 2: rank 0 raised ValueError\n"
+        '===== rank 0: error (ValueError) =====\nTraceback (most recent call last):\n  File "x.py"\n'
+        "ValueError: bad shapes\n===== rank 1: ok ====="
+    )
 
     def probe(mb: int) -> dict[str, Any]:
         return _result(mb, "error", error=error) if mb == 4 else _result(mb, tokens_per_s=mb)
@@ -112,8 +152,12 @@ def _outcome(strategy: str, tokens_per_s: float | None, why: str | None = None) 
 
 
 def test_the_ranking_puts_the_fastest_fit_first_and_the_ruled_out_last():
-    outcomes = [_outcome("ddp", 500.0), _outcome("zero3", None, "micro-batch 1 does not fit: out of memory"),
-                _outcome("fsdp_full", 900.0), _outcome("zero1", 700.0)]
+    outcomes = [
+        _outcome("ddp", 500.0),
+        _outcome("zero3", None, "micro-batch 1 does not fit: out of memory"),
+        _outcome("fsdp_full", 900.0),
+        _outcome("zero1", 700.0),
+    ]
     assert_recommends_fastest(rank, outcomes)
     assert [o.candidate.strategy for o in rank(outcomes)] == ["fsdp_full", "zero1", "ddp", "zero3"]
     rows = recommend.summary(rank(outcomes), {})
@@ -146,7 +190,11 @@ def test_the_edge_check_catches_a_search_that_stops_one_probe_early():
 
 
 def test_the_ranking_check_catches_an_ascending_sort(monkeypatch):
-    outcomes = [_outcome("ddp", 500.0), _outcome("fsdp_full", 900.0), _outcome("zero3", None, "out of memory")]
+    outcomes = [
+        _outcome("ddp", 500.0),
+        _outcome("fsdp_full", 900.0),
+        _outcome("zero3", None, "out of memory"),
+    ]
     ascending = sorted(outcomes, key=lambda o: (o.best is None, o.tokens_per_s or 0.0))
     monkeypatch.setattr(recommend, "rank", lambda os: ascending)
     with pytest.raises(AssertionError, match="recommended ddp, fastest is fsdp_full"):
@@ -164,11 +212,27 @@ def _rows(out: str) -> dict[str, list[str]]:
     return rows
 
 
-def test_recommend_finds_the_real_edge_and_recommends_the_fastest_fit_by_its_evidence(capsys, tmp_path,
-                                                                                       monkeypatch):
+def test_recommend_finds_the_real_edge_and_recommends_the_fastest_fit_by_its_evidence(
+    capsys, tmp_path, monkeypatch
+):
     monkeypatch.setenv("COLUMNS", "300")  # one table row per line
-    argv = ["recommend", "-m", "recommend_models:oom_above_3", "-n", "2", "-s", "ddp,fsdp_full,single,fsdp_offload",
-            "--max-micro-batch", "8", "--steps", "1", "--warmup", "0", "-o", str(tmp_path)]
+    argv = [
+        "recommend",
+        "-m",
+        "recommend_models:oom_above_3",
+        "-n",
+        "2",
+        "-s",
+        "ddp,fsdp_full,single,fsdp_offload",
+        "--max-micro-batch",
+        "8",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "-o",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     rows = _rows(out)
@@ -181,25 +245,33 @@ def test_recommend_finds_the_real_edge_and_recommends_the_fastest_fit_by_its_evi
     for r in results:
         s, mb = r["config"]["strategy"], r["config"]["micro_batch"]
         assert r["status"] == ("oom" if mb > 3 else "ok"), f"{s} micro-batch {mb}: {r['status']}"
-        if r["status"] == "ok" and mb > largest.get(s, {"config": {"micro_batch": 0}})["config"]["micro_batch"]:
+        if (
+            r["status"] == "ok"
+            and mb > largest.get(s, {"config": {"micro_batch": 0}})["config"]["micro_batch"]
+        ):
             largest[s] = r
     assert {s: r["config"]["micro_batch"] for s, r in largest.items()} == {"ddp": 3, "fsdp_full": 3}
     winner = max(largest.values(), key=lambda r: r["metrics"]["tokens_per_s"])
     line = " ".join(out.split())
-    assert f"Recommendation: {winner['config']['strategy']} at micro-batch 3: " \
-           f"{winner['metrics']['tokens_per_s']:,.0f} tokens/s" in line
+    assert (
+        f"Recommendation: {winner['config']['strategy']} at micro-batch 3: "
+        f"{winner['metrics']['tokens_per_s']:,.0f} tokens/s" in line
+    )
     saved = json.loads((tmp_path / "recommendation.json").read_text())
     assert saved["recommendation"]["evidence"] == str(tmp_path / f"{winner['id']}.json")
     assert [r["strategy"] for r in saved["ranked"]][2:] == ["single", "fsdp_offload"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["-m", "gpt9"], "unknown model 'gpt9'"),
-    (["-m", "gpt2-tiny", "-s", "ddp,fdsp_full"], "unknown strategy 'fdsp_full'"),
-    (["-m", "gpt2-tiny", "--headroom-gib", "-1"], "greater than or equal to 0"),
-    (["-m", "gpt2-tiny", "--headroom-frac", "1.5"], "must be below 1"),
-    (["-m", "gpt2-tiny", "--headroom-gib", "1", "--headroom-frac", "0.1"], "not allowed with argument"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-m", "gpt9"], "unknown model 'gpt9'"),
+        (["-m", "gpt2-tiny", "-s", "ddp,fdsp_full"], "unknown strategy 'fdsp_full'"),
+        (["-m", "gpt2-tiny", "--headroom-gib", "-1"], "greater than or equal to 0"),
+        (["-m", "gpt2-tiny", "--headroom-frac", "1.5"], "must be below 1"),
+        (["-m", "gpt2-tiny", "--headroom-gib", "1", "--headroom-frac", "0.1"], "not allowed with argument"),
+    ],
+)
 def test_bad_input_is_refused_before_anything_runs(argv, message, capsys, monkeypatch):
     import distbench.matrix
 
@@ -223,6 +295,16 @@ def test_activation_checkpointing_is_a_candidate_only_for_models_with_the_switch
     from distbench.commands.recommend import _checkpointable
 
     assert _checkpointable("gpt2-tiny", 0) and not _checkpointable("user_models:tiny_lm", 0)
-    argv = ["recommend", "-m", "user_models:tiny_lm", "-n", "1", "-s", "ddp", "--activation-checkpointing", "on"]
+    argv = [
+        "recommend",
+        "-m",
+        "user_models:tiny_lm",
+        "-n",
+        "1",
+        "-s",
+        "ddp",
+        "--activation-checkpointing",
+        "on",
+    ]
     assert main(argv) == 2
     assert "user_models:tiny_lm has no activation checkpointing switch" in capsys.readouterr().err

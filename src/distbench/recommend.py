@@ -94,7 +94,7 @@ def error_line(result: dict[str, Any]) -> str:
     lines = (result.get("error") or "").splitlines()
     ranks = [i for i, ln in enumerate(lines) if ln.startswith("===== rank ")]
     for start, end in zip(ranks, [*ranks[1:], len(lines)], strict=True):
-        body = [ln.strip() for ln in lines[start + 1:end] if ln.strip()]
+        body = [ln.strip() for ln in lines[start + 1 : end] if ln.strip()]
         if body and "(" in lines[start]:  # a rank that raised, "===== rank 0: error (Type) ====="
             return body[-1]
     return lines[0] if lines else f"status {result.get('status')}"
@@ -111,14 +111,24 @@ def misfit(result: dict[str, Any], headroom: Headroom) -> str | None:
     return None
 
 
-def search(candidate: Candidate, probe: Probe, *, max_micro_batch: int, max_probes: int,
-           headroom: Headroom = Headroom()) -> Outcome:
+def search(
+    candidate: Candidate,
+    probe: Probe,
+    *,
+    max_micro_batch: int,
+    max_probes: int,
+    headroom: Headroom = Headroom(),
+    start: int = 1,
+) -> Outcome:
     """The largest micro-batch up to `max_micro_batch` that fits, in at most `max_probes` probes: doubling
-    from 1, then bisecting between the last fit and the first miss."""
+    from `start`, then bisecting between the last fit and the first miss. `start` skips the doubling a
+    variant needing less memory has already done (activation checkpointing on after off)."""
     out = Outcome(candidate)
     fit, miss = 0, None  # largest micro-batch known to fit, smallest known not to
     while len(out.probes) < max_probes:
-        if miss is None:
+        if not out.probes:
+            mb = min(start, max_micro_batch)
+        elif miss is None:
             if fit == max_micro_batch:
                 break
             mb = min(2 * fit, max_micro_batch) if fit else 1
@@ -137,7 +147,7 @@ def search(candidate: Candidate, probe: Probe, *, max_micro_batch: int, max_prob
             fit, out.best = mb, result
         else:
             miss = mb
-            if mb == 1:
+            if mb == 1:  # nothing smaller to try
                 out.ruled_out = f"micro-batch 1 does not fit: {why}"
                 return out
     out.capped = fit < max_micro_batch and (miss is None or miss - fit > 1)
@@ -177,18 +187,22 @@ def summary(outcomes: list[Outcome], evidence: dict[str, str]) -> list[dict[str,
     for o in outcomes:
         best = o.best or {}
         peak, left = peak_bytes(best), headroom_bytes(best)
-        rows.append({
-            "strategy": o.candidate.strategy,
-            "activation_checkpointing": o.candidate.activation_checkpointing,
-            "micro_batch": o.micro_batch,
-            "tokens_per_s": o.tokens_per_s,
-            "peak_bytes": peak,
-            "headroom_bytes": left,
-            "fits": o.best is not None,
-            "ruled_out": o.ruled_out,
-            "capped": o.capped,
-            "evidence": evidence.get(best["id"]) if best else None,
-            "probes": [{"micro_batch": mb, "status": r["status"], "file": evidence.get(r["id"])}
-                       for mb, r in o.probes],
-        })
+        rows.append(
+            {
+                "strategy": o.candidate.strategy,
+                "activation_checkpointing": o.candidate.activation_checkpointing,
+                "micro_batch": o.micro_batch,
+                "tokens_per_s": o.tokens_per_s,
+                "peak_bytes": peak,
+                "headroom_bytes": left,
+                "fits": o.best is not None,
+                "ruled_out": o.ruled_out,
+                "capped": o.capped,
+                "evidence": evidence.get(best["id"]) if best else None,
+                "probes": [
+                    {"micro_batch": mb, "status": r["status"], "file": evidence.get(r["id"])}
+                    for mb, r in o.probes
+                ],
+            }
+        )
     return rows
