@@ -7,6 +7,6 @@ stays fast.
 
 from __future__ import annotations
 
-from . import ab, compare, doctor, launch, report, run, strategies
+from . import ab, compare, doctor, launch, recommend, report, run, strategies
 
-COMMANDS = [run, ab, launch, strategies, compare, report, doctor]
+COMMANDS = [run, ab, launch, strategies, compare, report, doctor, recommend]

@@ -1,0 +1,208 @@
+"""Which strategy to train a model with on N GPUs: each candidate's largest micro-batch, ranked by throughput.
+
+A candidate is a strategy with activation checkpointing off or on. For each, the search doubles the
+micro-batch from 1 until a probe does not fit (out of memory, or less memory left than the headroom asked
+for) or the ceiling is reached, then bisects between the last fit and the first miss, so the answer is the
+exact largest fitting micro-batch unless the probe budget runs out first (then it is a lower bound, and
+`capped` says so). A probe that fails for any other reason rules the candidate out. The largest fit's own
+result is the candidate's evidence: its tokens/s and peak memory are what the ranking uses.
+
+No CLI and no training here: the search takes a `probe` callable (micro-batch -> result dict, the schema
+results.py writes), so tests drive it with a made-up memory limit; commands/recommend.py supplies probes
+that run the benchmark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 2**30
+
+#: A probe: benchmark one micro-batch size, return its result (status "ok", "oom" or "error").
+Probe = Callable[[int], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A strategy with activation checkpointing off or on; None: the strategy cannot run here at all."""
+
+    strategy: str
+    activation_checkpointing: bool | None
+
+    @property
+    def label(self) -> str:
+        return self.strategy + (" +AC" if self.activation_checkpointing else "")
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """Device memory a fit must leave free: the larger of an absolute amount and a fraction of the GPU's."""
+
+    bytes: int = 0
+    fraction: float = 0.0
+
+    def required(self, total: int) -> int:
+        return max(self.bytes, int(self.fraction * total))
+
+    def __str__(self) -> str:
+        return f"{self.fraction:.0%} of device memory" if self.fraction else f"{self.bytes / GIB:.2f} GiB"
+
+
+@dataclass
+class Outcome:
+    """One candidate's search: every probe's (micro-batch, result), the largest fit, or why it was ruled out."""
+
+    candidate: Candidate
+    probes: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    best: dict[str, Any] | None = None  # the result at the largest micro-batch that fit
+    ruled_out: str | None = None  # why no micro-batch is recommended (None when best is set)
+    capped: bool = False  # the probe budget ran out before the search closed: best is a lower bound
+
+    @property
+    def micro_batch(self) -> int | None:
+        return self.best["config"]["micro_batch"] if self.best else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.best["metrics"].get("tokens_per_s") if self.best else None
+
+
+def peak_bytes(result: dict[str, Any]) -> int | None:
+    """The result's peak device memory: NVML's device-level use where sampled (it sees the CUDA context and
+    NCCL's buffers, which torch's counters miss), else the allocator's reserved peak; None on CPU."""
+    m = result.get("metrics") or {}
+    return m.get("nvml_mem_used_peak_bytes") or m.get("mem_reserved_peak_bytes")
+
+
+def total_bytes(result: dict[str, Any]) -> int | None:
+    """The smallest GPU's memory among the result's ranks, None on CPU."""
+    totals = [r["mem_total_bytes"] for r in result.get("per_rank") or [] if r.get("mem_total_bytes")]
+    return min(totals) if totals else None
+
+
+def headroom_bytes(result: dict[str, Any]) -> int | None:
+    """Device memory the configuration left unused on its fullest GPU (total minus peak), None when unknown."""
+    peak, total = peak_bytes(result), total_bytes(result)
+    return None if peak is None or total is None else total - peak
+
+
+def error_line(result: dict[str, Any]) -> str:
+    """The exception a failed probe raised ("Type: message", from the first failing rank's traceback), else
+    the error's first line: what a ruled-out row shows."""
+    lines = (result.get("error") or "").splitlines()
+    ranks = [i for i, ln in enumerate(lines) if ln.startswith("===== rank ")]
+    for start, end in zip(ranks, [*ranks[1:], len(lines)], strict=True):
+        body = [ln.strip() for ln in lines[start + 1 : end] if ln.strip()]
+        if body and "(" in lines[start]:  # a rank that raised, "===== rank 0: error (Type) ====="
+            return body[-1]
+    return lines[0] if lines else f"status {result.get('status')}"
+
+
+def misfit(result: dict[str, Any], headroom: Headroom) -> str | None:
+    """Why a probe that did not fail outright does not fit (out of memory, or less left than the headroom),
+    None when it fits. Unknown memory (CPU) passes the headroom test: there is nothing to hold it against."""
+    if result["status"] == "oom":
+        return "out of memory"
+    left, total = headroom_bytes(result), total_bytes(result)
+    if left is not None and total is not None and left < headroom.required(total):
+        return f"leaves {left / GIB:.2f} GiB free, less than the {headroom} headroom"
+    return None
+
+
+def search(
+    candidate: Candidate,
+    probe: Probe,
+    *,
+    max_micro_batch: int,
+    max_probes: int,
+    headroom: Headroom = Headroom(),
+    start: int = 1,
+) -> Outcome:
+    """The largest micro-batch up to `max_micro_batch` that fits, in at most `max_probes` probes: doubling
+    from `start`, then bisecting between the last fit and the first miss. `start` skips the doubling a
+    variant needing less memory has already done (activation checkpointing on after off)."""
+    out = Outcome(candidate)
+    fit, miss = 0, None  # largest micro-batch known to fit, smallest known not to
+    while len(out.probes) < max_probes:
+        if not out.probes:
+            mb = min(start, max_micro_batch)
+        elif miss is None:
+            if fit == max_micro_batch:
+                break
+            mb = min(2 * fit, max_micro_batch) if fit else 1
+        elif miss - fit > 1:
+            mb = (fit + miss) // 2
+        else:
+            break
+        result = probe(mb)
+        out.probes.append((mb, result))
+        if result["status"] == "error":
+            out.ruled_out = f"micro-batch {mb} failed: {error_line(result)}"
+            out.best = None
+            return out
+        why = misfit(result, headroom)
+        if why is None:
+            fit, out.best = mb, result
+        else:
+            miss = mb
+            if mb == 1:  # nothing smaller to try
+                out.ruled_out = f"micro-batch 1 does not fit: {why}"
+                return out
+    out.capped = fit < max_micro_batch and (miss is None or miss - fit > 1)
+    return out
+
+
+def rank(outcomes: Iterable[Outcome]) -> list[Outcome]:
+    """Fitting candidates first, fastest first (ties: less peak memory), then the ruled-out ones in the
+    order they were given."""
+    outcomes = list(outcomes)
+    fitting = [o for o in outcomes if o.best is not None]
+    fitting.sort(key=lambda o: (-(o.tokens_per_s or 0.0), peak_bytes(o.best or {}) or 0))
+    return fitting + [o for o in outcomes if o.best is None]
+
+
+def _tokens_per_s_range(o: Outcome) -> tuple[float, float]:
+    """The candidate's tokens/s at its p90 and p10 step times (its slowest and fastest usual steps)."""
+    tps, st = o.tokens_per_s or 0.0, (o.best or {}).get("step_time_s") or {}
+    if not st.get("p10") or not st.get("p90"):
+        return tps, tps
+    return tps * st["median"] / st["p90"], tps * st["median"] / st["p10"]
+
+
+def rivals(ranked: list[Outcome]) -> list[Outcome]:
+    """The fitting candidates whose p10-p90 step-time range, as tokens/s, overlaps the top one's: with a few
+    timed steps per probe their order behind the top is noise, not merit."""
+    if not ranked or ranked[0].best is None:
+        return []
+    floor = _tokens_per_s_range(ranked[0])[0]
+    return [o for o in ranked[1:] if o.best is not None and _tokens_per_s_range(o)[1] >= floor]
+
+
+def summary(outcomes: list[Outcome], evidence: dict[str, str]) -> list[dict[str, Any]]:
+    """The ranked list as JSON (recommendation.json): each candidate's verdict and the result file behind every
+    probe (`evidence` maps a result id to its file)."""
+    rows = []
+    for o in outcomes:
+        best = o.best or {}
+        peak, left = peak_bytes(best), headroom_bytes(best)
+        rows.append(
+            {
+                "strategy": o.candidate.strategy,
+                "activation_checkpointing": o.candidate.activation_checkpointing,
+                "micro_batch": o.micro_batch,
+                "tokens_per_s": o.tokens_per_s,
+                "peak_bytes": peak,
+                "headroom_bytes": left,
+                "fits": o.best is not None,
+                "ruled_out": o.ruled_out,
+                "capped": o.capped,
+                "evidence": evidence.get(best["id"]) if best else None,
+                "probes": [
+                    {"micro_batch": mb, "status": r["status"], "file": evidence.get(r["id"])}
+                    for mb, r in o.probes
+                ],
+            }
+        )
+    return rows

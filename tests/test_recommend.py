@@ -1,0 +1,310 @@
+"""`distbench recommend`: the micro-batch search finds the exact out-of-memory edge, the ranking puts the
+fastest fitting candidate first, and the command's table and recommendation agree with the evidence it saved.
+
+The search and the ranking run against made-up probes (a known memory limit, no training); one end-to-end run
+on CPU finds a real edge: recommend_models.oom_above_3 raises torch's OutOfMemoryError above micro-batch 3.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from distbench import recommend
+from distbench.cli import main
+from distbench.recommend import GIB, Candidate, Headroom, Outcome, rank, search
+from distbench.results import load_results, make_result
+
+DDP = Candidate("ddp", False)
+
+
+def _result(
+    mb: int,
+    status: str = "ok",
+    tokens_per_s: float = 0.0,
+    peak_gib: float | None = None,
+    total_gib: float | None = None,
+    error: str | None = None,
+    strategy: str = "ddp",
+) -> dict[str, Any]:
+    metrics = {"tokens_per_s": tokens_per_s} if status == "ok" else {}
+    if peak_gib is not None:
+        metrics["mem_reserved_peak_bytes"] = int(peak_gib * GIB)
+    per_rank = [{"rank": 0, "mem_total_bytes": int(total_gib * GIB) if total_gib else None}]
+    return make_result(
+        {"strategy": strategy, "world_size": 1, "micro_batch": mb},
+        metrics=metrics,
+        status=status,
+        error=error,
+        per_rank=per_rank,
+    )
+
+
+def _limited(limit: int, calls: list[int] | None = None) -> recommend.Probe:
+    """A probe out of memory above `limit` samples, its throughput growing with the micro-batch."""
+
+    def probe(mb: int) -> dict[str, Any]:
+        if calls is not None:
+            calls.append(mb)
+        return _result(mb, "oom" if mb > limit else "ok", tokens_per_s=100.0 * mb)
+
+    return probe
+
+
+def assert_finds_edge(search_fn: Callable[..., Outcome], limit: int, max_micro_batch: int = 1024) -> None:
+    """The check the search must pass: the largest fitting micro-batch, exactly, and not marked capped."""
+    out = search_fn(DDP, _limited(limit), max_micro_batch=max_micro_batch, max_probes=32)
+    assert out.micro_batch == min(limit, max_micro_batch), f"found {out.micro_batch}, the edge is {limit}"
+    assert not out.capped and out.ruled_out is None
+
+
+def assert_recommends_fastest(
+    rank_fn: Callable[[list[Outcome]], list[Outcome]], outcomes: list[Outcome]
+) -> None:
+    """The check the ranking must pass: the fastest fitting candidate first, every ruled-out one after the fits."""
+    ranked = rank_fn(outcomes)
+    fastest = max((o for o in outcomes if o.best), key=lambda o: o.tokens_per_s or 0.0)
+    assert ranked[0] is fastest, (
+        f"recommended {ranked[0].candidate.label}, fastest is {fastest.candidate.label}"
+    )
+    fits = [o.best is not None for o in ranked]
+    assert fits == sorted(fits, reverse=True), "a ruled-out candidate ranked above a fitting one"
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 5, 8, 13, 700, 1024, 5000])
+def test_the_search_finds_the_largest_micro_batch_that_fits(limit):
+    assert_finds_edge(search, limit)
+
+
+def test_the_search_bisects_after_doubling_and_never_probes_twice():
+    calls: list[int] = []
+    out = search(DDP, _limited(5, calls), max_micro_batch=1024, max_probes=16)
+    assert calls == [1, 2, 4, 8, 6, 5] and out.micro_batch == 5
+    assert [mb for mb, _ in out.probes] == calls
+
+
+@pytest.mark.parametrize(
+    "start, limit, probes",
+    [(4, 9, [4, 8, 16, 12, 10, 9]), (4, 2, [4, 2, 3]), (4, 0, [4, 2, 1]), (2000, 5000, [1024])],
+)
+def test_a_search_started_where_a_lighter_variant_fit_still_finds_the_edge(start, limit, probes):
+    calls: list[int] = []
+    out = search(DDP, _limited(limit, calls), max_micro_batch=1024, max_probes=16, start=start)
+    assert calls == probes and out.micro_batch == (min(limit, 1024) or None)
+
+
+def test_nothing_fits_rules_the_candidate_out_after_one_probe():
+    calls: list[int] = []
+    out = search(DDP, _limited(0, calls), max_micro_batch=64, max_probes=16)
+    assert calls == [1] and out.best is None
+    assert out.ruled_out == "micro-batch 1 does not fit: out of memory"
+
+
+def test_the_ceiling_and_the_probe_budget_are_honoured():
+    calls: list[int] = []
+    assert search(DDP, _limited(100, calls), max_micro_batch=6, max_probes=16).micro_batch == 6
+    assert calls == [1, 2, 4, 6]
+    short = search(DDP, _limited(5), max_micro_batch=1024, max_probes=3)
+    assert len(short.probes) == 3 and short.micro_batch == 4 and short.capped  # 4 fits; 5..7 were never tried
+
+
+def test_a_fit_leaving_less_than_the_headroom_counts_as_out_of_memory():
+    def probe(mb: int) -> dict[str, Any]:  # 1 GiB per sample on a 10 GiB device
+        return _result(mb, tokens_per_s=mb, peak_gib=mb, total_gib=10)
+
+    assert (
+        search(DDP, probe, max_micro_batch=64, max_probes=16, headroom=Headroom(bytes=3 * GIB)).micro_batch
+        == 7
+    )
+    assert (
+        search(DDP, probe, max_micro_batch=64, max_probes=16, headroom=Headroom(fraction=0.5)).micro_batch
+        == 5
+    )
+    assert (
+        recommend.misfit(probe(8), Headroom(bytes=3 * GIB))
+        == "leaves 2.00 GiB free, less than the 3.00 GiB headroom"
+    )
+    assert (
+        recommend.misfit(_result(8, tokens_per_s=1.0), Headroom(bytes=3 * GIB)) is None
+    )  # CPU: no memory known
+
+
+def test_a_probe_that_fails_otherwise_rules_the_candidate_out_with_its_exception():
+    error = (
+        "job distbench.measure.bench:bench failed at world size 2: rank 0 raised ValueError\n"
+        '===== rank 0: error (ValueError) =====\nTraceback (most recent call last):\n  File "x.py"\n'
+        "ValueError: bad shapes\n===== rank 1: ok ====="
+    )
+
+    def probe(mb: int) -> dict[str, Any]:
+        return _result(mb, "error", error=error) if mb == 4 else _result(mb, tokens_per_s=mb)
+
+    out = search(DDP, probe, max_micro_batch=64, max_probes=16)
+    assert out.best is None and out.ruled_out == "micro-batch 4 failed: ValueError: bad shapes"
+
+
+def _outcome(strategy: str, tokens_per_s: float | None, why: str | None = None) -> Outcome:
+    best = _result(4, tokens_per_s=tokens_per_s, strategy=strategy) if tokens_per_s else None
+    return Outcome(Candidate(strategy, False), probes=[(4, best)] if best else [], best=best, ruled_out=why)
+
+
+def test_the_ranking_puts_the_fastest_fit_first_and_the_ruled_out_last():
+    outcomes = [
+        _outcome("ddp", 500.0),
+        _outcome("zero3", None, "micro-batch 1 does not fit: out of memory"),
+        _outcome("fsdp_full", 900.0),
+        _outcome("zero1", 700.0),
+    ]
+    assert_recommends_fastest(rank, outcomes)
+    assert [o.candidate.strategy for o in rank(outcomes)] == ["fsdp_full", "zero1", "ddp", "zero3"]
+    rows = recommend.summary(rank(outcomes), {})
+    assert rows[-1]["fits"] is False and rows[-1]["ruled_out"].endswith("out of memory")
+
+
+def test_candidates_whose_step_time_range_overlaps_the_tops_are_named_as_noise():
+    def timed(strategy: str, tokens_per_s: float, p10: float, median: float, p90: float) -> Outcome:
+        out = _outcome(strategy, tokens_per_s)
+        assert out.best is not None
+        out.best["step_time_s"] = {"p10": p10, "median": median, "p90": p90}
+        return out
+
+    top = timed("zero2", 1000.0, 0.9, 1.0, 1.25)  # 800-1111 tokens/s
+    near = timed("ddp", 700.0, 0.8, 1.0, 1.0)  # 700-875: overlaps
+    far = timed("fsdp_full", 700.0, 0.9, 1.0, 1.0)  # 700-778: below the top's 800
+    assert recommend.rivals(rank([far, near, top])) == [near]
+    assert recommend.rivals([timed("zero2", 1000.0, 1.0, 1.0, 1.0), timed("ddp", 999.0, 1.0, 1.0, 1.0)]) == []
+
+
+# --- bite: each check above fails on a planted defect ---------------------------------------------------------
+def test_the_edge_check_catches_a_search_that_stops_one_probe_early():
+    probes_needed = len(search(DDP, _limited(5), max_micro_batch=1024, max_probes=32).probes)
+
+    def early(*args: Any, **kwargs: Any) -> Outcome:
+        return search(*args, **{**kwargs, "max_probes": probes_needed - 1})
+
+    with pytest.raises(AssertionError, match="found 4, the edge is 5"):
+        assert_finds_edge(early, 5)
+
+
+def test_the_ranking_check_catches_an_ascending_sort(monkeypatch):
+    outcomes = [
+        _outcome("ddp", 500.0),
+        _outcome("fsdp_full", 900.0),
+        _outcome("zero3", None, "out of memory"),
+    ]
+    ascending = sorted(outcomes, key=lambda o: (o.best is None, o.tokens_per_s or 0.0))
+    monkeypatch.setattr(recommend, "rank", lambda os: ascending)
+    with pytest.raises(AssertionError, match="recommended ddp, fastest is fsdp_full"):
+        assert_recommends_fastest(recommend.rank, outcomes)
+
+
+# --- the command --------------------------------------------------------------------------------------------
+def _rows(out: str) -> dict[str, list[str]]:
+    """Table rows by strategy label ("ddp", "ddp +AC"), cells stripped."""
+    rows = {}
+    for ln in out.splitlines():
+        cells = [c.strip() for c in ln.split("│")[1:-1]]
+        if len(cells) == 8 and cells[0].isdigit():
+            rows[cells[1] + (" +AC" if cells[2] == "on" else "")] = cells
+    return rows
+
+
+def test_recommend_finds_the_real_edge_and_recommends_the_fastest_fit_by_its_evidence(
+    capsys, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("COLUMNS", "300")  # one table row per line
+    argv = [
+        "recommend",
+        "-m",
+        "recommend_models:oom_above_3",
+        "-n",
+        "2",
+        "-s",
+        "ddp,fsdp_full,single,fsdp_offload",
+        "--max-micro-batch",
+        "8",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "-o",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = _rows(out)
+    assert rows["ddp"][3] == rows["fsdp_full"][3] == "3"
+    assert "ruled out: single runs on at most 1 rank(s)" in rows["single"][7]
+    assert "ruled out: fsdp_offload needs CUDA GPUs" in rows["fsdp_offload"][7]
+    # Independently of the table: the edge and the winner as the saved results show them.
+    results = load_results(tmp_path)
+    largest: dict[str, dict[str, Any]] = {}
+    for r in results:
+        s, mb = r["config"]["strategy"], r["config"]["micro_batch"]
+        assert r["status"] == ("oom" if mb > 3 else "ok"), f"{s} micro-batch {mb}: {r['status']}"
+        if (
+            r["status"] == "ok"
+            and mb > largest.get(s, {"config": {"micro_batch": 0}})["config"]["micro_batch"]
+        ):
+            largest[s] = r
+    assert {s: r["config"]["micro_batch"] for s, r in largest.items()} == {"ddp": 3, "fsdp_full": 3}
+    winner = max(largest.values(), key=lambda r: r["metrics"]["tokens_per_s"])
+    line = " ".join(out.split())
+    assert (
+        f"Recommendation: {winner['config']['strategy']} at micro-batch 3: "
+        f"{winner['metrics']['tokens_per_s']:,.0f} tokens/s" in line
+    )
+    saved = json.loads((tmp_path / "recommendation.json").read_text())
+    assert saved["recommendation"]["evidence"] == str(tmp_path / f"{winner['id']}.json")
+    assert [r["strategy"] for r in saved["ranked"]][2:] == ["single", "fsdp_offload"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-m", "gpt9"], "unknown model 'gpt9'"),
+        (["-m", "gpt2-tiny", "-s", "ddp,fdsp_full"], "unknown strategy 'fdsp_full'"),
+        (["-m", "gpt2-tiny", "--headroom-gib", "-1"], "greater than or equal to 0"),
+        (["-m", "gpt2-tiny", "--headroom-frac", "1.5"], "must be below 1"),
+        (["-m", "gpt2-tiny", "--headroom-gib", "1", "--headroom-frac", "0.1"], "not allowed with argument"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_runs(argv, message, capsys, monkeypatch):
+    import distbench.matrix
+
+    monkeypatch.setattr(distbench.matrix, "run_matrix", lambda *a, **kw: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as e:
+        main(["recommend", *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_more_gpus_than_the_machine_has_is_refused(capsys, monkeypatch):
+    import distbench.matrix
+    import distbench.runtime.pool
+
+    monkeypatch.setattr(distbench.matrix, "run_matrix", lambda *a, **kw: pytest.fail("ran"))
+    monkeypatch.setattr(distbench.runtime.pool, "cuda_device_count", lambda: 1)
+    assert main(["recommend", "-m", "gpt2-tiny", "--device", "cuda", "--gpus", "2"]) == 2
+    assert "--gpus 2 but this machine has 1 CUDA device(s)" in capsys.readouterr().err
+
+
+def test_activation_checkpointing_is_a_candidate_only_for_models_with_the_switch(capsys, monkeypatch):
+    from distbench.commands.recommend import _checkpointable
+
+    assert _checkpointable("gpt2-tiny", 0) and not _checkpointable("user_models:tiny_lm", 0)
+    argv = [
+        "recommend",
+        "-m",
+        "user_models:tiny_lm",
+        "-n",
+        "1",
+        "-s",
+        "ddp",
+        "--activation-checkpointing",
+        "on",
+    ]
+    assert main(argv) == 2
+    assert "user_models:tiny_lm has no activation checkpointing switch" in capsys.readouterr().err
