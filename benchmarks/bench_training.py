@@ -62,14 +62,14 @@ def _pools() -> Any:
 def _train(strategy: str, world_size: int) -> dict[str, Any]:
     """One benchmark result, or {"skip": why} for a pair the strategy does not support."""
     from distbench.config import RunConfig
-    from distbench.measure.bench import run_benchmark
+    from distbench.matrix import run_benchmark
 
     why = _get_spec(strategy).unsupported_reason(DEVICE, world_size, GPUS)
     if why:
         return {"skip": why}
     cfg = RunConfig(strategy=strategy, world_size=world_size, deterministic=False, **WORKLOAD)
     try:
-        return run_benchmark(_pools().get(world_size), cfg)
+        return run_benchmark(_pools().pool_for(world_size), cfg)
     except Exception as e:  # one broken configuration must not take the whole grid down
         return {"status": "error", "error": f"{type(e).__name__}: {e}"}
 
@@ -78,7 +78,9 @@ def _train(strategy: str, world_size: int) -> dict[str, Any]:
 def _busbw(world_size: int) -> dict[str, Any]:
     """Rank 0's table of collective_bandwidth (every rank returns the same one)."""
     try:
-        return _pools().get(world_size).run("distbench.measure.busbw:collective_bandwidth", {}, 900)[0]
+        from distbench.jobs.bench import collective_bandwidth
+
+        return _pools().pool_for(world_size).run(collective_bandwidth, {}, 900)[0]
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
 

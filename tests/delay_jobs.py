@@ -16,7 +16,7 @@ from unittest import mock
 
 import torch.distributed as dist
 
-import distbench.runtime.jobs as jobs
+import distbench.jobs.train as jobs
 from distbench.config import RunConfig
 from distbench.runtime.context import RankContext
 from distbench.strategies import get_spec
@@ -48,16 +48,15 @@ def _module(family: str) -> ModuleType:
     return dist
 
 
-def train_with_delays(ctx: RankContext, cfg: dict[str, Any], sites: list[str], delay_s: float,
+def train_with_delays(ctx: RankContext, cfg: RunConfig, sites: list[str], delay_s: float,
                       plant: str | None = None) -> dict[str, Any]:
-    """runtime.jobs.train with a delay of `delay_s` (a device-side spin on GPU, timed by spin_rate; a host
+    """jobs.train.train with a delay of `delay_s` (a device-side spin on GPU, timed by spin_rate; a host
     sleep on CPU) before every call at each of `sites`; the reply adds {"delays": {site: calls delayed}}.
     plant "legacy_names": FSDP2's collectives patched under their pre-2.1x names only."""
-    rc = RunConfig.from_dict(cfg)
-    family = get_spec(rc.strategy).trainer_module
+    family = get_spec(cfg.strategy).trainer_module
     unknown = set(sites) - set(SITES)
     if unknown or family not in COLLECTIVES:
-        raise ValueError(f"delays at {sites} are written for FSDP2 and ZeRO, not {rc.strategy}")
+        raise ValueError(f"delays at {sites} are written for FSDP2 and ZeRO, not {cfg.strategy}")
     rate = spin_rate(ctx.device) if ctx.is_cuda else None
     fired = dict.fromkeys(sites, 0)
 

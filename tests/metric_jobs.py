@@ -23,12 +23,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import distbench.measure.bench as bm
+import distbench.jobs.bench as bm
 import distbench.measure.timing as timing
 from distbench.config import RunConfig
+from distbench.jobs.train import make_trainer, seq_len_of
 from distbench.measure.timing import Window
 from distbench.runtime.context import RankContext
-from distbench.runtime.jobs import make_trainer, seq_len_of
 from distbench.strategies.base import Trainer
 from distbench.workloads.data import rank_micro_batches
 from distbench.workloads.models import get_model
@@ -166,7 +166,7 @@ def host_wall_per_call(ctx: RankContext, fn: Callable[[], Any], calls: int) -> f
     return (time.perf_counter() - t0) / calls
 
 
-def spin_bench(ctx: RankContext, cfg: dict[str, Any], spin_s: float, plant: str | None = None) -> dict[str, Any]:
+def spin_bench(ctx: RankContext, cfg: RunConfig, spin_s: float, plant: str | None = None) -> dict[str, Any]:
     """The `bench` job with every micro-batch of every step a device-side spin of `spin_s` and nothing else.
 
     The step's length is measured beside the benchmark by the host clock around a few spin steps between
@@ -181,8 +181,7 @@ def spin_bench(ctx: RankContext, cfg: dict[str, Any], spin_s: float, plant: str 
             torch.cuda._sleep(int(spin_s * rate))
         return torch.zeros((), device=ctx.device)
 
-    rc = ctx.config(cfg)
-    fake = [{} for _ in range(rc.accum_steps)]
+    fake = [{} for _ in range(cfg.accum_steps)]
     real_build = bm.build_trainer
 
     def build(ctx_: RankContext, rc_: RunConfig, model: nn.Module) -> Trainer:
@@ -201,13 +200,13 @@ def spin_bench(ctx: RankContext, cfg: dict[str, Any], spin_s: float, plant: str 
 
 
 # --- memory ------------------------------------------------------------------------------------------------
-def known_allocation_bench(ctx: RankContext, cfg: dict[str, Any], mib: int, plant: str | None = None
+def known_allocation_bench(ctx: RankContext, cfg: RunConfig, mib: int, plant: str | None = None
                            ) -> dict[str, Any]:
     """Two `bench` runs of the same configuration in this rank, one after the other: the first allocates a
     tensor of `mib` MiB in its first timed step and keeps it to the window's end; the second allocates
     nothing. {"with": first's memory readings, "next": second's}. `cfg` needs warmup >= 1, so that the
     first window (warm-up) is not the timed one. plant "no_peak_reset": bench never resets the peaks."""
-    assert ctx.config(cfg).warmup >= 1, "the allocation must land in a timed window, after the warm-up one"
+    assert cfg.warmup >= 1, "the allocation must land in a timed window, after the warm-up one"
     held: list[torch.Tensor] = []
     windows = [0]
     real_window = bm.time_window
@@ -268,17 +267,16 @@ def matmul_flop_rate(device: torch.device, shapes: list[tuple[int, int]], tokens
     return flops / (start.elapsed_time(end) / 1000.0)
 
 
-def mfu_beside_matmuls(ctx: RankContext, cfg: dict[str, Any]) -> dict[str, Any]:
+def mfu_beside_matmuls(ctx: RankContext, cfg: RunConfig) -> dict[str, Any]:
     """The `bench` job on a model of bias-free Linear layers, and a bf16 matmul benchmark of the same shapes
     on the same tokens per micro-batch run before and after it in this process: {"reply", "matmul_flops_per_s":
     [before, after], "shapes", "device_name"}."""
-    rc = ctx.config(cfg)
-    spec = get_model(rc.model)
-    model = spec.build(rc.seed, "meta")
+    spec = get_model(cfg.model)
+    model = spec.build(cfg.seed, "meta")
     shapes = [(m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear)]
     assert shapes and all(m.bias is None for m in model.modules() if isinstance(m, nn.Linear)), \
         "mfu_beside_matmuls needs a stack of bias-free Linear layers"
-    tokens = rc.micro_batch * (rc.seq_len or spec.seq_len)
+    tokens = cfg.micro_batch * (cfg.seq_len or spec.seq_len)
     rates = [matmul_flop_rate(ctx.device, shapes, tokens)]
     reply = bm.bench(ctx, cfg, nvml=False)
     rates.append(matmul_flop_rate(ctx.device, shapes, tokens))
@@ -303,7 +301,7 @@ def _planted(plant: str | None) -> Iterator[None]:
         yield
 
 
-def counted_bench(ctx: RankContext, cfg: dict[str, Any], plant: str | None = None) -> dict[str, Any]:
+def counted_bench(ctx: RankContext, cfg: RunConfig, plant: str | None = None) -> dict[str, Any]:
     """The `bench` job, with the model's input tokens counted by a forward hook and every time_window call
     timed by a clock of its own: {"reply": bench's reply, "windows": [{"tokens", "seconds"}, ...]} with one
     entry per window, warm-up first."""
@@ -343,19 +341,18 @@ def _ranks_agree(ctx: RankContext, x: torch.Tensor) -> bool:
     return all(torch.equal(got[0], g) for g in got[1:])
 
 
-def grads_across_accumulation(ctx: RankContext, cfg: dict[str, Any], mutation: str | None = None) -> dict[str, bool]:
+def grads_across_accumulation(ctx: RankContext, cfg: RunConfig, mutation: str | None = None) -> dict[str, bool]:
     """Whether the ranks' gradients agree after each micro-batch of one optimizer step, read in the ranks.
 
     Each rank sees different samples, so gradients agree only once they have been communicated: a strategy
     that skips the sync on all but the last micro-batch disagrees before it and agrees after. `mutation`
     names a trainer defect from tests/mutants.py.
     """
-    rc = RunConfig.from_dict(cfg)
-    trainer = make_trainer(ctx, rc)
+    trainer = make_trainer(ctx, cfg)
     if mutation:
         _mutate(trainer, mutation)
     try:
-        mbs = rank_micro_batches(rc, 0, ctx.rank, seq_len_of(rc), get_model(rc.model).vocab_size, ctx.device)
+        mbs = rank_micro_batches(cfg, 0, ctx.rank, seq_len_of(cfg), get_model(cfg.model).vocab_size, ctx.device)
         agree = []
         for i, mb in enumerate(mbs):
             trainer.forward_backward(mb, sync=i == len(mbs) - 1)

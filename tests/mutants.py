@@ -33,8 +33,8 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
-import distbench.invariants.collectives as collectives
-import distbench.runtime.jobs as jobs
+import distbench.jobs.checks as checks
+import distbench.jobs.train as jobs
 import distbench.strategies.lora as lora
 from distbench.strategies.ddp import DDPTrainer
 from distbench.strategies.fsdp import FSDP2Trainer
@@ -133,11 +133,11 @@ def _mutated(mutation: str) -> Iterator[None]:
         return trainer
 
     original = jobs.make_trainer
-    jobs.make_trainer = collectives.make_trainer = make
+    jobs.make_trainer = checks.make_trainer = make
     try:
         yield
     finally:
-        jobs.make_trainer = collectives.make_trainer = original
+        jobs.make_trainer = checks.make_trainer = original
 
 
 def train(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
@@ -155,4 +155,4 @@ def train_with_an_overflow(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, 
 
 def count_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, float]:
     with _mutated(mutation):
-        return collectives.count_collectives(ctx, **kwargs)
+        return checks.count_collectives(ctx, **kwargs)

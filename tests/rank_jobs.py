@@ -45,7 +45,7 @@ def model_outlives_close(ctx: Any, strategy: str) -> bool:
     import weakref
 
     from distbench.config import RunConfig
-    from distbench.runtime.jobs import run_steps, set_numerics
+    from distbench.jobs.train import run_steps, set_numerics
     from distbench.strategies import build_trainer
     from distbench.workloads import get_model
 

@@ -64,7 +64,7 @@ def test_a_run_the_variant_cannot_do_is_a_failed_run_not_a_dead_server():
     class Pools:
         device_type = "cpu"
 
-        def get(self, world_size: int):
+        def pool_for(self, world_size: int):
             raise RuntimeError("no pool for this world size here")
 
     out = handle(Pools(), {"cfg": {"strategy": "ddp", "world_size": 2}, "timeout": 5})

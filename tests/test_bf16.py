@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+import mutants
 from distbench.invariants.checks import assert_bf16_matches_fp32_reference
 from distbench.workloads import get_model
 
@@ -35,7 +36,7 @@ def bf16_run(suite: Any, strategy: str, world_size: int, mutation: str | None = 
     """(the run's losses and final full parameters, the fp32 reference's, the initial weights)."""
     cfg = suite.config(strategy, world_size, **BF16)
     if mutation:
-        run = suite.run(world_size, "mutants:train", mutation=mutation, cfg=cfg.to_dict(), return_params=True)[0]
+        run = suite.run_job(world_size, mutants.train, mutation=mutation, cfg=cfg, return_params=True)[0]
     else:
         run = suite.train(cfg, return_params=True)[0]
     return run, suite.reference(cfg), initial_weights(cfg.model, cfg.seed)

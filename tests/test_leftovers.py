@@ -20,14 +20,17 @@ pytestmark = pytest.mark.slow  # whole sessions and runs (lanes too), ended ever
 TESTS = Path(__file__).parent
 
 SESSION = """
+import rank_jobs
+
+
 def test_passes(suite):
-    assert [r["rank"] for r in suite.run(2, "rank_jobs:whoami")] == [0, 1]
+    assert [r["rank"] for r in suite.run_job(2, rank_jobs.whoami)] == [0, 1]
 
 def test_fails(suite):
-    suite.run(2, "rank_jobs:raise_in", rank=1)
+    suite.run_job(2, rank_jobs.raise_in, rank=1)
 
 def test_hangs(suite):
-    suite.run(2, "rank_jobs:hang_in", timeout=2, rank=0)
+    suite.run_job(2, rank_jobs.hang_in, timeout=2, rank=0)
 """
 
 
@@ -85,8 +88,10 @@ LANE_TESTS = """
 import time
 from pathlib import Path
 
+import rank_jobs
+
 def test_{name}(suite):
-    assert suite.run(1, "rank_jobs:whoami")[0]["rank"] == 0  # a pool of ranks in the lane process
+    assert suite.run_job(1, rank_jobs.whoami)[0]["rank"] == 0  # a pool of ranks in the lane process
     Path("started-{name}").touch()
     time.sleep(600)
 """

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import mutants
 from distbench.config import RunConfig
 from distbench.invariants.checks import assert_losses_match, assert_params_and_grads_match
-from distbench.runtime.jobs import set_numerics
+from distbench.jobs.train import set_numerics
 
 
 def test_loss_parity(suite, strategy, world_size):
@@ -84,6 +85,6 @@ def test_sgd_momentum_loss_parity(suite, strategy, world_size):
 def test_sgd_parity_catches_a_missing_average(suite):
     """Gradients summed instead of averaged over 2 ranks (tests/mutants.py sum_not_mean) fail SGD's parity."""
     cfg = suite.config("ddp", 2, **SGD)
-    losses = suite.run(2, "mutants:train", mutation="sum_not_mean", cfg=cfg.to_dict())[0]["losses"]
+    losses = suite.run_job(2, mutants.train, mutation="sum_not_mean", cfg=cfg)[0]["losses"]
     with pytest.raises(AssertionError):
         assert_losses_match(losses, suite.reference(cfg)["losses"], "ddp ws2 SGD, gradients summed")

@@ -21,7 +21,8 @@ from torch import nn
 
 from distbench.config import RunConfig
 from distbench.errors import ConfigError
-from distbench.measure import bench as bm
+from distbench.jobs import bench as bm
+from distbench.matrix import run_benchmark, sweep_micro_batch
 from distbench.measure import busbw, mfu, nvml
 from distbench.measure.memory import memory_stats, reset_peaks
 from distbench.measure.pygc import GcWatch
@@ -142,7 +143,7 @@ def single_rank_gloo(tmp_path):
 
 
 def test_collective_bandwidth_single_rank_gloo(single_rank_gloo):
-    out = busbw.collective_bandwidth(single_rank_gloo, sizes_bytes=[1000, 4096], iters=2, warmup=1,
+    out = busbw.bandwidth_table(single_rank_gloo, sizes_bytes=[1000, 4096], iters=2, warmup=1,
                                      ceiling_gbps=100.0)
     assert (out["backend"], out["world_size"], out["dtype"]) == ("gloo", 1, "fp32")
     assert [(r["op"], r["size_bytes"]) for r in out["results"]] == [
@@ -157,7 +158,7 @@ def test_collective_bandwidth_single_rank_gloo(single_rank_gloo):
 def test_collective_bandwidth_two_gloo_ranks():
     pool = RankPool(2, "cpu")
     try:
-        out = pool.run("distbench.measure.busbw:collective_bandwidth",
+        out = pool.run(bm.collective_bandwidth,
                        {"sizes_bytes": [4096], "iters": 3, "warmup": 1}, timeout=120)
     finally:
         pool.close()
@@ -282,7 +283,7 @@ def test_relevant_env_keeps_nccl_and_cuda_settings_only():
 # --- benchmark jobs --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def bench_reply():
-    return bm.bench(CPU, TINY)
+    return bm.bench(CPU, RunConfig.from_dict(TINY))
 
 
 def test_bench_job_at_world_size_1(bench_reply):
@@ -322,7 +323,7 @@ def test_gc_watch_keeps_the_collector_out_of_timed_steps_and_counts_it(keep):
 
 
 def test_split_jobs_train_like_the_one_shot_job(bench_reply):
-    setup = bm.bench_setup(CPU, TINY)
+    setup = bm.bench_setup(CPU, RunConfig.from_dict(TINY))
     assert bm.STATE_KEY in worker.STATE and len(setup["warmup_losses"]) == 2
     steps = [bm.bench_step(CPU) for _ in range(3)]
     out = bm.bench_finish(CPU)
@@ -334,7 +335,7 @@ def test_split_jobs_train_like_the_one_shot_job(bench_reply):
 
 
 def test_harness_overhead_job():
-    out = bm.harness_overhead(CPU, TINY, steps=2, rounds=2, warmup=1)
+    out = bm.harness_overhead(CPU, RunConfig.from_dict(TINY), steps=2, rounds=2, warmup=1)
     assert len(out["rounds"]) == 2
     assert out["bare_tokens_per_s"] > 0 and out["harness_tokens_per_s"] > 0
     ratios = sorted(r["harness_s"] / r["bare_s"] for r in out["rounds"])
@@ -342,7 +343,7 @@ def test_harness_overhead_job():
     first = out["first_step_loss"]
     assert first["bare"] == pytest.approx(first["harness"], rel=1e-5)  # both loops do the same work
     with pytest.raises(ConfigError, match="world size 1"):
-        bm.harness_overhead(RankContext(0, 2, 0, torch.device("cpu"), "gloo"), TINY, steps=1)
+        bm.harness_overhead(RankContext(0, 2, 0, torch.device("cpu"), "gloo"), RunConfig.from_dict(TINY), steps=1)
 
 
 class FakePool:
@@ -359,12 +360,13 @@ class FakePool:
         self.closed = 0
         self.seen = []
 
-    def run(self, target, kwargs, timeout):
-        assert target == bm.JOB
-        self.seen.append(kwargs["cfg"])
-        if self.oom_from is not None and kwargs["cfg"]["micro_batch"] >= self.oom_from:
-            outcomes = [RankOutcome(r, "error", self.exc_type, self.text) for r in range(kwargs["cfg"]["world_size"])]
-            raise JobError(target, len(outcomes), outcomes, "raised")
+    def run(self, job, kwargs, timeout):
+        assert job is bm.bench
+        cfg = kwargs["cfg"]
+        self.seen.append(cfg)
+        if self.oom_from is not None and cfg.micro_batch >= self.oom_from:
+            outcomes = [RankOutcome(r, "error", self.exc_type, self.text) for r in range(cfg.world_size)]
+            raise JobError("bench", len(outcomes), outcomes, "raised")
         return self.replies
 
     def close(self):
@@ -373,7 +375,7 @@ class FakePool:
 
 def test_run_benchmark_result_schema(bench_reply, tmp_path):
     cfg = RunConfig.from_dict(TINY)
-    res = bm.run_benchmark(FakePool([bench_reply]), cfg)
+    res = run_benchmark(FakePool([bench_reply]), cfg)
     assert res["schema"] == SCHEMA and res["status"] == "ok" and res["error"] is None
     m = res["metrics"]
     assert set(m) <= set(METRICS)
@@ -398,19 +400,19 @@ def test_run_benchmark_result_schema(bench_reply, tmp_path):
 def test_out_of_memory_is_a_result_and_other_failures_raise():
     cfg = RunConfig.from_dict({**TINY, "world_size": 2})
     pool = FakePool(oom_from_micro_batch=1)
-    res = bm.run_benchmark(pool, cfg)
+    res = run_benchmark(pool, cfg)
     assert res["status"] == "oom" and "rank(s) 0,1" in res["error"] and res["metrics"] == {}
     assert res["config"]["micro_batch"] == 2 and [r["exc_type"] for r in res["per_rank"]] == ["OutOfMemoryError"] * 2
     assert pool.closed == 1  # a fresh process group for the next job
     failing = FakePool(oom_from_micro_batch=1, exc_type="ValueError", text="ValueError: bad option")
     with pytest.raises(JobError):
-        bm.run_benchmark(failing, cfg)
+        run_benchmark(failing, cfg)
     assert failing.closed == 0
 
 
 def test_micro_batch_sweep_stops_at_first_oom(bench_reply):
     cfg = RunConfig.from_dict(TINY)  # accumulation 2
     pool = FakePool([bench_reply], oom_from_micro_batch=4)
-    results = bm.sweep_micro_batch(pool, cfg, [8, 1, 2, 4])
+    results = sweep_micro_batch(pool, cfg, [8, 1, 2, 4])
     assert [r["status"] for r in results] == ["ok", "ok", "oom"]
-    assert [(c["micro_batch"], c["global_batch"]) for c in pool.seen] == [(1, 2), (2, 4), (4, 8)]
+    assert [(c.micro_batch, c.global_batch) for c in pool.seen] == [(1, 2), (2, 4), (4, 8)]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from distbench.invariants.memory import analytic_bytes
+from distbench.jobs.checks import state_memory
 from distbench.strategies import REGISTRY
 
-JOB = "distbench.invariants.memory:state_memory"
 #: Allowed excess over the model: 15% plus 1.5 GiB for communication buckets and allocator rounding
 #: (DeepSpeed reserves reduce/all-gather buckets of up to 5e8 elements by default).
 REL_TOL, ABS_SLACK = 0.15, 1.5 * 2**30
@@ -27,7 +27,7 @@ def _measure(suite, strategy, world_size):
     if key not in _measured:
         cfg = suite.bench_config(strategy, world_size, model="gpt2-355m", micro_batch=1, global_batch=4,
                                  seq_len=256, steps=2, warmup=0)
-        outs = suite.run(world_size, JOB, cfg=cfg.to_dict())
+        outs = suite.run_job(world_size, state_memory, cfg=cfg)
         worst = max(outs, key=lambda o: o["before_optimizer_step"])
         _measured[key] = (cfg, {**worst, **{k: max(o[k] for o in outs)
                                             for k in ("baseline_bytes", "left_after_close_bytes")}})
@@ -85,7 +85,7 @@ class _FakeSuite:
 
         return RunConfig(strategy=strategy, world_size=world_size, model=model, precision="bf16", **overrides)
 
-    def run(self, world_size, job, **kwargs):
+    def run_job(self, world_size, job, **kwargs):
         return [{"rank": r, "n_params": N_PARAMS, "before_optimizer_step": self.before,
                  "after_optimizer_step": self.before, "baseline_bytes": self.baseline,
                  "left_after_close_bytes": self.left} for r in range(world_size)]
@@ -120,9 +120,9 @@ class _FakeScalingSuite(_FakeSuite):
         super().__init__(before=16.0 * N_PARAMS)
         self.power = power
 
-    def run(self, world_size, job, **kwargs):
+    def run_job(self, world_size, job, **kwargs):
         return [{**r, "before_optimizer_step": self.before / world_size**self.power}
-                for r in super().run(world_size, job, **kwargs)]
+                for r in super().run_job(world_size, job, **kwargs)]
 
 
 @pytest.mark.parametrize(("power", "fails"), [(1.0, False), (0.0, True)])

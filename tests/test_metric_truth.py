@@ -18,7 +18,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-import distbench.measure.bench as bm
+import distbench.jobs.bench as bm
+import distbench.results as results
+import metric_jobs
 from distbench.config import RunConfig
 from distbench.measure import busbw, devicetime, mfu
 from distbench.measure.timing import time_window
@@ -76,15 +78,21 @@ MICRO_BATCH_S = 0.03
 def known_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Trainers whose step does nothing but sleep MICRO_BATCH_S per micro-batch: a step of known length
     (a real model's step on this shared 2-core machine varied 20-750 ms between runs)."""
-    real = bm.build_trainer
 
     def sleep(micro_batches: list[Any], capture_grads: bool = False) -> torch.Tensor:
         time.sleep(MICRO_BATCH_S * len(micro_batches))
         return torch.zeros(())
 
+    trainers_stepping_with(monkeypatch, sleep)
+
+
+def trainers_stepping_with(monkeypatch: pytest.MonkeyPatch, step: Callable[..., torch.Tensor]) -> None:
+    """Every trainer `bench` builds gets `step` as its step_async."""
+    real = bm.build_trainer
+
     def build(ctx: RankContext, cfg: RunConfig, model: nn.Module) -> Any:
         trainer = real(ctx, cfg, model)
-        trainer.step_async = sleep
+        trainer.step_async = step
         return trainer
 
     monkeypatch.setattr(bm, "build_trainer", build)
@@ -94,7 +102,7 @@ def assert_bench_step_time_is_the_known_workload(mode: str) -> None:
     """`bench` with steps of known length: the reported step time, and every per-step time, is at least
     that length (a sleep never ends early); the reported one, and the median step, at most 30% over."""
     cfg = RunConfig.from_dict({**KNOWN, "timing": mode})
-    result = bm.summarize_bench(cfg, [bm.bench(CPU, cfg.to_dict(), nvml=False)])
+    result = results.summarize_bench(cfg, [bm.bench(CPU, cfg, nvml=False)])
     known = cfg.accum_steps * MICRO_BATCH_S
     steps = result["step_time_s"]["steps"]
     assert known <= result["metrics"]["step_time_s"] <= 1.3 * known, (mode, result["metrics"]["step_time_s"])
@@ -162,18 +170,12 @@ def launched_steps(monkeypatch: pytest.MonkeyPatch) -> Iterator[StreamContext]:
     micro-batch onto it and returns at once."""
     stream = HostStream()
     ctx = StreamContext(0, 1, 0, torch.device("cpu"), "gloo", stream=stream)
-    real = bm.build_trainer
 
     def launch(micro_batches: list[Any], capture_grads: bool = False) -> torch.Tensor:
         stream.launch(lambda: time.sleep(MICRO_BATCH_S * len(micro_batches)))
         return torch.zeros(())
 
-    def build(ctx_: RankContext, cfg: RunConfig, model: nn.Module) -> Any:
-        trainer = real(ctx_, cfg, model)
-        trainer.step_async = launch
-        return trainer
-
-    monkeypatch.setattr(bm, "build_trainer", build)
+    trainers_stepping_with(monkeypatch, launch)
     yield ctx
     stream.close()
 
@@ -182,7 +184,7 @@ def assert_bench_holds_the_launched_work(ctx: StreamContext) -> None:
     """`bench` (events timing) over steps whose work runs behind the host: step_time_s at least the work's
     length, at most 30% over it."""
     cfg = RunConfig.from_dict({**KNOWN, "timing": "events"})
-    step_time = bm.summarize_bench(cfg, [bm.bench(ctx, cfg.to_dict(), nvml=False)])["metrics"]["step_time_s"]
+    step_time = results.summarize_bench(cfg, [bm.bench(ctx, cfg, nvml=False)])["metrics"]["step_time_s"]
     known = cfg.accum_steps * MICRO_BATCH_S
     assert known <= step_time <= 1.3 * known, step_time
 
@@ -224,9 +226,9 @@ def assert_step_time_is_the_spin(result: dict[str, Any], known_s: list[float]) -
 
 def spin_result(suite: Any, world_size: int, mode: str, plant: str | None = None) -> tuple[dict[str, Any], list[float]]:
     cfg = spin_config(world_size, mode)
-    out = suite.run(world_size, "metric_jobs:spin_bench", cfg=cfg.to_dict(), spin_s=SPIN_S, plant=plant)
+    out = suite.run_job(world_size, metric_jobs.spin_bench, cfg=cfg, spin_s=SPIN_S, plant=plant)
     known = [max(k) for k in zip(*(o["known_s"] for o in out), strict=True)]  # the slowest rank's, as a step
-    return bm.summarize_bench(cfg, [o["reply"] for o in out]), known
+    return results.summarize_bench(cfg, [o["reply"] for o in out]), known
 
 
 @pytest.mark.gpu
@@ -247,7 +249,7 @@ def test_device_spin_check_catches_timer_defects(suite: Any, plant: str) -> None
 
 
 # --- throughput --------------------------------------------------------------------------------------------
-TOKENS_JOB = "metric_jobs:counted_bench"
+TOKENS_JOB = metric_jobs.counted_bench
 TINY_LM = {"model": "user_models:tiny_lm", "steps": 3, "warmup": 1, "windows": 1}
 #: world size 1 and 2, without and with accumulation (global batch > world size x micro-batch)
 THROUGHPUT_CONFIGS = {
@@ -261,8 +263,8 @@ THROUGHPUT_CONFIGS = {
 def counted(suite: Any, cfg: RunConfig, plant: str | None = None) -> list[dict[str, Any]]:
     """metric_jobs.counted_bench's reply from every rank."""
     if cfg.world_size == 1:  # in this process: no pool to start
-        return [counted_bench(CPU, cfg.to_dict(), plant)]
-    return suite.run(cfg.world_size, TOKENS_JOB, cfg=cfg.to_dict(), plant=plant)
+        return [counted_bench(CPU, cfg, plant)]
+    return suite.run_job(cfg.world_size, TOKENS_JOB, cfg=cfg, plant=plant)
 
 
 def assert_tokens_per_s_is_tokens_seen_over_wall(cfg: RunConfig, per_rank: list[dict[str, Any]]) -> None:
@@ -272,7 +274,7 @@ def assert_tokens_per_s_is_tokens_seen_over_wall(cfg: RunConfig, per_rank: list[
     assert all(len(r["windows"]) == 2 for r in per_rank)  # warm-up, then the one timed window
     seen = sum(r["windows"][-1]["tokens"] for r in per_rank)
     wall = max(r["windows"][-1]["seconds"] for r in per_rank)
-    metrics = bm.summarize_bench(cfg, [r["reply"] for r in per_rank])["metrics"]
+    metrics = results.summarize_bench(cfg, [r["reply"] for r in per_rank])["metrics"]
     assert metrics["tokens_per_s"] == pytest.approx(seen / wall, rel=0.03)
     assert metrics["tokens_per_s_per_gpu"] == pytest.approx(seen / cfg.world_size / wall, rel=0.03)
     seq_len = per_rank[0]["reply"]["seq_len"]
@@ -296,8 +298,8 @@ def test_throughput_check_catches_global_batch_taken_per_gpu(suite: Any, monkeyp
     """The global batch counted once per GPU doubles tokens/s at world size 2 (invisible at 1)."""
     cfg = RunConfig.from_dict({**TINY_LM, **THROUGHPUT_CONFIGS["ws2"]})
     per_rank = counted(suite, cfg)
-    real = bm.throughput
-    monkeypatch.setattr(bm, "throughput", lambda gb, seq, ws, t: real(gb * ws, seq, ws, t))
+    real = results.throughput
+    monkeypatch.setattr(results, "throughput", lambda gb, seq, ws, t: real(gb * ws, seq, ws, t))
     with pytest.raises(AssertionError):
         assert_tokens_per_s_is_tokens_seen_over_wall(cfg, per_rank)
 
@@ -371,7 +373,7 @@ _mfu_runs: dict[str, dict[str, Any]] = {}
 def mfu_run(suite: Any) -> dict[str, Any]:
     """metric_jobs.mfu_beside_matmuls once per session (the bite tests read the same run)."""
     if "run" not in _mfu_runs:
-        _mfu_runs["run"] = suite.run(1, "metric_jobs:mfu_beside_matmuls", cfg=MATMUL_STACK)[0]
+        _mfu_runs["run"] = suite.run_job(1, metric_jobs.mfu_beside_matmuls, cfg=RunConfig.from_dict(MATMUL_STACK))[0]
     return _mfu_runs["run"]
 
 
@@ -379,7 +381,7 @@ def assert_mfu_is_the_matmul_benchmarks(run: dict[str, Any]) -> None:
     """The result's mfu against the best of the matmul benchmarks run before and after it, both over the
     device's dense bf16 peak (the benchmark is bf16 whatever the harness picked)."""
     cfg = RunConfig.from_dict(MATMUL_STACK)
-    metrics = bm.summarize_bench(cfg, [run["reply"]])["metrics"]
+    metrics = results.summarize_bench(cfg, [run["reply"]])["metrics"]
     peak = mfu.peak_flops(run["device_name"], "bf16")
     assert peak, f"no bf16 peak for {run['device_name']!r}: add it to measure/mfu.py's table"
     assert "mfu" in metrics, f"the result reports no mfu on {run['device_name']}"
@@ -443,7 +445,7 @@ def assert_the_allocation_is_in_its_own_peak_only(readings: dict[str, dict[str, 
 def memory_readings(suite: Any, world_size: int, plant: str | None = None) -> list[dict[str, Any]]:
     cfg = RunConfig.from_dict({**MEMORY, "strategy": "single" if world_size == 1 else "ddp",
                                "world_size": world_size, "global_batch": 2 * world_size})
-    return suite.run(world_size, "metric_jobs:known_allocation_bench", cfg=cfg.to_dict(), mib=KNOWN_MIB,
+    return suite.run_job(world_size, metric_jobs.known_allocation_bench, cfg=cfg, mib=KNOWN_MIB,
                      plant=plant)
 
 
@@ -526,7 +528,7 @@ def test_union_length_check_catches_planted_defects(monkeypatch: pytest.MonkeyPa
 
 
 # --- negative control: accumulation skips communication ----------------------------------------------------
-GRADS_JOB = "metric_jobs:grads_across_accumulation"
+GRADS_JOB = metric_jobs.grads_across_accumulation
 ACCUM3 = {"strategy": "ddp", "world_size": 2, "model": "user_models:tiny_lm", "global_batch": 6, "micro_batch": 1}
 
 
@@ -537,12 +539,12 @@ def assert_sync_only_on_the_last_micro_batch(agree: list[bool]) -> None:
 
 
 def test_ddp_accumulation_skips_the_gradient_all_reduce(suite: Any) -> None:
-    out = suite.run(2, GRADS_JOB, cfg=ACCUM3)
+    out = suite.run_job(2, GRADS_JOB, cfg=RunConfig.from_dict(ACCUM3))
     assert_sync_only_on_the_last_micro_batch(out[0]["agree_after_each_micro_batch"])
 
 
 def test_skipped_communication_check_catches_sync_on_every_micro_batch(suite: Any) -> None:
-    out = suite.run(2, GRADS_JOB, cfg=ACCUM3, mutation="sync_every_micro")
+    out = suite.run_job(2, GRADS_JOB, cfg=RunConfig.from_dict(ACCUM3), mutation="sync_every_micro")
     with pytest.raises(AssertionError):
         assert_sync_only_on_the_last_micro_batch(out[0]["agree_after_each_micro_batch"])
 

@@ -158,7 +158,7 @@ def test_the_report_command_counts_the_warnings(tmp_path, capsys):
 
 def test_run_matrix_writes_the_warnings_into_every_result(tmp_path, monkeypatch):
     """The matrix judges its results once all have run and saves them again, warnings included."""
-    import distbench.measure.bench as bench
+    import distbench.matrix as matrix
     from distbench.matrix import Matrix, run_matrix
     from distbench.results import load_results
 
@@ -167,10 +167,10 @@ def test_run_matrix_writes_the_warnings_into_every_result(tmp_path, monkeypatch)
     class Pools:
         device_type = "cpu"
 
-        def get(self, ws: int) -> int:
+        def pool_for(self, ws: int) -> int:
             return ws
 
-    monkeypatch.setattr(bench, "run_benchmark", lambda pool, cfg, **kw: run(cfg.strategy, cfg.world_size, tps[pool]))
+    monkeypatch.setattr(matrix, "run_benchmark", lambda pool, cfg, **kw: run(cfg.strategy, cfg.world_size, tps[pool]))
     run_matrix(Matrix(["ddp"], [1, 2], ["gpt2-tiny"], ["fp32"]), out_dir=tmp_path, pools=Pools())
     saved = {r["config"]["world_size"]: r["warnings"] for r in load_results(tmp_path)}
     assert saved[1] == [] and saved[2][0].startswith("superlinear: 8.49x the tokens/s of ddp on 1 rank")

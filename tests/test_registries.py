@@ -105,7 +105,7 @@ class _Pool:
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
 
-    def run(self, target, kwargs, timeout):
+    def run(self, job, kwargs, timeout):
         return [_gpu_reply(r) for r in range(self.world_size)]
 
 
@@ -113,7 +113,7 @@ def _every_metric_a_result_carries() -> set[str]:
     """The metric names of results as `distbench run` writes them: the bench job's summary at world sizes 1
     and 2, scaling.annotate's speedup and efficiency, and the trace breakdown the matrix copies in."""
     from distbench import scaling
-    from distbench.measure.bench import run_benchmark
+    from distbench.matrix import run_benchmark
     from distbench.metrics import names
 
     results = [run_benchmark(_Pool(ws), RunConfig(strategy="ddp", world_size=ws, model="gpt2-tiny",
@@ -133,11 +133,11 @@ def test_every_metric_a_result_carries_has_a_registry_entry():
 
 
 def test_a_metric_without_a_registry_entry_fails(monkeypatch):
-    import distbench.measure.bench as bm
+    import distbench.results as results
     from distbench.measure.timing import throughput
     from distbench.metrics import METRICS
 
-    monkeypatch.setattr(bm, "throughput", lambda *a: {**throughput(*a), "planted_per_s": 1.0})
+    monkeypatch.setattr(results, "throughput", lambda *a: {**throughput(*a), "planted_per_s": 1.0})
     assert _every_metric_a_result_carries() - set(METRICS) == {"planted_per_s"}
 
 

@@ -7,16 +7,16 @@ every test of a pytest session so rank pools and reference runs are built once.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .config import RunConfig
+from .jobs.checks import reference_job
+from .jobs.train import train
 from .runtime.phases import PhaseLog, job_phases
 from .runtime.pool import PoolManager
-
-TRAIN_JOB = "distbench.runtime.jobs:train"
-REFERENCE_JOB = "distbench.invariants.reference:reference_job"
 
 #: Per-tier defaults: small enough for 2 CPU cores, real enough on GPUs. The global batch makes every
 #: world size of the tier accumulate at least 2 micro-batches, so the parity runs exercise accumulation too.
@@ -69,8 +69,11 @@ class Suite:
         base = {**b, "global_batch": b["micro_batch"] * 4, "deterministic": False}
         return self.config(strategy, world_size, model, **{**base, **overrides})
 
-    def run(self, world_size: int, job: str, timeout: float | None = None, **kwargs: Any) -> list[Any]:
-        pool = self.pool_manager.get(world_size)
+    def run_job(self, world_size: int, job: Callable[..., Any], timeout: float | None = None, **kwargs: Any
+                ) -> list[Any]:
+        """Run `job(ctx, **kwargs)` in every rank of the pool of `world_size`; per-rank outputs, their phases
+        charged to the current test."""
+        pool = self.pool_manager.pool_for(world_size)
         t0 = time.perf_counter()
         outs = pool.run(job, kwargs, timeout or self.timeout)
         phases = job_phases(outs, time.perf_counter() - t0, pool.last_start_s)
@@ -79,8 +82,8 @@ class Suite:
         return outs
 
     def train(self, cfg: RunConfig, **kwargs: Any) -> list[dict[str, Any]]:
-        """Run the train job at cfg.world_size; per-rank outputs (see runtime.jobs.train)."""
-        return self.run(cfg.world_size, TRAIN_JOB, cfg=cfg.to_dict(), **kwargs)
+        """Run the train job at cfg.world_size; per-rank outputs (see jobs.train.train)."""
+        return self.run_job(cfg.world_size, train, cfg=cfg, **kwargs)
 
     def reference(self, cfg: RunConfig) -> dict[str, Any]:
         """The independent single-process reference for cfg's workload (losses, final params, last
@@ -88,7 +91,7 @@ class Suite:
         ref_cfg = cfg.replace(strategy="single", world_size=1, options={})
         key = repr(sorted(ref_cfg.to_dict().items()))
         if key not in self._references:
-            self._references[key] = self.run(1, REFERENCE_JOB, cfg=ref_cfg.to_dict(), with_tensors=True)[0]
+            self._references[key] = self.run_job(1, reference_job, cfg=ref_cfg, with_tensors=True)[0]
         return self._references[key]
 
     def checkpointed_run(self, cfg: RunConfig) -> dict[str, Any]:

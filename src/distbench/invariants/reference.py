@@ -11,7 +11,6 @@ by the sample's place in the global batch itself.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -20,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import RunConfig
-from ..runtime.context import RankContext
 from ..workloads import get_model
 from ..workloads.data import global_batch
 from ..workloads.dropout import apply_dropout, sample_streams
@@ -177,10 +175,3 @@ def _named(tensors: dict[str, torch.Tensor], cfg: RunConfig) -> dict[str, torch.
     prefix = "base_model.model." if cfg.lora_rank else ""
     return {prefix + k: v.detach().float().cpu().clone() for k, v in tensors.items()}
 
-
-def reference_job(ctx: RankContext, cfg: dict[str, Any], with_tensors: bool = False) -> dict[str, Any]:
-    """Pool job wrapper (world size 1) so the reference runs on the same device type as the strategies."""
-    t0 = time.perf_counter()
-    out = reference_run(ctx.config(cfg), ctx.device)
-    out = out if with_tensors else {k: out[k] for k in ("losses", "grad_norms", "loss_scales", "skipped_steps")}
-    return {**out, "phases": {"reference run": time.perf_counter() - t0}}

@@ -20,10 +20,12 @@ import gc
 import itertools
 import json
 import os
+import pickle
 import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -34,8 +36,8 @@ import torch.distributed as dist
 from ..errors import ConfigError, ResourceError
 from .context import RankContext
 from .fingerprint import nodes_spanned
-from .pool import JobError, RankOutcome, failure_summary
-from .worker import resolve
+from .pool import JobError, RankOutcome, check_configs, failure_summary
+from .worker import job_name, resolve
 
 _POLL_S = 0.1  # rank 0 waiting for replies
 _JOB_POLL_S = 0.5  # followers waiting for the next job: every rank of the launch polls the store
@@ -131,6 +133,11 @@ def _encode(outcome: dict[str, Any], target: str) -> str:
                                    "return tensors from rank 0 only"})
 
 
+def _post(store: dist.Store, key: str, job: dict[str, Any]) -> None:
+    """Post a job for the followers, pickled: its arguments (RunConfigs too) arrive as they were sent."""
+    store.set(key, pickle.dumps(job))  # type: ignore[arg-type]  # the binding takes bytes; its stub says str
+
+
 def _wait_key(store: dist.Store, key: str, deadline: float | None, poll_s: float = _POLL_S) -> bool:
     """Poll until `key` exists (True) or the deadline passes (False); raises when the store is gone."""
     while not store.check([key]):
@@ -141,7 +148,7 @@ def _wait_key(store: dist.Store, key: str, deadline: float | None, poll_s: float
 
 
 class Cluster:
-    """The controller's view of the launched world, shaped like PoolManager (get/run/close_all)."""
+    """The controller's view of the launched world, shaped like PoolManager (pool_for/close_all)."""
 
     def __init__(self, launch: Launch, store: dist.Store, device: torch.device) -> None:
         self.launch, self.store, self.device = launch, store, device
@@ -152,13 +159,15 @@ class Cluster:
     def check_world_size(self, world_size: int) -> None:
         self.launch.job_nodes(world_size)
 
-    def get(self, world_size: int) -> ClusterPool:
+    def pool_for(self, world_size: int) -> ClusterPool:
         self.check_world_size(world_size)
         return ClusterPool(self, world_size)
 
-    def run(self, world_size: int, target: str, kwargs: dict[str, Any] | None = None,
-            timeout: float = 600.0) -> list[Any]:
-        """Run `target(ctx, **kwargs)` on the first `world_size` ranks; per-rank replies (index = rank)."""
+    def run_job(self, world_size: int, job: Callable[..., Any], kwargs: dict[str, Any] | None = None,
+                timeout: float = 600.0) -> list[Any]:
+        """Run `job(ctx, **kwargs)` on the first `world_size` ranks; per-rank replies (index = rank)."""
+        target = job_name(job)
+        check_configs(kwargs, world_size)
         self.check_world_size(world_size)
         if self._broken:
             raise JobError(target, world_size, [], f"not run: {self._broken}")
@@ -167,7 +176,7 @@ class Cluster:
         # Ranks blocked in a collective when a peer failed report their own timeout error at `timeout`: wait a
         # little longer than that before calling them lost.
         deadline = time.monotonic() + timeout + min(_REPLY_GRACE_S, timeout / 4)
-        self.store.set(f"job/{job_id}", json.dumps(spec))
+        _post(self.store, f"job/{job_id}", spec)
         mine = run_job(self.launch, self.store, self.device, job_id, spec)
         outs: dict[int, dict[str, Any]] = {0: mine}
         for r in range(1, world_size):
@@ -199,7 +208,7 @@ class Cluster:
     def release(self, status: int) -> None:
         """Let the followers go with the launch's exit status: every node's agent then sees the same outcome
         (torchrun's agents wait at an exit barrier for one another after a success, never after a failure)."""
-        self.store.set(f"job/{next(self._job_ids)}", json.dumps({**_STOP, "status": status}))
+        _post(self.store, f"job/{next(self._job_ids)}", {**_STOP, "status": status})
         self.store.set("released", "1")  # aborted followers, stuck in a job, exit on this
 
 
@@ -216,8 +225,9 @@ class ClusterPool:
     def device_type(self) -> str:
         return self.cluster.device_type
 
-    def run(self, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 600.0) -> list[Any]:
-        return self.cluster.run(self.world_size, target, kwargs, timeout)
+    def run(self, job: Callable[..., Any], kwargs: dict[str, Any] | None = None, timeout: float = 600.0
+            ) -> list[Any]:
+        return self.cluster.run_job(self.world_size, job, kwargs, timeout)
 
     def close(self) -> None:
         """Nothing to close: each job forms and destroys its own process group."""
@@ -252,7 +262,7 @@ def follow(launch: Launch, store: dist.Store, device: torch.device) -> int:
         job_id = 0
         while True:
             _wait_key(store, f"job/{job_id}", None, _JOB_POLL_S)
-            spec = json.loads(store.get(f"job/{job_id}"))
+            spec = pickle.loads(store.get(f"job/{job_id}"))
             if spec.get("stop"):
                 return int(spec["status"])
             if launch.rank < spec["world_size"]:

@@ -15,15 +15,17 @@ import os
 import pickle
 import select
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ..errors import ResourceError
+from ..config import RunConfig
+from ..errors import ConfigError, ResourceError
 from .affinity import rank_cpus
 from .channel import MessageReader, write_message
-from .worker import STACK_SIGNAL, worker_main
+from .worker import STACK_SIGNAL, job_name, worker_main
 
 _EXIT_GRACE_S = 5.0
 #: How long hung ranks get to write their stacks after the stack-dump signal.
@@ -176,8 +178,11 @@ class RankPool:
         self._procs, self._tasks, self._replies, self._stacks, self._store = [], [], [], [], None
 
     # --- jobs ----------------------------------------------------------------------------------------
-    def run(self, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 600.0) -> list[Any]:
-        """Run `target(ctx, **kwargs)` in every rank; return the per-rank results (index = rank)."""
+    def run(self, job: Callable[..., Any], kwargs: dict[str, Any] | None = None, timeout: float = 600.0
+            ) -> list[Any]:
+        """Run `job(ctx, **kwargs)` in every rank; return the per-rank results (index = rank)."""
+        target = job_name(job)
+        check_configs(kwargs, self.world_size)
         t0, was_alive = time.perf_counter(), self.alive
         self.start(timeout)
         self.last_start_s = 0.0 if was_alive else time.perf_counter() - t0
@@ -283,6 +288,15 @@ def _no_stack_reason(rank: int, state: str) -> str:
             "with a Python handler)")
 
 
+def check_configs(kwargs: dict[str, Any] | None, world_size: int) -> None:
+    """Refuse a RunConfig sent to ranks of another world size: a configuration for 4 ranks run by a pool of 2
+    would train on half of each global batch and report it as the whole."""
+    for cfg in (kwargs or {}).values():
+        if isinstance(cfg, RunConfig) and cfg.world_size != world_size:
+            raise ConfigError(f"a configuration for world size {cfg.world_size} was sent to a pool of "
+                              f"{world_size} rank(s); run it in the pool of its own world size")
+
+
 def failure_summary(outcomes: list[RankOutcome], timeout: float) -> str:
     bad = [o for o in outcomes if o.status != "ok"]
     parts = []
@@ -329,7 +343,7 @@ class PoolManager:
                     f"use --world-size {n} or fewer"
                 )
 
-    def get(self, world_size: int) -> RankPool:
+    def pool_for(self, world_size: int) -> RankPool:
         self.check_world_size(world_size)
         pool = self._pools.pop(world_size, None) or RankPool(world_size, self.device_type, **self.pool_options)
         self._pools[world_size] = pool  # most recently used last
@@ -337,10 +351,6 @@ class PoolManager:
             oldest = next(ws for ws, p in self._pools.items() if p.alive)
             self._pools.pop(oldest).close()
         return pool
-
-    def run(self, world_size: int, target: str, kwargs: dict[str, Any] | None = None,
-            timeout: float = 600.0) -> list[Any]:
-        return self.get(world_size).run(target, kwargs, timeout)
 
     def close_all(self) -> None:
         for p in self._pools.values():

@@ -1,6 +1,7 @@
 """The loop each rank process runs: join the process group once, then execute jobs until told to stop.
 
-Jobs are named "package.module:function" and called as function(ctx, **kwargs) in every rank. Results
+Jobs are module-level functions, sent by name ("package.module:function", see job_name) and called as
+function(ctx, **kwargs) in every rank; their arguments arrive unpickled as they were sent. Results
 travel back pickled to bytes with the plain pickler, so tensors are copied by value rather than through
 torch's shared-memory reductions (which leak file descriptors across many jobs).
 """
@@ -16,6 +17,7 @@ import pickle
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -39,7 +41,17 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def resolve(target: str):
+def job_name(job: Callable[..., Any]) -> str:
+    """The name a job travels under, "module:function": every rank imports the module and calls the function."""
+    module, qualname = getattr(job, "__module__", None), getattr(job, "__qualname__", "")
+    if not callable(job) or not module or not qualname.isidentifier():
+        raise TypeError(f"a job must be a module-level function that ranks can import by name, not {job!r} "
+                        "(a lambda, a nested function or a method has no such name): define it at the top "
+                        "of a module")
+    return f"{module}:{qualname}"
+
+
+def resolve(target: str) -> Callable[..., Any]:
     module_name, _, fn_name = target.partition(":")
     return getattr(importlib.import_module(module_name), fn_name)
 

@@ -1,19 +1,18 @@
-"""Benchmark jobs that run inside the ranks, and the pytest-process functions that turn them into results.
-
-In-rank jobs (run through the rank pool as "distbench.measure.bench:<name>"):
+"""Benchmark jobs that run inside the ranks; distbench/results.py turns their replies into a result and
+distbench/matrix.py runs them in a pool.
 
 * bench(ctx, cfg): build, `cfg.warmup` untimed steps, `cfg.steps` timed steps in `cfg.windows` windows,
   a device-time sample (measure/devicetime.py), measurements; one job. `distbench run` and `distbench ab` use it.
 * bench_setup / bench_step / bench_finish: the same split in three, with the trainer kept alive in the
   worker's STATE between jobs, so pytest-benchmark's `benchmark.pedantic` can time one step per round
   from the pytest process (bench_step is one synchronized step: a round trip per step is sync anyway).
+* trace(ctx, cfg, out_dir): build, warm up, profile a few steps into chrome traces (measure/trace.py).
 * harness_overhead(ctx, cfg, steps): the harness's `single` trainer against a hand-written loop.
+* collective_bandwidth(ctx, ...): the collectives' bus bandwidth (measure/busbw.py).
 
 Windows are timed as measure/timing.py describes (no host sync inside one by default); the reported step time
 is the median over windows of the slowest rank's window wall clock per step, and every per-step time is
 kept. Memory peaks cover the timed steps (peaks are reset after warm-up). `losses` holds every step's global-batch loss, warm-up included.
-
-A CUDA out-of-memory in the ranks becomes a result with status "oom", not an exception.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,28 +31,25 @@ import torch.nn.functional as F
 
 from ..config import RunConfig
 from ..errors import ConfigError
-from ..results import make_result
+from ..measure import busbw
+from ..measure.devicetime import sample_device_time
+from ..measure.memory import memory_stats, reset_peaks
+from ..measure.mfu import model_flops, peak_dtype
+from ..measure.nvml import NvmlSampler
+from ..measure.pygc import GcWatch
+from ..measure.timing import Window, time_window, timed
+from ..measure.trace import profile_steps
 from ..runtime import worker
 from ..runtime.context import RankContext
-from ..runtime.fingerprint import environment_fingerprint
-from ..runtime.jobs import set_numerics
-from ..runtime.pool import JobError
 from ..strategies import build_trainer
 from ..strategies.base import IMPL_FLAGS, Trainer, global_mean
 from ..workloads.data import rank_micro_batches
 from ..workloads.models import count_params, get_model
-from .devicetime import DEVICE_BOUND_RATIO, regime, sample_device_time
-from .memory import memory_stats, reset_peaks
-from .mfu import mfu, model_flops, peak_dtype, peak_flops, tflops_per_gpu
-from .nvml import NvmlSampler
-from .pygc import GcWatch
-from .timing import Window, per_step_max, step_stats, throughput, time_window, timed
+from .train import set_numerics
 
 STATE_KEY = "bench"
-JOB = f"{__name__}:bench"
 
 
-# --- in-rank ---------------------------------------------------------------------------------------------
 @dataclass
 class _Bench:
     cfg: RunConfig
@@ -91,9 +86,8 @@ def _free(ctx: RankContext) -> None:
         torch.cuda.empty_cache()
 
 
-def _setup(ctx: RankContext, cfg: dict[str, Any], nvml: bool) -> _Bench:
+def _setup(ctx: RankContext, rc: RunConfig, nvml: bool) -> _Bench:
     _free(ctx)  # a benchmark abandoned without bench_finish
-    rc = ctx.config(cfg)
     set_numerics(rc)
     spec = get_model(rc.model)
     seq_len = rc.seq_len or spec.seq_len
@@ -194,8 +188,8 @@ def _finish(ctx: RankContext, b: _Bench) -> dict[str, Any]:
     }
 
 
-def bench_setup(ctx: RankContext, cfg: dict[str, Any], nvml: bool = True) -> dict[str, Any]:
-    """Build model and trainer, run cfg["warmup"] steps, keep the trainer in the worker for bench_step."""
+def bench_setup(ctx: RankContext, cfg: RunConfig, nvml: bool = True) -> dict[str, Any]:
+    """Build model and trainer, run cfg.warmup steps, keep the trainer in the worker for bench_step."""
     try:
         b = _setup(ctx, cfg, nvml)
     except BaseException:
@@ -229,8 +223,8 @@ def bench_finish(ctx: RankContext) -> dict[str, Any]:
         _free(ctx)
 
 
-def bench(ctx: RankContext, cfg: dict[str, Any], nvml: bool = True) -> dict[str, Any]:
-    """setup + cfg["steps"] timed steps in cfg["windows"] windows + a device-time sample + finish, in one
+def bench(ctx: RankContext, cfg: RunConfig, nvml: bool = True) -> dict[str, Any]:
+    """setup + cfg.steps timed steps in cfg.windows windows + a device-time sample + finish, in one
     job: this rank's measurements."""
     try:
         b = _setup(ctx, cfg, nvml)
@@ -241,7 +235,7 @@ def bench(ctx: RankContext, cfg: dict[str, Any], nvml: bool = True) -> dict[str,
 
 
 def harness_overhead(
-    ctx: RankContext, cfg: dict[str, Any], steps: int, rounds: int = 3, warmup: int = 2
+    ctx: RankContext, cfg: RunConfig, steps: int, rounds: int = 3, warmup: int = 2
 ) -> dict[str, Any]:
     """Throughput of the `single` Trainer.step loop against a hand-written loop, same process, same data.
 
@@ -256,7 +250,7 @@ def harness_overhead(
     """
     if ctx.world_size != 1:
         raise ConfigError("harness_overhead compares one process with a bare loop: run it at world size 1")
-    rc = RunConfig.from_dict({**cfg, "strategy": "single", "world_size": 1})
+    rc = cfg.replace(strategy="single", world_size=1)
     set_numerics(rc)
     spec = get_model(rc.model)
     seq_len = rc.seq_len or spec.seq_len
@@ -314,212 +308,8 @@ def harness_overhead(
     }
 
 
-# --- pytest process --------------------------------------------------------------------------------------
-def result_config(cfg: RunConfig, device_type: str | None) -> dict[str, Any]:
-    """The config section of a result: the RunConfig with seq_len resolved, plus device and accumulation."""
-    return {
-        **cfg.to_dict(),
-        "seq_len": cfg.seq_len or get_model(cfg.model).seq_len,
-        "accum_steps": cfg.accum_steps,
-        "device": device_type,
-    }
-
-
-def is_oom(e: JobError) -> bool:
-    """True when a rank ran out of device memory (torch's OutOfMemoryError, or NCCL failing to allocate)."""
-    return any(
-        o.exc_type == "OutOfMemoryError" or "CUDA out of memory" in o.text or "CUDA error: out of memory" in o.text
-        for o in e.outcomes
-    )
-
-
-def _oom_message(e: JobError) -> str:
-    ranks = [o.rank for o in e.outcomes if o.exc_type == "OutOfMemoryError" or "out of memory" in o.text]
-    first = next((o.text for o in e.outcomes if "out of memory" in o.text), "")
-    line = next((ln for ln in first.splitlines() if "out of memory" in ln), "out of memory")
-    return f"out of device memory on rank(s) {','.join(map(str, ranks))}: {line.strip()[:300]}"
-
-
-def failure_result(cfg: RunConfig, device_type: str | None, e: JobError, env: dict[str, Any] | None = None
-                   ) -> dict[str, Any]:
-    """A result recording a configuration that failed: status "oom" or "error", and every rank's outcome."""
-    oom = is_oom(e)
-    per_rank = [{"rank": o.rank, "status": o.status, "exc_type": o.exc_type} for o in e.outcomes]
-    return make_result(result_config(cfg, device_type), status="oom" if oom else "error",
-                       error=_oom_message(e) if oom else str(e), env=env or environment_fingerprint(),
-                       per_rank=per_rank)
-
-
-def _aggregate_nvml(summaries: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    got = [s for s in summaries if s]
-    if not got:
-        return None
-
-    def across(field_: str, stat: str, how) -> float | None:
-        xs = [s[field_][stat] for s in got if s.get(field_)]
-        return how(xs) if xs else None
-
-    return {
-        "throttled": any(s["throttled"] for s in got),
-        "throttle_reasons": sorted({r for s in got for r in s["throttle_reasons"]}),
-        "power_capped": any(s["power_capped"] for s in got),
-        "gpu_util_pct_mean": across("gpu_util_pct", "mean", statistics.fmean),
-        "sm_clock_mhz_median": across("sm_clock_mhz", "median", statistics.median),
-        "power_w_mean": across("power_w", "mean", statistics.fmean),
-        "temp_c_max": across("temp_c", "max", max),
-        "per_rank": summaries,
-    }
-
-
-def _window_step_times(replies: list[dict[str, Any]]) -> list[float]:
-    """Wall seconds per step of each timed window (the slowest rank's window), or [] without windows."""
-    per_rank = [r.get("windows") or [] for r in replies]
-    if not per_rank[0]:
-        return []
-    return [max(w[i]["wall_s"] for w in per_rank) / per_rank[0][i]["steps"] for i in range(len(per_rank[0]))]
-
-
-def _device_time(replies: list[dict[str, Any]], step_time_s: float) -> dict[str, Any] | None:
-    """The device-time sample across ranks: the busiest rank's figures, regime judged against the wall."""
-    got = [r["device_time"] for r in replies if r.get("device_time")]
-    if not got:
-        return None
-    out = {k: max(d[k] for d in got) for k in ("compute_s", "comm_s", "busy_s", "wall_s", "processing_s")}
-    out["busy_ratio"] = min(1.0, out["busy_s"] / step_time_s)
-    out["regime"] = regime(out["busy_ratio"])
-    out["steps"] = got[0]["steps"]
-    out["per_rank"] = got
-    return out
-
-
-def summarize_bench(
-    cfg: RunConfig,
-    replies: list[dict[str, Any]],
-    *,
-    env: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A result from the per-rank replies of `bench` (or `bench_finish`); speedup and scaling efficiency need
-    the other results of the matrix and come from `distbench.scaling.annotate`.
-
-    step_time_s is the median over timed windows of the window's wall clock per step (throughput follows
-    from it); the step_time_s section holds the per-step times (device events, or host time in sync mode).
-    """
-    r0 = replies[0]
-    config = {**result_config(cfg, r0["device_type"]), "optimizer_impl": r0.get("optimizer_impl")}
-    steps = per_step_max([r["step_times_s"] for r in replies])
-    windows = _window_step_times(replies)
-    # The steps themselves too: a 5-11% step-time CV on 4x H200 (FSDP2, ZeRO) needs them to find its pattern.
-    stats = {**step_stats(steps), "steps": steps, "windows": windows}
-    step_time = statistics.median(windows) if windows else stats["median"]
-    metrics: dict[str, float] = {
-        **throughput(cfg.global_batch, r0["seq_len"], cfg.world_size, step_time),
-        "step_time_s": step_time,
-    }
-    host = [r for r in replies if r.get("windows")]
-    if host:
-        cpu = per_step_max([[c for w in r["windows"] for c in w["host_cpu_s"]] for r in host])
-        metrics["host_cpu_s"] = statistics.median(cpu)
-    device = _device_time(replies, step_time)
-    if device:
-        metrics.update(device_compute_s=device["compute_s"], device_comm_s=device["comm_s"],
-                       device_busy_s=device["busy_s"], busy_ratio=device["busy_ratio"])
-    fpt = r0["flops"]["flops_per_token"]
-    peak = peak_flops(r0["device_name"], r0["peak_dtype"])
-    metrics["tflops_per_gpu"] = tflops_per_gpu(metrics["tokens_per_s_per_gpu"], fpt)
-    util = mfu(metrics["tokens_per_s_per_gpu"], fpt, peak)
-    if util is not None:
-        metrics["mfu"] = util
-    for key in ("mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes"):
-        vals = [r["memory"][key] for r in replies if r["memory"][key] is not None]
-        if vals:
-            metrics[key] = max(vals)
-    nvml = _aggregate_nvml([r["nvml"] for r in replies])
-    if nvml and nvml.get("sm_clock_mhz_median"):
-        # Cycles per step: a clock that drifted between runs (1665-1875 MHz seen under load) cancels out.
-        metrics["step_gcycles"] = step_time * nvml["sm_clock_mhz_median"] * 1e-3
-    flops = {**r0["flops"], "n_params": r0["n_params"], "device_name": r0["device_name"],
-             "peak_dtype": r0["peak_dtype"], "peak_flops": peak}
-    per_rank = [
-        {"rank": r["rank"], "step_time_s": step_stats(r["step_times_s"]), **r["memory"]} for r in replies
-    ]
-    return make_result(
-        config, metrics=metrics, env=env, step_time_s=stats, losses=r0["losses"], nvml=nvml, flops=flops,
-        per_rank=per_rank, gc=_aggregate_gc([r.get("gc") for r in replies]), device_time=device,
-        regime=_regime_section(device),
-    )
-
-
-def _regime_section(device: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What the gate needs to know about the configuration: which side bounds its step, and by what ratio."""
-    if device is None:
-        return None
-    return {"regime": device["regime"], "busy_ratio": device["busy_ratio"],
-            "rule": f"device-bound when device busy time / wall step time >= {DEVICE_BOUND_RATIO}"}
-
-
-def _aggregate_gc(per_rank: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    """Python collections in the timed window, worst rank per step (a step waits for its slowest rank)."""
-    got = [g for g in per_rank if g]
-    if not got:
-        return None
-    return {
-        "collector_on": got[0]["collector_on"],
-        "collections": [max(g["collections"][gen] for g in got) for gen in range(3)],
-        "seconds": max(g["seconds"] for g in got),
-        "step_seconds": per_step_max([g["step_seconds"] for g in got]),
-    }
-
-
-def run_benchmark(
-    pool: Any,
-    cfg: RunConfig,
-    *,
-    timeout: float = 1800,
-    nvml: bool = True,
-) -> dict[str, Any]:
-    """Run `bench` on every rank of `pool` (a RankPool of cfg.world_size) and return one result.
-
-    Out of memory on any rank gives a result with status "oom"; other failures raise JobError. After an
-    OOM at world size > 1 the pool is closed (RankPool.run restarts it): ranks may have stopped at
-    different collectives, leaving work queued that would desynchronise the next job.
-    """
-    env = environment_fingerprint()
-    t0 = time.perf_counter()
-    try:
-        replies = pool.run(JOB, {"cfg": cfg.to_dict(), "nvml": nvml}, timeout)
-    except JobError as e:
-        if not is_oom(e):
-            raise
-        if cfg.world_size > 1:
-            pool.close()
-        return failure_result(cfg, getattr(pool, "device_type", None), e, env)
-    wall = time.perf_counter() - t0
-    result = summarize_bench(cfg, replies, env=env)
-    # What a configuration costs beyond its training steps in a warm pool: build, wrap, teardown, IPC.
-    steps_s = max(sum(r["step_times_s"]) + sum(r.get("warmup_step_times_s", []))
-                  + (r["device_time"]["wall_s"] * r["device_time"]["steps"] if r.get("device_time") else 0.0)
-                  for r in replies)
-    result["wall_s"] = wall
-    result["metrics"]["config_overhead_s"] = wall - steps_s
-    return result
-
-
-def sweep_micro_batch(pool: Any, cfg: RunConfig, sizes: list[int], **kwargs: Any) -> list[dict[str, Any]]:
-    """Benchmark increasing micro-batch sizes (global batch = micro * world_size * cfg's accumulation)
-    up to and including the first that runs out of memory; kwargs go to run_benchmark."""
-    results = []
-    for mb in sorted(set(sizes)):
-        c = cfg.replace(micro_batch=mb, global_batch=mb * cfg.world_size * cfg.accum_steps)
-        results.append(run_benchmark(pool, c, **kwargs))
-        if results[-1]["status"] == "oom":
-            break
-    return results
-
-
-def trace(ctx: RankContext, cfg: dict[str, Any], out_dir: str, steps: int = 3) -> dict[str, Any]:
+def trace(ctx: RankContext, cfg: RunConfig, out_dir: str, steps: int = 3) -> dict[str, Any]:
     """Build, warm up, then profile `steps` steps into this rank's chrome trace under `out_dir`."""
-    from .trace import profile_steps
-
     try:
         b = _setup(ctx, cfg, nvml=False)
         profile_steps(ctx, lambda: _step(ctx, b), steps, out_dir, warmup=1)
@@ -528,9 +318,7 @@ def trace(ctx: RankContext, cfg: dict[str, Any], out_dir: str, steps: int = 3) -
         _free(ctx)
 
 
-def run_trace(pool: Any, cfg: RunConfig, out_dir: str, *, steps: int = 3, timeout: float = 1800) -> dict[str, Any]:
-    """Trace mode: profile every rank and return HolisticTraceAnalysis's breakdown per step."""
-    from .trace import analyze_traces
-
-    pool.run(f"{__name__}:trace", {"cfg": cfg.to_dict(), "out_dir": out_dir, "steps": steps}, timeout)
-    return analyze_traces(out_dir, steps=steps)
+def collective_bandwidth(ctx: RankContext, **options: Any) -> dict[str, Any]:
+    """The bandwidth of each collective at each size in this rank's group; `options` go to
+    measure/busbw.py's bandwidth_table."""
+    return busbw.bandwidth_table(ctx, **options)
