@@ -258,26 +258,7 @@ def harness_overhead(
 
     bare = spec.build(rc.seed, ctx.device)
     trainer = build_trainer(ctx, rc, spec.build(rc.seed, ctx.device))
-    opt = torch.optim.AdamW(bare.parameters(), lr=rc.lr, betas=rc.betas, eps=rc.eps, weight_decay=rc.weight_decay,
-                            **IMPL_FLAGS[trainer.optimizer_impl])
-
-    def amp() -> contextlib.AbstractContextManager:
-        bf16 = rc.precision == "bf16"
-        return torch.autocast(ctx.device_type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-
-    def bare_step(mbs: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-        total = torch.zeros((), device=ctx.device)
-        for mb in mbs:
-            with amp():
-                out = bare(input_ids=mb["input_ids"])
-            logits = out.logits if hasattr(out, "logits") else out
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), mb["labels"].reshape(-1))
-            (loss / len(mbs)).backward()
-            total += loss.detach()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return total / len(mbs)
-
+    bare_step = _bare_loop(ctx, rc, bare, trainer.optimizer_impl)
     loops = {
         "bare": lambda: [bare_step(mbs) for mbs in data],
         "harness": lambda: [trainer.step_async(mbs) for mbs in data],
@@ -306,6 +287,33 @@ def harness_overhead(
         "overhead": statistics.median(h / b for b, h in zip(times["bare"], times["harness"], strict=True)) - 1.0,
         "first_step_loss": first,
     }
+
+
+def _bare_loop(ctx: RankContext, rc: RunConfig, bare: torch.nn.Module, optimizer_impl: str
+               ) -> Callable[[list[dict[str, torch.Tensor]]], torch.Tensor]:
+    """One optimizer step of `bare` as a user writes it: forward, token-mean cross-entropy, backward scaled for
+    accumulation, AdamW of the harness's implementation, zero_grad."""
+    opt = torch.optim.AdamW(bare.parameters(), lr=rc.lr, betas=rc.betas, eps=rc.eps, weight_decay=rc.weight_decay,
+                            **IMPL_FLAGS[optimizer_impl])
+
+    def amp() -> contextlib.AbstractContextManager:
+        bf16 = rc.precision == "bf16"
+        return torch.autocast(ctx.device_type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+    def bare_step(mbs: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        total = torch.zeros((), device=ctx.device)
+        for mb in mbs:
+            with amp():
+                out = bare(input_ids=mb["input_ids"])
+            logits = out.logits if hasattr(out, "logits") else out
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), mb["labels"].reshape(-1))
+            (loss / len(mbs)).backward()
+            total += loss.detach()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return total / len(mbs)
+
+    return bare_step
 
 
 def trace(ctx: RankContext, cfg: RunConfig, out_dir: str, steps: int = 3) -> dict[str, Any]:
