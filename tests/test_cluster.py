@@ -156,13 +156,13 @@ def test_hybrid_mesh_is_nodes_by_ranks_per_node_across_nodes():
 
 
 def test_launch_topology_from_torchruns_environment(monkeypatch):
-    monkeypatch.setattr("distbench.runtime.fingerprint._gpu_names", lambda: [])
-    monkeypatch.setattr("distbench.runtime.fingerprint._nvlink_links", lambda: None)
+    monkeypatch.setattr("distbench.machine.gpu_names", lambda: [])
+    monkeypatch.setattr("distbench.machine.nvlink_links", lambda: None)
     two_nodes = launch_topology({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"})
     assert (two_nodes["nodes"], two_nodes["ranks_per_node"]) == (2, 4)
     assert two_nodes["interconnect"]["inter_node"] in ("infiniband", "tcp")  # this machine's HCAs decide
     assert launch_topology({}) == {"nodes": 1, "ranks_per_node": None,
                                    "interconnect": {"intra_node": "host", "inter_node": None}}
-    monkeypatch.setattr("distbench.runtime.fingerprint._gpu_names", lambda: ["NVIDIA H200"] * 2)
-    monkeypatch.setattr("distbench.runtime.fingerprint._nvlink_links", lambda: [18, 18])
+    monkeypatch.setattr("distbench.machine.gpu_names", lambda: ["NVIDIA H200"] * 2)
+    monkeypatch.setattr("distbench.machine.nvlink_links", lambda: [18, 18])
     assert launch_topology({})["interconnect"]["intra_node"] == "nvlink"

@@ -16,7 +16,7 @@ def by_name(checks):
 
 def test_runs_cleanly_without_gpu_or_nvidia_smi(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    monkeypatch.setattr(doctor, "gpus", lambda: [])
+    monkeypatch.setattr(doctor, "cuda_devices", lambda: [])
     checks = by_name(run_checks({}))
     assert {"python", "torch", "deepspeed", "transformers", "gpus", "topology", "nccl env",
             "nvlink multicast", "TORCH_CUDA_ARCH_LIST", "CUDA_DEVICE_MAX_CONNECTIONS"} <= set(checks)
@@ -29,7 +29,7 @@ def test_runs_cleanly_without_gpu_or_nvidia_smi(monkeypatch):
 
 def test_arch_list_with_letter_suffix_fires_with_its_fix(monkeypatch):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
-    monkeypatch.setattr(doctor, "_version", lambda dist: "0.16.0" if dist == "deepspeed" else "5.0")
+    monkeypatch.setattr(doctor, "package_version", lambda dist: "0.16.0" if dist == "deepspeed" else "5.0")
     check = by_name(run_checks())["TORCH_CUDA_ARCH_LIST"]
     assert check.status == FAIL
     assert "invalid literal for int() with base 10: '0a'" in check.detail

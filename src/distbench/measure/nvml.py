@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from ..machine import nvml
+
 # Bit values are fixed by NVML's ABI (nvmlClocksEventReason* == the older nvmlClocksThrottleReason*).
 REASON_BITS: dict[int, str] = {
     0x1: "gpu_idle",
@@ -40,24 +42,6 @@ REASON_BITS: dict[int, str] = {
     0x100: "display_clock_setting",
 }
 THROTTLE_REASONS = frozenset({"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
-
-_nvml_state: dict[str, Any] = {}
-_init_lock = threading.Lock()
-
-
-def nvml() -> Any | None:
-    """The initialised pynvml module, or None when NVML (library or driver) is unavailable."""
-    with _init_lock:
-        if "module" not in _nvml_state:
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                _nvml_state["module"] = pynvml
-            except Exception:  # ImportError, NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, ...
-                _nvml_state["module"] = None
-        return _nvml_state["module"]
-
 
 def device_handle(device: torch.device | None) -> Any | None:
     """NVML handle of a torch CUDA device, matched by UUID (NVML ignores CUDA_VISIBLE_DEVICES and may order
