@@ -119,7 +119,7 @@ def issue_run() -> list[dict[str, Any]]:
 def test_the_console_table_footnotes_each_warning():
     from rich.console import Console
 
-    from distbench.commands.run import results_table
+    from distbench.report.tables import results_table
 
     results = issue_run()
     annotate(results)

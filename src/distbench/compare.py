@@ -31,11 +31,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import config_label
 from .errors import ConfigError
 from .gate import stats
 from .gate.stats import IMPROVEMENT, REGRESSION, UNCHANGED, UNDECIDED
 from .metrics import COMPARED, METRICS, fmt_metric
-from .report.markdown import config_label, md_table
+from .report.tables import md_table
 from .results import config_key
 
 INSUFFICIENT = "insufficient-data"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -203,3 +204,11 @@ def parse_list(annotation: Any, text: str, what: str) -> list[Any]:
     if any(not x.strip() for x in items):
         raise ConfigError(f"{what} {text!r} has an empty entry; give comma-separated values")
     return [parse_value(annotation, x, what) for x in items]
+
+
+def config_label(cfg: Mapping[str, Any]) -> str:
+    """Short unambiguous name of a configuration, from a result's config section (everything in
+    `results.config_key`)."""
+    label = (f"{cfg.get('strategy')} ws{cfg.get('world_size')} {cfg.get('model')} {cfg.get('precision')} "
+             f"s{cfg.get('seq_len')} gb{cfg.get('global_batch')} mb{cfg.get('micro_batch')}")
+    return label + (" compiled" if cfg.get("compile") else "")

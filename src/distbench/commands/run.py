@@ -164,6 +164,7 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
 
     from ..errors import DistbenchError
     from ..measure.telemetry import parse_listen
+    from ..report.tables import results_table
     from ..runtime import affinity
     from ..runtime.pool import PoolManager, cuda_device_count
     from ..strategies import get_spec
@@ -255,48 +256,3 @@ def _print_failures(results: list[dict[str, Any]], args: argparse.Namespace, con
             console.print(f"[yellow]no trace breakdown[/] {c['strategy']} ws{c['world_size']} {c['model']}: "
                           f"{escape(err.splitlines()[0])}")
     return 1 if failed else 0
-
-
-def _gib(x: float | None) -> str:
-    return "-" if x is None else f"{x / 2**30:.2f}"
-
-
-def results_table(results: list[dict[str, Any]]):
-    """A seed-004-style console table: throughput, speedup, efficiency, step time, MFU, memory; each
-    plausibility warning is a numbered footnote, marked in its row's status ("! 1,2")."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from ..report.markdown import MEMORY_METRICS
-
-    workloads = sorted({f"{r['config']['model']} {r['config']['precision']} seq {r['config']['seq_len']} "
-                        f"global batch {r['config']['global_batch']}" for r in results})
-    t = Table("strategy", "ws", "tok/s", "tok/s/GPU", "speedup", "eff", "step s [p10-p90]", "MFU",
-              "peak GiB alloc/resv/nvml", "loss", "status", title="; ".join(workloads), caption_justify="left")
-    notes: list[str] = []
-    for r in results:
-        c, m = r["config"], r["metrics"]
-        st = r.get("step_time_s") or {}
-        step = f"{st['median']:.3f} [{st['p10']:.3f}-{st['p90']:.3f}]" if st else "-"
-        nvml = r.get("nvml") or {}
-        status = r["status"] + (" throttled" if nvml.get("throttled") else "")
-        marks = []
-        for w in r.get("warnings") or []:
-            notes.append(f"[yellow]! {len(notes) + 1}[/] {c['strategy']} ws{c['world_size']}: {escape(w)}")
-            marks.append(str(len(notes)))
-        if marks:
-            status += f" [yellow]! {','.join(marks)}[/]"
-        losses = r.get("losses") or []
-        mem = "/".join(_gib(m.get(k)) for k in MEMORY_METRICS)
-        t.add_row(
-            c["strategy"], str(c["world_size"]),
-            f"{m['tokens_per_s']:,.0f}" if "tokens_per_s" in m else "-",
-            f"{m['tokens_per_s_per_gpu']:,.0f}" if "tokens_per_s_per_gpu" in m else "-",
-            f"{m['speedup']:.2f}x" if "speedup" in m else "-",
-            f"{m['scaling_efficiency']:.0%}" if "scaling_efficiency" in m else "-",
-            step, f"{m['mfu']:.1%}" if "mfu" in m else "-", mem,
-            f"{losses[-1]:.4f}" if losses else "-", status,
-        )
-    if notes:
-        t.caption = "Implausible, not results:\n" + "\n".join(notes)
-    return t

@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server, write_to_textfile
 
+from ..config import config_label
 from .nvml import nvml, read_sample
 
 #: DCGM field name -> (key of nvml.read_sample, scale to DCGM's unit, help).
@@ -99,8 +100,6 @@ class Telemetry:
 
     def record(self, result: dict[str, Any]) -> None:
         """A finished configuration's step metrics (a result as run_matrix returns it)."""
-        from ..report.markdown import config_label
-
         label = config_label(result["config"])
         self.done.labels(result["status"]).inc()
         metrics = result.get("metrics") or {}

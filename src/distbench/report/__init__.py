@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .markdown import MEMORY_METRICS, cells_by_workload, job_summary_markdown, report_markdown
+from .markdown import job_summary_markdown, report_markdown
+from .tables import MEMORY_METRICS, cells_by_workload
 
 __all__ = ["write_report", "job_summary_markdown"]
 

@@ -7,7 +7,7 @@ from typing import Any
 from ..gate.ab import ABReport, ConfigOutcome, Row
 from ..gate.stats import REGRESSION, UNDECIDED
 from ..metrics import fmt_metric
-from .markdown import md_table
+from .tables import md_table
 
 HEAD = ["Config", "Regime", "Metric", "Pairs", "Base median", "Head median", "Effect [CI]", "Detectable",
         "p (Wilcoxon)", "Verdict"]

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..metrics import GIB, METRICS  # noqa: E402
 from ..scaling import baseline_tokens_per_s  # noqa: E402
-from .markdown import MEMORY_METRICS, Cell, workload_title  # noqa: E402
+from .tables import MEMORY_METRICS, Cell, workload_title  # noqa: E402
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
