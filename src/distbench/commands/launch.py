@@ -30,12 +30,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..cli import build_parser
     from ..errors import DistbenchError
     from ..runtime.cluster import Cluster, Launch, connect_store, follow, local_device
+    from . import run as run_command
+    from .parser import build_parser
 
     rest = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
-    run_args = build_parser().parse_args(["run", *rest])
+    run_args = build_parser([run_command]).parse_args(["run", *rest])
     try:
         launch = Launch.from_env()
     except DistbenchError as e:
