@@ -53,6 +53,7 @@ def _global_rng_dropout(module: SampleDropout, x: torch.Tensor) -> torch.Tensor:
 
 
 def _mutate(trainer: Any, mutation: str) -> None:
+    """Plant `mutation` in `trainer`. Long: one short branch per defect, side by side."""
     if mutation == "fresh_optimizer":
         load = trainer.load_checkpoint
 

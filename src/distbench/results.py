@@ -254,26 +254,10 @@ def summarize_bench(
         **throughput(cfg.global_batch, r0["seq_len"], cfg.world_size, step_time),
         "step_time_s": step_time,
     }
-    host = [r for r in replies if r.get("windows")]
-    if host:
-        cpu = per_step_max([[c for w in r["windows"] for c in w["host_cpu_s"]] for r in host])
-        metrics["host_cpu_s"] = statistics.median(cpu)
     device = _device_time(replies, step_time)
-    if device:
-        metrics.update(device_compute_s=device["compute_s"], device_comm_s=device["comm_s"],
-                       device_busy_s=device["busy_s"], busy_ratio=device["busy_ratio"])
-    from .measure.mfu import mfu, peak_flops, tflops_per_gpu  # torch: the read-only commands load this module
-
-    fpt = r0["flops"]["flops_per_token"]
-    peak = peak_flops(r0["device_name"], r0["peak_dtype"])
-    metrics["tflops_per_gpu"] = tflops_per_gpu(metrics["tokens_per_s_per_gpu"], fpt)
-    util = mfu(metrics["tokens_per_s_per_gpu"], fpt, peak)
-    if util is not None:
-        metrics["mfu"] = util
-    for key in ("mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes"):
-        vals = [r["memory"][key] for r in replies if r["memory"][key] is not None]
-        if vals:
-            metrics[key] = max(vals)
+    metrics.update(_host_and_device_metrics(replies, device))
+    efficiency, peak = _efficiency_and_memory(replies, metrics["tokens_per_s_per_gpu"])
+    metrics.update(efficiency)
     nvml = _aggregate_nvml([r["nvml"] for r in replies])
     if nvml and nvml.get("sm_clock_mhz_median"):
         # Cycles per step: a clock that drifted between runs (1665-1875 MHz seen under load) cancels out.
@@ -288,6 +272,39 @@ def summarize_bench(
         per_rank=per_rank, gc=_aggregate_gc([r.get("gc") for r in replies]), device_time=device,
         regime=_regime_section(device),
     )
+
+
+def _host_and_device_metrics(replies: list[dict[str, Any]], device: dict[str, Any] | None) -> dict[str, float]:
+    """The host CPU time per step (median over steps of the slowest rank's) and the device-time sample's."""
+    metrics: dict[str, float] = {}
+    host = [r for r in replies if r.get("windows")]
+    if host:
+        cpu = per_step_max([[c for w in r["windows"] for c in w["host_cpu_s"]] for r in host])
+        metrics["host_cpu_s"] = statistics.median(cpu)
+    if device:
+        metrics.update(device_compute_s=device["compute_s"], device_comm_s=device["comm_s"],
+                       device_busy_s=device["busy_s"], busy_ratio=device["busy_ratio"])
+    return metrics
+
+
+def _efficiency_and_memory(replies: list[dict[str, Any]], tokens_per_s_per_gpu: float
+                           ) -> tuple[dict[str, float], float | None]:
+    """TFLOP/s per GPU, MFU where the device's peak is known, and each memory peak of the rank that peaked
+    highest; and that peak FLOP/s."""
+    from .measure.mfu import mfu, peak_flops, tflops_per_gpu  # torch: the read-only commands load this module
+
+    r0 = replies[0]
+    fpt = r0["flops"]["flops_per_token"]
+    peak = peak_flops(r0["device_name"], r0["peak_dtype"])
+    metrics = {"tflops_per_gpu": tflops_per_gpu(tokens_per_s_per_gpu, fpt)}
+    util = mfu(tokens_per_s_per_gpu, fpt, peak)
+    if util is not None:
+        metrics["mfu"] = util
+    for key in ("mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes"):
+        vals = [r["memory"][key] for r in replies if r["memory"][key] is not None]
+        if vals:
+            metrics[key] = max(vals)
+    return metrics, peak
 
 
 def _regime_section(device: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -27,6 +27,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """`distbench ab`'s flags: long, one add_argument per flag, read best in one place."""
     p = sub.add_parser(
         "ab", help="A/B gate: alternate two variants run by run on the same GPUs until decided",
         description="Compare HEAD against BASE, each served by its own process with persistent rank pools, "
@@ -161,7 +162,8 @@ def _alternate(args: argparse.Namespace, configs: list[RunConfig], device: str, 
                console: Console) -> ABReport:
     """Serve each variant from its own process and checkout, alternate them over `configs` (gate/ab.py), save
     every run's result under --output/<variant>; the processes and checkouts are gone when it returns.
-    DistbenchError when a variant cannot start."""
+    DistbenchError when a variant cannot start. Long: its callbacks close over the servers, which live only
+    as long as the temporary directory."""
     import tempfile
 
     from ..gate.ab import run_ab

@@ -66,6 +66,7 @@ def _typed(annotation: Any) -> Callable[[str], Any]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """`distbench run`'s flags: long, one add_argument per flag, read best in one place."""
     p = sub.add_parser("run", help="benchmark strategies x world sizes on this machine and write results",
                        description="Without flags: GPUs when present (bf16, gpt2-124m, every power-of-two GPU "
                        "count), otherwise gloo on CPU with a tiny model.")

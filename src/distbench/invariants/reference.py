@@ -25,7 +25,10 @@ from ..workloads.dropout import apply_dropout, sample_streams
 
 
 def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Per-step losses, final parameters and last-step gradients of plain gradient accumulation."""
+    """Per-step losses, final parameters and last-step gradients of plain gradient accumulation.
+
+    Long: the reference is one loop written out in full, so it can be read against the strategies line by line.
+    """
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
