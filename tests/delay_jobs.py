@@ -30,10 +30,14 @@ SITES = ("all_gather", "reduce_scatter", "optimizer_step")
 #: patch those), older torch all_gather_into_tensor / reduce_scatter_tensor; ZeRO-3 goes through
 #: deepspeed.comm (allgather_fn, all_gather_into_tensor, reduce_scatter_fn as of DeepSpeed 0.19).
 COLLECTIVES: dict[str, dict[str, tuple[str, ...]]] = {
-    "fsdp": {"all_gather": ("all_gather_single", "all_gather_into_tensor"),
-             "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor")},
-    "deepspeed": {"all_gather": ("allgather_fn", "all_gather_into_tensor", "all_gather_coalesced"),
-                  "reduce_scatter": ("reduce_scatter_fn", "reduce_scatter_tensor", "reduce_scatter_coalesced")},
+    "fsdp": {
+        "all_gather": ("all_gather_single", "all_gather_into_tensor"),
+        "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor"),
+    },
+    "deepspeed": {
+        "all_gather": ("allgather_fn", "all_gather_into_tensor", "all_gather_coalesced"),
+        "reduce_scatter": ("reduce_scatter_fn", "reduce_scatter_tensor", "reduce_scatter_coalesced"),
+    },
 }
 #: A planted defect: the names PyTorch's tests patched before FSDP2 moved to the *_single collectives, which
 #: on torch 2.13 delay nothing.
@@ -48,8 +52,9 @@ def _module(family: str) -> ModuleType:
     return dist
 
 
-def train_with_delays(ctx: RankContext, cfg: RunConfig, sites: list[str], delay_s: float,
-                      plant: str | None = None) -> dict[str, Any]:
+def train_with_delays(
+    ctx: RankContext, cfg: RunConfig, sites: list[str], delay_s: float, plant: str | None = None
+) -> dict[str, Any]:
     """jobs.train.train with a delay of `delay_s` (a device-side spin on GPU, timed by spin_rate; a host
     sleep on CPU) before every call at each of `sites`; the reply adds {"delays": {site: calls delayed}}.
     plant "legacy_names": FSDP2's collectives patched under their pre-2.1x names only."""
@@ -65,6 +70,7 @@ def train_with_delays(ctx: RankContext, cfg: RunConfig, sites: list[str], delay_
             fired[site] += 1
             delay(ctx, delay_s, rate)
             return real(*args, **kwargs)
+
         return call
 
     names = LEGACY_FSDP if plant == "legacy_names" else COLLECTIVES[family]

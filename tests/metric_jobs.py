@@ -40,26 +40,32 @@ TimeWindow = Callable[[RankContext, str, Any], Window]
 # --- planted timer defects (here, not in the test module: the rank processes apply them too) ---------------
 def late_clock(real: TimeWindow) -> TimeWindow:
     """time_window whose window clock starts after the first step (that step runs, untimed)."""
+
     def window(ctx: RankContext, mode: str, steps: Any) -> Window:
         w = real(ctx, mode, steps)
         return Window(w.wall_s - w.step_s[0], w.step_s, w.host_cpu_s, w.losses)
+
     return window
 
 
 def cpu_clock(real: TimeWindow) -> TimeWindow:
     """time_window reporting CPU time as step time: a step that waits (on a device, a peer, a sleep) reads 0."""
+
     def window(ctx: RankContext, mode: str, steps: Any) -> Window:
         w = real(ctx, mode, steps)
         return Window(w.wall_s, w.host_cpu_s, w.host_cpu_s, w.losses)
+
     return window
 
 
 def extra_step(real: TimeWindow) -> TimeWindow:
     """time_window that miscounts its steps by one (the last counted twice): the window's wall clock is then
     divided over one step too many."""
+
     def window(ctx: RankContext, mode: str, steps: Any) -> Window:
         w = real(ctx, mode, steps)
         return Window(w.wall_s, [*w.step_s, w.step_s[-1]], [*w.host_cpu_s, w.host_cpu_s[-1]], w.losses)
+
     return window
 
 
@@ -70,8 +76,13 @@ def without_final_sync(real: TimeWindow | None = None) -> TimeWindow:
     tree = ast.parse(textwrap.dedent(inspect.getsource(timing.time_window)))
     fn = tree.body[0]
     assert isinstance(fn, ast.FunctionDef)
-    syncs = [i for i, st in enumerate(fn.body) if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)
-             and ast.unparse(st.value) == "ctx.synchronize()"]
+    syncs = [
+        i
+        for i, st in enumerate(fn.body)
+        if isinstance(st, ast.Expr)
+        and isinstance(st.value, ast.Call)
+        and ast.unparse(st.value) == "ctx.synchronize()"
+    ]
     assert len(syncs) == 2, f"time_window no longer has one sync before and one after its steps: {syncs}"
     del fn.body[syncs[-1]]
     namespace = dict(vars(timing))
@@ -80,7 +91,9 @@ def without_final_sync(real: TimeWindow | None = None) -> TimeWindow:
 
 
 TIMER_DEFECTS: dict[str, Callable[[TimeWindow], TimeWindow]] = {
-    "late_clock": late_clock, "cpu_clock": cpu_clock, "extra_step": extra_step,
+    "late_clock": late_clock,
+    "cpu_clock": cpu_clock,
+    "extra_step": extra_step,
     "without_final_sync": without_final_sync,
 }
 
@@ -200,8 +213,9 @@ def spin_bench(ctx: RankContext, cfg: RunConfig, spin_s: float, plant: str | Non
 
 
 # --- memory ------------------------------------------------------------------------------------------------
-def known_allocation_bench(ctx: RankContext, cfg: RunConfig, mib: int, plant: str | None = None
-                           ) -> dict[str, Any]:
+def known_allocation_bench(
+    ctx: RankContext, cfg: RunConfig, mib: int, plant: str | None = None
+) -> dict[str, Any]:
     """Two `bench` runs of the same configuration in this rank, one after the other: the first allocates a
     tensor of `mib` MiB in its first timed step and keeps it to the window's end; the second allocates
     nothing. {"with": first's memory readings, "next": second's}. `cfg` needs warmup >= 1, so that the
@@ -238,7 +252,9 @@ def known_allocation_bench(ctx: RankContext, cfg: RunConfig, mib: int, plant: st
 
 
 # --- MFU ---------------------------------------------------------------------------------------------------
-def matmul_flop_rate(device: torch.device, shapes: list[tuple[int, int]], tokens: int, iters: int = 10) -> float:
+def matmul_flop_rate(
+    device: torch.device, shapes: list[tuple[int, int]], tokens: int, iters: int = 10
+) -> float:
     """Achieved FLOP/s of the matrix multiplies one training step of a stack of bias-free Linear layers
     (`shapes`: (in_features, out_features) each) does on `tokens` tokens, in bf16, timed by CUDA events: per
     layer the forward x.W^T, the input gradient g.W and the weight gradient g^T.x, 2 x tokens x in x out
@@ -274,14 +290,19 @@ def mfu_beside_matmuls(ctx: RankContext, cfg: RunConfig) -> dict[str, Any]:
     spec = get_model(cfg.model)
     model = spec.build(cfg.seed, "meta")
     shapes = [(m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear)]
-    assert shapes and all(m.bias is None for m in model.modules() if isinstance(m, nn.Linear)), \
+    assert shapes and all(m.bias is None for m in model.modules() if isinstance(m, nn.Linear)), (
         "mfu_beside_matmuls needs a stack of bias-free Linear layers"
+    )
     tokens = cfg.micro_batch * (cfg.seq_len or spec.seq_len)
     rates = [matmul_flop_rate(ctx.device, shapes, tokens)]
     reply = bm.bench(ctx, cfg, nvml=False)
     rates.append(matmul_flop_rate(ctx.device, shapes, tokens))
-    return {"reply": reply, "matmul_flops_per_s": rates, "shapes": shapes,
-            "device_name": torch.cuda.get_device_name(ctx.device)}
+    return {
+        "reply": reply,
+        "matmul_flops_per_s": rates,
+        "shapes": shapes,
+        "device_name": torch.cuda.get_device_name(ctx.device),
+    }
 
 
 @contextlib.contextmanager
@@ -324,8 +345,11 @@ def counted_bench(ctx: RankContext, cfg: RunConfig, plant: str | None = None) ->
         windows.append({"tokens": seen[0] - before, "seconds": time.perf_counter() - t0})
         return w
 
-    with _planted(plant), mock.patch.object(bm, "build_trainer", build), \
-            mock.patch.object(bm, "time_window", window):
+    with (
+        _planted(plant),
+        mock.patch.object(bm, "build_trainer", build),
+        mock.patch.object(bm, "time_window", window),
+    ):
         reply = bm.bench(ctx, cfg, nvml=False)
     return {"reply": reply, "windows": windows}
 
@@ -341,7 +365,9 @@ def _ranks_agree(ctx: RankContext, x: torch.Tensor) -> bool:
     return all(torch.equal(got[0], g) for g in got[1:])
 
 
-def grads_across_accumulation(ctx: RankContext, cfg: RunConfig, mutation: str | None = None) -> dict[str, bool]:
+def grads_across_accumulation(
+    ctx: RankContext, cfg: RunConfig, mutation: str | None = None
+) -> dict[str, bool]:
     """Whether the ranks' gradients agree after each micro-batch of one optimizer step, read in the ranks.
 
     Each rank sees different samples, so gradients agree only once they have been communicated: a strategy
@@ -352,7 +378,9 @@ def grads_across_accumulation(ctx: RankContext, cfg: RunConfig, mutation: str | 
     if mutation:
         _mutate(trainer, mutation)
     try:
-        mbs = rank_micro_batches(cfg, 0, ctx.rank, seq_len_of(cfg), get_model(cfg.model).vocab_size, ctx.device)
+        mbs = rank_micro_batches(
+            cfg, 0, ctx.rank, seq_len_of(cfg), get_model(cfg.model).vocab_size, ctx.device
+        )
         agree = []
         for i, mb in enumerate(mbs):
             trainer.forward_backward(mb, sync=i == len(mbs) - 1)

@@ -80,13 +80,16 @@ def _mutate(trainer: Any, mutation: str) -> None:
     if mutation == "dropout_local_index":
         streams = trainer.sample_streams
         first = trainer.ctx.rank * trainer.cfg.per_rank_batch
-        trainer.sample_streams = lambda batch: streams({**batch, "sample_index": batch["sample_index"] - first})
+        trainer.sample_streams = lambda batch: streams(
+            {**batch, "sample_index": batch["sample_index"] - first}
+        )
         return
     if mutation == "fp16_no_skip":
         assert trainer.scaler is not None, "fp16_no_skip needs precision fp16"
         trainer.scaler.step = lambda optimizer, *args, **kwargs: optimizer.step()
         return
     if mutation == "bf16_master_weights":
+
         def round_to_bf16() -> None:
             with torch.no_grad():
                 for p in trainer.optimizer_parameters():

@@ -69,8 +69,9 @@ def _overflow_at(forward: int | None) -> Iterator[None]:
         handle.remove()
 
 
-def train_with_an_overflow(ctx: Any, cfg: RunConfig, step: int, micro_batch: int, **kwargs: Any
-                           ) -> dict[str, Any]:
+def train_with_an_overflow(
+    ctx: Any, cfg: RunConfig, step: int, micro_batch: int, **kwargs: Any
+) -> dict[str, Any]:
     """jobs.train with an inf planted in the gradient of global micro-batch
     `micro_batch` of step `step`, on the rank that runs it (global micro-batches rank x accum_steps on), and the
     dtypes the model's matmuls produced (fp16 if it really computes in fp16)."""

@@ -42,8 +42,11 @@ def test_step_time(benchmark, suite, strategy, world_size, save_result):
     result = summarize_bench(cfg, replies, env=environment_fingerprint())
     save_result(result)
     benchmark.extra_info.update(result["metrics"])
-    benchmark.extra_info.update(config=result["config"], step_time_s=result["step_time_s"],
-                                throttled=bool((result.get("nvml") or {}).get("throttled")))
+    benchmark.extra_info.update(
+        config=result["config"],
+        step_time_s=result["step_time_s"],
+        throttled=bool((result.get("nvml") or {}).get("throttled")),
+    )
     assert result["metrics"]["tokens_per_s"] > 0
     assert all(math.isfinite(x) for x in result["losses"]), result["losses"]
 
@@ -51,8 +54,9 @@ def test_step_time(benchmark, suite, strategy, world_size, save_result):
 @pytest.mark.strategies("ddp", "fsdp_full", "zero3")
 def test_pool_overhead_per_configuration(suite, strategy, world_size):
     """Once the pool is warm a configuration costs its steps plus at most 3 s (build, wrap, teardown)."""
-    cfg = suite.bench_config(strategy, world_size, model=None if suite.device_type == "cpu" else "gpt2-large",
-                             steps=3, warmup=1)
+    cfg = suite.bench_config(
+        strategy, world_size, model=None if suite.device_type == "cpu" else "gpt2-large", steps=3, warmup=1
+    )
     pool = suite.pool_manager.pool_for(world_size)
     run_benchmark(pool, cfg, nvml=False)  # warm the pool and the imports
     result = run_benchmark(pool, cfg, nvml=False)
@@ -88,12 +92,16 @@ def test_collective_bandwidth(suite, world_size):
 @pytest.mark.gpu
 def test_micro_batch_sweep_to_oom(suite, save_result):
     """Throughput and memory per micro-batch size up to the OOM boundary; the pool survives the OOM."""
-    cfg = suite.bench_config("single", 1, model="gpt2-large", micro_batch=8, global_batch=8, steps=3, warmup=1)
+    cfg = suite.bench_config(
+        "single", 1, model="gpt2-large", micro_batch=8, global_batch=8, steps=3, warmup=1
+    )
     results = sweep_micro_batch(suite.pool_manager.pool_for(1), cfg, [8, 16, 32, 64, 128, 256])
     for r in results:
         save_result(r)
         m = r["metrics"]
-        print(r["config"]["micro_batch"], r["status"], m.get("tokens_per_s"), m.get("mem_reserved_peak_bytes"))
+        print(
+            r["config"]["micro_batch"], r["status"], m.get("tokens_per_s"), m.get("mem_reserved_peak_bytes")
+        )
     assert results[-1]["status"] == "oom", "no micro-batch size ran out of memory: extend the sweep"
     assert any(r["status"] == "ok" for r in results)
     after = run_benchmark(suite.pool_manager.pool_for(1), cfg)

@@ -18,8 +18,18 @@ def test_runs_cleanly_without_gpu_or_nvidia_smi(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     monkeypatch.setattr(doctor, "cuda_devices", lambda: [])
     checks = by_name(run_checks({}))
-    assert {"python", "torch", "deepspeed", "transformers", "gpus", "topology", "nccl env",
-            "nvlink multicast", "TORCH_CUDA_ARCH_LIST", "CUDA_DEVICE_MAX_CONNECTIONS"} <= set(checks)
+    assert {
+        "python",
+        "torch",
+        "deepspeed",
+        "transformers",
+        "gpus",
+        "topology",
+        "nccl env",
+        "nvlink multicast",
+        "TORCH_CUDA_ARCH_LIST",
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+    } <= set(checks)
     assert checks["topology"].status == INFO and "nvidia-smi not found" in checks["topology"].detail
     assert checks["gpus"].status == INFO and "CPU tier only" in checks["gpus"].detail
     assert checks["nvlink multicast"].status == INFO  # no GPUs: nothing to break
@@ -42,10 +52,13 @@ def test_arch_list_without_suffix_passes(monkeypatch):
     assert by_name(run_checks())["TORCH_CUDA_ARCH_LIST"].status == OK
 
 
-@pytest.mark.parametrize("value, fix", [
-    ("8.0;9.0a", 'export TORCH_CUDA_ARCH_LIST="8.0;9.0"'),
-    ("9.0a 10.0a+PTX", 'export TORCH_CUDA_ARCH_LIST="9.0;10.0+PTX"'),
-])
+@pytest.mark.parametrize(
+    "value, fix",
+    [
+        ("8.0;9.0a", 'export TORCH_CUDA_ARCH_LIST="8.0;9.0"'),
+        ("9.0a 10.0a+PTX", 'export TORCH_CUDA_ARCH_LIST="9.0;10.0+PTX"'),
+    ],
+)
 def test_arch_list_mixed_entries(value, fix):
     check = check_cuda_arch_list({"TORCH_CUDA_ARCH_LIST": value}, deepspeed_installed=True)
     assert check.status == FAIL and check.fix == fix
@@ -65,8 +78,10 @@ def test_multicast_reported_and_fixed():
     on = check_multicast({"NCCL_NVLS_ENABLE": "1"}, have_gpus=True)
     assert on.status == WARN and "NCCL_NVLS_ENABLE=1" in on.detail
     assert on.fix == "export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
-    off = check_multicast({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                           "NVSHMEM_DISABLE_NVLS": "1"}, have_gpus=True)
+    off = check_multicast(
+        {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"},
+        have_gpus=True,
+    )
     assert off.status == OK
 
 

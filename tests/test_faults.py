@@ -73,7 +73,11 @@ def at_spawn(f, sig: int) -> dict:
     pool = f.pm.pool_for(2)
     pool.close()
     t = _when(pool, lambda: len(pool._procs) > 1, lambda: _kill(pool, 1, sig))
-    return {"start": lambda: f.pm.pool_for(2).run(rank_jobs.whoami, timeout=TIMEOUT), "thread": t, "victim": 1}
+    return {
+        "start": lambda: f.pm.pool_for(2).run(rank_jobs.whoami, timeout=TIMEOUT),
+        "thread": t,
+        "victim": 1,
+    }
 
 
 def at_join(f, sig: int) -> dict:
@@ -90,20 +94,31 @@ def at_join(f, sig: int) -> dict:
         _kill(pool, 0, sig)
 
     t = _when(pool, lambda: len(pool._procs) > 1, act)
-    return {"start": lambda: f.pm.pool_for(2).run(rank_jobs.whoami, timeout=JOIN_TIMEOUT), "thread": t, "victim": 0,
-            "timeout": JOIN_TIMEOUT}
+    return {
+        "start": lambda: f.pm.pool_for(2).run(rank_jobs.whoami, timeout=JOIN_TIMEOUT),
+        "thread": t,
+        "victim": 0,
+        "timeout": JOIN_TIMEOUT,
+    }
 
 
 def mid_job(f, sig: int) -> dict:
     f.pm.pool_for(2).run(rank_jobs.whoami, timeout=60)  # a warm pool
-    return {"start": lambda: f.pm.pool_for(2).run(rank_jobs.signal_self_in, {"rank": 1, "signum": sig}, timeout=TIMEOUT),
-            "victim": 1}
+    return {
+        "start": lambda: f.pm.pool_for(2).run(
+            rank_jobs.signal_self_in, {"rank": 1, "signum": sig}, timeout=TIMEOUT
+        ),
+        "victim": 1,
+    }
 
 
 def mid_reply(f, sig: int) -> dict:
     f.pm.pool_for(2).run(rank_jobs.whoami, timeout=60)
     kw = {"rank": 1, "signum": sig, "size": REPLY_BYTES}
-    return {"start": lambda: f.pm.pool_for(2).run(rank_jobs.signal_self_mid_reply, kw, timeout=TIMEOUT), "victim": 1}
+    return {
+        "start": lambda: f.pm.pool_for(2).run(rank_jobs.signal_self_mid_reply, kw, timeout=TIMEOUT),
+        "victim": 1,
+    }
 
 
 def idle(f, sig: int) -> dict:
@@ -111,8 +126,11 @@ def idle(f, sig: int) -> dict:
     pid = f.pm.pool_for(2).run(rank_jobs.whoami, timeout=60)[1]["pid"]
     os.kill(pid, sig)
     end = time.monotonic() + 10  # signals land asynchronously: wait until this one did
-    while time.monotonic() < end and not (_proc_state(pid) == "T" if sig == signal.SIGSTOP else
-                                          os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)):
+    while time.monotonic() < end and not (
+        _proc_state(pid) == "T"
+        if sig == signal.SIGSTOP
+        else os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    ):
         time.sleep(0.005)
     return {"start": lambda: f.pm.pool_for(2).run(rank_jobs.whoami, timeout=TIMEOUT), "victim": 1}
 
@@ -121,11 +139,14 @@ KILLED = ("crashed", "code -9")
 STOPPED = ("timeout", "is stopped")
 
 
-@pytest.mark.parametrize(("phase", "sig", "victim_story"), [
-    pytest.param(phase, sig, story, id=f"{phase.__name__}-{how}")
-    for phase in (at_spawn, at_join, mid_job, mid_reply, idle)
-    for sig, story, how in ((signal.SIGKILL, KILLED, "killed"), (signal.SIGSTOP, STOPPED, "frozen"))
-])
+@pytest.mark.parametrize(
+    ("phase", "sig", "victim_story"),
+    [
+        pytest.param(phase, sig, story, id=f"{phase.__name__}-{how}")
+        for phase in (at_spawn, at_join, mid_job, mid_reply, idle)
+        for sig, story, how in ((signal.SIGKILL, KILLED, "killed"), (signal.SIGSTOP, STOPPED, "frozen"))
+    ],
+)
 def test_a_rank_killed_or_frozen_fails_its_job_in_time_and_the_next_passes(faults, phase, sig, victim_story):
     case = phase(faults, sig)
     t0 = time.monotonic()
@@ -183,8 +204,12 @@ def test_ranks_do_not_outlive_a_killed_parent(tmp_path: Path, phase: str):
     """SIGKILL of the pool's process (no cleanup runs) while ranks spawn or run a job: they go too."""
     tag = new_tag()
     src = Path(__file__).parent
-    env = {**os.environ, TAG_ENV: tag, "TMPDIR": str(tmp_path),
-           "PYTHONPATH": os.pathsep.join([str(src.parent / "src"), str(src), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        TAG_ENV: tag,
+        "TMPDIR": str(tmp_path),
+        "PYTHONPATH": os.pathsep.join([str(src.parent / "src"), str(src), os.environ.get("PYTHONPATH", "")]),
+    }
     shm = shm_entries()
     parent = subprocess.Popen([sys.executable, "-c", PARENT], env=env, stdout=subprocess.PIPE, text=True)
     try:

@@ -16,20 +16,37 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: Lowest first. A module belongs to the layer of the longest prefix listed here.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base: errors, the run configuration, the machine", ["distbench", "distbench.errors", "distbench.config",
-                                                          "distbench.machine"]),
+    (
+        "base: errors, the run configuration, the machine",
+        ["distbench", "distbench.errors", "distbench.config", "distbench.machine"],
+    ),
     ("process: rank pools, workers, launches", ["distbench.runtime"]),
-    ("what runs in a rank: models, strategies, checks, measurements",
-     ["distbench.workloads", "distbench.strategies", "distbench.invariants", "distbench.measure"]),
+    (
+        "what runs in a rank: models, strategies, checks, measurements",
+        ["distbench.workloads", "distbench.strategies", "distbench.invariants", "distbench.measure"],
+    ),
     ("in-rank jobs", ["distbench.jobs"]),
-    ("results: building, metrics, scaling, plausibility",
-     ["distbench.results", "distbench.metrics", "distbench.scaling", "distbench.plausibility"]),
-    ("running configurations: matrix, suite, lanes, A/B gate, doctor",
-     ["distbench.matrix", "distbench.suite", "distbench.lanes", "distbench.lane_child", "distbench.schedule",
-      "distbench.gate", "distbench.doctor"]),
+    (
+        "results: building, metrics, scaling, plausibility",
+        ["distbench.results", "distbench.metrics", "distbench.scaling", "distbench.plausibility"],
+    ),
+    (
+        "running configurations: matrix, suite, lanes, A/B gate, doctor",
+        [
+            "distbench.matrix",
+            "distbench.suite",
+            "distbench.lanes",
+            "distbench.lane_child",
+            "distbench.schedule",
+            "distbench.gate",
+            "distbench.doctor",
+        ],
+    ),
     ("rendering: reports, comparisons", ["distbench.report", "distbench.compare"]),
-    ("entry points: command line, pytest plugin", ["distbench.cli", "distbench.commands",
-                                                    "distbench.pytest_plugin"]),
+    (
+        "entry points: command line, pytest plugin",
+        ["distbench.cli", "distbench.commands", "distbench.pytest_plugin"],
+    ),
 ]
 
 
@@ -54,8 +71,11 @@ def imports(src: Path) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 found |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom):
-                base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else [])) \
-                    if node.level else node.module or ""
+                base = (
+                    ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+                    if node.level
+                    else node.module or ""
+                )
                 found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names}
         graph[name] = {m for m in found if m in mods and m != name}
     return graph
@@ -74,8 +94,12 @@ def layer_of(module: str) -> int:
 
 def upward_imports(src: Path) -> list[str]:
     graph = imports(src)
-    return sorted(f"{m} -> {t} ({LAYERS[layer_of(m)][0].split(':')[0]} -> {LAYERS[layer_of(t)][0].split(':')[0]})"
-                  for m, targets in graph.items() for t in targets if layer_of(t) > layer_of(m))
+    return sorted(
+        f"{m} -> {t} ({LAYERS[layer_of(m)][0].split(':')[0]} -> {LAYERS[layer_of(t)][0].split(':')[0]})"
+        for m, targets in graph.items()
+        for t in targets
+        if layer_of(t) > layer_of(m)
+    )
 
 
 def cycles(src: Path) -> list[list[str]]:
@@ -127,7 +151,9 @@ def test_the_checker_finds_a_planted_upward_import_and_cycle(tmp_path):
         (init / "__init__.py").write_text("")
     (pkg / "report" / "tables.py").write_text("def table():\n    from ..runtime import pool\n")
     (pkg / "runtime" / "pool.py").write_text("from ..report.tables import table\n")
-    assert upward_imports(tmp_path) == ["distbench.runtime.pool -> distbench.report.tables (process -> rendering)"]
+    assert upward_imports(tmp_path) == [
+        "distbench.runtime.pool -> distbench.report.tables (process -> rendering)"
+    ]
     assert cycles(tmp_path) == [["distbench.report.tables", "distbench.runtime.pool"]]
 
 

@@ -57,11 +57,13 @@ def test_bind_cpus_gives_each_rank_its_own_slice(monkeypatch):
     finally:
         p.close()
     k = len(allowed) // 2
-    assert got == [allowed[:k], allowed[k:2 * k]]  # disjoint, equal, within what the parent may use
+    assert got == [allowed[:k], allowed[k : 2 * k]]  # disjoint, equal, within what the parent may use
 
 
-@pytest.mark.parametrize(("mode", "ranks", "message"), [("spread", 2, "not a binding mode"),
-                                                         ("exclusive", 4096, "needs a CPU per rank")])
+@pytest.mark.parametrize(
+    ("mode", "ranks", "message"),
+    [("spread", 2, "not a binding mode"), ("exclusive", 4096, "needs a CPU per rank")],
+)
 def test_bind_cpus_refuses_bad_settings_before_any_rank_starts(monkeypatch, mode, ranks, message):
     monkeypatch.setenv("DISTBENCH_BIND_CPUS", mode)
     p = RankPool(ranks, "cpu")
@@ -158,8 +160,9 @@ def test_ddp_close_syncs_the_group_only_on_a_clean_exit(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.append("synchronize"))
     monkeypatch.setattr(ddp.time, "sleep", lambda s: calls.append(f"sleep {s}"))
     monkeypatch.setattr(dist, "barrier", lambda *a, **k: calls.append("barrier"))
-    trainer = SimpleNamespace(ctx=SimpleNamespace(is_cuda=True, device="cuda:0"), model="wrapper",
-                              module="bare module")
+    trainer = SimpleNamespace(
+        ctx=SimpleNamespace(is_cuda=True, device="cuda:0"), model="wrapper", module="bare module"
+    )
     ddp.DDPTrainer.close(trainer)
     assert calls == ["synchronize", f"sleep {ddp.WATCHDOG_PERIODS_S}", "barrier"]
     assert trainer.model == "bare module" and ddp.WATCHDOG_PERIODS_S >= 0.2

@@ -63,7 +63,10 @@ def test_activation_checkpointing_recomputes_and_keeps_the_losses(suite, strateg
     out = suite.run_job(world_size, recipe_jobs.train_counting_attention_forwards, cfg=cfg)[0]
     # negative control: every block's attention ran forward again in backward, so recomputation really happened
     micro_steps = cfg.accum_steps * cfg.steps
-    assert out["attention_modules"] > 0 and min(out["attention_forwards"]) >= 2 * micro_steps, (micro_steps, out)
+    assert out["attention_modules"] > 0 and min(out["attention_forwards"]) >= 2 * micro_steps, (
+        micro_steps,
+        out,
+    )
     assert_losses_match(out["losses"], suite.reference(cfg)["losses"], f"{strategy} ws{world_size} with AC")
 
 
@@ -183,7 +186,9 @@ def _with_an_overflow(suite, strategy: str, world_size: int):
     ref_cfg = cfg.replace(strategy="single", world_size=1)
     key = repr((suite.device_type, sorted(ref_cfg.to_dict().items())))
     if key not in _overflow_references:
-        _overflow_references[key] = suite.run_job(1, recipe_jobs.reference_with_an_overflow, cfg=ref_cfg, **where)[0]
+        _overflow_references[key] = suite.run_job(
+            1, recipe_jobs.reference_with_an_overflow, cfg=ref_cfg, **where
+        )[0]
     ref = _overflow_references[key]
     # negative controls: the planted inf skipped its step, other steps ran, and the scale grew, so the strategy's
     # every decision of the rule (skip and halve, step, grow) is compared
@@ -213,7 +218,9 @@ def test_fp16_stepping_through_an_overflow_fails_parity(suite):
         assert_loss_scaling_matches(broken, ref, FP16_RTOL, "ddp ws2 fp16 stepping through an overflow")
 
 
-@pytest.mark.strategies("fsdp_full")  # the scaler's state is harness state, saved alike by every torch-native one
+@pytest.mark.strategies(
+    "fsdp_full"
+)  # the scaler's state is harness state, saved alike by every torch-native one
 def test_fp16_loss_scale_survives_a_resume(suite, strategy, world_size):
     cfg = suite.config(strategy, world_size, **FP16)
     run = suite.checkpointed_run(cfg)
@@ -231,7 +238,9 @@ def test_deepspeed_fp16_on_cpu_is_refused_with_its_reason(suite):
     assert info.value.exc_types == {"ConfigError"} and "fp16 on cuda only" in str(info.value), info.value
 
 
-@pytest.mark.strategies("single", "ddp", "fsdp_full", "fsdp_grad", "fsdp1_full", "fsdp1_grad", "zero2", "zero3")
+@pytest.mark.strategies(
+    "single", "ddp", "fsdp_full", "fsdp_grad", "fsdp1_full", "fsdp1_grad", "zero2", "zero3"
+)
 def test_lora_trains_the_adapters_alone_at_parity(suite, strategy, world_size):
     """LoRA through peft: the losses, every parameter and the adapters' gradients are the reference's (which
     writes LoRA out by hand), the base weights are their initial values and every adapter moved."""
@@ -265,4 +274,6 @@ def test_lora_without_gradient_sync_fails_parity(suite):
     cfg = suite.config("ddp", 2, **LORA)
     broken = suite.run_job(2, mutants.train, mutation="no_grad_sync", cfg=cfg)[0]
     with pytest.raises(AssertionError, match="diverges from the single-process reference"):
-        assert_losses_match(broken["losses"], suite.reference(cfg)["losses"], "ddp ws2 LoRA without gradient sync")
+        assert_losses_match(
+            broken["losses"], suite.reference(cfg)["losses"], "ddp ws2 LoRA without gradient sync"
+        )

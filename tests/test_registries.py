@@ -23,18 +23,34 @@ def _planted(**changes) -> StrategySpec:
     return dataclasses.replace(REGISTRY["fsdp_full"], name="planted", **changes)
 
 
-@pytest.mark.parametrize("changes,needle", [
-    ({"memory": None}, "no memory layout"),
-    ({"memory": MemoryLayout(sharded=frozenset({"activations"}))}, "components outside"),
-    ({"checkpoint": None}, "no checkpoint format"),
-    ({"checkpoint": dataclasses.replace(REGISTRY["fsdp_full"].checkpoint, exporter="hdf5")}, "unknown exporter 'hdf5'"),
-    ({"cpu": False}, "GPU only without saying why"),
-    ({"cpu": False, "gpu_only_why": "CUDA only", "grids": frozenset({"cpu"})}, "CPU default grid"),
-    ({"grids": frozenset({"nightly"})}, "unknown grid"),
-    ({"target": "distbench.strategies.fsdp:NoSuchTrainer"}, "does not name a callable"),
-    ({"config_check": "distbench.strategies.ds_config:no_such_check"}, "does not name a callable"),
-], ids=["no-memory", "bad-component", "no-checkpoint", "unknown-exporter", "gpu-only-why", "cpu-grid", "grid",
-        "target", "config-check"])
+@pytest.mark.parametrize(
+    "changes,needle",
+    [
+        ({"memory": None}, "no memory layout"),
+        ({"memory": MemoryLayout(sharded=frozenset({"activations"}))}, "components outside"),
+        ({"checkpoint": None}, "no checkpoint format"),
+        (
+            {"checkpoint": dataclasses.replace(REGISTRY["fsdp_full"].checkpoint, exporter="hdf5")},
+            "unknown exporter 'hdf5'",
+        ),
+        ({"cpu": False}, "GPU only without saying why"),
+        ({"cpu": False, "gpu_only_why": "CUDA only", "grids": frozenset({"cpu"})}, "CPU default grid"),
+        ({"grids": frozenset({"nightly"})}, "unknown grid"),
+        ({"target": "distbench.strategies.fsdp:NoSuchTrainer"}, "does not name a callable"),
+        ({"config_check": "distbench.strategies.ds_config:no_such_check"}, "does not name a callable"),
+    ],
+    ids=[
+        "no-memory",
+        "bad-component",
+        "no-checkpoint",
+        "unknown-exporter",
+        "gpu-only-why",
+        "cpu-grid",
+        "grid",
+        "target",
+        "config-check",
+    ],
+)
 def test_an_incomplete_strategy_entry_fails(changes, needle):
     found = check_spec(_planted(**changes), set(EXPORTERS))
     assert any(needle in f for f in found), found
@@ -84,18 +100,45 @@ def test_only_strategies_whose_format_reshards_say_so():
 def _gpu_reply(rank: int) -> dict:
     """What the bench job returns on a GPU rank with every optional measurement present (device time, NVML,
     allocator peaks), so its summary carries every metric the bench job can write."""
-    nvml = {"throttled": False, "throttle_reasons": [], "power_capped": False, "gpu_util_pct": {"mean": 97.0},
-            "sm_clock_mhz": {"median": 1755.0}, "power_w": {"mean": 600.0}, "temp_c": {"max": 60.0}}
+    nvml = {
+        "throttled": False,
+        "throttle_reasons": [],
+        "power_capped": False,
+        "gpu_util_pct": {"mean": 97.0},
+        "sm_clock_mhz": {"median": 1755.0},
+        "power_w": {"mean": 600.0},
+        "temp_c": {"max": 60.0},
+    }
     return {
-        "rank": rank, "device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "peak_dtype": "bf16",
-        "seq_len": 32, "n_params": 1000, "flops": {"flops_per_token": 6000.0}, "optimizer_impl": "fused",
-        "step_times_s": [0.10, 0.11, 0.10], "warmup_step_times_s": [0.2],
+        "rank": rank,
+        "device_type": "cuda",
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "peak_dtype": "bf16",
+        "seq_len": 32,
+        "n_params": 1000,
+        "flops": {"flops_per_token": 6000.0},
+        "optimizer_impl": "fused",
+        "step_times_s": [0.10, 0.11, 0.10],
+        "warmup_step_times_s": [0.2],
         "windows": [{"wall_s": 0.31, "steps": 3, "host_cpu_s": [0.02, 0.03, 0.02]}],
-        "losses": [5.0, 4.9, 4.8, 4.7], "gc": None, "nvml": nvml,
-        "memory": {"mem_allocated_peak_bytes": 2**30, "mem_reserved_peak_bytes": 2**31,
-                   "nvml_mem_used_peak_bytes": 3 * 2**30, "mem_allocated_bytes": 2**29, "mem_total_bytes": 2**36},
-        "device_time": {"compute_s": 0.08, "comm_s": 0.01, "busy_s": 0.09, "wall_s": 0.1, "processing_s": 0.5,
-                        "steps": 3},
+        "losses": [5.0, 4.9, 4.8, 4.7],
+        "gc": None,
+        "nvml": nvml,
+        "memory": {
+            "mem_allocated_peak_bytes": 2**30,
+            "mem_reserved_peak_bytes": 2**31,
+            "nvml_mem_used_peak_bytes": 3 * 2**30,
+            "mem_allocated_bytes": 2**29,
+            "mem_total_bytes": 2**36,
+        },
+        "device_time": {
+            "compute_s": 0.08,
+            "comm_s": 0.01,
+            "busy_s": 0.09,
+            "wall_s": 0.1,
+            "processing_s": 0.5,
+            "steps": 3,
+        },
     }
 
 
@@ -116,9 +159,21 @@ def _every_metric_a_result_carries() -> set[str]:
     from distbench.matrix import run_benchmark
     from distbench.metrics import names
 
-    results = [run_benchmark(_Pool(ws), RunConfig(strategy="ddp", world_size=ws, model="gpt2-tiny",
-                                                   global_batch=4, micro_batch=2, steps=3, warmup=1))
-               for ws in (1, 2)]
+    results = [
+        run_benchmark(
+            _Pool(ws),
+            RunConfig(
+                strategy="ddp",
+                world_size=ws,
+                model="gpt2-tiny",
+                global_batch=4,
+                micro_batch=2,
+                steps=3,
+                warmup=1,
+            ),
+        )
+        for ws in (1, 2)
+    ]
     scaling.annotate(results)
     carried = {k for r in results for k in r["metrics"]}
     return carried | set(names(source="trace"))
@@ -128,7 +183,14 @@ def test_every_metric_a_result_carries_has_a_registry_entry():
     from distbench.metrics import METRICS
 
     carried = _every_metric_a_result_carries()
-    assert {"step_time_s", "mfu", "device_compute_s", "step_gcycles", "speedup", "config_overhead_s"} <= carried
+    assert {
+        "step_time_s",
+        "mfu",
+        "device_compute_s",
+        "step_gcycles",
+        "speedup",
+        "config_overhead_s",
+    } <= carried
     assert carried - set(METRICS) == set(), "metrics without an entry in distbench/metrics.py"
 
 

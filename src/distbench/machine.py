@@ -68,7 +68,10 @@ def gpu_names() -> list[str]:
     if nv is None:
         return []
     try:
-        return [str(nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(i))) for i in range(nv.nvmlDeviceGetCount())]
+        return [
+            str(nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(nv.nvmlDeviceGetCount())
+        ]
     except Exception:
         return []
 

@@ -50,16 +50,20 @@ class Matrix:
         self.base = from_json(self.base)
         given_twice = sorted(set(self.base) & {"strategy", "world_size", "model", "precision"})
         if given_twice:
-            raise ConfigError(f"{given_twice[0]!r} is a matrix axis: list it under {given_twice[0]}s, not base")
+            raise ConfigError(
+                f"{given_twice[0]!r} is a matrix axis: list it under {given_twice[0]}s, not base"
+            )
         for key, value in self.base.items():
             check_field(key, value)
         specs = [get_spec(s) for s in self.strategies]
         for key in self.base.get("options", {}):
             if not any(spec.takes(key) for spec in specs):
                 takers = [s.name for s in REGISTRY.values() if s.takes(key)]
-                raise ConfigError(f"option {key!r} applies to {', '.join(takers) or 'no strategy'} only, and none "
-                                  f"of the selected strategies ({', '.join(self.strategies)}) takes it; add one "
-                                  "of them or drop the option")
+                raise ConfigError(
+                    f"option {key!r} applies to {', '.join(takers) or 'no strategy'} only, and none "
+                    f"of the selected strategies ({', '.join(self.strategies)}) takes it; add one "
+                    "of them or drop the option"
+                )
 
     def configs(self, device_type: str, device_count: int | None = None) -> tuple[list[RunConfig], list[str]]:
         """The runnable configurations, and a note for each one skipped and why; ConfigError for a model that
@@ -70,8 +74,10 @@ class Matrix:
             mspec = get_model(model)
             seq = self.base.get("seq_len") or mspec.seq_len
             if mspec.max_positions is not None and seq > mspec.max_positions:
-                raise ConfigError(f"seq_len {seq} exceeds model {model}'s {mspec.max_positions} positions; use "
-                                  f"--seq-len {mspec.max_positions} or less, or a larger model")
+                raise ConfigError(
+                    f"seq_len {seq} exceeds model {model}'s {mspec.max_positions} positions; use "
+                    f"--seq-len {mspec.max_positions} or less, or a larger model"
+                )
         out, skipped = [], []
         for model, precision, ws, strategy in itertools.product(
             self.models, self.precisions, sorted(self.world_sizes), self.strategies
@@ -93,11 +99,21 @@ def default_matrix(device_type: str, device_count: int) -> Matrix:
     """`distbench run` without flags: a seed-004-style sweep sized for the machine at hand, over the strategies
     whose registry entry puts them in the device's default grid."""
     if device_type == "cpu":
-        return Matrix(default_strategies("cpu"), [1, 2], ["gpt2-tiny"], ["fp32"],
-                      {"micro_batch": 2, "steps": 8, "warmup": 2, "deterministic": False})
+        return Matrix(
+            default_strategies("cpu"),
+            [1, 2],
+            ["gpt2-tiny"],
+            ["fp32"],
+            {"micro_batch": 2, "steps": 8, "warmup": 2, "deterministic": False},
+        )
     sizes = [n for n in (1, 2, 4, 8) if n <= device_count]
-    return Matrix(default_strategies("cuda"), sizes, ["gpt2-124m"], ["bf16"],
-                  {"micro_batch": 8, "seq_len": 1024, "steps": 15, "warmup": 5, "deterministic": False})
+    return Matrix(
+        default_strategies("cuda"),
+        sizes,
+        ["gpt2-124m"],
+        ["bf16"],
+        {"micro_batch": 8, "seq_len": 1024, "steps": 15, "warmup": 5, "deterministic": False},
+    )
 
 
 def load_matrix(path: str | Path) -> Matrix:
@@ -110,8 +126,12 @@ def load_matrix(path: str | Path) -> Matrix:
         raise ConfigError(f"cannot read matrix file {path}: {first}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"matrix file {path} must hold a mapping, not {type(data).__name__}")
-    for key, single in (("strategies", "strategy"), ("world_sizes", "world_size"), ("models", "model"),
-                        ("precisions", "precision")):
+    for key, single in (
+        ("strategies", "strategy"),
+        ("world_sizes", "world_size"),
+        ("models", "model"),
+        ("precisions", "precision"),
+    ):
         if single in data:
             if key in data:
                 raise ConfigError(f"matrix file {path} has both {key!r} and {single!r}; keep one")
@@ -153,9 +173,12 @@ def run_benchmark(
     wall = time.perf_counter() - t0
     result = summarize_bench(cfg, replies, env=env)
     # What a configuration costs beyond its training steps in a warm pool: build, wrap, teardown, IPC.
-    steps_s = max(sum(r["step_times_s"]) + sum(r.get("warmup_step_times_s", []))
-                  + (r["device_time"]["wall_s"] * r["device_time"]["steps"] if r.get("device_time") else 0.0)
-                  for r in replies)
+    steps_s = max(
+        sum(r["step_times_s"])
+        + sum(r.get("warmup_step_times_s", []))
+        + (r["device_time"]["wall_s"] * r["device_time"]["steps"] if r.get("device_time") else 0.0)
+        for r in replies
+    )
     result["wall_s"] = wall
     result["metrics"]["config_overhead_s"] = wall - steps_s
     return result
@@ -173,7 +196,9 @@ def sweep_micro_batch(pool: Any, cfg: RunConfig, sizes: list[int], **kwargs: Any
     return results
 
 
-def run_trace(pool: Any, cfg: RunConfig, out_dir: str, *, steps: int = 3, timeout: float = 1800) -> dict[str, Any]:
+def run_trace(
+    pool: Any, cfg: RunConfig, out_dir: str, *, steps: int = 3, timeout: float = 1800
+) -> dict[str, Any]:
     """Trace mode: profile every rank and return HolisticTraceAnalysis's breakdown per step."""
     from .measure.trace import analyze_traces
 
@@ -212,11 +237,18 @@ def run_matrix(
             if matrix.trace and result["status"] == "ok" and out_dir is not None:
                 tdir = Path(out_dir) / "traces" / result["id"]
                 try:
-                    result["trace"] = run_trace(pools.pool_for(cfg.world_size), cfg, str(tdir), timeout=timeout)
+                    result["trace"] = run_trace(
+                        pools.pool_for(cfg.world_size), cfg, str(tdir), timeout=timeout
+                    )
                 except Exception as e:  # a trace HTA cannot analyse costs its breakdown, not the matrix
                     result["trace"] = {"error": f"{type(e).__name__}: {e}", "trace_dir": str(tdir)}
-                result["metrics"].update({k: result["trace"][k] for k in names(source="trace")
-                                          if result["trace"].get(k) is not None})
+                result["metrics"].update(
+                    {
+                        k: result["trace"][k]
+                        for k in names(source="trace")
+                        if result["trace"].get(k) is not None
+                    }
+                )
             results.append(result)
             if out_dir is not None:
                 save_result(result, out_dir)

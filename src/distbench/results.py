@@ -110,6 +110,7 @@ def json_schema() -> dict[str, Any]:
     """The JSON Schema of a stored result, generated from `Result` (committed as schemas/distbench.result-1.json)."""
     return Result.model_json_schema(by_alias=True)
 
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -165,7 +166,9 @@ def result_config(cfg: RunConfig, device_type: str | None) -> dict[str, Any]:
 def is_oom(e: JobError) -> bool:
     """True when a rank ran out of device memory (torch's OutOfMemoryError, or NCCL failing to allocate)."""
     return any(
-        o.exc_type == "OutOfMemoryError" or "CUDA out of memory" in o.text or "CUDA error: out of memory" in o.text
+        o.exc_type == "OutOfMemoryError"
+        or "CUDA out of memory" in o.text
+        or "CUDA error: out of memory" in o.text
         for o in e.outcomes
     )
 
@@ -177,16 +180,21 @@ def _oom_message(e: JobError) -> str:
     return f"out of device memory on rank(s) {','.join(map(str, ranks))}: {line.strip()[:300]}"
 
 
-def failure_result(cfg: RunConfig, device_type: str | None, e: JobError, env: dict[str, Any] | None = None
-                   ) -> dict[str, Any]:
+def failure_result(
+    cfg: RunConfig, device_type: str | None, e: JobError, env: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A result recording a configuration that failed: status "oom" or "error", and every rank's outcome."""
     from .runtime.fingerprint import environment_fingerprint  # torch: the read-only commands load this module
 
     oom = is_oom(e)
     per_rank = [{"rank": o.rank, "status": o.status, "exc_type": o.exc_type} for o in e.outcomes]
-    return make_result(result_config(cfg, device_type), status="oom" if oom else "error",
-                       error=_oom_message(e) if oom else str(e), env=env or environment_fingerprint(),
-                       per_rank=per_rank)
+    return make_result(
+        result_config(cfg, device_type),
+        status="oom" if oom else "error",
+        error=_oom_message(e) if oom else str(e),
+        env=env or environment_fingerprint(),
+        per_rank=per_rank,
+    )
 
 
 def _aggregate_nvml(summaries: list[dict[str, Any] | None]) -> dict[str, Any] | None:
@@ -262,19 +270,34 @@ def summarize_bench(
     if nvml and nvml.get("sm_clock_mhz_median"):
         # Cycles per step: a clock that drifted between runs (1665-1875 MHz seen under load) cancels out.
         metrics["step_gcycles"] = step_time * nvml["sm_clock_mhz_median"] * 1e-3
-    flops = {**r0["flops"], "n_params": r0["n_params"], "device_name": r0["device_name"],
-             "peak_dtype": r0["peak_dtype"], "peak_flops": peak}
+    flops = {
+        **r0["flops"],
+        "n_params": r0["n_params"],
+        "device_name": r0["device_name"],
+        "peak_dtype": r0["peak_dtype"],
+        "peak_flops": peak,
+    }
     per_rank = [
         {"rank": r["rank"], "step_time_s": step_stats(r["step_times_s"]), **r["memory"]} for r in replies
     ]
     return make_result(
-        config, metrics=metrics, env=env, step_time_s=stats, losses=r0["losses"], nvml=nvml, flops=flops,
-        per_rank=per_rank, gc=_aggregate_gc([r.get("gc") for r in replies]), device_time=device,
+        config,
+        metrics=metrics,
+        env=env,
+        step_time_s=stats,
+        losses=r0["losses"],
+        nvml=nvml,
+        flops=flops,
+        per_rank=per_rank,
+        gc=_aggregate_gc([r.get("gc") for r in replies]),
+        device_time=device,
         regime=_regime_section(device),
     )
 
 
-def _host_and_device_metrics(replies: list[dict[str, Any]], device: dict[str, Any] | None) -> dict[str, float]:
+def _host_and_device_metrics(
+    replies: list[dict[str, Any]], device: dict[str, Any] | None
+) -> dict[str, float]:
     """The host CPU time per step (median over steps of the slowest rank's) and the device-time sample's."""
     metrics: dict[str, float] = {}
     host = [r for r in replies if r.get("windows")]
@@ -282,13 +305,18 @@ def _host_and_device_metrics(replies: list[dict[str, Any]], device: dict[str, An
         cpu = per_step_max([[c for w in r["windows"] for c in w["host_cpu_s"]] for r in host])
         metrics["host_cpu_s"] = statistics.median(cpu)
     if device:
-        metrics.update(device_compute_s=device["compute_s"], device_comm_s=device["comm_s"],
-                       device_busy_s=device["busy_s"], busy_ratio=device["busy_ratio"])
+        metrics.update(
+            device_compute_s=device["compute_s"],
+            device_comm_s=device["comm_s"],
+            device_busy_s=device["busy_s"],
+            busy_ratio=device["busy_ratio"],
+        )
     return metrics
 
 
-def _efficiency_and_memory(replies: list[dict[str, Any]], tokens_per_s_per_gpu: float
-                           ) -> tuple[dict[str, float], float | None]:
+def _efficiency_and_memory(
+    replies: list[dict[str, Any]], tokens_per_s_per_gpu: float
+) -> tuple[dict[str, float], float | None]:
     """TFLOP/s per GPU, MFU where the device's peak is known, and each memory peak of the rank that peaked
     highest; and that peak FLOP/s."""
     from .measure.mfu import mfu, peak_flops, tflops_per_gpu  # torch: the read-only commands load this module
@@ -311,8 +339,11 @@ def _regime_section(device: dict[str, Any] | None) -> dict[str, Any] | None:
     """What the gate needs to know about the configuration: which side bounds its step, and by what ratio."""
     if device is None:
         return None
-    return {"regime": device["regime"], "busy_ratio": device["busy_ratio"],
-            "rule": f"device-bound when device busy time / wall step time >= {DEVICE_BOUND_RATIO}"}
+    return {
+        "regime": device["regime"],
+        "busy_ratio": device["busy_ratio"],
+        "rule": f"device-bound when device busy time / wall step time >= {DEVICE_BOUND_RATIO}",
+    }
 
 
 def _aggregate_gc(per_rank: list[dict[str, Any] | None]) -> dict[str, Any] | None:
@@ -392,7 +423,9 @@ def _read_json(f: Path) -> Any:
     try:
         return json.loads(f.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise ResultFileError(f"{f} is not UTF-8 text (byte {e.start}); remove it or restore it from the run") from None
+        raise ResultFileError(
+            f"{f} is not UTF-8 text (byte {e.start}); remove it or restore it from the run"
+        ) from None
     except json.JSONDecodeError as e:
         raise ResultFileError(f"{f} is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
     except OSError as e:
@@ -407,8 +440,10 @@ def _checked(obj: dict[str, Any], where: str) -> dict[str, Any]:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
         got = "" if err["type"] == "missing" else f" (got {err['input']!r:.60})"
-        raise ResultFileError(f"{where} is a damaged {SCHEMA} result: {loc}: {err['msg'].lower()}{got}; "
-                              "remove it or restore it from the run") from None
+        raise ResultFileError(
+            f"{where} is a damaged {SCHEMA} result: {loc}: {err['msg'].lower()}{got}; "
+            "remove it or restore it from the run"
+        ) from None
     return obj
 
 

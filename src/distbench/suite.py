@@ -21,9 +21,20 @@ from .runtime.pool import PoolManager
 #: Per-tier defaults: small enough for 2 CPU cores, real enough on GPUs. The global batch makes every
 #: world size of the tier accumulate at least 2 micro-batches, so the parity runs exercise accumulation too.
 TIER_DEFAULTS: dict[str, dict[str, Any]] = {
-    "cpu": {"models": ["gpt2-tiny"], "world_sizes": [1, 2], "global_batch": 8, "micro_batch": 2, "seq_len": 0},
-    "cuda": {"models": ["gpt2-124m"], "world_sizes": [1, 2, 4], "global_batch": 16, "micro_batch": 2,
-             "seq_len": 256},
+    "cpu": {
+        "models": ["gpt2-tiny"],
+        "world_sizes": [1, 2],
+        "global_batch": 8,
+        "micro_batch": 2,
+        "seq_len": 0,
+    },
+    "cuda": {
+        "models": ["gpt2-124m"],
+        "world_sizes": [1, 2, 4],
+        "global_batch": 16,
+        "micro_batch": 2,
+        "seq_len": 256,
+    },
 }
 
 #: Benchmark workloads per tier: bf16 as users run it on GPUs (seed 004's sequence and micro-batch).
@@ -55,22 +66,32 @@ class Suite:
             self.pools = PoolManager(self.device_type)
         return self.pools
 
-    def config(self, strategy: str = "single", world_size: int = 1, model: str | None = None,
-               **overrides: Any) -> RunConfig:
+    def config(
+        self, strategy: str = "single", world_size: int = 1, model: str | None = None, **overrides: Any
+    ) -> RunConfig:
         d = TIER_DEFAULTS[self.device_type]
-        base = {"strategy": strategy, "world_size": world_size, "model": model or self.models[0],
-                "global_batch": d["global_batch"], "micro_batch": d["micro_batch"], "seq_len": d["seq_len"],
-                "steps": self.steps}
+        base = {
+            "strategy": strategy,
+            "world_size": world_size,
+            "model": model or self.models[0],
+            "global_batch": d["global_batch"],
+            "micro_batch": d["micro_batch"],
+            "seq_len": d["seq_len"],
+            "steps": self.steps,
+        }
         return RunConfig(**{**base, **overrides})
 
-    def bench_config(self, strategy: str, world_size: int, model: str | None = None, **overrides: Any) -> RunConfig:
+    def bench_config(
+        self, strategy: str, world_size: int, model: str | None = None, **overrides: Any
+    ) -> RunConfig:
         """A performance configuration: non-deterministic kernels allowed, global batch = micro x 4 GPUs."""
         b = BENCH_DEFAULTS[self.device_type]
         base = {**b, "global_batch": b["micro_batch"] * 4, "deterministic": False}
         return self.config(strategy, world_size, model, **{**base, **overrides})
 
-    def run_job(self, world_size: int, job: Callable[..., Any], timeout: float | None = None, **kwargs: Any
-                ) -> list[Any]:
+    def run_job(
+        self, world_size: int, job: Callable[..., Any], timeout: float | None = None, **kwargs: Any
+    ) -> list[Any]:
         """Run `job(ctx, **kwargs)` in every rank of the pool of `world_size`; per-rank outputs, their phases
         charged to the current test."""
         pool = self.pool_manager.pool_for(world_size)
@@ -103,10 +124,15 @@ class Suite:
             assert self.workdir is not None, "Suite.workdir must be set for checkpointed runs"
             ckpt = self.workdir / f"ckpt-{len(self._runs)}-{cfg.strategy}-ws{cfg.world_size}"
             save_at = max(1, cfg.steps // 2)
-            outs = self.train(cfg, save_at=save_at, checkpoint_dir=str(ckpt), return_params=True,
-                              return_grads=True)
-            self._runs[key] = {**outs[0], "per_rank_losses": [o["losses"] for o in outs],
-                               "checkpoint": str(ckpt), "save_at": save_at}
+            outs = self.train(
+                cfg, save_at=save_at, checkpoint_dir=str(ckpt), return_params=True, return_grads=True
+            )
+            self._runs[key] = {
+                **outs[0],
+                "per_rank_losses": [o["losses"] for o in outs],
+                "checkpoint": str(ckpt),
+                "save_at": save_at,
+            }
         return self._runs[key]
 
     def close(self) -> None:

@@ -46,8 +46,16 @@ def main() -> int:
     read_fd, write_fd = (int(x) for x in os.environ[FDS_ENV].split(","))
     pools = PoolManager(os.environ.get("DISTBENCH_AB_DEVICE") or None)
     with os.fdopen(read_fd, "r") as requests, os.fdopen(write_fd, "w") as replies:
-        replies.write(json.dumps({"ready": True, "python": sys.executable,
-                                  "distbench": os.path.dirname(os.path.dirname(__file__))}) + "\n")
+        replies.write(
+            json.dumps(
+                {
+                    "ready": True,
+                    "python": sys.executable,
+                    "distbench": os.path.dirname(os.path.dirname(__file__)),
+                }
+            )
+            + "\n"
+        )
         replies.flush()
         try:
             for line in requests:

@@ -29,9 +29,13 @@ def analytic_bytes(strategy: str, n_params: int, world_size: int, precision: str
     if layout is None:
         raise ValueError(f"strategy {strategy} has no memory layout in the registry")
     deepspeed_bf16 = layout.bytes_per_param == "deepspeed" and precision == "bf16"
-    per_param = {"params": 2, "grads": 2, "optimizer": 12} if deepspeed_bf16 else \
-        {"params": 4, "grads": 4, "optimizer": 8}
+    per_param = (
+        {"params": 2, "grads": 2, "optimizer": 12}
+        if deepspeed_bf16
+        else {"params": 4, "grads": 4, "optimizer": 8}
+    )
     shard = hybrid_shape(world_size)[1] if layout.shard_group == "hybrid" else world_size
-    return {k: 0.0 if k in layout.on_host else b * n_params / (shard if k in layout.sharded else 1)
-            for k, b in per_param.items()}
-
+    return {
+        k: 0.0 if k in layout.on_host else b * n_params / (shard if k in layout.sharded else 1)
+        for k, b in per_param.items()
+    }

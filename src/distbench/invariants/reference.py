@@ -45,16 +45,24 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
     initial = _named(model.state_dict(), cfg) if cfg.lora_rank else {}
     trainable = [p for p in model.parameters() if p.requires_grad]
     if cfg.algorithm == "sgd":
-        opt: torch.optim.Optimizer = torch.optim.SGD(trainable, lr=cfg.lr, momentum=cfg.momentum,
-                                                     weight_decay=cfg.weight_decay, foreach=False)
+        opt: torch.optim.Optimizer = torch.optim.SGD(
+            trainable, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, foreach=False
+        )
     else:
-        opt = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
-                                weight_decay=cfg.weight_decay, foreach=False)
-    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, end_factor=1.0,
-                                              total_iters=max(1, cfg.lr_warmup_steps))
+        opt = torch.optim.AdamW(
+            trainable,
+            lr=cfg.lr,
+            betas=(cfg.betas[0], cfg.betas[1]),
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            foreach=False,
+        )
+    sched = torch.optim.lr_scheduler.LinearLR(
+        opt, start_factor=0.25, end_factor=1.0, total_iters=max(1, cfg.lr_warmup_steps)
+    )
     n_micro = cfg.global_batch // cfg.micro_batch
     fp16 = cfg.precision == "fp16"
-    scaler = LossScale(2.0 ** cfg.loss_scale_power, cfg.loss_scale_window) if fp16 else None
+    scaler = LossScale(2.0**cfg.loss_scale_power, cfg.loss_scale_window) if fp16 else None
     losses, grads, norms, scales, skipped = [], {}, [], [], []
     for step in range(cfg.steps):
         tokens = global_batch(cfg, step, seq_len, spec.vocab_size).to(device)
@@ -69,7 +77,9 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
                 scaled = loss / n_micro
                 (scaled * scaler.scale if scaler is not None else scaled).backward()
             total += loss.item()
-        overflow = scaler is not None and scaler.unscale([p.grad for p in model.parameters() if p.grad is not None])
+        overflow = scaler is not None and scaler.unscale(
+            [p.grad for p in model.parameters() if p.grad is not None]
+        )
         if step == cfg.steps - 1:
             grads = _named({n: p.grad for n, p in model.named_parameters() if p.grad is not None}, cfg)
         if cfg.clip_grad_norm:  # by the global norm of the whole model's gradients, reported before clipping
@@ -84,8 +94,14 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
         opt.zero_grad(set_to_none=True)
         losses.append(total / n_micro)
     params = _named(model.state_dict(), cfg)
-    out = {"losses": losses, "params": params, "grads": grads, "grad_norms": norms, "loss_scales": scales,
-           "skipped_steps": skipped}
+    out = {
+        "losses": losses,
+        "params": params,
+        "grads": grads,
+        "grad_norms": norms,
+        "loss_scales": scales,
+        "skipped_steps": skipped,
+    }
     return {**out, "initial": initial, "merged": merged_state(model)} if cfg.lora_rank else out
 
 
@@ -125,13 +141,19 @@ class LoRA(nn.Module):
     def __init__(self, base: nn.Module, cfg: RunConfig, gen: torch.Generator) -> None:
         super().__init__()
         if type(base).__name__ not in ("Linear", "Conv1D"):
-            raise NotImplementedError(f"the reference writes LoRA out for linear layers only, not {type(base).__name__}")
+            raise NotImplementedError(
+                f"the reference writes LoRA out for linear layers only, not {type(base).__name__}"
+            )
         w = cast(torch.Tensor, base.weight)
         # GPT-2's Conv1D holds its weight as (in, out), torch's Linear as (out, in)
-        fan_in, fan_out = (w.shape[0], w.shape[1]) if type(base).__name__ == "Conv1D" else (w.shape[1], w.shape[0])
+        fan_in, fan_out = (
+            (w.shape[0], w.shape[1]) if type(base).__name__ == "Conv1D" else (w.shape[1], w.shape[0])
+        )
         a = nn.Linear(fan_in, cfg.lora_rank, bias=False, device=w.device)
         b = nn.Linear(cfg.lora_rank, fan_out, bias=False, device=w.device)
-        with torch.no_grad():  # the init that makes the run and the reference comparable: see strategies/lora.py
+        with (
+            torch.no_grad()
+        ):  # the init that makes the run and the reference comparable: see strategies/lora.py
             bound = 1 / math.sqrt(fan_in)
             a.weight.copy_(torch.empty(a.weight.shape).uniform_(-bound, bound, generator=gen))
             b.weight.zero_()
@@ -152,8 +174,11 @@ class LoRA(nn.Module):
 def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """`model`'s weights with every LoRA folded into its base layer, under the plain model's names: what a
     merged export must hold."""
-    out = {k.replace(".base_layer.", "."): v for k, v in model.state_dict().items()
-           if ".lora_A." not in k and ".lora_B." not in k}
+    out = {
+        k.replace(".base_layer.", "."): v
+        for k, v in model.state_dict().items()
+        if ".lora_A." not in k and ".lora_B." not in k
+    }
     for name, m in model.named_modules():
         if isinstance(m, LoRA):
             out[f"{name}.weight"] = out[f"{name}.weight"] + m.delta()
@@ -177,4 +202,3 @@ def _named(tensors: dict[str, torch.Tensor], cfg: RunConfig) -> dict[str, torch.
     """CPU fp32 copies, keyed as the trained model keys them: a PeftModel's names start with base_model.model."""
     prefix = "base_model.model." if cfg.lora_rank else ""
     return {prefix + k: v.detach().float().cpu().clone() for k, v in tensors.items()}
-

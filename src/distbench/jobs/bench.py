@@ -115,16 +115,20 @@ def _setup(ctx: RankContext, rc: RunConfig, nvml: bool) -> _Bench:
 def _step_fns(ctx: RankContext, b: _Bench, n: int) -> list[Callable[[], Any]]:
     """The next `n` optimizer steps as callables, their data already on the device: preparing a batch inside
     a window would copy from pageable host memory, which waits for the device and drains the run-ahead."""
+
     def one(mbs: list[dict[str, torch.Tensor]]) -> Callable[[], Any]:
         def run() -> Any:
             loss = b.trainer.step_async(mbs)
             if b.gc_watch is not None:
                 b.gc_watch.step()
             return loss
+
         return run
 
-    fns = [one(rank_micro_batches(b.cfg, b.step + i, ctx.rank, b.seq_len, b.vocab_size, ctx.device))
-           for i in range(n)]
+    fns = [
+        one(rank_micro_batches(b.cfg, b.step + i, ctx.rank, b.seq_len, b.vocab_size, ctx.device))
+        for i in range(n)
+    ]
     b.step += n
     return fns
 
@@ -179,7 +183,9 @@ def _finish(ctx: RankContext, b: _Bench) -> dict[str, Any]:
         "flops": b.flops,
         "step_times_s": list(b.times),
         "warmup_step_times_s": list(b.warmup_times),
-        "windows": [{"wall_s": w.wall_s, "steps": len(w.step_s), "host_cpu_s": w.host_cpu_s} for w in b.windows],
+        "windows": [
+            {"wall_s": w.wall_s, "steps": len(w.step_s), "host_cpu_s": w.host_cpu_s} for w in b.windows
+        ],
         "device_time": b.device_time,
         "losses": list(b.losses),
         "memory": memory_stats(ctx, nv["mem_used_peak_bytes"] if nv else None),
@@ -202,7 +208,9 @@ def bench_step(ctx: RankContext) -> dict[str, float]:
     """One timed, synchronized optimizer step of the trainer bench_setup built."""
     b = worker.STATE.get(STATE_KEY)
     if b is None:
-        raise RuntimeError("bench_step without a benchmark: run bench_setup first (or it was freed by an error)")
+        raise RuntimeError(
+            "bench_step without a benchmark: run bench_setup first (or it was freed by an error)"
+        )
     try:
         loss, dt = _step(ctx, b)
     except BaseException:
@@ -270,7 +278,7 @@ def harness_overhead(
             trainer.step(mbs)
         times: dict[str, list[float]] = {"bare": [], "harness": []}
         for r in range(rounds):
-            for name in (("bare", "harness") if r % 2 == 0 else ("harness", "bare")):
+            for name in ("bare", "harness") if r % 2 == 0 else ("harness", "bare"):
                 times[name].append(timed(ctx, loops[name])[1])
     finally:
         trainer.close()  # memory goes back when the job returns (the worker collects after every job)
@@ -279,22 +287,32 @@ def harness_overhead(
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "steps": steps,
-        "rounds": [{"bare_s": b, "harness_s": h} for b, h in zip(times["bare"], times["harness"], strict=True)],
+        "rounds": [
+            {"bare_s": b, "harness_s": h} for b, h in zip(times["bare"], times["harness"], strict=True)
+        ],
         "bare_step_time_s": med["bare"] / steps,
         "harness_step_time_s": med["harness"] / steps,
         "bare_tokens_per_s": tokens / med["bare"],
         "harness_tokens_per_s": tokens / med["harness"],
-        "overhead": statistics.median(h / b for b, h in zip(times["bare"], times["harness"], strict=True)) - 1.0,
+        "overhead": statistics.median(h / b for b, h in zip(times["bare"], times["harness"], strict=True))
+        - 1.0,
         "first_step_loss": first,
     }
 
 
-def _bare_loop(ctx: RankContext, rc: RunConfig, bare: torch.nn.Module, optimizer_impl: str
-               ) -> Callable[[list[dict[str, torch.Tensor]]], torch.Tensor]:
+def _bare_loop(
+    ctx: RankContext, rc: RunConfig, bare: torch.nn.Module, optimizer_impl: str
+) -> Callable[[list[dict[str, torch.Tensor]]], torch.Tensor]:
     """One optimizer step of `bare` as a user writes it: forward, token-mean cross-entropy, backward scaled for
     accumulation, AdamW of the harness's implementation, zero_grad."""
-    opt = torch.optim.AdamW(bare.parameters(), lr=rc.lr, betas=rc.betas, eps=rc.eps, weight_decay=rc.weight_decay,
-                            **IMPL_FLAGS[optimizer_impl])
+    opt = torch.optim.AdamW(
+        bare.parameters(),
+        lr=rc.lr,
+        betas=rc.betas,
+        eps=rc.eps,
+        weight_decay=rc.weight_decay,
+        **IMPL_FLAGS[optimizer_impl],
+    )
 
     def amp() -> contextlib.AbstractContextManager:
         bf16 = rc.precision == "bf16"

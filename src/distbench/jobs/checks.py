@@ -22,7 +22,9 @@ def reference_job(ctx: RankContext, cfg: RunConfig, with_tensors: bool = False) 
     """The reference (world size 1) in a pool rank, so it runs on the same device type as the strategies."""
     t0 = time.perf_counter()
     out = reference_run(cfg, ctx.device)
-    out = out if with_tensors else {k: out[k] for k in ("losses", "grad_norms", "loss_scales", "skipped_steps")}
+    out = (
+        out if with_tensors else {k: out[k] for k in ("losses", "grad_norms", "loss_scales", "skipped_steps")}
+    )
     return {**out, "phases": {"reference run": time.perf_counter() - t0}}
 
 
@@ -73,5 +75,10 @@ def state_memory(ctx: RankContext, cfg: RunConfig) -> dict[str, Any]:
     if end < base:
         marks = {k: v + base - end for k, v in marks.items()}
     n = count_params(get_model(cfg.model).build(cfg.seed, "meta"))
-    return {"rank": ctx.rank, "n_params": n, "baseline_bytes": base,
-            "left_after_close_bytes": max(0, end - base), **marks}
+    return {
+        "rank": ctx.rank,
+        "n_params": n,
+        "baseline_bytes": base,
+        "left_after_close_bytes": max(0, end - base),
+        **marks,
+    }

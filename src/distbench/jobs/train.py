@@ -45,8 +45,9 @@ def seq_len_of(cfg: RunConfig) -> int:
     return cfg.seq_len or get_model(cfg.model).seq_len
 
 
-def run_steps(ctx: RankContext, trainer: Trainer, cfg: RunConfig, until: int, capture_last_grads: bool = False
-              ) -> list[float]:
+def run_steps(
+    ctx: RankContext, trainer: Trainer, cfg: RunConfig, until: int, capture_last_grads: bool = False
+) -> list[float]:
     """Train from trainer.steps_done up to step `until`; the data of step s is a pure function of s."""
     spec = get_model(cfg.model)
     seq_len = seq_len_of(cfg)
@@ -93,9 +94,14 @@ def train(
                 trainer.save_checkpoint(checkpoint_dir or "")
         with clock("training steps"):
             losses += run_steps(ctx, trainer, cfg, cfg.steps, capture_last_grads=return_grads)
-        out: dict[str, Any] = {"rank": ctx.rank, "start_step": start, "losses": losses,
-                               "grad_norms": [float(n) for n in trainer.grad_norms],
-                               "loss_scales": trainer.loss_scales, "skipped_steps": trainer.skipped_steps}
+        out: dict[str, Any] = {
+            "rank": ctx.rank,
+            "start_step": start,
+            "losses": losses,
+            "grad_norms": [float(n) for n in trainer.grad_norms],
+            "loss_scales": trainer.loss_scales,
+            "skipped_steps": trainer.skipped_steps,
+        }
         with clock("gather full state"):
             if return_params:
                 params = trainer.full_state_dict()  # collective: every rank gathers, rank 0 returns

@@ -113,14 +113,31 @@ def bandwidth_table(
                 if ctx.is_cuda or isinstance(e, torch.OutOfMemoryError):
                     raise
                 # gloo rejects what it does not implement alike on every rank, before any traffic
-                skipped.append({"op": op, "reason": f"{ctx.backend} cannot run {op}: {str(e).splitlines()[0]}"})
+                skipped.append(
+                    {"op": op, "reason": f"{ctx.backend} cannot run {op}: {str(e).splitlines()[0]}"}
+                )
                 break
             nbytes = count * elem
             bus = busbw_gbps(op, nbytes, t, n)
-            results.append({"op": op, "size_bytes": nbytes, "time_s": t, "algbw_gbps": algbw_gbps(nbytes, t),
-                            "busbw_gbps": bus, "fraction_of_ceiling": bus / ceiling if ceiling else None})
-    return {"backend": ctx.backend, "world_size": n, "dtype": dtype, "device_name": device_name,
-            "ceiling_gbps": ceiling, "results": results, "skipped": skipped}
+            results.append(
+                {
+                    "op": op,
+                    "size_bytes": nbytes,
+                    "time_s": t,
+                    "algbw_gbps": algbw_gbps(nbytes, t),
+                    "busbw_gbps": bus,
+                    "fraction_of_ceiling": bus / ceiling if ceiling else None,
+                }
+            )
+    return {
+        "backend": ctx.backend,
+        "world_size": n,
+        "dtype": dtype,
+        "device_name": device_name,
+        "ceiling_gbps": ceiling,
+        "results": results,
+        "skipped": skipped,
+    }
 
 
 def _time_collective(ctx: RankContext, run: Callable[[], Any], iters: int, warmup: int) -> float:

@@ -41,7 +41,10 @@ REASON_BITS: dict[int, str] = {
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
-THROTTLE_REASONS = frozenset({"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
+THROTTLE_REASONS = frozenset(
+    {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
+
 
 def device_handle(device: torch.device | None) -> Any | None:
     """NVML handle of a torch CUDA device, matched by UUID (NVML ignores CUDA_VISIBLE_DEVICES and may order
@@ -90,7 +93,10 @@ def reason_names(mask: int) -> list[str]:
 
 
 def _current_reasons(nv: Any, h: Any) -> int:
-    get = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    get = (
+        getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
     return int(get(h))
 
 
@@ -161,7 +167,9 @@ class NvmlSampler:
     start() does nothing and stop() returns None.
     """
 
-    def __init__(self, device: torch.device | None, interval_s: float = 0.1, *, count_power_cap: bool = False):
+    def __init__(
+        self, device: torch.device | None, interval_s: float = 0.1, *, count_power_cap: bool = False
+    ):
         self.device = device
         self.interval_s = interval_s
         self.count_power_cap = count_power_cap

@@ -119,8 +119,9 @@ def analyze_traces(trace_dir: str, steps: int | None = None) -> dict[str, Any]:
     for rank in ranks:
         rk = kernels[kernels["rank"].eq(rank)]
         comm_us = float(rk.loc[rk["kernel_type"].eq("COMMUNICATION"), "sum (us)"].sum())
-        per_rank[str(rank)] = _rank_breakdown(temporal.loc[rank], _num(overlap.loc[rank, "comp_comm_overlap_pctg"]),
-                                              comm_us, div)
+        per_rank[str(rank)] = _rank_breakdown(
+            temporal.loc[rank], _num(overlap.loc[rank, "comp_comm_overlap_pctg"]), comm_us, div
+        )
         # HTA's breakdown gives sum and mean but no count; count the same kernels (stream != -1) HTA summed.
         df = trace.traces[rank]
         counts = {sym[i]: int(c) for i, c in df.loc[df["stream"].ne(-1), "name"].value_counts().items()}
@@ -139,8 +140,17 @@ def analyze_traces(trace_dir: str, steps: int | None = None) -> dict[str, Any]:
     }
 
 
-_AVERAGED = ("idle_ms", "compute_ms", "non_compute_ms", "kernel_ms", "idle_pct", "compute_pct", "non_compute_pct",
-             "comm_ms", "exposed_comm_ms")
+_AVERAGED = (
+    "idle_ms",
+    "compute_ms",
+    "non_compute_ms",
+    "kernel_ms",
+    "idle_pct",
+    "compute_pct",
+    "non_compute_pct",
+    "comm_ms",
+    "exposed_comm_ms",
+)
 
 
 def _trace_analysis(trace_dir: str) -> Any:

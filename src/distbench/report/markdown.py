@@ -17,8 +17,11 @@ from .tables import MEMORY_METRICS, Cell, cells_by_workload, fmt_value, md_table
 
 def machine_line(env: dict[str, Any]) -> str:
     gpus = f"{env.get('gpu_count')}x {env.get('gpu_model')}" if env.get("gpu_count") else "CPU only"
-    sw = ", ".join(f"{k} {env[k]}" for k in ("torch", "cuda", "nccl", "driver", "deepspeed", "transformers")
-                   if env.get(k))
+    sw = ", ".join(
+        f"{k} {env[k]}"
+        for k in ("torch", "cuda", "nccl", "driver", "deepspeed", "transformers")
+        if env.get(k)
+    )
     commit = f", commit {str(env['git_commit'])[:12]}" if env.get("git_commit") else ""
     return f"{gpus}" + (f"; {sw}" if sw else "") + commit
 
@@ -35,17 +38,37 @@ def throughput_table(cells: list[Cell], found: dict[str, list[str]]) -> list[str
         p10, p90 = c.step("p10"), c.step("p90")
         spread = f" [{p10 * 1000:.1f}–{p90 * 1000:.1f}]" if p10 is not None and p90 is not None else ""
         median = c.step("median") or c.metric("step_time_s")
-        rows.append([
-            c.strategy, str(c.world_size), str(len(c.runs)),
-            fmt_metric("tokens_per_s", c.metric("tokens_per_s")),
-            fmt_metric("tokens_per_s", c.metric("tokens_per_s_per_gpu")),
-            fmt_value(speedup, ".2f", "x"), fmt_metric("scaling_efficiency", eff),
-            fmt_value(None if median is None else median * 1000, ".1f", spread),
-            fmt_metric("mfu", c.metric("mfu")), c.throttled(),
-            f"**{n}**" if (n := len(cell_warnings(c, found))) else "—",
-        ])
-    return md_table(["Strategy", "GPUs", "Runs", "Tokens/s", "Tokens/s/GPU", "Speedup vs 1 GPU",
-                     "Scaling eff.", "Step time ms median [p10–p90]", "MFU", "Throttled", "Warnings"], rows)
+        rows.append(
+            [
+                c.strategy,
+                str(c.world_size),
+                str(len(c.runs)),
+                fmt_metric("tokens_per_s", c.metric("tokens_per_s")),
+                fmt_metric("tokens_per_s", c.metric("tokens_per_s_per_gpu")),
+                fmt_value(speedup, ".2f", "x"),
+                fmt_metric("scaling_efficiency", eff),
+                fmt_value(None if median is None else median * 1000, ".1f", spread),
+                fmt_metric("mfu", c.metric("mfu")),
+                c.throttled(),
+                f"**{n}**" if (n := len(cell_warnings(c, found))) else "—",
+            ]
+        )
+    return md_table(
+        [
+            "Strategy",
+            "GPUs",
+            "Runs",
+            "Tokens/s",
+            "Tokens/s/GPU",
+            "Speedup vs 1 GPU",
+            "Scaling eff.",
+            "Step time ms median [p10–p90]",
+            "MFU",
+            "Throttled",
+            "Warnings",
+        ],
+        rows,
+    )
 
 
 def warnings_list(cells: list[Cell], found: dict[str, list[str]]) -> list[str]:
@@ -54,19 +77,30 @@ def warnings_list(cells: list[Cell], found: dict[str, list[str]]) -> list[str]:
 
 
 def memory_table(cells: list[Cell]) -> list[str]:
-    rows = [[c.strategy, str(c.world_size)] + [fmt_metric(m, c.metric(m)) for m in MEMORY_METRICS] for c in cells]
+    rows = [
+        [c.strategy, str(c.world_size)] + [fmt_metric(m, c.metric(m)) for m in MEMORY_METRICS] for c in cells
+    ]
     return md_table(["Strategy", "GPUs", *(METRICS[m].label for m in MEMORY_METRICS)], rows)
 
 
-TRACE_COLUMNS = (("compute_ms", "Compute ms", ".1f"), ("non_compute_ms", "Non-compute ms", ".1f"),
-                 ("idle_ms", "Idle ms", ".1f"), ("compute_pct", "Compute %", ".2f"),
-                 ("non_compute_pct", "Non-compute %", ".2f"), ("idle_pct", "Idle %", ".2f"),
-                 ("overlap_pct", "Comm overlap %", ".2f"), ("exposed_comm_ms", "Exposed comm ms", ".1f"))
+TRACE_COLUMNS = (
+    ("compute_ms", "Compute ms", ".1f"),
+    ("non_compute_ms", "Non-compute ms", ".1f"),
+    ("idle_ms", "Idle ms", ".1f"),
+    ("compute_pct", "Compute %", ".2f"),
+    ("non_compute_pct", "Non-compute %", ".2f"),
+    ("idle_pct", "Idle %", ".2f"),
+    ("overlap_pct", "Comm overlap %", ".2f"),
+    ("exposed_comm_ms", "Exposed comm ms", ".1f"),
+)
 
 
 def trace_table(cells: list[Cell]) -> list[str]:
-    rows = [[c.strategy, str(c.world_size)] + [fmt_value(c.trace(k), spec) for k, _, spec in TRACE_COLUMNS]
-            for c in cells if c.has_trace]
+    rows = [
+        [c.strategy, str(c.world_size)] + [fmt_value(c.trace(k), spec) for k, _, spec in TRACE_COLUMNS]
+        for c in cells
+        if c.has_trace
+    ]
     return md_table(["Strategy", "GPUs", *(title for _, title, _ in TRACE_COLUMNS)], rows)
 
 
@@ -78,9 +112,22 @@ def spread_table(cells: list[Cell]) -> list[str]:
         tps = [t for t in ((r.get("metrics") or {}).get("tokens_per_s") for r in c.runs) if t is not None]
         if len(tps) >= 3:
             st = step_stats(tps)  # the same median and sample CV as a run's step times
-            rows.append([c.strategy, str(c.world_size), str(len(tps)), fmt_value(min(tps), ",.0f"),
-                         fmt_value(st["median"], ",.0f"), fmt_value(max(tps), ",.0f"), f"{100 * st['cv']:.2f}%"])
-    return md_table(["Strategy", "GPUs", "Separate runs", "Tokens/s min", "median", "max", "CV"], rows) if rows else []
+            rows.append(
+                [
+                    c.strategy,
+                    str(c.world_size),
+                    str(len(tps)),
+                    fmt_value(min(tps), ",.0f"),
+                    fmt_value(st["median"], ",.0f"),
+                    fmt_value(max(tps), ",.0f"),
+                    f"{100 * st['cv']:.2f}%",
+                ]
+            )
+    return (
+        md_table(["Strategy", "GPUs", "Separate runs", "Tokens/s min", "median", "max", "CV"], rows)
+        if rows
+        else []
+    )
 
 
 def kernel_diff_sections(cells: list[Cell], top: int = 8) -> list[str]:
@@ -99,16 +146,25 @@ def kernel_diff_sections(cells: list[Cell], top: int = 8) -> list[str]:
         if c.strategy == "ddp" or c.world_size not in base:
             continue
         diff = kernel_diff(base[c.world_size], t, top=top)
-        lines += ["", f"#### ddp → {c.strategy}, {c.world_size} GPUs (per step, top {top} changes)", "",
-                  render_kernel_diff_markdown(diff, "ddp", c.strategy, name_width=70).rstrip("\n")]
+        lines += [
+            "",
+            f"#### ddp → {c.strategy}, {c.world_size} GPUs (per step, top {top} changes)",
+            "",
+            render_kernel_diff_markdown(diff, "ddp", c.strategy, name_width=70).rstrip("\n"),
+        ]
     return lines
 
 
 def failures_table(results: list[dict[str, Any]]) -> list[str]:
     bad = [r for r in results if r.get("status") != "ok"]
-    return md_table(["Config", "Status", "Error"],
-                    [[config_label(r["config"]), str(r.get("status")), str(r.get("error") or "")[:200]]
-                     for r in bad]) if bad else []
+    return (
+        md_table(
+            ["Config", "Status", "Error"],
+            [[config_label(r["config"]), str(r.get("status")), str(r.get("error") or "")[:200]] for r in bad],
+        )
+        if bad
+        else []
+    )
 
 
 def machines(results: list[dict[str, Any]]) -> list[str]:
@@ -119,13 +175,22 @@ def report_markdown(results: list[dict[str, Any]], images: dict[tuple, list[tupl
     """The full report; `images` maps a workload to (caption, relative path) pairs to embed."""
     from .nodes import node_scaling_table
 
-    lines = ["# distbench report", "", f"{len(results)} results.", "", "Machine: " + "; ".join(machines(results))]
-    lines += ["", "Speedup is tokens/s over the 1-GPU baseline of the same workload (`single` when it ran, "
-              "else the same strategy on 1 GPU); scaling efficiency = speedup / GPUs. Step times are medians "
-              "over steady-state steps, [p10–p90] their spread; repeated runs are aggregated by median. "
-              "Throttled runs are not comparable. Figures the plausibility checks reject (superlinear scaling "
-              "beyond noise, a speedup within noise, a run far below its repeats, a step-time spread wider than "
-              "its median) are counted under Warnings and listed below their table: they are not results."]
+    lines = [
+        "# distbench report",
+        "",
+        f"{len(results)} results.",
+        "",
+        "Machine: " + "; ".join(machines(results)),
+    ]
+    lines += [
+        "",
+        "Speedup is tokens/s over the 1-GPU baseline of the same workload (`single` when it ran, "
+        "else the same strategy on 1 GPU); scaling efficiency = speedup / GPUs. Step times are medians "
+        "over steady-state steps, [p10–p90] their spread; repeated runs are aggregated by median. "
+        "Throttled runs are not comparable. Figures the plausibility checks reject (superlinear scaling "
+        "beyond noise, a speedup within noise, a run far below its repeats, a step-time spread wider than "
+        "its median) are counted under Warnings and listed below their table: they are not results.",
+    ]
     found = check(results)
     for wk, cells in cells_by_workload(results).items():
         lines += ["", f"## {workload_title(cells[0].cfg)}", "", "### Throughput and scaling", ""]

@@ -40,8 +40,26 @@ def node_scaling_table(cells: list[Cell]) -> list[str]:
             inter = tps / (nodes * full_tps) if tps and full_tps else None
         link = "inter-node" if nodes > 1 else "intra-node"
         kind = links.get("inter_node" if nodes > 1 else "intra_node")
-        rows.append([c.strategy, str(c.world_size), str(nodes), link + (f" ({kind})" if kind else ""),
-                     fmt_metric("tokens_per_s", tps), fmt_metric("scaling_efficiency", intra),
-                     fmt_value(None if inter is None else inter * 100, ".1f", "%")])
-    return md_table(["Strategy", "GPUs", "Nodes", "Link", "Tokens/s", "Intra-node eff. (vs 1 GPU)",
-                     "Inter-node eff. (vs 1 full node)"], rows)
+        rows.append(
+            [
+                c.strategy,
+                str(c.world_size),
+                str(nodes),
+                link + (f" ({kind})" if kind else ""),
+                fmt_metric("tokens_per_s", tps),
+                fmt_metric("scaling_efficiency", intra),
+                fmt_value(None if inter is None else inter * 100, ".1f", "%"),
+            ]
+        )
+    return md_table(
+        [
+            "Strategy",
+            "GPUs",
+            "Nodes",
+            "Link",
+            "Tokens/s",
+            "Intra-node eff. (vs 1 GPU)",
+            "Inter-node eff. (vs 1 full node)",
+        ],
+        rows,
+    )

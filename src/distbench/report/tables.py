@@ -18,6 +18,7 @@ MEMORY_METRICS = names(unit="bytes")
 
 def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """A GitHub markdown table as lines ('|' in cells escaped)."""
+
     def cells(xs: Sequence[str]) -> str:
         return "| " + " | ".join(str(x).replace("|", "\\|") for x in xs) + " |"
 
@@ -26,13 +27,21 @@ def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 def workload_key(cfg: dict[str, Any]) -> tuple:
     """What a strategy x world size table holds fixed."""
-    return (cfg.get("model"), cfg.get("precision"), cfg.get("seq_len"), cfg.get("global_batch"),
-            cfg.get("micro_batch"), bool(cfg.get("compile")))
+    return (
+        cfg.get("model"),
+        cfg.get("precision"),
+        cfg.get("seq_len"),
+        cfg.get("global_batch"),
+        cfg.get("micro_batch"),
+        bool(cfg.get("compile")),
+    )
 
 
 def workload_title(cfg: dict[str, Any]) -> str:
-    title = (f"{cfg.get('model')} · precision {cfg.get('precision')} · seq {cfg.get('seq_len')} · "
-             f"global batch {cfg.get('global_batch')} · micro-batch {cfg.get('micro_batch')}")
+    title = (
+        f"{cfg.get('model')} · precision {cfg.get('precision')} · seq {cfg.get('seq_len')} · "
+        f"global batch {cfg.get('global_batch')} · micro-batch {cfg.get('micro_batch')}"
+    )
     return title + (" · torch.compile" if cfg.get("compile") else "")
 
 
@@ -111,10 +120,28 @@ def results_table(results: list[dict[str, Any]]):
     from rich.markup import escape
     from rich.table import Table
 
-    workloads = sorted({f"{r['config']['model']} {r['config']['precision']} seq {r['config']['seq_len']} "
-                        f"global batch {r['config']['global_batch']}" for r in results})
-    t = Table("strategy", "ws", "tok/s", "tok/s/GPU", "speedup", "eff", "step s [p10-p90]", "MFU",
-              "peak GiB alloc/resv/nvml", "loss", "status", title="; ".join(workloads), caption_justify="left")
+    workloads = sorted(
+        {
+            f"{r['config']['model']} {r['config']['precision']} seq {r['config']['seq_len']} "
+            f"global batch {r['config']['global_batch']}"
+            for r in results
+        }
+    )
+    t = Table(
+        "strategy",
+        "ws",
+        "tok/s",
+        "tok/s/GPU",
+        "speedup",
+        "eff",
+        "step s [p10-p90]",
+        "MFU",
+        "peak GiB alloc/resv/nvml",
+        "loss",
+        "status",
+        title="; ".join(workloads),
+        caption_justify="left",
+    )
     notes: list[str] = []
     for r in results:
         c, m = r["config"], r["metrics"]
@@ -131,13 +158,17 @@ def results_table(results: list[dict[str, Any]]):
         losses = r.get("losses") or []
         mem = "/".join(_gib(m.get(k)) for k in MEMORY_METRICS)
         t.add_row(
-            c["strategy"], str(c["world_size"]),
+            c["strategy"],
+            str(c["world_size"]),
             f"{m['tokens_per_s']:,.0f}" if "tokens_per_s" in m else "-",
             f"{m['tokens_per_s_per_gpu']:,.0f}" if "tokens_per_s_per_gpu" in m else "-",
             f"{m['speedup']:.2f}x" if "speedup" in m else "-",
             f"{m['scaling_efficiency']:.0%}" if "scaling_efficiency" in m else "-",
-            step, f"{m['mfu']:.1%}" if "mfu" in m else "-", mem,
-            f"{losses[-1]:.4f}" if losses else "-", status,
+            step,
+            f"{m['mfu']:.1%}" if "mfu" in m else "-",
+            mem,
+            f"{losses[-1]:.4f}" if losses else "-",
+            status,
         )
     if notes:
         t.caption = "Implausible, not results:\n" + "\n".join(notes)

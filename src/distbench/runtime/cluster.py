@@ -58,14 +58,23 @@ class Launch:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | os._Environ = os.environ) -> Launch:
-        missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                               "MASTER_PORT") if k not in environ]
+        missing = [
+            k
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+            if k not in environ
+        ]
         if missing:
-            raise ConfigError(f"distbench launch runs in every process of a torchrun job ({', '.join(missing)} "
-                              "unset): torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d "
-                              "--rdzv-endpoint HOST:PORT -m distbench.cli launch -- RUN-ARGS")
-        return cls(int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ["LOCAL_RANK"]),
-                   int(environ["LOCAL_WORLD_SIZE"]))
+            raise ConfigError(
+                f"distbench launch runs in every process of a torchrun job ({', '.join(missing)} "
+                "unset): torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d "
+                "--rdzv-endpoint HOST:PORT -m distbench.cli launch -- RUN-ARGS"
+            )
+        return cls(
+            int(environ["RANK"]),
+            int(environ["WORLD_SIZE"]),
+            int(environ["LOCAL_RANK"]),
+            int(environ["LOCAL_WORLD_SIZE"]),
+        )
 
     @property
     def nodes(self) -> int:
@@ -75,22 +84,30 @@ class Launch:
         """Nodes a job of `world_size` ranks spans; ResourceError when it is no subset this launch can form."""
         per_node = self.local_world_size
         if world_size > self.world_size:
-            raise ResourceError(f"world size {world_size} exceeds the {self.world_size} launched ranks "
-                                f"({self.nodes} node(s) x {per_node}); launch more or use --world-size "
-                                f"{self.world_size} or fewer")
+            raise ResourceError(
+                f"world size {world_size} exceeds the {self.world_size} launched ranks "
+                f"({self.nodes} node(s) x {per_node}); launch more or use --world-size "
+                f"{self.world_size} or fewer"
+            )
         if world_size > per_node and world_size % per_node:
-            raise ResourceError(f"world size {world_size} is not whole nodes of {per_node} ranks; use a "
-                                f"multiple of {per_node} (or at most {per_node})")
+            raise ResourceError(
+                f"world size {world_size} is not whole nodes of {per_node} ranks; use a "
+                f"multiple of {per_node} (or at most {per_node})"
+            )
         return nodes_spanned(world_size, per_node)
 
 
 def connect_store(launch: Launch, timeout_s: float) -> dist.Store:
     """torchrun's key-value store (the agent's, shared with its workers), under a prefix for this attempt."""
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          world_size=None if agent else launch.world_size,
-                          is_master=not agent and launch.rank == 0, timeout=timedelta(seconds=timeout_s),
-                          wait_for_workers=False)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size=None if agent else launch.world_size,
+        is_master=not agent and launch.rank == 0,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"distbench/attempt_{attempt}", store)
 
@@ -103,15 +120,22 @@ def local_device(launch: Launch, device_type: str) -> torch.device:
     return torch.device("cpu")
 
 
-def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int, spec: dict[str, Any]
-            ) -> dict[str, Any]:
+def run_job(
+    launch: Launch, store: dist.Store, device: torch.device, job_id: int, spec: dict[str, Any]
+) -> dict[str, Any]:
     """Join the job's world (the first n ranks) as the default group, run the job, leave; this rank's outcome."""
     n = spec["world_size"]
     backend = "nccl" if device.type == "cuda" else "gloo"
     try:
         kw: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend, store=dist.PrefixStore(f"pg/{job_id}", store), rank=launch.rank,
-                                world_size=n, timeout=timedelta(seconds=spec["timeout"]), **kw)
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(f"pg/{job_id}", store),
+            rank=launch.rank,
+            world_size=n,
+            timeout=timedelta(seconds=spec["timeout"]),
+            **kw,
+        )
         ctx = RankContext(launch.rank, n, launch.local_rank, device, backend, nodes=launch.job_nodes(n))
         return {"status": "ok", "reply": resolve(spec["target"])(ctx, **spec["kwargs"])}
     except BaseException as e:  # everything reaches the controller, KeyboardInterrupt included
@@ -128,9 +152,14 @@ def _encode(outcome: dict[str, Any], target: str) -> str:
     try:
         return json.dumps(outcome)
     except (TypeError, ValueError) as e:
-        return json.dumps({"status": "error", "exc_type": "TypeError",
-                           "text": f"{target} returned data that cannot travel as JSON to rank 0 ({e}); "
-                                   "return tensors from rank 0 only"})
+        return json.dumps(
+            {
+                "status": "error",
+                "exc_type": "TypeError",
+                "text": f"{target} returned data that cannot travel as JSON to rank 0 ({e}); "
+                "return tensors from rank 0 only",
+            }
+        )
 
 
 def _post(store: dist.Store, key: str, job: dict[str, Any]) -> None:
@@ -163,8 +192,13 @@ class Cluster:
         self.check_world_size(world_size)
         return ClusterPool(self, world_size)
 
-    def run_job(self, world_size: int, job: Callable[..., Any], kwargs: dict[str, Any] | None = None,
-                timeout: float = 600.0) -> list[Any]:
+    def run_job(
+        self,
+        world_size: int,
+        job: Callable[..., Any],
+        kwargs: dict[str, Any] | None = None,
+        timeout: float = 600.0,
+    ) -> list[Any]:
         """Run `job(ctx, **kwargs)` on the first `world_size` ranks; per-rank replies (index = rank)."""
         target = job_name(job)
         check_configs(kwargs, world_size)
@@ -189,7 +223,9 @@ class Cluster:
             stacks = self._abort(missing)
             for r in missing:
                 outs[r] = {"status": "timeout", "text": stacks.get(r, "(no stack captured)")}
-        outcomes = [RankOutcome(r, o["status"], o.get("exc_type"), o.get("text", "")) for r, o in sorted(outs.items())]
+        outcomes = [
+            RankOutcome(r, o["status"], o.get("exc_type"), o.get("text", "")) for r, o in sorted(outs.items())
+        ]
         if all(o.status == "ok" for o in outcomes):
             return [outs[r]["reply"] for r in range(world_size)]
         raise JobError(target, world_size, outcomes, failure_summary(outcomes, timeout))
@@ -199,8 +235,11 @@ class Cluster:
         arrive in time."""
         self.store.set("abort", "1")
         deadline = time.monotonic() + _STACK_WAIT_S
-        return {r: "Python stack at timeout:\n" + self.store.get(f"stack/{r}").decode()
-                for r in ranks if _wait_key(self.store, f"stack/{r}", deadline)}
+        return {
+            r: "Python stack at timeout:\n" + self.store.get(f"stack/{r}").decode()
+            for r in ranks
+            if _wait_key(self.store, f"stack/{r}", deadline)
+        }
 
     def close_all(self) -> None:
         """Nothing to close between matrices: each job forms and destroys its own process group."""
@@ -225,8 +264,9 @@ class ClusterPool:
     def device_type(self) -> str:
         return self.cluster.device_type
 
-    def run(self, job: Callable[..., Any], kwargs: dict[str, Any] | None = None, timeout: float = 600.0
-            ) -> list[Any]:
+    def run(
+        self, job: Callable[..., Any], kwargs: dict[str, Any] | None = None, timeout: float = 600.0
+    ) -> list[Any]:
         return self.cluster.run_job(self.world_size, job, kwargs, timeout)
 
     def close(self) -> None:

@@ -24,8 +24,14 @@ from .. import machine
 #: Environment variables that change performance or behaviour of distributed runs.
 ENV_PREFIXES = (*machine.COMM_ENV_PREFIXES, "DISTBENCH_")
 ENV_NAMES = (
-    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG",
-    "TORCH_CUDA_ARCH_LIST", "PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS", "DS_ACCELERATOR",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "CUDA_LAUNCH_BLOCKING",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "TORCH_CUDA_ARCH_LIST",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "OMP_NUM_THREADS",
+    "DS_ACCELERATOR",
 )
 _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|KEY", re.IGNORECASE)
 
@@ -75,7 +81,11 @@ def launch_topology(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     if nodes > 1:
         ib = Path("/sys/class/infiniband")
         inter = "infiniband" if ib.is_dir() and any(ib.iterdir()) else "tcp"
-    return {"nodes": nodes, "ranks_per_node": per_node, "interconnect": {"intra_node": intra, "inter_node": inter}}
+    return {
+        "nodes": nodes,
+        "ranks_per_node": per_node,
+        "interconnect": {"intra_node": intra, "inter_node": inter},
+    }
 
 
 def nodes_spanned(world_size: int, ranks_per_node: int | None) -> int:
@@ -87,7 +97,8 @@ def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables in ENV_NAMES or with an ENV_PREFIXES prefix (none that look like credentials)."""
     env: Mapping[str, str] = os.environ if environ is None else environ
     return {
-        k: v for k, v in sorted(env.items())
+        k: v
+        for k, v in sorted(env.items())
         if (k in ENV_NAMES or k.startswith(ENV_PREFIXES)) and not _SECRET.search(k)
     }
 
@@ -95,6 +106,7 @@ def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 def git_state(path: Path) -> tuple[str | None, bool | None]:
     """(commit, has uncommitted changes to tracked files) of the checkout holding `path`; (None, None) when
     `path` is not tracked in a git checkout (e.g. distbench installed from a wheel)."""
+
     def git(*args: str) -> str | None:
         try:
             p = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=10)

@@ -46,9 +46,11 @@ def job_name(job: Callable[..., Any]) -> str:
     """The name a job travels under, "module:function": every rank imports the module and calls the function."""
     module, qualname = getattr(job, "__module__", None), getattr(job, "__qualname__", "")
     if not callable(job) or not module or not qualname.isidentifier():
-        raise TypeError(f"a job must be a module-level function that ranks can import by name, not {job!r} "
-                        "(a lambda, a nested function or a method has no such name): define it at the top "
-                        "of a module")
+        raise TypeError(
+            f"a job must be a module-level function that ranks can import by name, not {job!r} "
+            "(a lambda, a nested function or a method has no such name): define it at the top "
+            "of a module"
+        )
     return f"{module}:{qualname}"
 
 
@@ -78,8 +80,12 @@ def worker_main(
         os.sched_setaffinity(0, cpus)  # before torch starts its thread pools: they inherit it
     os.environ.update(env)
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(store_port),
     )
     try:
         ctx = _join_group(rank, world_size, device_type, store_port)

@@ -25,10 +25,17 @@ from .checkpoint_dcp import DCPCheckpointMixin
 class FSDP1Trainer(DCPCheckpointMixin):
     autocast_bf16 = False  # FSDP1's MixedPrecision owns the precision
 
-    def __init__(self, ctx: RankContext, cfg: RunConfig, model: nn.Module, *, sharding: str = "FULL_SHARD") -> None:
+    def __init__(
+        self, ctx: RankContext, cfg: RunConfig, model: nn.Module, *, sharding: str = "FULL_SHARD"
+    ) -> None:
         super().__init__(ctx, cfg, model)
-        mp = (MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
-              if cfg.precision == "bf16" else None)
+        mp = (
+            MixedPrecision(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16
+            )
+            if cfg.precision == "bf16"
+            else None
+        )
         block_types = {type(b) for b in transformer_blocks(model)}
         maybe_compile(model, cfg)
         self.model = FSDP(
@@ -49,8 +56,13 @@ class FSDP1Trainer(DCPCheckpointMixin):
         flag must be all-reduced for every rank to skip the same steps (torch's GradScaler would not)."""
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        return ShardedGradScaler(self.ctx.device_type, init_scale=2.0 ** self.cfg.loss_scale_power,
-                                 growth_factor=2.0, backoff_factor=0.5, growth_interval=self.cfg.loss_scale_window)
+        return ShardedGradScaler(
+            self.ctx.device_type,
+            init_scale=2.0**self.cfg.loss_scale_power,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            growth_interval=self.cfg.loss_scale_window,
+        )
 
     def clip_gradients(self) -> torch.Tensor | None:
         """FSDP1's own clip_grad_norm_, which reduces the norm over its flat shards (torch's would not)."""
@@ -65,8 +77,11 @@ class FSDP1Trainer(DCPCheckpointMixin):
     def full_grads(self) -> dict[str, torch.Tensor]:
         # A frozen parameter (LoRA's base) has no gradient of its own, whatever its span of the flat gradient holds
         with FSDP.summon_full_params(self.model, with_grads=True, writeback=False):
-            return {n: p.grad.detach().float().cpu().clone()
-                    for n, p in self.model.named_parameters() if p.grad is not None and p.requires_grad}
+            return {
+                n: p.grad.detach().float().cpu().clone()
+                for n, p in self.model.named_parameters()
+                if p.grad is not None and p.requires_grad
+            }
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         cfg = FullStateDictConfig(offload_to_cpu=True, rank0_only=False)
