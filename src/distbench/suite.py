@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from .config import RunConfig
-from .jobs.checks import reference_job
-from .jobs.train import train
 from .runtime.phases import PhaseLog, job_phases
 from .runtime.pool import PoolManager
 
@@ -104,6 +102,9 @@ class Suite:
 
     def train(self, cfg: RunConfig, **kwargs: Any) -> list[dict[str, Any]]:
         """Run the train job at cfg.world_size; per-rank outputs (see jobs.train.train)."""
+        # Imported here: torch and the strategies, and the plugin loads this module in every session.
+        from .jobs.train import train
+
         return self.run_job(cfg.world_size, train, cfg=cfg, **kwargs)
 
     def reference(self, cfg: RunConfig) -> dict[str, Any]:
@@ -112,6 +113,8 @@ class Suite:
         ref_cfg = cfg.replace(strategy="single", world_size=1, options={})
         key = repr(sorted(ref_cfg.to_dict().items()))
         if key not in self._references:
+            from .jobs.checks import reference_job  # torch: see train
+
             self._references[key] = self.run_job(1, reference_job, cfg=ref_cfg, with_tensors=True)[0]
         return self._references[key]
 
