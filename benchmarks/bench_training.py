@@ -37,16 +37,30 @@ DEVICE = "cuda" if GPUS else "cpu"
 if GPUS:
     _DEFAULT_STRATEGIES = ",".join(_default_strategies("cuda"))
     WORLD_SIZES = [n for n in (1, 2, 4, 8) if n <= GPUS]
-    WORKLOAD: dict[str, Any] = {"model": _os.environ.get("DISTBENCH_ASV_MODEL", "gpt2-large"),
-                                "precision": "bf16", "micro_batch": 8, "global_batch": 8 * max(WORLD_SIZES),
-                                "steps": 20, "warmup": 5}
+    WORKLOAD: dict[str, Any] = {
+        "model": _os.environ.get("DISTBENCH_ASV_MODEL", "gpt2-large"),
+        "precision": "bf16",
+        "micro_batch": 8,
+        "global_batch": 8 * max(WORLD_SIZES),
+        "steps": 20,
+        "warmup": 5,
+    }
 else:
     _DEFAULT_STRATEGIES = ",".join(_default_strategies("asv-cpu"))
     WORLD_SIZES = [1, 2]
-    WORKLOAD = {"model": "gpt2-tiny", "precision": "fp32", "micro_batch": 2, "global_batch": 8,
-                "steps": 5, "warmup": 2}
-STRATEGIES = [_get_spec(s.strip()).name for s in
-              _os.environ.get("DISTBENCH_ASV_STRATEGIES", _DEFAULT_STRATEGIES).split(",") if s.strip()]
+    WORKLOAD = {
+        "model": "gpt2-tiny",
+        "precision": "fp32",
+        "micro_batch": 2,
+        "global_batch": 8,
+        "steps": 5,
+        "warmup": 2,
+    }
+STRATEGIES = [
+    _get_spec(s.strip()).name
+    for s in _os.environ.get("DISTBENCH_ASV_STRATEGIES", _DEFAULT_STRATEGIES).split(",")
+    if s.strip()
+]
 OPS = ["all_reduce", "all_gather", "reduce_scatter"]
 _BUSBW = _METRICS["busbw_gbps"]
 
@@ -62,14 +76,14 @@ def _pools() -> Any:
 def _train(strategy: str, world_size: int) -> dict[str, Any]:
     """One benchmark result, or {"skip": why} for a pair the strategy does not support."""
     from distbench.config import RunConfig
-    from distbench.measure.bench import run_benchmark
+    from distbench.matrix import run_benchmark
 
     why = _get_spec(strategy).unsupported_reason(DEVICE, world_size, GPUS)
     if why:
         return {"skip": why}
     cfg = RunConfig(strategy=strategy, world_size=world_size, deterministic=False, **WORKLOAD)
     try:
-        return run_benchmark(_pools().get(world_size), cfg)
+        return run_benchmark(_pools().pool_for(world_size), cfg)
     except Exception as e:  # one broken configuration must not take the whole grid down
         return {"status": "error", "error": f"{type(e).__name__}: {e}"}
 
@@ -78,7 +92,9 @@ def _train(strategy: str, world_size: int) -> dict[str, Any]:
 def _busbw(world_size: int) -> dict[str, Any]:
     """Rank 0's table of collective_bandwidth (every rank returns the same one)."""
     try:
-        return _pools().get(world_size).run("distbench.measure.busbw:collective_bandwidth", {}, 900)[0]
+        from distbench.jobs.bench import collective_bandwidth
+
+        return _pools().pool_for(world_size).run(collective_bandwidth, {}, 900)[0]
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
 
@@ -109,8 +125,10 @@ class _Training:
             raise NotImplementedError(r["skip"])
         missing = [k for k in self.needs if r["status"] == "ok" and r["metrics"].get(k) is None]
         if missing:
-            raise NotImplementedError(f"no {missing[0]} in this result (not measured on {DEVICE}, "
-                                      "or no 1-GPU baseline of its workload ran)")
+            raise NotImplementedError(
+                f"no {missing[0]} in this result (not measured on {DEVICE}, "
+                "or no 1-GPU baseline of its workload ran)"
+            )
         self.result = r
 
     def metric(self, name: str) -> float:
@@ -126,7 +144,9 @@ def _track(metric: Any) -> Any:
     def track(self: _Training, cache: dict[str, Any], strategy: str, world_size: int) -> float:
         return metric.asv_value(self.metric(metric.name))
 
-    inverted = "" if metric.better == "lower" else f" Tracked as {metric.asv.scale:g} / value: lower is better."
+    inverted = (
+        "" if metric.better == "lower" else f" Tracked as {metric.asv.scale:g} / value: lower is better."
+    )
     track.__doc__ = metric.description.rstrip(".") + "." + inverted
     track.__name__ = metric.asv.benchmark.split(".")[1]
     track.unit = metric.asv.unit  # type: ignore[attr-defined]
@@ -141,9 +161,18 @@ def _training_classes() -> dict[str, type]:
     for m in _METRICS.values():
         if m.asv is not None and m.source in ("bench", "scaling"):
             groups.setdefault(m.asv.benchmark.split(".")[0], []).append(m)
-    return {cls: type(cls, (_Training,), {"needs": tuple(m.name for m in ms), "__module__": __name__,
-                                          **{m.asv.benchmark.split(".")[1]: _track(m) for m in ms}})
-            for cls, ms in groups.items()}
+    return {
+        cls: type(
+            cls,
+            (_Training,),
+            {
+                "needs": tuple(m.name for m in ms),
+                "__module__": __name__,
+                **{m.asv.benchmark.split(".")[1]: _track(m) for m in ms},
+            },
+        )
+        for cls, ms in groups.items()
+    }
 
 
 globals().update(_training_classes())  # StepTime, Memory, DeviceMemory, Mfu, Scaling
@@ -170,4 +199,3 @@ class BusBandwidth:
 
     track_ms_per_bus_gb.unit = _BUSBW.asv.unit
     track_ms_per_bus_gb.version = f"{_BUSBW.name}:{_BUSBW.asv.unit}:{_BUSBW.asv.version}"
-

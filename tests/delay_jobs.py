@@ -16,7 +16,7 @@ from unittest import mock
 
 import torch.distributed as dist
 
-import distbench.runtime.jobs as jobs
+import distbench.jobs.train as jobs
 from distbench.config import RunConfig
 from distbench.runtime.context import RankContext
 from distbench.strategies import get_spec
@@ -30,10 +30,14 @@ SITES = ("all_gather", "reduce_scatter", "optimizer_step")
 #: patch those), older torch all_gather_into_tensor / reduce_scatter_tensor; ZeRO-3 goes through
 #: deepspeed.comm (allgather_fn, all_gather_into_tensor, reduce_scatter_fn as of DeepSpeed 0.19).
 COLLECTIVES: dict[str, dict[str, tuple[str, ...]]] = {
-    "fsdp": {"all_gather": ("all_gather_single", "all_gather_into_tensor"),
-             "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor")},
-    "deepspeed": {"all_gather": ("allgather_fn", "all_gather_into_tensor", "all_gather_coalesced"),
-                  "reduce_scatter": ("reduce_scatter_fn", "reduce_scatter_tensor", "reduce_scatter_coalesced")},
+    "fsdp": {
+        "all_gather": ("all_gather_single", "all_gather_into_tensor"),
+        "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor"),
+    },
+    "deepspeed": {
+        "all_gather": ("allgather_fn", "all_gather_into_tensor", "all_gather_coalesced"),
+        "reduce_scatter": ("reduce_scatter_fn", "reduce_scatter_tensor", "reduce_scatter_coalesced"),
+    },
 }
 #: A planted defect: the names PyTorch's tests patched before FSDP2 moved to the *_single collectives, which
 #: on torch 2.13 delay nothing.
@@ -48,16 +52,16 @@ def _module(family: str) -> ModuleType:
     return dist
 
 
-def train_with_delays(ctx: RankContext, cfg: dict[str, Any], sites: list[str], delay_s: float,
-                      plant: str | None = None) -> dict[str, Any]:
-    """runtime.jobs.train with a delay of `delay_s` (a device-side spin on GPU, timed by spin_rate; a host
+def train_with_delays(
+    ctx: RankContext, cfg: RunConfig, sites: list[str], delay_s: float, plant: str | None = None
+) -> dict[str, Any]:
+    """jobs.train.train with a delay of `delay_s` (a device-side spin on GPU, timed by spin_rate; a host
     sleep on CPU) before every call at each of `sites`; the reply adds {"delays": {site: calls delayed}}.
     plant "legacy_names": FSDP2's collectives patched under their pre-2.1x names only."""
-    rc = RunConfig.from_dict(cfg)
-    family = get_spec(rc.strategy).trainer_module
+    family = get_spec(cfg.strategy).trainer_module
     unknown = set(sites) - set(SITES)
     if unknown or family not in COLLECTIVES:
-        raise ValueError(f"delays at {sites} are written for FSDP2 and ZeRO, not {rc.strategy}")
+        raise ValueError(f"delays at {sites} are written for FSDP2 and ZeRO, not {cfg.strategy}")
     rate = spin_rate(ctx.device) if ctx.is_cuda else None
     fired = dict.fromkeys(sites, 0)
 
@@ -66,6 +70,7 @@ def train_with_delays(ctx: RankContext, cfg: dict[str, Any], sites: list[str], d
             fired[site] += 1
             delay(ctx, delay_s, rate)
             return real(*args, **kwargs)
+
         return call
 
     names = LEGACY_FSDP if plant == "legacy_names" else COLLECTIVES[family]

@@ -30,7 +30,9 @@ def tagged_processes(tag: str, keep: Collection[int] = ()) -> dict[int, str]:
             continue
         try:
             if needle in (d / "environ").read_bytes().split(b"\0"):
-                found[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found[int(d.name)] = (
+                    (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                )
         except OSError:
             continue
     return found
@@ -47,28 +49,36 @@ def held_shm(pids: Collection[int] | None = None) -> set[str]:
         if not d.name.isdigit() or (pids is not None and int(d.name) not in pids):
             continue
         try:
-            held.update(ln.rsplit("/dev/shm/", 1)[1].strip() for ln in (d / "maps").read_text().splitlines()
-                        if "/dev/shm/" in ln)
+            held.update(
+                ln.rsplit("/dev/shm/", 1)[1].strip()
+                for ln in (d / "maps").read_text().splitlines()
+                if "/dev/shm/" in ln
+            )
             for fd in (d / "fd").iterdir():
                 target = os.readlink(fd)
                 if target.startswith("/dev/shm/"):
-                    held.add(target[len("/dev/shm/"):])
+                    held.add(target[len("/dev/shm/") :])
         except OSError:
             continue
     return held
 
 
-def leftovers(tag: str, tmpdir: Path, shm_before: set[str], keep: Collection[int] = ()) -> dict[str, list[str]]:
+def leftovers(
+    tag: str, tmpdir: Path, shm_before: set[str], keep: Collection[int] = ()
+) -> dict[str, list[str]]:
     """Everything left behind, by kind; empty lists when clean."""
     return {
         "processes": [f"{pid}: {cmd}" for pid, cmd in tagged_processes(tag, keep).items()],
         "temp dirs": sorted(str(p) for p in tmpdir.rglob("distbench*")),
-        "shared memory": sorted(e for e in (shm_entries() - shm_before) - held_shm() if not e.startswith(MP_SEM)),
+        "shared memory": sorted(
+            e for e in (shm_entries() - shm_before) - held_shm() if not e.startswith(MP_SEM)
+        ),
     }
 
 
-def wait_clean(tag: str, tmpdir: Path, shm_before: set[str], keep: Collection[int] = (),
-               within: float = 10.0) -> dict[str, list[str]]:
+def wait_clean(
+    tag: str, tmpdir: Path, shm_before: set[str], keep: Collection[int] = (), within: float = 10.0
+) -> dict[str, list[str]]:
     """Poll until nothing is left behind or `within` seconds passed; what is left at the end."""
     end = time.monotonic() + within
     while True:

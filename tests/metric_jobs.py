@@ -23,12 +23,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import distbench.measure.bench as bm
+import distbench.jobs.bench as bm
 import distbench.measure.timing as timing
 from distbench.config import RunConfig
+from distbench.jobs.train import make_trainer, seq_len_of
 from distbench.measure.timing import Window
 from distbench.runtime.context import RankContext
-from distbench.runtime.jobs import make_trainer, seq_len_of
 from distbench.strategies.base import Trainer
 from distbench.workloads.data import rank_micro_batches
 from distbench.workloads.models import get_model
@@ -40,26 +40,32 @@ TimeWindow = Callable[[RankContext, str, Any], Window]
 # --- planted timer defects (here, not in the test module: the rank processes apply them too) ---------------
 def late_clock(real: TimeWindow) -> TimeWindow:
     """time_window whose window clock starts after the first step (that step runs, untimed)."""
+
     def window(ctx: RankContext, mode: str, steps: Any) -> Window:
         w = real(ctx, mode, steps)
         return Window(w.wall_s - w.step_s[0], w.step_s, w.host_cpu_s, w.losses)
+
     return window
 
 
 def cpu_clock(real: TimeWindow) -> TimeWindow:
     """time_window reporting CPU time as step time: a step that waits (on a device, a peer, a sleep) reads 0."""
+
     def window(ctx: RankContext, mode: str, steps: Any) -> Window:
         w = real(ctx, mode, steps)
         return Window(w.wall_s, w.host_cpu_s, w.host_cpu_s, w.losses)
+
     return window
 
 
 def extra_step(real: TimeWindow) -> TimeWindow:
     """time_window that miscounts its steps by one (the last counted twice): the window's wall clock is then
     divided over one step too many."""
+
     def window(ctx: RankContext, mode: str, steps: Any) -> Window:
         w = real(ctx, mode, steps)
         return Window(w.wall_s, [*w.step_s, w.step_s[-1]], [*w.host_cpu_s, w.host_cpu_s[-1]], w.losses)
+
     return window
 
 
@@ -70,8 +76,13 @@ def without_final_sync(real: TimeWindow | None = None) -> TimeWindow:
     tree = ast.parse(textwrap.dedent(inspect.getsource(timing.time_window)))
     fn = tree.body[0]
     assert isinstance(fn, ast.FunctionDef)
-    syncs = [i for i, st in enumerate(fn.body) if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)
-             and ast.unparse(st.value) == "ctx.synchronize()"]
+    syncs = [
+        i
+        for i, st in enumerate(fn.body)
+        if isinstance(st, ast.Expr)
+        and isinstance(st.value, ast.Call)
+        and ast.unparse(st.value) == "ctx.synchronize()"
+    ]
     assert len(syncs) == 2, f"time_window no longer has one sync before and one after its steps: {syncs}"
     del fn.body[syncs[-1]]
     namespace = dict(vars(timing))
@@ -80,7 +91,9 @@ def without_final_sync(real: TimeWindow | None = None) -> TimeWindow:
 
 
 TIMER_DEFECTS: dict[str, Callable[[TimeWindow], TimeWindow]] = {
-    "late_clock": late_clock, "cpu_clock": cpu_clock, "extra_step": extra_step,
+    "late_clock": late_clock,
+    "cpu_clock": cpu_clock,
+    "extra_step": extra_step,
     "without_final_sync": without_final_sync,
 }
 
@@ -166,7 +179,7 @@ def host_wall_per_call(ctx: RankContext, fn: Callable[[], Any], calls: int) -> f
     return (time.perf_counter() - t0) / calls
 
 
-def spin_bench(ctx: RankContext, cfg: dict[str, Any], spin_s: float, plant: str | None = None) -> dict[str, Any]:
+def spin_bench(ctx: RankContext, cfg: RunConfig, spin_s: float, plant: str | None = None) -> dict[str, Any]:
     """The `bench` job with every micro-batch of every step a device-side spin of `spin_s` and nothing else.
 
     The step's length is measured beside the benchmark by the host clock around a few spin steps between
@@ -181,8 +194,7 @@ def spin_bench(ctx: RankContext, cfg: dict[str, Any], spin_s: float, plant: str 
             torch.cuda._sleep(int(spin_s * rate))
         return torch.zeros((), device=ctx.device)
 
-    rc = ctx.config(cfg)
-    fake = [{} for _ in range(rc.accum_steps)]
+    fake = [{} for _ in range(cfg.accum_steps)]
     real_build = bm.build_trainer
 
     def build(ctx_: RankContext, rc_: RunConfig, model: nn.Module) -> Trainer:
@@ -201,13 +213,14 @@ def spin_bench(ctx: RankContext, cfg: dict[str, Any], spin_s: float, plant: str 
 
 
 # --- memory ------------------------------------------------------------------------------------------------
-def known_allocation_bench(ctx: RankContext, cfg: dict[str, Any], mib: int, plant: str | None = None
-                           ) -> dict[str, Any]:
+def known_allocation_bench(
+    ctx: RankContext, cfg: RunConfig, mib: int, plant: str | None = None
+) -> dict[str, Any]:
     """Two `bench` runs of the same configuration in this rank, one after the other: the first allocates a
     tensor of `mib` MiB in its first timed step and keeps it to the window's end; the second allocates
     nothing. {"with": first's memory readings, "next": second's}. `cfg` needs warmup >= 1, so that the
     first window (warm-up) is not the timed one. plant "no_peak_reset": bench never resets the peaks."""
-    assert ctx.config(cfg).warmup >= 1, "the allocation must land in a timed window, after the warm-up one"
+    assert cfg.warmup >= 1, "the allocation must land in a timed window, after the warm-up one"
     held: list[torch.Tensor] = []
     windows = [0]
     real_window = bm.time_window
@@ -239,7 +252,9 @@ def known_allocation_bench(ctx: RankContext, cfg: dict[str, Any], mib: int, plan
 
 
 # --- MFU ---------------------------------------------------------------------------------------------------
-def matmul_flop_rate(device: torch.device, shapes: list[tuple[int, int]], tokens: int, iters: int = 10) -> float:
+def matmul_flop_rate(
+    device: torch.device, shapes: list[tuple[int, int]], tokens: int, iters: int = 10
+) -> float:
     """Achieved FLOP/s of the matrix multiplies one training step of a stack of bias-free Linear layers
     (`shapes`: (in_features, out_features) each) does on `tokens` tokens, in bf16, timed by CUDA events: per
     layer the forward x.W^T, the input gradient g.W and the weight gradient g^T.x, 2 x tokens x in x out
@@ -268,22 +283,26 @@ def matmul_flop_rate(device: torch.device, shapes: list[tuple[int, int]], tokens
     return flops / (start.elapsed_time(end) / 1000.0)
 
 
-def mfu_beside_matmuls(ctx: RankContext, cfg: dict[str, Any]) -> dict[str, Any]:
+def mfu_beside_matmuls(ctx: RankContext, cfg: RunConfig) -> dict[str, Any]:
     """The `bench` job on a model of bias-free Linear layers, and a bf16 matmul benchmark of the same shapes
     on the same tokens per micro-batch run before and after it in this process: {"reply", "matmul_flops_per_s":
     [before, after], "shapes", "device_name"}."""
-    rc = ctx.config(cfg)
-    spec = get_model(rc.model)
-    model = spec.build(rc.seed, "meta")
+    spec = get_model(cfg.model)
+    model = spec.build(cfg.seed, "meta")
     shapes = [(m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear)]
-    assert shapes and all(m.bias is None for m in model.modules() if isinstance(m, nn.Linear)), \
+    assert shapes and all(m.bias is None for m in model.modules() if isinstance(m, nn.Linear)), (
         "mfu_beside_matmuls needs a stack of bias-free Linear layers"
-    tokens = rc.micro_batch * (rc.seq_len or spec.seq_len)
+    )
+    tokens = cfg.micro_batch * (cfg.seq_len or spec.seq_len)
     rates = [matmul_flop_rate(ctx.device, shapes, tokens)]
     reply = bm.bench(ctx, cfg, nvml=False)
     rates.append(matmul_flop_rate(ctx.device, shapes, tokens))
-    return {"reply": reply, "matmul_flops_per_s": rates, "shapes": shapes,
-            "device_name": torch.cuda.get_device_name(ctx.device)}
+    return {
+        "reply": reply,
+        "matmul_flops_per_s": rates,
+        "shapes": shapes,
+        "device_name": torch.cuda.get_device_name(ctx.device),
+    }
 
 
 @contextlib.contextmanager
@@ -303,7 +322,7 @@ def _planted(plant: str | None) -> Iterator[None]:
         yield
 
 
-def counted_bench(ctx: RankContext, cfg: dict[str, Any], plant: str | None = None) -> dict[str, Any]:
+def counted_bench(ctx: RankContext, cfg: RunConfig, plant: str | None = None) -> dict[str, Any]:
     """The `bench` job, with the model's input tokens counted by a forward hook and every time_window call
     timed by a clock of its own: {"reply": bench's reply, "windows": [{"tokens", "seconds"}, ...]} with one
     entry per window, warm-up first."""
@@ -326,8 +345,11 @@ def counted_bench(ctx: RankContext, cfg: dict[str, Any], plant: str | None = Non
         windows.append({"tokens": seen[0] - before, "seconds": time.perf_counter() - t0})
         return w
 
-    with _planted(plant), mock.patch.object(bm, "build_trainer", build), \
-            mock.patch.object(bm, "time_window", window):
+    with (
+        _planted(plant),
+        mock.patch.object(bm, "build_trainer", build),
+        mock.patch.object(bm, "time_window", window),
+    ):
         reply = bm.bench(ctx, cfg, nvml=False)
     return {"reply": reply, "windows": windows}
 
@@ -343,19 +365,22 @@ def _ranks_agree(ctx: RankContext, x: torch.Tensor) -> bool:
     return all(torch.equal(got[0], g) for g in got[1:])
 
 
-def grads_across_accumulation(ctx: RankContext, cfg: dict[str, Any], mutation: str | None = None) -> dict[str, bool]:
+def grads_across_accumulation(
+    ctx: RankContext, cfg: RunConfig, mutation: str | None = None
+) -> dict[str, bool]:
     """Whether the ranks' gradients agree after each micro-batch of one optimizer step, read in the ranks.
 
     Each rank sees different samples, so gradients agree only once they have been communicated: a strategy
     that skips the sync on all but the last micro-batch disagrees before it and agrees after. `mutation`
     names a trainer defect from tests/mutants.py.
     """
-    rc = RunConfig.from_dict(cfg)
-    trainer = make_trainer(ctx, rc)
+    trainer = make_trainer(ctx, cfg)
     if mutation:
         _mutate(trainer, mutation)
     try:
-        mbs = rank_micro_batches(rc, 0, ctx.rank, seq_len_of(rc), get_model(rc.model).vocab_size, ctx.device)
+        mbs = rank_micro_batches(
+            cfg, 0, ctx.rank, seq_len_of(cfg), get_model(cfg.model).vocab_size, ctx.device
+        )
         agree = []
         for i, mb in enumerate(mbs):
             trainer.forward_backward(mb, sync=i == len(mbs) - 1)

@@ -33,8 +33,8 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
-import distbench.invariants.collectives as collectives
-import distbench.runtime.jobs as jobs
+import distbench.jobs.checks as checks
+import distbench.jobs.train as jobs
 import distbench.strategies.lora as lora
 from distbench.strategies.ddp import DDPTrainer
 from distbench.strategies.fsdp import FSDP2Trainer
@@ -53,6 +53,7 @@ def _global_rng_dropout(module: SampleDropout, x: torch.Tensor) -> torch.Tensor:
 
 
 def _mutate(trainer: Any, mutation: str) -> None:
+    """Plant `mutation` in `trainer`. Long: one short branch per defect, side by side."""
     if mutation == "fresh_optimizer":
         load = trainer.load_checkpoint
 
@@ -79,13 +80,16 @@ def _mutate(trainer: Any, mutation: str) -> None:
     if mutation == "dropout_local_index":
         streams = trainer.sample_streams
         first = trainer.ctx.rank * trainer.cfg.per_rank_batch
-        trainer.sample_streams = lambda batch: streams({**batch, "sample_index": batch["sample_index"] - first})
+        trainer.sample_streams = lambda batch: streams(
+            {**batch, "sample_index": batch["sample_index"] - first}
+        )
         return
     if mutation == "fp16_no_skip":
         assert trainer.scaler is not None, "fp16_no_skip needs precision fp16"
         trainer.scaler.step = lambda optimizer, *args, **kwargs: optimizer.step()
         return
     if mutation == "bf16_master_weights":
+
         def round_to_bf16() -> None:
             with torch.no_grad():
                 for p in trainer.optimizer_parameters():
@@ -133,11 +137,11 @@ def _mutated(mutation: str) -> Iterator[None]:
         return trainer
 
     original = jobs.make_trainer
-    jobs.make_trainer = collectives.make_trainer = make
+    jobs.make_trainer = checks.make_trainer = make
     try:
         yield
     finally:
-        jobs.make_trainer = collectives.make_trainer = original
+        jobs.make_trainer = checks.make_trainer = original
 
 
 def train(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
@@ -155,4 +159,4 @@ def train_with_an_overflow(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, 
 
 def count_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, float]:
     with _mutated(mutation):
-        return collectives.count_collectives(ctx, **kwargs)
+        return checks.count_collectives(ctx, **kwargs)

@@ -45,12 +45,18 @@ def model_outlives_close(ctx: Any, strategy: str) -> bool:
     import weakref
 
     from distbench.config import RunConfig
-    from distbench.runtime.jobs import run_steps, set_numerics
+    from distbench.jobs.train import run_steps, set_numerics
     from distbench.strategies import build_trainer
     from distbench.workloads import get_model
 
-    cfg = RunConfig(strategy=strategy, world_size=ctx.world_size, model="gpt2-tiny", global_batch=4,
-                    micro_batch=2, steps=1)
+    cfg = RunConfig(
+        strategy=strategy,
+        world_size=ctx.world_size,
+        model="gpt2-tiny",
+        global_batch=4,
+        micro_batch=2,
+        steps=1,
+    )
     set_numerics(cfg)
     model = get_model(cfg.model).build(cfg.seed, ctx.device)
     alive = weakref.ref(model)

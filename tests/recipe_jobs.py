@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-import distbench.runtime.jobs as jobs
+import distbench.jobs.train as jobs
+from distbench.config import RunConfig
 from distbench.invariants.reference import reference_run
 
 #: The LoRA the tests train: rank 4 on the family's default targets, alpha 8 (scale 2, not 1, so a scale
@@ -68,13 +69,13 @@ def _overflow_at(forward: int | None) -> Iterator[None]:
         handle.remove()
 
 
-def train_with_an_overflow(ctx: Any, cfg: dict[str, Any], step: int, micro_batch: int, **kwargs: Any
-                           ) -> dict[str, Any]:
+def train_with_an_overflow(
+    ctx: Any, cfg: RunConfig, step: int, micro_batch: int, **kwargs: Any
+) -> dict[str, Any]:
     """jobs.train with an inf planted in the gradient of global micro-batch
     `micro_batch` of step `step`, on the rank that runs it (global micro-batches rank x accum_steps on), and the
     dtypes the model's matmuls produced (fp16 if it really computes in fp16)."""
-    rc = ctx.config(cfg)
-    rank, local = divmod(micro_batch, rc.accum_steps)
+    rank, local = divmod(micro_batch, cfg.accum_steps)
     dtypes: set[str] = set()
 
     def matmul_dtype(module: torch.nn.Module, args: Any, out: Any) -> None:
@@ -83,22 +84,21 @@ def train_with_an_overflow(ctx: Any, cfg: dict[str, Any], step: int, micro_batch
 
     handle = torch.nn.modules.module.register_module_forward_hook(matmul_dtype)
     try:
-        with _overflow_at(step * rc.accum_steps + local if ctx.rank == rank else None):
+        with _overflow_at(step * cfg.accum_steps + local if ctx.rank == rank else None):
             out = jobs.train(ctx, cfg=cfg, **kwargs)
     finally:
         handle.remove()
     return {**out, "matmul_dtypes": sorted(dtypes)}
 
 
-def reference_with_an_overflow(ctx: Any, cfg: dict[str, Any], step: int, micro_batch: int) -> dict[str, Any]:
+def reference_with_an_overflow(ctx: Any, cfg: RunConfig, step: int, micro_batch: int) -> dict[str, Any]:
     """The reference with the same inf planted (it runs every micro-batch of a step, in order)."""
-    rc = ctx.config(cfg)
-    with _overflow_at(step * (rc.global_batch // rc.micro_batch) + micro_batch):
-        out = reference_run(rc, ctx.device)
+    with _overflow_at(step * (cfg.global_batch // cfg.micro_batch) + micro_batch):
+        out = reference_run(cfg, ctx.device)
     return {k: out[k] for k in ("losses", "loss_scales", "skipped_steps")}
 
 
-def saved_activation_bytes(ctx: Any, cfg: dict[str, Any]) -> dict[str, int]:
+def saved_activation_bytes(ctx: Any, cfg: RunConfig) -> dict[str, int]:
     """Bytes autograd keeps for backward from one micro-batch's forward, counted by its saved-tensor hooks, with
     activation checkpointing off and on: an account of activation memory that neither measure/ nor the caching
     allocator takes part in. Each storage counts once; only tensors with the batch as their first dimension
@@ -107,7 +107,7 @@ def saved_activation_bytes(ctx: Any, cfg: dict[str, Any]) -> dict[str, int]:
     from distbench.workloads import get_model
     from distbench.workloads.data import rank_micro_batches
 
-    rc = ctx.config(cfg)
+    rc = cfg
     spec = get_model(rc.model)
     batch = rank_micro_batches(rc, 0, ctx.rank, jobs.seq_len_of(rc), spec.vocab_size, ctx.device)[0]
     out = {}

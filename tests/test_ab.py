@@ -19,9 +19,32 @@ def test_ab_smoke_on_gloo(tmp_path):
     out = tmp_path / "ab"
     # Two trivially different variants: the head's ranks see one more environment variable.
     proc = subprocess.run(
-        [sys.executable, "-m", "distbench.cli", "ab", "--device", "cpu", "-s", "ddp", "-n", "2", "--steps", "3",
-         "--head", "env.DISTBENCH_AB_SMOKE=1", "--min-pairs", "3", "--max-pairs", "3", "-o", str(out)],
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "distbench.cli",
+            "ab",
+            "--device",
+            "cpu",
+            "-s",
+            "ddp",
+            "-n",
+            "2",
+            "--steps",
+            "3",
+            "--head",
+            "env.DISTBENCH_AB_SMOKE=1",
+            "--min-pairs",
+            "3",
+            "--max-pairs",
+            "3",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode in (0, 1, 3), proc.stdout + proc.stderr  # CPU timings decide nothing here
     report = json.loads((out / "ab.json").read_text())
     (cfg,) = report["configs"]
@@ -37,10 +60,16 @@ def test_ab_smoke_on_gloo(tmp_path):
     assert not left.stdout.strip(), "variant servers left running"
 
 
-@pytest.mark.parametrize("spec,why", [
-    ("rev", "not KEY=VALUE"), ("color=red", "unknown item"), ("tree=/nonexistent", "holds no src/distbench"),
-    ("python=/nonexistent/python", "not an executable"), ("rev=main,tree=.", "not both"),
-])
+@pytest.mark.parametrize(
+    "spec,why",
+    [
+        ("rev", "not KEY=VALUE"),
+        ("color=red", "unknown item"),
+        ("tree=/nonexistent", "holds no src/distbench"),
+        ("python=/nonexistent/python", "not an executable"),
+        ("rev=main,tree=.", "not both"),
+    ],
+)
 def test_bad_variants_are_refused(spec, why):
     with pytest.raises(ConfigError, match=why):
         parse_variant("head", spec)
@@ -48,11 +77,22 @@ def test_bad_variants_are_refused(spec, why):
 
 def test_variant_parsing():
     v = parse_variant("head", "env.NCCL_ALGO=Ring, env.X=1,python=" + sys.executable)
-    assert v.env == {"NCCL_ALGO": "Ring", "X": "1"} and v.describe() == "this checkout, env.NCCL_ALGO=Ring, env.X=1"
+    assert (
+        v.env == {"NCCL_ALGO": "Ring", "X": "1"}
+        and v.describe() == "this checkout, env.NCCL_ALGO=Ring, env.X=1"
+    )
 
 
-@pytest.mark.parametrize("args", [["--alpha", "0.7"], ["--min-pairs", "2"], ["--threshold", "0.005"],
-                                  ["--head", "bogus"], ["-s", "fsdp1_full"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--alpha", "0.7"],
+        ["--min-pairs", "2"],
+        ["--threshold", "0.005"],
+        ["--head", "bogus"],
+        ["-s", "fsdp1_full"],
+    ],
+)
 def test_usage_errors_exit_2(args, tmp_path, capsys):
     assert main(["ab", "--device", "cpu", "-o", str(tmp_path), *args]) == 2
     assert "error:" in capsys.readouterr().out
@@ -64,7 +104,7 @@ def test_a_run_the_variant_cannot_do_is_a_failed_run_not_a_dead_server():
     class Pools:
         device_type = "cpu"
 
-        def get(self, world_size: int):
+        def pool_for(self, world_size: int):
             raise RuntimeError("no pool for this world size here")
 
     out = handle(Pools(), {"cfg": {"strategy": "ddp", "world_size": 2}, "timeout": 5})

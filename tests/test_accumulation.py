@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 
 from distbench.invariants.checks import assert_losses_match, assert_sync_once_per_step
-
-COUNT_JOB = "distbench.invariants.collectives:count_collectives"
+from distbench.jobs.checks import count_collectives
 
 
 @pytest.mark.strategies("ddp", "fsdp_full", "fsdp_grad", "fsdp_hybrid", "fsdp_offload")
@@ -23,8 +22,8 @@ def test_gradient_sync_once_per_step(suite, strategy, world_size):
     one = one.replace(micro_batch=one.per_rank_batch)  # no accumulation
     many = one.replace(micro_batch=1)  # accumulate over every sample of the rank
     assert many.accum_steps > 1
-    c_one = suite.run(world_size, COUNT_JOB, cfg=one.to_dict())[0]
-    c_many = suite.run(world_size, COUNT_JOB, cfg=many.to_dict())[0]
+    c_one = suite.run_job(world_size, count_collectives, cfg=one)[0]
+    c_many = suite.run_job(world_size, count_collectives, cfg=many)[0]
     assert_sync_once_per_step(c_one, c_many, f"{strategy} ws{world_size} ({many.accum_steps} micro-batches)")
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from distbench.measure.bench import run_benchmark
+from distbench.matrix import run_benchmark
 from distbench.workloads import get_model
+from recipe_jobs import saved_activation_bytes
 
 #: The measured saving over the account's. Below 1: a block's recomputed activations stand at the peak;
 #: above 1: the allocator's blocks round the freed tensors up. Checkpointing that does nothing saves ~0.
@@ -24,22 +25,24 @@ BAND = (0.7, 1.6)
 @pytest.mark.strategies("ddp", "fsdp_full", "zero3")
 def test_activation_checkpointing_frees_the_blocks_activations(suite, strategy, world_size):
     cfg = suite.bench_config(strategy, world_size, steps=2, warmup=1)
-    pool = suite.pool_manager.get(world_size)
+    pool = suite.pool_manager.pool_for(world_size)
     peaks = {}
     for ac in (False, True):
         result = run_benchmark(pool, cfg.replace(activation_checkpointing=ac), nvml=False)
         assert result["status"] == "ok", result.get("error")
         peaks[ac] = result["metrics"]["mem_allocated_peak_bytes"]
-    account = suite.run(1, "recipe_jobs:saved_activation_bytes", cfg=cfg.replace(strategy="single", world_size=1)
-                        .to_dict())[0]
+    account = suite.run_job(1, saved_activation_bytes, cfg=cfg.replace(strategy="single", world_size=1))[0]
     layers = get_model(cfg.model).hf_config().num_hidden_layers
     one_block = (account["plain"] - account["checkpointed"]) / layers
     expected = account["plain"] - account["checkpointed"] - one_block
     saved = peaks[False] - peaks[True]
     gib = 2.0**30
-    print(f"{strategy} ws{world_size}: peak {peaks[False] / gib:.2f} GiB plain, {peaks[True] / gib:.2f} GiB "
-          f"checkpointed, saved {saved / gib:.2f} GiB; autograd kept {account['plain'] / gib:.2f} GiB plain, "
-          f"{account['checkpointed'] / gib:.2f} GiB checkpointed, so {expected / gib:.2f} GiB expected")
+    print(
+        f"{strategy} ws{world_size}: peak {peaks[False] / gib:.2f} GiB plain, {peaks[True] / gib:.2f} GiB "
+        f"checkpointed, saved {saved / gib:.2f} GiB; autograd kept {account['plain'] / gib:.2f} GiB plain, "
+        f"{account['checkpointed'] / gib:.2f} GiB checkpointed, so {expected / gib:.2f} GiB expected"
+    )
     assert BAND[0] * expected <= saved <= BAND[1] * expected, (
         f"{strategy} ws{world_size}: activation checkpointing saved {saved / gib:.2f} GiB of peak memory, "
-        f"autograd's account expects {expected / gib:.2f} GiB (allowed {BAND[0]}x to {BAND[1]}x)")
+        f"autograd's account expects {expected / gib:.2f} GiB (allowed {BAND[0]}x to {BAND[1]}x)"
+    )

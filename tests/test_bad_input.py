@@ -39,14 +39,25 @@ CLI = [
     ("lora-alpha-fraction", ["--lora-alpha", "0.5"], "--lora-alpha: value '0.5' is invalid"),
     ("lora-targets-blank", ["--lora-targets", "c_attn,"], "LoRA target 'c_attn,' has an empty entry"),
     ("lora-targets-without-rank", ["--lora-targets", "c_attn"], "given without lora_rank; set lora_rank"),
-    ("lora-target-typo", ["-m", "llama-tiny", "--lora-rank", "4", "--lora-targets", "q_proj,v_prj"],
-     "has no module 'v_prj' for LoRA to adapt. Did you mean v_proj"),
-    ("lora-target-not-linear", ["--lora-rank", "4", "--lora-targets", "ln_1"], "LoRA targets ['ln_1'] do not fit"),
+    (
+        "lora-target-typo",
+        ["-m", "llama-tiny", "--lora-rank", "4", "--lora-targets", "q_proj,v_prj"],
+        "has no module 'v_prj' for LoRA to adapt. Did you mean v_proj",
+    ),
+    (
+        "lora-target-not-linear",
+        ["--lora-rank", "4", "--lora-targets", "ln_1"],
+        "LoRA targets ['ln_1'] do not fit",
+    ),
     ("repeats-negative", ["--repeats", "-1"], "greater than or equal to 1"),
     ("steps-zero", ["--steps", "0"], "--steps: value '0'"),
     ("steps-fraction", ["--steps", "2.5"], "--steps: value '2.5'"),
     ("warmup-negative", ["--warmup", "-1"], "greater than or equal to 0"),
-    ("timeout-negative", ["--timeout", "-5"], "--timeout: value '-5' is invalid: input should be greater than 0"),
+    (
+        "timeout-negative",
+        ["--timeout", "-5"],
+        "--timeout: value '-5' is invalid: input should be greater than 0",
+    ),
     ("timeout-nan", ["--timeout", "nan"], "--timeout: value 'nan'"),
     ("global-batch-zero", ["--global-batch", "0"], "--global-batch"),
     ("micro-batch-negative", ["--micro-batch", "-2"], "--micro-batch"),
@@ -56,19 +67,35 @@ CLI = [
     ("output-is-a-file", ["-o", "{tmp}/results.json"], "exists and is not a directory"),
     ("unknown-flag", ["--stepz", "3"], "unrecognized arguments: --stepz"),
     # refused after parsing, still before any rank
-    ("seq-len-beyond-positions", ["-m", "gpt2-tiny", "--seq-len", "4096"], "exceeds model gpt2-tiny's 64 positions"),
+    (
+        "seq-len-beyond-positions",
+        ["-m", "gpt2-tiny", "--seq-len", "4096"],
+        "exceeds model gpt2-tiny's 64 positions",
+    ),
     ("batch-indivisible", ["-s", "ddp", "-n", "3", "--global-batch", "8"], "use a global batch of 6 or 12"),
     ("no-gpu", ["--device", "cuda"], "no CUDA device is visible; use --device cpu"),
     ("config-missing", ["--config", "{tmp}/nope.yaml"], "cannot read matrix file"),
-    ("ds-config-not-zero", ["-s", "ddp", "--ds-config", "{tmp}/ds_ok.json"],
-     "option 'ds_config' applies to zero1, zero2, zero3, zero3_offload only"),
+    (
+        "ds-config-not-zero",
+        ["-s", "ddp", "--ds-config", "{tmp}/ds_ok.json"],
+        "option 'ds_config' applies to zero1, zero2, zero3, zero3_offload only",
+    ),
     ("ds-config-missing", ["-s", "zero2", "-n", "1", "--ds-config", "{tmp}/nope.json"], "does not exist"),
-    ("ds-gradient-clipping", ["-s", "zero2", "-n", "1", "--ds-config", "{tmp}/ds_clip.json"],
-     "key 'gradient_clipping' = 'x' is invalid: input should be a valid number"),
-    ("ds-typo", ["-s", "zero2", "-n", "1", "--ds-config", "{tmp}/ds_typo.json"],
-     "did you mean 'zero_optimization'?"),
-    ("ds-conflict", ["-s", "zero2", "-n", "1", "--ds-config", "{tmp}/ds_stage.json"],
-     "pick zero1, zero2 or zero3 instead"),
+    (
+        "ds-gradient-clipping",
+        ["-s", "zero2", "-n", "1", "--ds-config", "{tmp}/ds_clip.json"],
+        "key 'gradient_clipping' = 'x' is invalid: input should be a valid number",
+    ),
+    (
+        "ds-typo",
+        ["-s", "zero2", "-n", "1", "--ds-config", "{tmp}/ds_typo.json"],
+        "did you mean 'zero_optimization'?",
+    ),
+    (
+        "ds-conflict",
+        ["-s", "zero2", "-n", "1", "--ds-config", "{tmp}/ds_stage.json"],
+        "pick zero1, zero2 or zero3 instead",
+    ),
     ("ds-malformed", ["-s", "zero2", "-n", "1", "--ds-config", "{tmp}/ds_bad.json"], "is not valid JSON"),
 ]
 
@@ -92,18 +119,30 @@ YAML = [
     ("lr-negative", "lr: -0.1", "lr = -0.1 is invalid"),
     ("betas", "betas: [0.9, 1.5]", "betas[1]"),
     ("lora-targets-string", "lora_targets: c_attn", "lora_targets = 'c_attn' is invalid"),
-    ("option-not-taken", "options: {reshard_after_forward: false}", "option 'reshard_after_forward' applies to no"),
+    (
+        "option-not-taken",
+        "options: {reshard_after_forward: false}",
+        "option 'reshard_after_forward' applies to no",
+    ),
     ("axis-twice", "strategy: ddp", "has both 'strategies' and 'strategy'; keep one"),
     ("not-a-mapping", "- ddp", "must hold a mapping"),
     ("syntax", "steps: [1", "cannot read matrix file"),
 ]
 
 FACTORIES = [
-    ("raises-at-import", "raise RuntimeError('no GPU here')\n", "raised RuntimeError: no GPU here; fix the module"),
+    (
+        "raises-at-import",
+        "raise RuntimeError('no GPU here')\n",
+        "raised RuntimeError: no GPU here; fix the module",
+    ),
     ("no-function", "x = 1\n", "has no attribute 'make'"),
     ("exits", "import sys\ndef make():\n    sys.exit(3)\n", "raised SystemExit: 3; fix the factory"),
     ("factory-raises", "def make():\n    raise ValueError('bad width')\n", "raised ValueError: bad width"),
-    ("no-vocab", "import torch\ndef make():\n    return torch.nn.Linear(2, 2)\n", "must expose config.vocab_size"),
+    (
+        "no-vocab",
+        "import torch\ndef make():\n    return torch.nn.Linear(2, 2)\n",
+        "must expose config.vocab_size",
+    ),
 ]
 
 PYTEST = [
@@ -165,7 +204,11 @@ def _matrix(line: str) -> str:
     """A valid matrix with `line` added, or replacing the key it sets."""
     if line.startswith("- "):
         return line + "\n"
-    keep = {"strategies": "strategies: [ddp]", "world_sizes": "world_sizes: [1]", "models": "models: [gpt2-tiny]"}
+    keep = {
+        "strategies": "strategies: [ddp]",
+        "world_sizes": "world_sizes: [1]",
+        "models": "models: [gpt2-tiny]",
+    }
     key = line.split(":")[0]
     keep.pop(key, None)
     return "\n".join([*keep.values(), line]) + "\n"
@@ -196,9 +239,16 @@ def test_there_are_at_least_40_bad_inputs():
 @pytest.mark.parametrize("argv", [["run", "-n", "two"], ["run", "-s", "ZeRO3"], ["run", "--repeats", "0"]])
 def test_usage_errors_come_before_heavy_imports(argv):
     """A typo costs the parser, not torch's import (~2-5 s on a busy 2-core machine)."""
-    code = ("import sys\nfrom distbench.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
-            "    assert e.code == 2\nheavy = sorted({'torch', 'deepspeed', 'rich', 'transformers'} & set(sys.modules))\n"
-            "assert not heavy, heavy\n")
-    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys\nfrom distbench.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+        "    assert e.code == 2\nheavy = sorted({'torch', 'deepspeed', 'rich', 'transformers'} & set(sys.modules))\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr

@@ -12,37 +12,41 @@ import math
 
 import pytest
 
-from distbench.measure.bench import run_benchmark, summarize_bench, sweep_micro_batch
+from distbench.jobs.bench import bench_finish, bench_setup, bench_step, collective_bandwidth, harness_overhead
+from distbench.matrix import run_benchmark, sweep_micro_batch
+from distbench.results import summarize_bench
 from distbench.runtime.fingerprint import environment_fingerprint
 from distbench.strategies import default_strategies
 
 #: Every test here times steps or reads memory: under lanes they run last, with nothing else on the machine.
 pytestmark = pytest.mark.exclusive
 
-BENCH = "distbench.measure.bench"
 SEED_STRATEGIES = default_strategies("cuda")  # seed 004's, the GPU default grid
 
 
 @pytest.mark.strategies(*SEED_STRATEGIES)
 def test_step_time(benchmark, suite, strategy, world_size, save_result):
     cfg = suite.bench_config(strategy, world_size)
-    suite.run(world_size, f"{BENCH}:bench_setup", cfg=cfg.to_dict())
+    suite.run_job(world_size, bench_setup, cfg=cfg)
     finished = False
     try:
-        benchmark.pedantic(suite.run, args=(world_size, f"{BENCH}:bench_step"), rounds=cfg.steps, iterations=1)
-        replies = suite.run(world_size, f"{BENCH}:bench_finish")
+        benchmark.pedantic(suite.run_job, args=(world_size, bench_step), rounds=cfg.steps, iterations=1)
+        replies = suite.run_job(world_size, bench_finish)
         finished = True
     finally:
         if not finished:  # free the kept trainer; the original error is the one to report
             try:
-                suite.run(world_size, f"{BENCH}:bench_finish")
+                suite.run_job(world_size, bench_finish)
             except Exception:
                 pass
     result = summarize_bench(cfg, replies, env=environment_fingerprint())
     save_result(result)
     benchmark.extra_info.update(result["metrics"])
-    benchmark.extra_info.update(config=result["config"], step_time_s=result["step_time_s"],
-                                throttled=bool((result.get("nvml") or {}).get("throttled")))
+    benchmark.extra_info.update(
+        config=result["config"],
+        step_time_s=result["step_time_s"],
+        throttled=bool((result.get("nvml") or {}).get("throttled")),
+    )
     assert result["metrics"]["tokens_per_s"] > 0
     assert all(math.isfinite(x) for x in result["losses"]), result["losses"]
 
@@ -50,9 +54,10 @@ def test_step_time(benchmark, suite, strategy, world_size, save_result):
 @pytest.mark.strategies("ddp", "fsdp_full", "zero3")
 def test_pool_overhead_per_configuration(suite, strategy, world_size):
     """Once the pool is warm a configuration costs its steps plus at most 3 s (build, wrap, teardown)."""
-    cfg = suite.bench_config(strategy, world_size, model=None if suite.device_type == "cpu" else "gpt2-large",
-                             steps=3, warmup=1)
-    pool = suite.pool_manager.get(world_size)
+    cfg = suite.bench_config(
+        strategy, world_size, model=None if suite.device_type == "cpu" else "gpt2-large", steps=3, warmup=1
+    )
+    pool = suite.pool_manager.pool_for(world_size)
     run_benchmark(pool, cfg, nvml=False)  # warm the pool and the imports
     result = run_benchmark(pool, cfg, nvml=False)
     assert result["status"] == "ok", result.get("error")
@@ -65,7 +70,7 @@ def test_pool_overhead_per_configuration(suite, strategy, world_size):
 def test_harness_overhead_at_most_1_percent(suite):
     """The harness's timed loop against a bare hand-written loop doing the same work, same process."""
     cfg = suite.bench_config("single", 1, model="gpt2-355m", global_batch=8)
-    out = suite.run(1, f"{BENCH}:harness_overhead", cfg=cfg.to_dict(), steps=10, rounds=7)[0]
+    out = suite.run_job(1, harness_overhead, cfg=cfg, steps=10, rounds=7)[0]
     print(out)
     assert out["first_step_loss"]["bare"] == pytest.approx(out["first_step_loss"]["harness"], rel=1e-2)
     assert out["overhead"] <= 0.01, f"harness costs {out['overhead']:.2%} throughput: {out['rounds']}"
@@ -75,7 +80,7 @@ def test_collective_bandwidth(suite, world_size):
     if world_size < 2:
         pytest.skip("bus bandwidth needs at least 2 ranks")
     sizes = [2**16, 2**20] if suite.device_type == "cpu" else [2**20, 2**24, 2**28, 2**30]
-    out = suite.run(world_size, "distbench.measure.busbw:collective_bandwidth", sizes_bytes=sizes)[0]
+    out = suite.run_job(world_size, collective_bandwidth, sizes_bytes=sizes)[0]
     print(out)
     rows = out["results"]
     assert rows and all(r["busbw_gbps"] > 0 for r in rows)
@@ -87,13 +92,17 @@ def test_collective_bandwidth(suite, world_size):
 @pytest.mark.gpu
 def test_micro_batch_sweep_to_oom(suite, save_result):
     """Throughput and memory per micro-batch size up to the OOM boundary; the pool survives the OOM."""
-    cfg = suite.bench_config("single", 1, model="gpt2-large", micro_batch=8, global_batch=8, steps=3, warmup=1)
-    results = sweep_micro_batch(suite.pool_manager.get(1), cfg, [8, 16, 32, 64, 128, 256])
+    cfg = suite.bench_config(
+        "single", 1, model="gpt2-large", micro_batch=8, global_batch=8, steps=3, warmup=1
+    )
+    results = sweep_micro_batch(suite.pool_manager.pool_for(1), cfg, [8, 16, 32, 64, 128, 256])
     for r in results:
         save_result(r)
         m = r["metrics"]
-        print(r["config"]["micro_batch"], r["status"], m.get("tokens_per_s"), m.get("mem_reserved_peak_bytes"))
+        print(
+            r["config"]["micro_batch"], r["status"], m.get("tokens_per_s"), m.get("mem_reserved_peak_bytes")
+        )
     assert results[-1]["status"] == "oom", "no micro-batch size ran out of memory: extend the sweep"
     assert any(r["status"] == "ok" for r in results)
-    after = run_benchmark(suite.pool_manager.get(1), cfg)
+    after = run_benchmark(suite.pool_manager.pool_for(1), cfg)
     assert after["status"] == "ok", "the pool did not survive the OOM"

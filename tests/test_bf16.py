@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+import mutants
 from distbench.invariants.checks import assert_bf16_matches_fp32_reference
 from distbench.workloads import get_model
 
@@ -30,12 +31,13 @@ def initial_weights(model: str, seed: int) -> dict[str, torch.Tensor]:
     return _initial[(model, seed)]
 
 
-def bf16_run(suite: Any, strategy: str, world_size: int, mutation: str | None = None
-             ) -> tuple[dict[str, Any], dict[str, Any], dict[str, torch.Tensor]]:
+def bf16_run(
+    suite: Any, strategy: str, world_size: int, mutation: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, torch.Tensor]]:
     """(the run's losses and final full parameters, the fp32 reference's, the initial weights)."""
     cfg = suite.config(strategy, world_size, **BF16)
     if mutation:
-        run = suite.run(world_size, "mutants:train", mutation=mutation, cfg=cfg.to_dict(), return_params=True)[0]
+        run = suite.run_job(world_size, mutants.train, mutation=mutation, cfg=cfg, return_params=True)[0]
     else:
         run = suite.train(cfg, return_params=True)[0]
     return run, suite.reference(cfg), initial_weights(cfg.model, cfg.seed)
@@ -44,7 +46,9 @@ def bf16_run(suite: Any, strategy: str, world_size: int, mutation: str | None = 
 @pytest.mark.gpu
 def test_bf16_parity(suite: Any, strategy: str, world_size: int) -> None:
     """GPU: every strategy at every world size (run `--world-sizes 1,2` for the issue's pair)."""
-    assert_bf16_matches_fp32_reference(*bf16_run(suite, strategy, world_size), f"{strategy} ws{world_size} bf16")
+    assert_bf16_matches_fp32_reference(
+        *bf16_run(suite, strategy, world_size), f"{strategy} ws{world_size} bf16"
+    )
 
 
 def test_bf16_parity_catches_bf16_master_weights(suite: Any) -> None:
@@ -58,5 +62,6 @@ def test_bf16_parity_catches_bf16_master_weights(suite: Any) -> None:
     bf16 meets (DeepSpeed's ZeRO reduces in bf16 by default) can tell it apart."""
     assert_bf16_matches_fp32_reference(*bf16_run(suite, "fsdp_full", 2), "fsdp_full ws2 bf16")
     with pytest.raises(AssertionError, match="updates lost"):
-        assert_bf16_matches_fp32_reference(*bf16_run(suite, "fsdp_full", 2, "bf16_master_weights"),
-                                           "fsdp_full ws2 bf16, bf16 master weights")
+        assert_bf16_matches_fp32_reference(
+            *bf16_run(suite, "fsdp_full", 2, "bf16_master_weights"), "fsdp_full ws2 bf16, bf16 master weights"
+        )

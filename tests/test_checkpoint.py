@@ -35,7 +35,9 @@ def _assert_roundtrip(suite, strategy: str, world_size: int, **overrides: Any) -
     cfg = suite.config(strategy, world_size, **overrides)
     run = suite.checkpointed_run(cfg)
     resumed = suite.train(cfg, resume_from=run["checkpoint"])[0]
-    assert_resume_exact(resumed, run["losses"], run["save_at"], f"{strategy} ws{world_size} {overrides or ''}")
+    assert_resume_exact(
+        resumed, run["losses"], run["save_at"], f"{strategy} ws{world_size} {overrides or ''}"
+    )
 
 
 @pytest.mark.slow  # four ranks on two cores: 10 s
@@ -52,8 +54,14 @@ def _pairs(device_type: str) -> list:
     marks = [pytest.mark.gpu] if device_type == "cuda" else []
     sfx = "-gpu" if device_type == "cuda" else ""
     # The world_size mark tells the plugin (skips, lanes) it needs max(a, b) ranks, not the default 1.
-    return [pytest.param(device_type, a, b, id=f"ws{a}-to-ws{b}{sfx}", marks=[*marks, pytest.mark.world_size(max(a, b))])
-            for a in sizes for b in sizes if a != b]
+    return [
+        pytest.param(
+            device_type, a, b, id=f"ws{a}-to-ws{b}{sfx}", marks=[*marks, pytest.mark.world_size(max(a, b))]
+        )
+        for a in sizes
+        for b in sizes
+        if a != b
+    ]
 
 
 @pytest.mark.parametrize("device_type,saved_ws,loaded_ws", _pairs("cpu") + _pairs("cuda"))
@@ -71,7 +79,9 @@ def test_resharding(suite, device_type, strategy_name, saved_ws, loaded_ws):
     resumed = suite.train(saved.replace(world_size=loaded_ws), resume_from=run["checkpoint"], reshard=True)[0]
     assert resumed["start_step"] == k
     ref = suite.reference(saved)["losses"]
-    assert_losses_match(resumed["losses"], ref[k:], f"{strategy_name} saved at ws{saved_ws}, resumed at ws{loaded_ws}")
+    assert_losses_match(
+        resumed["losses"], ref[k:], f"{strategy_name} saved at ws{saved_ws}, resumed at ws{loaded_ws}"
+    )
 
 
 def _expect_checkpoint_error(suite, cfg, path, *needles, **kw) -> str:
@@ -101,8 +111,9 @@ def test_truncated_checkpoint_fails_clearly(suite, strategy_name, tmp_path):
 def test_world_size_mismatch_needs_reshard(suite, strategy_name):
     cfg = suite.config(strategy_name, 2)
     run = suite.checkpointed_run(cfg)
-    _expect_checkpoint_error(suite, cfg.replace(world_size=1), run["checkpoint"],
-                             "saved at world size 2", "reshard")
+    _expect_checkpoint_error(
+        suite, cfg.replace(world_size=1), run["checkpoint"], "saved at world size 2", "reshard"
+    )
 
 
 def test_zero_stage_mismatch_fails_clearly(suite):
@@ -137,11 +148,15 @@ def _one(root: Path, pattern: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("strategy_name,pattern", [
-    ("fsdp_full", "dcp/__0_0.distcp"),
-    ("zero2", "{tag}/zero_pp_rank_0_mp_rank_00_optim_states.pt"),
-    ("ddp", "checkpoint.pt"),
-], ids=["dcp-shard", "deepspeed-optimizer-shard", "torch-state"])
+@pytest.mark.parametrize(
+    "strategy_name,pattern",
+    [
+        ("fsdp_full", "dcp/__0_0.distcp"),
+        ("zero2", "{tag}/zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+        ("ddp", "checkpoint.pt"),
+    ],
+    ids=["dcp-shard", "deepspeed-optimizer-shard", "torch-state"],
+)
 def test_flipped_bytes_are_a_checkpoint_error_naming_the_file(suite, strategy_name, pattern, tmp_path):
     """64 bytes flipped mid-file loaded silently (the resumed losses then differed) before the manifest."""
     cfg = suite.config(strategy_name, 1)
@@ -149,16 +164,20 @@ def test_flipped_bytes_are_a_checkpoint_error_naming_the_file(suite, strategy_na
     target = _one(bad, pattern)
     data = bytearray(target.read_bytes())
     mid = len(data) // 2
-    data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+    data[mid : mid + 64] = bytes(b ^ 0xFF for b in data[mid : mid + 64])
     target.write_bytes(bytes(data))
     _expect_checkpoint_error(suite, cfg, bad, str(target), "does not match its sha256")
 
 
-@pytest.mark.parametrize("content,needle", [
-    (None, f"has no {MANIFEST}"),
-    ("{not json", "is malformed"),
-    ('{"version": 1, "files": []}', "is malformed"),
-], ids=["missing", "not-json", "wrong-layout"])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (None, f"has no {MANIFEST}"),
+        ("{not json", "is malformed"),
+        ('{"version": 1, "files": []}', "is malformed"),
+    ],
+    ids=["missing", "not-json", "wrong-layout"],
+)
 def test_a_checkpoint_without_a_valid_manifest_is_refused(suite, content, needle, tmp_path):
     cfg = suite.config("ddp", 1)
     bad = _copy(suite.checkpointed_run(cfg), tmp_path)
@@ -169,8 +188,11 @@ def test_a_checkpoint_without_a_valid_manifest_is_refused(suite, content, needle
     _expect_checkpoint_error(suite, cfg, bad, needle)
 
 
-@pytest.mark.parametrize("content", ["{", '{"world_size": 1}', '{"world_size": "1", "stage": 2, "offload": false}'],
-                         ids=["not-json", "missing-key", "wrong-type"])
+@pytest.mark.parametrize(
+    "content",
+    ["{", '{"world_size": 1}', '{"world_size": "1", "stage": 2, "offload": false}'],
+    ids=["not-json", "missing-key", "wrong-type"],
+)
 def test_a_malformed_deepspeed_meta_file_is_a_checkpoint_error(suite, content, tmp_path):
     cfg = suite.config("zero2", 1)
     bad = _copy(suite.checkpointed_run(cfg), tmp_path)
@@ -214,8 +236,11 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize("strategy_name,ws,pattern,path", HOSTILE,
-                         ids=[f"{s}-{p.split('/')[-1]}-{how}" for s, _, p, how in HOSTILE])
+@pytest.mark.parametrize(
+    "strategy_name,ws,pattern,path",
+    HOSTILE,
+    ids=[f"{s}-{p.split('/')[-1]}-{how}" for s, _, p, how in HOSTILE],
+)
 def test_a_hostile_pickle_in_a_checkpoint_runs_no_code(suite, strategy_name, ws, pattern, path, tmp_path):
     """Every loader path, with the manifest rewritten to match: a manifest is no defence against someone who
     can write the directory, so each load itself must refuse to run the payload."""

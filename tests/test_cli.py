@@ -16,18 +16,36 @@ from distbench.strategies import REGISTRY
 def test_strategies_lists_every_name_and_where_it_runs(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")  # one table row per line
     assert main(["strategies"]) == 0
-    rows = [[cell.strip() for cell in ln.split("│")[1:-1]] for ln in capsys.readouterr().out.splitlines()
-            if ln.startswith("│")]
+    rows = [
+        [cell.strip() for cell in ln.split("│")[1:-1]]
+        for ln in capsys.readouterr().out.splitlines()
+        if ln.startswith("│")
+    ]
     cpu = {row[0]: row[1].split()[0] for row in rows}
     assert cpu == {name: "yes" if spec.cpu else "no" for name, spec in REGISTRY.items()}
 
 
 def test_a_failing_configuration_is_a_result_and_the_matrix_goes_on(capsys, tmp_path):
-    argv = ["run", "-s", "ddp", "-n", "1", "-m", "user_models:tiny_lm,user_models:wrong_vocab_lm",
-            "--steps", "2", "--warmup", "0", "-o", str(tmp_path)]
+    argv = [
+        "run",
+        "-s",
+        "ddp",
+        "-n",
+        "1",
+        "-m",
+        "user_models:tiny_lm,user_models:wrong_vocab_lm",
+        "--steps",
+        "2",
+        "--warmup",
+        "0",
+        "-o",
+        str(tmp_path),
+    ]
     assert main(argv) == 1
-    results = {json.loads(p.read_text())["config"]["model"]: json.loads(p.read_text())
-               for p in tmp_path.glob("*.json")}
+    results = {
+        json.loads(p.read_text())["config"]["model"]: json.loads(p.read_text())
+        for p in tmp_path.glob("*.json")
+    }
     assert results["user_models:tiny_lm"]["status"] == "ok"
     bad = results["user_models:wrong_vocab_lm"]
     assert bad["status"] == "error" and "===== rank 0: error" in bad["error"]
@@ -55,8 +73,22 @@ def test_more_ranks_than_cpus_on_gloo_is_warned_about(capsys, tmp_path, monkeypa
 def test_a_trace_that_cannot_be_analysed_costs_its_breakdown_not_the_run(capsys, tmp_path):
     """A CPU trace has no GPU kernels for HolisticTraceAnalysis (on an H100, HTA asserted on a 1-GPU trace):
     the configuration keeps its measurements, its result says why the breakdown is missing, the run goes on."""
-    argv = ["run", "-s", "ddp", "-n", "1", "-m", "user_models:tiny_lm", "--steps", "2", "--warmup", "0",
-            "--trace", "-o", str(tmp_path)]
+    argv = [
+        "run",
+        "-s",
+        "ddp",
+        "-n",
+        "1",
+        "-m",
+        "user_models:tiny_lm",
+        "--steps",
+        "2",
+        "--warmup",
+        "0",
+        "--trace",
+        "-o",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     assert result["status"] == "ok" and result["metrics"]["tokens_per_s"] > 0

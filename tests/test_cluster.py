@@ -28,18 +28,51 @@ FAILING = "cluster_models:fails_on_last_rank"
 BOUND_S = 240
 
 
-def torchrun_agents(out: Path, nnodes: int, nproc: int, launch_args: list[str], run_args: list[str]
-                    ) -> list[subprocess.Popen]:
+def torchrun_agents(
+    out: Path, nnodes: int, nproc: int, launch_args: list[str], run_args: list[str]
+) -> list[subprocess.Popen]:
     """`nnodes` torchrun agents on this machine, as on `nnodes` hosts, meeting at one c10d endpoint."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]),
+        "OMP_NUM_THREADS": "1",
+    }
     endpoint = f"127.0.0.1:{free_port()}"
-    return [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", out.name, "--max-restarts", "0",
-         "-m", "distbench.cli", "launch", *launch_args, "--", "--device", "cpu", "-o", str(out), *run_args],
-        env=env, stdout=(out.parent / f"agent{i}.log").open("w"), stderr=subprocess.STDOUT)
-        for i in range(nnodes)]
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                str(nnodes),
+                "--nproc-per-node",
+                str(nproc),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                endpoint,
+                "--rdzv-id",
+                out.name,
+                "--max-restarts",
+                "0",
+                "-m",
+                "distbench.cli",
+                "launch",
+                *launch_args,
+                "--",
+                "--device",
+                "cpu",
+                "-o",
+                str(out),
+                *run_args,
+            ],
+            env=env,
+            stdout=(out.parent / f"agent{i}.log").open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        for i in range(nnodes)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +80,26 @@ def launched(tmp_path_factory):
     """One 2x2 launch: parity, then the benchmark, of ddp at ws 2 and 4 for a good and a failing model."""
     out = tmp_path_factory.mktemp("launch") / "results"
     t0 = time.monotonic()
-    agents = torchrun_agents(out, 2, 2, ["--parity"], ["-s", "ddp", "-n", "2,4", "-m", f"gpt2-tiny,{FAILING}",
-                                                      "--steps", "2", "--warmup", "1", "--timeout", "60"])
+    agents = torchrun_agents(
+        out,
+        2,
+        2,
+        ["--parity"],
+        [
+            "-s",
+            "ddp",
+            "-n",
+            "2,4",
+            "-m",
+            f"gpt2-tiny,{FAILING}",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--timeout",
+            "60",
+        ],
+    )
     try:
         codes = [a.wait(timeout=max(1.0, BOUND_S - (time.monotonic() - t0))) for a in agents]
     finally:
@@ -67,10 +118,16 @@ def test_a_failure_on_one_node_fails_the_launch_and_every_process_exits(launched
 
 @pytest.mark.slow  # shares one 2x2 launch: ~35 s on 2 cores, most of it 4 ranks importing torch
 def test_parity_across_nodes_matches_the_reference(launched):
-    rows = {(r["config"]["model"], r["config"]["world_size"]): r
-            for r in json.loads((launched["out"] / "parity.json").read_text())}
+    rows = {
+        (r["config"]["model"], r["config"]["world_size"]): r
+        for r in json.loads((launched["out"] / "parity.json").read_text())
+    }
     assert {k: r["status"] for k, r in rows.items()} == {
-        ("gpt2-tiny", 2): "ok", ("gpt2-tiny", 4): "ok", (FAILING, 2): "ok", (FAILING, 4): "error"}
+        ("gpt2-tiny", 2): "ok",
+        ("gpt2-tiny", 4): "ok",
+        (FAILING, 2): "ok",
+        (FAILING, 4): "error",
+    }
     assert "rank 3" in rows[(FAILING, 4)]["error"]
     assert "planted failure on rank 3" in rows[(FAILING, 4)]["error"]
 
@@ -78,7 +135,12 @@ def test_parity_across_nodes_matches_the_reference(launched):
 @pytest.mark.slow  # shares one 2x2 launch: ~35 s on 2 cores, most of it 4 ranks importing torch
 def test_benchmark_results_carry_topology_and_the_failing_ranks_traceback(launched):
     results = {(r["config"]["model"], r["config"]["world_size"]): r for r in load_results(launched["out"])}
-    assert set(results) == {("gpt2-tiny", 2), ("gpt2-tiny", 4), (FAILING, 2), (FAILING, 4)}  # one each: rank 0
+    assert set(results) == {
+        ("gpt2-tiny", 2),
+        ("gpt2-tiny", 4),
+        (FAILING, 2),
+        (FAILING, 4),
+    }  # one each: rank 0
     for key in [("gpt2-tiny", 2), ("gpt2-tiny", 4), (FAILING, 2)]:
         assert results[key]["status"] == "ok", results[key]["error"]
         assert results[key]["metrics"]["tokens_per_s"] > 0
@@ -94,18 +156,30 @@ def test_benchmark_results_carry_topology_and_the_failing_ranks_traceback(launch
 def test_report_separates_intra_from_inter_node_scaling(launched, tmp_path):
     md = write_report(load_results(launched["out"]), tmp_path).read_text()
     section = md.split("### Within a node and across nodes")[1].split("###")[0]
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
-            if line.startswith("| ddp")]
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in section.splitlines()
+        if line.startswith("| ddp")
+    ]
     # gpt2-tiny's workload; the failing model has no ok run across nodes, so no such section
-    assert [(r[1], r[2], r[3]) for r in rows] == [("2", "1", "intra-node (host)"), ("4", "2", "inter-node (tcp)")]
+    assert [(r[1], r[2], r[3]) for r in rows] == [
+        ("2", "1", "intra-node (host)"),
+        ("4", "2", "inter-node (tcp)"),
+    ]
     assert md.count("### Within a node and across nodes") == 1
 
 
 def test_inter_node_efficiency_is_against_one_full_node(tmp_path):
-    env = {"nodes": 2, "ranks_per_node": 2, "interconnect": {"intra_node": "nvlink", "inter_node": "infiniband"}}
+    env = {
+        "nodes": 2,
+        "ranks_per_node": 2,
+        "interconnect": {"intra_node": "nvlink", "inter_node": "infiniband"},
+    }
     wl = {"model": "m", "precision": "bf16", "seq_len": 8, "global_batch": 8, "micro_batch": 1}
-    rs = [make_result({"strategy": "ddp", "world_size": ws, **wl}, metrics={"tokens_per_s": tps}, env=env)
-          for ws, tps in ((1, 100.0), (2, 180.0), (4, 270.0))]
+    rs = [
+        make_result({"strategy": "ddp", "world_size": ws, **wl}, metrics={"tokens_per_s": tps}, env=env)
+        for ws, tps in ((1, 100.0), (2, 180.0), (4, 270.0))
+    ]
     md = write_report(rs, tmp_path).read_text()
     section = md.split("### Within a node and across nodes")[1]
     assert "| ddp | 2 | 1 | intra-node (nvlink) | 180 | 90.0% | — |" in section
@@ -113,14 +187,28 @@ def test_inter_node_efficiency_is_against_one_full_node(tmp_path):
 
 
 def test_single_host_results_have_no_node_section(tmp_path):
-    rs = [make_result({"strategy": "ddp", "world_size": ws, "model": "m"}, metrics={"tokens_per_s": 1.0},
-                      env=launch_topology({})) for ws in (1, 2)]
+    rs = [
+        make_result(
+            {"strategy": "ddp", "world_size": ws, "model": "m"},
+            metrics={"tokens_per_s": 1.0},
+            env=launch_topology({}),
+        )
+        for ws in (1, 2)
+    ]
     assert "across nodes" not in write_report(rs, tmp_path).read_text()
 
 
 def test_world_sizes_must_be_whole_nodes_of_the_launch():
-    launch = Launch.from_env({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4",
-                              "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    launch = Launch.from_env(
+        {
+            "RANK": "0",
+            "WORLD_SIZE": "8",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "4",
+            "MASTER_ADDR": "h",
+            "MASTER_PORT": "1",
+        }
+    )
     assert [launch.job_nodes(n) for n in (1, 2, 4, 8)] == [1, 1, 1, 2]
     with pytest.raises(Exception, match="not whole nodes of 4 ranks; use a multiple of 4"):
         launch.job_nodes(6)
@@ -134,8 +222,26 @@ def test_world_sizes_must_be_whole_nodes_of_the_launch():
 def test_a_hung_rank_is_reported_with_its_stack_and_every_process_exits(tmp_path):
     out = tmp_path / "results"
     t0 = time.monotonic()
-    (agent,) = torchrun_agents(out, 1, 2, [], ["-s", "ddp", "-n", "2", "-m", "cluster_models:hangs_on_last_rank",
-                                               "--steps", "1", "--warmup", "0", "--timeout", "8"])
+    (agent,) = torchrun_agents(
+        out,
+        1,
+        2,
+        [],
+        [
+            "-s",
+            "ddp",
+            "-n",
+            "2",
+            "-m",
+            "cluster_models:hangs_on_last_rank",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--timeout",
+            "8",
+        ],
+    )
     try:
         code = agent.wait(timeout=120)
     finally:
@@ -156,13 +262,16 @@ def test_hybrid_mesh_is_nodes_by_ranks_per_node_across_nodes():
 
 
 def test_launch_topology_from_torchruns_environment(monkeypatch):
-    monkeypatch.setattr("distbench.runtime.fingerprint._gpu_names", lambda: [])
-    monkeypatch.setattr("distbench.runtime.fingerprint._nvlink_links", lambda: None)
+    monkeypatch.setattr("distbench.machine.gpu_names", lambda: [])
+    monkeypatch.setattr("distbench.machine.nvlink_links", lambda: None)
     two_nodes = launch_topology({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"})
     assert (two_nodes["nodes"], two_nodes["ranks_per_node"]) == (2, 4)
     assert two_nodes["interconnect"]["inter_node"] in ("infiniband", "tcp")  # this machine's HCAs decide
-    assert launch_topology({}) == {"nodes": 1, "ranks_per_node": None,
-                                   "interconnect": {"intra_node": "host", "inter_node": None}}
-    monkeypatch.setattr("distbench.runtime.fingerprint._gpu_names", lambda: ["NVIDIA H200"] * 2)
-    monkeypatch.setattr("distbench.runtime.fingerprint._nvlink_links", lambda: [18, 18])
+    assert launch_topology({}) == {
+        "nodes": 1,
+        "ranks_per_node": None,
+        "interconnect": {"intra_node": "host", "inter_node": None},
+    }
+    monkeypatch.setattr("distbench.machine.gpu_names", lambda: ["NVIDIA H200"] * 2)
+    monkeypatch.setattr("distbench.machine.nvlink_links", lambda: [18, 18])
     assert launch_topology({})["interconnect"]["intra_node"] == "nvlink"

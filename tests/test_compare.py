@@ -22,23 +22,52 @@ from distbench.compare import (
 from distbench.errors import ConfigError
 from distbench.results import make_result, save_result
 
-CFG = {"strategy": "fsdp_grad", "world_size": 2, "model": "gpt2-large", "precision": "bf16", "seq_len": 1024,
-       "global_batch": 32, "micro_batch": 8, "compile": False}
+CFG = {
+    "strategy": "fsdp_grad",
+    "world_size": 2,
+    "model": "gpt2-large",
+    "precision": "bf16",
+    "seq_len": 1024,
+    "global_batch": 32,
+    "micro_batch": 8,
+    "compile": False,
+}
 ENV = {"gpu_model": "NVIDIA H200", "gpu_count": 2}
 TOKENS_PER_STEP = 32 * 1024
 MEM = 8 * 1024**3
 
 
-def runs(rng: np.random.Generator, n: int, step_s: float = 0.5, cv: float = 0.004, mem: float = MEM,
-         trace: dict | None = None, cfg: dict | None = None, **extra) -> list[dict]:
+def runs(
+    rng: np.random.Generator,
+    n: int,
+    step_s: float = 0.5,
+    cv: float = 0.004,
+    mem: float = MEM,
+    trace: dict | None = None,
+    cfg: dict | None = None,
+    **extra,
+) -> list[dict]:
     """`n` separate runs: step time with `cv` run-to-run noise, throughput derived, memory deterministic."""
     out = []
     for st in rng.normal(step_s, cv * step_s, n):
-        metrics = {"step_time_s": st, "tokens_per_s": TOKENS_PER_STEP / st, "mfu": 0.2 / st,
-                   "mem_allocated_peak_bytes": mem, "mem_reserved_peak_bytes": mem * 1.1}
-        out.append(make_result(cfg or CFG, metrics=metrics, env=ENV, nvml={"throttled": False},
-                               step_time_s={"median": st, "p10": st * 0.99, "p90": st * 1.01, "n": 20},
-                               trace=trace, **extra))
+        metrics = {
+            "step_time_s": st,
+            "tokens_per_s": TOKENS_PER_STEP / st,
+            "mfu": 0.2 / st,
+            "mem_allocated_peak_bytes": mem,
+            "mem_reserved_peak_bytes": mem * 1.1,
+        }
+        out.append(
+            make_result(
+                cfg or CFG,
+                metrics=metrics,
+                env=ENV,
+                nvml={"throttled": False},
+                step_time_s={"median": st, "p10": st * 0.99, "p90": st * 1.01, "n": 20},
+                trace=trace,
+                **extra,
+            )
+        )
     return out
 
 
@@ -131,8 +160,11 @@ def test_insufficient_runs_are_reported_and_do_not_pass(rng):
     # --allow-insufficient never makes a pass out of nothing decided
     assert compare(runs(rng, 3), runs(rng, 3), allow_insufficient=True).exit_code == EXIT_INSUFFICIENT
     other = dict(CFG, world_size=4)
-    mixed = compare(runs(rng, 6) + runs(rng, 3, cfg=other), runs(rng, 6) + runs(rng, 3, cfg=other),
-                    allow_insufficient=True)
+    mixed = compare(
+        runs(rng, 6) + runs(rng, 3, cfg=other),
+        runs(rng, 6) + runs(rng, 3, cfg=other),
+        allow_insufficient=True,
+    )
     assert mixed.insufficient and mixed.exit_code == EXIT_OK
 
 
@@ -172,8 +204,11 @@ def test_failed_runs_are_excluded_and_reported(rng):
 def test_regression_is_attributed_to_the_trace_part_that_grew(rng):
     base_trace = {"compute_pct": 97.0, "non_compute_pct": 1.5, "idle_pct": 1.5, "compute_ms": 1, "idle_ms": 1}
     # head: same compute time per step, the extra 3% of step time is exposed communication
-    head_trace = {"compute_pct": 97.0 / 1.03, "non_compute_pct": 100 - 97.0 / 1.03 - 1.5 / 1.03,
-                  "idle_pct": 1.5 / 1.03}
+    head_trace = {
+        "compute_pct": 97.0 / 1.03,
+        "non_compute_pct": 100 - 97.0 / 1.03 - 1.5 / 1.03,
+        "idle_pct": 1.5 / 1.03,
+    }
     report = compare(runs(rng, 6, trace=base_trace), runs(rng, 6, step_s=0.515, trace=head_trace))
     row = next(r for r in report.rows if r.metric == "step_time_s")
     assert row.verdict == REGRESSION
@@ -184,8 +219,10 @@ def test_regression_is_attributed_to_the_trace_part_that_grew(rng):
 
 
 def test_no_attribution_without_traces_on_both_sides(rng):
-    report = compare(runs(rng, 6, trace={"compute_pct": 97, "non_compute_pct": 2, "idle_pct": 1}),
-                     runs(rng, 6, step_s=0.515))
+    report = compare(
+        runs(rng, 6, trace={"compute_pct": 97, "non_compute_pct": 2, "idle_pct": 1}),
+        runs(rng, 6, step_s=0.515),
+    )
     assert all(not r.attribution for r in report.regressions)
 
 
@@ -213,7 +250,9 @@ def test_nothing_to_compare_does_not_pass(rng):
     assert compare(runs(rng, 6), failed, allow_insufficient=True).exit_code == EXIT_INSUFFICIENT
 
 
-@pytest.mark.parametrize("kw", [{"alpha": 5}, {"alpha": 0}, {"min_runs": 2}, {"min_effect": 0.05, "threshold": 0.02}])
+@pytest.mark.parametrize(
+    "kw", [{"alpha": 5}, {"alpha": 0}, {"min_runs": 2}, {"min_effect": 0.05, "threshold": 0.02}]
+)
 def test_settings_under_which_the_gate_cannot_work_are_refused(rng, kw):
     with pytest.raises(ConfigError):
         compare(runs(rng, 6), runs(rng, 6), **kw)
@@ -239,14 +278,27 @@ def test_cli_exit_codes(rng, tmp_path, monkeypatch, capsys):
     save_all(runs(rng, 2), tmp_path / "few")
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    assert main(["compare", str(tmp_path / "base"), str(tmp_path / "slow"), "--github-summary",
-                 "--markdown", str(tmp_path / "cmp.md")]) == EXIT_REGRESSION
+    assert (
+        main(
+            [
+                "compare",
+                str(tmp_path / "base"),
+                str(tmp_path / "slow"),
+                "--github-summary",
+                "--markdown",
+                str(tmp_path / "cmp.md"),
+            ]
+        )
+        == EXIT_REGRESSION
+    )
     assert "FAIL: significant regression" in summary.read_text()
     assert (tmp_path / "cmp.md").read_text() == summary.read_text()
     assert main(["compare", str(tmp_path / "base"), str(tmp_path / "same")]) == EXIT_OK
     assert main(["compare", str(tmp_path / "base"), str(tmp_path / "few")]) == EXIT_INSUFFICIENT
-    assert main(["compare", str(tmp_path / "base"), str(tmp_path / "few"), "--allow-insufficient"]) == \
-        EXIT_INSUFFICIENT  # nothing decided: never a pass
+    assert (
+        main(["compare", str(tmp_path / "base"), str(tmp_path / "few"), "--allow-insufficient"])
+        == EXIT_INSUFFICIENT
+    )  # nothing decided: never a pass
     assert main(["compare", str(tmp_path / "base"), str(tmp_path / "same"), "--alpha", "5"]) == 2
     assert main(["compare", str(tmp_path / "base"), str(tmp_path / "missing")]) == 2
     assert "no results at" in capsys.readouterr().err

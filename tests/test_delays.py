@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from delay_jobs import SITES
+from delay_jobs import SITES, train_with_delays
 from distbench.invariants.checks import assert_losses_match
 
-JOB = "delay_jobs:train_with_delays"
 DELAYED = ("fsdp_full", "fsdp_grad", "zero3")
 #: World size 2: at one rank FSDP2 issues no collectives to delay.
 WS = 2
@@ -28,15 +27,17 @@ CPU_DELAY_S = 1e-3
 
 def assert_parity_under_delays(out: dict[str, Any], ref: list[float], what: str) -> None:
     """Every site's delay fired, and the losses are the reference's (fp32 parity tolerance)."""
-    assert out["delays"] and all(n > 0 for n in out["delays"].values()), f"{what}: delays that never fired: " \
-        f"{out['delays']}"
+    assert out["delays"] and all(n > 0 for n in out["delays"].values()), (
+        f"{what}: delays that never fired: {out['delays']}"
+    )
     assert_losses_match(out["losses"], ref, what)
 
 
-def delayed_run(suite: Any, strategy: str, sites: list[str], delay_s: float, plant: str | None = None
-                ) -> tuple[dict[str, Any], list[float]]:
+def delayed_run(
+    suite: Any, strategy: str, sites: list[str], delay_s: float, plant: str | None = None
+) -> tuple[dict[str, Any], list[float]]:
     cfg = suite.config(strategy, WS)
-    out = suite.run(WS, JOB, cfg=cfg.to_dict(), sites=sites, delay_s=delay_s, plant=plant)[0]
+    out = suite.run_job(WS, train_with_delays, cfg=cfg, sites=sites, delay_s=delay_s, plant=plant)[0]
     return out, suite.reference(cfg)["losses"]
 
 

@@ -16,10 +16,20 @@ def by_name(checks):
 
 def test_runs_cleanly_without_gpu_or_nvidia_smi(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    monkeypatch.setattr(doctor, "gpus", lambda: [])
+    monkeypatch.setattr(doctor, "cuda_devices", lambda: [])
     checks = by_name(run_checks({}))
-    assert {"python", "torch", "deepspeed", "transformers", "gpus", "topology", "nccl env",
-            "nvlink multicast", "TORCH_CUDA_ARCH_LIST", "CUDA_DEVICE_MAX_CONNECTIONS"} <= set(checks)
+    assert {
+        "python",
+        "torch",
+        "deepspeed",
+        "transformers",
+        "gpus",
+        "topology",
+        "nccl env",
+        "nvlink multicast",
+        "TORCH_CUDA_ARCH_LIST",
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+    } <= set(checks)
     assert checks["topology"].status == INFO and "nvidia-smi not found" in checks["topology"].detail
     assert checks["gpus"].status == INFO and "CPU tier only" in checks["gpus"].detail
     assert checks["nvlink multicast"].status == INFO  # no GPUs: nothing to break
@@ -29,7 +39,7 @@ def test_runs_cleanly_without_gpu_or_nvidia_smi(monkeypatch):
 
 def test_arch_list_with_letter_suffix_fires_with_its_fix(monkeypatch):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
-    monkeypatch.setattr(doctor, "_version", lambda dist: "0.16.0" if dist == "deepspeed" else "5.0")
+    monkeypatch.setattr(doctor, "package_version", lambda dist: "0.16.0" if dist == "deepspeed" else "5.0")
     check = by_name(run_checks())["TORCH_CUDA_ARCH_LIST"]
     assert check.status == FAIL
     assert "invalid literal for int() with base 10: '0a'" in check.detail
@@ -42,10 +52,13 @@ def test_arch_list_without_suffix_passes(monkeypatch):
     assert by_name(run_checks())["TORCH_CUDA_ARCH_LIST"].status == OK
 
 
-@pytest.mark.parametrize("value, fix", [
-    ("8.0;9.0a", 'export TORCH_CUDA_ARCH_LIST="8.0;9.0"'),
-    ("9.0a 10.0a+PTX", 'export TORCH_CUDA_ARCH_LIST="9.0;10.0+PTX"'),
-])
+@pytest.mark.parametrize(
+    "value, fix",
+    [
+        ("8.0;9.0a", 'export TORCH_CUDA_ARCH_LIST="8.0;9.0"'),
+        ("9.0a 10.0a+PTX", 'export TORCH_CUDA_ARCH_LIST="9.0;10.0+PTX"'),
+    ],
+)
 def test_arch_list_mixed_entries(value, fix):
     check = check_cuda_arch_list({"TORCH_CUDA_ARCH_LIST": value}, deepspeed_installed=True)
     assert check.status == FAIL and check.fix == fix
@@ -65,8 +78,10 @@ def test_multicast_reported_and_fixed():
     on = check_multicast({"NCCL_NVLS_ENABLE": "1"}, have_gpus=True)
     assert on.status == WARN and "NCCL_NVLS_ENABLE=1" in on.detail
     assert on.fix == "export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
-    off = check_multicast({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                           "NVSHMEM_DISABLE_NVLS": "1"}, have_gpus=True)
+    off = check_multicast(
+        {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"},
+        have_gpus=True,
+    )
     assert off.status == OK
 
 

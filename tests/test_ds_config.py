@@ -13,14 +13,19 @@ from distbench.strategies.ds_config import build_ds_config
 CFG = RunConfig(strategy="zero2", world_size=2, global_batch=8, micro_batch=2)
 
 
-def build(user=None, cfg: RunConfig = CFG, stage: int = 2, offload: bool = False, n_params: int | None = None
-          ) -> dict:
+def build(
+    user=None, cfg: RunConfig = CFG, stage: int = 2, offload: bool = False, n_params: int | None = None
+) -> dict:
     return build_ds_config(cfg, stage, offload, user, n_params=n_params)
 
 
 def test_harness_keys_follow_the_run_config():
     ds = build()
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 2, 2)
+    assert (
+        ds["train_batch_size"],
+        ds["train_micro_batch_size_per_gpu"],
+        ds["gradient_accumulation_steps"],
+    ) == (8, 2, 2)
     assert ds["zero_optimization"] == {"stage": 2}
     assert ds["bf16"] == {"enabled": False} and ds["fp16"] == {"enabled": False}
     assert "optimizer" not in ds and "scheduler" not in ds
@@ -50,32 +55,59 @@ def test_offload_puts_optimizer_and_parameters_on_cpu():
 
 
 def test_keys_the_harness_does_not_control_pass_through():
-    user = {"gradient_clipping": 1.0, "zero_optimization": {"overlap_comm": True, "reduce_bucket_size": 1000,
-                                                            "stage3_prefetch_bucket_size": 2000}}
+    user = {
+        "gradient_clipping": 1.0,
+        "zero_optimization": {
+            "overlap_comm": True,
+            "reduce_bucket_size": 1000,
+            "stage3_prefetch_bucket_size": 2000,
+        },
+    }
     ds = build(user, stage=3)
     assert ds["gradient_clipping"] == 1.0
-    assert ds["zero_optimization"] == {"stage": 3, "overlap_comm": True, "reduce_bucket_size": 1000,
-                                       "stage3_prefetch_bucket_size": 2000}
+    assert ds["zero_optimization"] == {
+        "stage": 3,
+        "overlap_comm": True,
+        "reduce_bucket_size": 1000,
+        "stage3_prefetch_bucket_size": 2000,
+    }
 
 
 def test_matching_harness_values_are_accepted():
-    ds = build({"train_batch_size": 8, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2},
-                "bf16": {"enabled": False}})
+    ds = build(
+        {
+            "train_batch_size": 8,
+            "gradient_accumulation_steps": 2,
+            "zero_optimization": {"stage": 2},
+            "bf16": {"enabled": False},
+        }
+    )
     assert ds["train_batch_size"] == 8
 
 
 def test_auto_takes_the_harness_value_or_deepspeed_default():
-    ds = build({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto",
-                "bf16": {"enabled": "auto"}, "zero_optimization": {"stage": "auto", "reduce_bucket_size": "auto"}})
+    ds = build(
+        {
+            "train_batch_size": "auto",
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_clipping": "auto",
+            "bf16": {"enabled": "auto"},
+            "zero_optimization": {"stage": "auto", "reduce_bucket_size": "auto"},
+        }
+    )
     assert ds["train_batch_size"] == 8 and ds["train_micro_batch_size_per_gpu"] == 2
     assert ds["gradient_clipping"] == 0.0 and ds["bf16"] == {"enabled": False}
     assert ds["zero_optimization"] == {"stage": 2}
 
 
 def test_hf_style_optimizer_and_scheduler_sections_that_agree_are_dropped():
-    user = {"optimizer": {"type": "AdamW", "params": {"lr": CFG.lr, "betas": list(CFG.betas), "eps": "auto",
-                                                       "weight_decay": "auto"}},
-            "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto", "warmup_max_lr": "auto"}}}
+    user = {
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": CFG.lr, "betas": list(CFG.betas), "eps": "auto", "weight_decay": "auto"},
+        },
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto", "warmup_max_lr": "auto"}},
+    }
     ds = build(user)
     assert "optimizer" not in ds and "scheduler" not in ds
 
@@ -104,24 +136,69 @@ def test_the_users_dict_is_not_modified():
 @pytest.mark.parametrize(
     ("user", "cfg", "key", "theirs", "ours", "fix"),
     [
-        ({"zero_optimization": {"stage": 3}}, CFG, "zero_optimization.stage", "3", "2", "zero1, zero2 or zero3"),
+        (
+            {"zero_optimization": {"stage": 3}},
+            CFG,
+            "zero_optimization.stage",
+            "3",
+            "2",
+            "zero1, zero2 or zero3",
+        ),
         ({"train_batch_size": 16}, CFG, "train_batch_size", "16", "8", "RunConfig.global_batch"),
-        ({"train_micro_batch_size_per_gpu": 4}, CFG, "train_micro_batch_size_per_gpu", "4", "2", "micro_batch"),
+        (
+            {"train_micro_batch_size_per_gpu": 4},
+            CFG,
+            "train_micro_batch_size_per_gpu",
+            "4",
+            "2",
+            "micro_batch",
+        ),
         ({"gradient_accumulation_steps": 1}, CFG, "gradient_accumulation_steps", "1", "2", "remove the key"),
         ({"fp16": {"enabled": True}}, CFG, "fp16.enabled", "True", "False", "RunConfig.precision"),
-        ({"fp16": {"loss_scale_window": 10}}, CFG.replace(precision="fp16"), "fp16.loss_scale_window", "10", "1999",
-         "loss_scale_window"),
+        (
+            {"fp16": {"loss_scale_window": 10}},
+            CFG.replace(precision="fp16"),
+            "fp16.loss_scale_window",
+            "10",
+            "1999",
+            "loss_scale_window",
+        ),
         ({"bf16": {"enabled": True}}, CFG, "bf16.enabled", "True", "False", "RunConfig.precision"),
         ({"bfloat16": {"enabled": True}}, CFG, "bf16.enabled", "True", "False", "RunConfig.precision"),
-        ({"bf16": {"enabled": False}}, CFG.replace(precision="bf16"), "bf16.enabled", "False", "True", "precision"),
-        ({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}, CFG,
-         "zero_optimization.offload_optimizer.device", "'cpu'", "'none'", "zero3_offload"),
-        ({"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}, CFG, "optimizer.params.lr", "0.1", "0.001",
-         "RunConfig"),
+        (
+            {"bf16": {"enabled": False}},
+            CFG.replace(precision="bf16"),
+            "bf16.enabled",
+            "False",
+            "True",
+            "precision",
+        ),
+        (
+            {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}},
+            CFG,
+            "zero_optimization.offload_optimizer.device",
+            "'cpu'",
+            "'none'",
+            "zero3_offload",
+        ),
+        (
+            {"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}},
+            CFG,
+            "optimizer.params.lr",
+            "0.1",
+            "0.001",
+            "RunConfig",
+        ),
         ({"optimizer": {"type": "SGD"}}, CFG, "optimizer.type", "'SGD'", "AdamW", "RunConfig"),
         ({"optimizer": "AdamW"}, CFG, "optimizer", "'AdamW'", "object", "RunConfig"),
-        ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}}, CFG, "scheduler",
-         "warmup_num_steps", "LinearLR", "lr_warmup_steps"),
+        (
+            {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}},
+            CFG,
+            "scheduler",
+            "warmup_num_steps",
+            "LinearLR",
+            "lr_warmup_steps",
+        ),
     ],
 )
 def test_a_conflicting_user_key_names_the_key_both_values_and_the_fix(user, cfg, key, theirs, ours, fix):
@@ -137,7 +214,9 @@ def test_nvme_offload_conflicts_with_zero3_offload():
 
 
 def test_offload_extras_pass_through_for_zero3_offload():
-    ds = build({"zero_optimization": {"offload_param": {"device": "cpu", "buffer_count": 4}}}, stage=3, offload=True)
+    ds = build(
+        {"zero_optimization": {"offload_param": {"device": "cpu", "buffer_count": 4}}}, stage=3, offload=True
+    )
     assert ds["zero_optimization"]["offload_param"] == {"device": "cpu", "buffer_count": 4}
 
 
@@ -147,12 +226,21 @@ def test_a_json_file_is_read(tmp_path):
     assert build(str(f))["zero_optimization"]["overlap_comm"] is True
 
 
-@pytest.mark.parametrize("text,pattern", [
-    ('{\n  "train_batch_size": 8,\n  "zero_optimization": {"stage": 2,}\n}\n',
-     r"ds\.json is not valid JSON: line 3 column"),
-    ("[1, 2]", r"ds\.json must hold a JSON object.*list"),
-    ('{"gradient_clipping": 1.0, "gradient_clipping": 2.0}', r"ds\.json.*duplicate key 'gradient_clipping'"),
-], ids=["malformed-json-names-the-location", "must-hold-an-object", "duplicate-keys-refused"])
+@pytest.mark.parametrize(
+    "text,pattern",
+    [
+        (
+            '{\n  "train_batch_size": 8,\n  "zero_optimization": {"stage": 2,}\n}\n',
+            r"ds\.json is not valid JSON: line 3 column",
+        ),
+        ("[1, 2]", r"ds\.json must hold a JSON object.*list"),
+        (
+            '{"gradient_clipping": 1.0, "gradient_clipping": 2.0}',
+            r"ds\.json.*duplicate key 'gradient_clipping'",
+        ),
+    ],
+    ids=["malformed-json-names-the-location", "must-hold-an-object", "duplicate-keys-refused"],
+)
 def test_a_bad_json_file_is_refused_naming_it(tmp_path, text, pattern):
     f = tmp_path / "ds.json"
     f.write_text(text)

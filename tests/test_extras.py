@@ -31,7 +31,9 @@ def test_runtime_dependencies_leave_test_trace_history_and_lint_tools_to_extras(
     extras = project()["optional-dependencies"]
     for extra in ("test", "trace", "history", "lint"):
         for dep in extras[extra]:
-            assert re.split(r"[<>=\[ ]", dep)[0] not in runtime, f"{dep} of [{extra}] is also a runtime dependency"
+            assert re.split(r"[<>=\[ ]", dep)[0] not in runtime, (
+                f"{dep} of [{extra}] is also a runtime dependency"
+            )
     assert extras["dev"] == ["distbench[test,trace,history,lint]"]
 
 
@@ -60,9 +62,13 @@ def test_ci_installs_every_extra_and_requires_it():
 
 def test_readme_ci_and_asv_install_the_same_torch_where_there_is_none():
     """Three places pin the CPU torch (the README's first command, .ci/run, asv's environments): one pin."""
-    pins = {name: set(re.findall(r"torch==([\w.+]+)", (ROOT / name).read_text()))
-            for name in ("README.md", ".ci/run", "asv.conf.json")}
+    pins = {
+        name: set(re.findall(r"torch==([\w.+]+)", (ROOT / name).read_text()))
+        for name in ("README.md", ".ci/run", "asv.conf.json")
+    }
     assert len(set().union(*pins.values())) == 1 and all(pins.values()), pins
     install = json.loads((ROOT / "asv.conf.json").read_text())["install_command"]
     assert "find_spec('torch') or" in install[0]  # the machine's torch wins where the environment sees it
-    assert "--no-build-isolation {wheel_file}" in install[1] and "--force-reinstall {wheel_file}" in install[2]
+    assert (
+        "--no-build-isolation {wheel_file}" in install[1] and "--force-reinstall {wheel_file}" in install[2]
+    )

@@ -17,12 +17,12 @@ from types import SimpleNamespace
 
 import pytest
 
+import rank_jobs
 from distbench.runtime.pool import STACK_WAIT_S, JobError, PoolManager, RankPool, _proc_state
 from leftovers import TAG_ENV, held_shm, new_tag, shm_entries, tagged_processes, wait_clean
 
 pytestmark = pytest.mark.slow  # ranks killed and frozen at every phase: about a minute on 2 cores
 
-JOBS = "rank_jobs"
 TIMEOUT = 3.0  # of every faulted job, and so of a faulted start
 JOIN_TIMEOUT = 8.0  # the join cases need the ranks to reach init_process_group first (imports)
 GRACE = 1.0  # how long the other ranks get once one failed
@@ -70,16 +70,20 @@ def _kill(pool: RankPool, rank: int, sig: int) -> None:
 
 def at_spawn(f, sig: int) -> dict:
     """The rank is signalled as soon as it exists: in the spawn bootstrap, before it joins the group."""
-    pool = f.pm.get(2)
+    pool = f.pm.pool_for(2)
     pool.close()
     t = _when(pool, lambda: len(pool._procs) > 1, lambda: _kill(pool, 1, sig))
-    return {"start": lambda: f.pm.run(2, f"{JOBS}:whoami", timeout=TIMEOUT), "thread": t, "victim": 1}
+    return {
+        "start": lambda: f.pm.pool_for(2).run(rank_jobs.whoami, timeout=TIMEOUT),
+        "thread": t,
+        "victim": 1,
+    }
 
 
 def at_join(f, sig: int) -> dict:
     """Rank 1 is held stopped from its spawn; rank 0 is signalled once it wrote to the rendezvous store,
     i.e. while it waits inside init_process_group for rank 1."""
-    pool = f.pm.get(2)
+    pool = f.pm.pool_for(2)
     pool.close()
 
     def act() -> None:
@@ -90,42 +94,59 @@ def at_join(f, sig: int) -> dict:
         _kill(pool, 0, sig)
 
     t = _when(pool, lambda: len(pool._procs) > 1, act)
-    return {"start": lambda: f.pm.run(2, f"{JOBS}:whoami", timeout=JOIN_TIMEOUT), "thread": t, "victim": 0,
-            "timeout": JOIN_TIMEOUT}
+    return {
+        "start": lambda: f.pm.pool_for(2).run(rank_jobs.whoami, timeout=JOIN_TIMEOUT),
+        "thread": t,
+        "victim": 0,
+        "timeout": JOIN_TIMEOUT,
+    }
 
 
 def mid_job(f, sig: int) -> dict:
-    f.pm.run(2, f"{JOBS}:whoami", timeout=60)  # a warm pool
-    return {"start": lambda: f.pm.run(2, f"{JOBS}:signal_self_in", {"rank": 1, "signum": sig}, timeout=TIMEOUT),
-            "victim": 1}
+    f.pm.pool_for(2).run(rank_jobs.whoami, timeout=60)  # a warm pool
+    return {
+        "start": lambda: f.pm.pool_for(2).run(
+            rank_jobs.signal_self_in, {"rank": 1, "signum": sig}, timeout=TIMEOUT
+        ),
+        "victim": 1,
+    }
 
 
 def mid_reply(f, sig: int) -> dict:
-    f.pm.run(2, f"{JOBS}:whoami", timeout=60)
+    f.pm.pool_for(2).run(rank_jobs.whoami, timeout=60)
     kw = {"rank": 1, "signum": sig, "size": REPLY_BYTES}
-    return {"start": lambda: f.pm.run(2, f"{JOBS}:signal_self_mid_reply", kw, timeout=TIMEOUT), "victim": 1}
+    return {
+        "start": lambda: f.pm.pool_for(2).run(rank_jobs.signal_self_mid_reply, kw, timeout=TIMEOUT),
+        "victim": 1,
+    }
 
 
 def idle(f, sig: int) -> dict:
     """Between two jobs: the next job finds the rank dead or frozen."""
-    pid = f.pm.run(2, f"{JOBS}:whoami", timeout=60)[1]["pid"]
+    pid = f.pm.pool_for(2).run(rank_jobs.whoami, timeout=60)[1]["pid"]
     os.kill(pid, sig)
     end = time.monotonic() + 10  # signals land asynchronously: wait until this one did
-    while time.monotonic() < end and not (_proc_state(pid) == "T" if sig == signal.SIGSTOP else
-                                          os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)):
+    while time.monotonic() < end and not (
+        _proc_state(pid) == "T"
+        if sig == signal.SIGSTOP
+        else os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    ):
         time.sleep(0.005)
-    return {"start": lambda: f.pm.run(2, f"{JOBS}:whoami", timeout=TIMEOUT), "victim": 1}
+    return {"start": lambda: f.pm.pool_for(2).run(rank_jobs.whoami, timeout=TIMEOUT), "victim": 1}
 
 
 KILLED = ("crashed", "code -9")
 STOPPED = ("timeout", "is stopped")
 
 
-@pytest.mark.parametrize(("phase", "sig", "victim_story"), [
-    pytest.param(phase, sig, story, id=f"{phase.__name__}-{how}")
-    for phase in (at_spawn, at_join, mid_job, mid_reply, idle)
-    for sig, story, how in ((signal.SIGKILL, KILLED, "killed"), (signal.SIGSTOP, STOPPED, "frozen"))
-])
+@pytest.mark.parametrize(
+    ("phase", "sig", "victim_story"),
+    [
+        pytest.param(phase, sig, story, id=f"{phase.__name__}-{how}")
+        for phase in (at_spawn, at_join, mid_job, mid_reply, idle)
+        for sig, story, how in ((signal.SIGKILL, KILLED, "killed"), (signal.SIGSTOP, STOPPED, "frozen"))
+    ],
+)
 def test_a_rank_killed_or_frozen_fails_its_job_in_time_and_the_next_passes(faults, phase, sig, victim_story):
     case = phase(faults, sig)
     t0 = time.monotonic()
@@ -145,10 +166,10 @@ def test_a_rank_killed_or_frozen_fails_its_job_in_time_and_the_next_passes(fault
     for o in err.outcomes:
         if o.status != "ok":
             assert o.text.strip(), f"rank {o.rank} ended {o.status} with no word on where or why:\n{err}"
-    assert [r["rank"] for r in faults.pm.run(2, f"{JOBS}:whoami", timeout=60)] == [0, 1]
-    pool = faults.pm.get(2)
+    assert [r["rank"] for r in faults.pm.pool_for(2).run(rank_jobs.whoami, timeout=60)] == [0, 1]
+    pool = faults.pm.pool_for(2)
     alive = {p.pid for p in pool._procs}
-    assert faults.pm.get(2).alive
+    assert faults.pm.pool_for(2).alive
     assert not held_shm(alive), "ranks on gloo need no shared memory: whatever they map can leak"
     left = wait_clean(faults.tag, faults.tmp, faults.shm, keep=alive | _tracker(), within=5.0)
     assert not left, f"left behind: {left}"
@@ -156,9 +177,9 @@ def test_a_rank_killed_or_frozen_fails_its_job_in_time_and_the_next_passes(fault
 
 def test_a_frozen_rank_that_replaced_the_stack_signal_says_why_no_stack(faults):
     """A rank whose SIGUSR1 handler was replaced cannot be asked for its stack: the entry says so."""
-    faults.pm.run(2, f"{JOBS}:whoami", timeout=60)
+    faults.pm.pool_for(2).run(rank_jobs.whoami, timeout=60)
     with pytest.raises(JobError) as info:
-        faults.pm.run(2, f"{JOBS}:replace_stack_handler_and_hang", {"rank": 1}, timeout=TIMEOUT)
+        faults.pm.pool_for(2).run(rank_jobs.replace_stack_handler_and_hang, {"rank": 1}, timeout=TIMEOUT)
     text = {o.rank: o.text for o in info.value.outcomes}
     assert "rank 1 did not answer the stack-dump signal" in text[1] and "handler" in text[1], text[1]
     assert "barrier" in text[0], text[0]
@@ -170,7 +191,7 @@ if __name__ == "__main__":
     pool = RankPool(2, "cpu")
     pool.start()
     print("ready", flush=True)
-    pool.run("rank_jobs:hang_in", {"rank": 0}, timeout=600)
+    pool.run(rank_jobs.hang_in, {"rank": 0}, timeout=600)
 """
 
 
@@ -183,8 +204,12 @@ def test_ranks_do_not_outlive_a_killed_parent(tmp_path: Path, phase: str):
     """SIGKILL of the pool's process (no cleanup runs) while ranks spawn or run a job: they go too."""
     tag = new_tag()
     src = Path(__file__).parent
-    env = {**os.environ, TAG_ENV: tag, "TMPDIR": str(tmp_path),
-           "PYTHONPATH": os.pathsep.join([str(src.parent / "src"), str(src), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        TAG_ENV: tag,
+        "TMPDIR": str(tmp_path),
+        "PYTHONPATH": os.pathsep.join([str(src.parent / "src"), str(src), os.environ.get("PYTHONPATH", "")]),
+    }
     shm = shm_entries()
     parent = subprocess.Popen([sys.executable, "-c", PARENT], env=env, stdout=subprocess.PIPE, text=True)
     try:

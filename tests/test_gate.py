@@ -14,8 +14,20 @@ from distbench.gate import stats
 from distbench.gate.ab import gated_metrics, looks, run_ab
 from distbench.report import gate as render
 
-CFGS = [RunConfig(strategy=s, world_size=2, model="gpt2-large", precision="bf16", micro_batch=16, global_batch=32,
-                  steps=8, windows=2, deterministic=False) for s in ("ddp", "fsdp_grad", "zero2", "zero3")]
+CFGS = [
+    RunConfig(
+        strategy=s,
+        world_size=2,
+        model="gpt2-large",
+        precision="bf16",
+        micro_batch=16,
+        global_batch=32,
+        steps=8,
+        windows=2,
+        deterministic=False,
+    )
+    for s in ("ddp", "fsdp_grad", "zero2", "zero3")
+]
 
 
 class Machine:
@@ -23,8 +35,14 @@ class Machine:
     stalled by 20-40% with probability `stall`; the run's value is the median of its windows, as
     summarize_bench computes it (3 windows a run, as `distbench ab` runs them)."""
 
-    def __init__(self, rng: np.random.Generator, run_sd: float, window_sd: float, stall: float = 1 / 3,
-                 windows: int = 3) -> None:
+    def __init__(
+        self,
+        rng: np.random.Generator,
+        run_sd: float,
+        window_sd: float,
+        stall: float = 1 / 3,
+        windows: int = 3,
+    ) -> None:
         self.rng, self.run_sd, self.window_sd, self.windows = rng, run_sd, window_sd, windows
         self.stall = stall
         self.drift = 1.0
@@ -39,9 +57,12 @@ class Machine:
                 w *= 1 + self.rng.uniform(0.2, 0.4)
             wins.append(w)
         value = float(np.median(wins))
-        return {"status": "ok", "id": f"run-{self.rng.integers(1 << 30)}",
-                "metrics": {"step_time_s": value, "device_compute_s": value * 0.95},
-                "regime": {"regime": "device-bound", "busy_ratio": 0.97}}
+        return {
+            "status": "ok",
+            "id": f"run-{self.rng.integers(1 << 30)}",
+            "metrics": {"step_time_s": value, "device_compute_s": value * 0.95},
+            "regime": {"regime": "device-bound", "busy_ratio": 0.97},
+        }
 
 
 def ab(machine: Machine, effect: float, **kw) -> stats.Effect:
@@ -51,16 +72,23 @@ def ab(machine: Machine, effect: float, **kw) -> stats.Effect:
 
 def test_a_2pct_slowdown_is_found_at_device_bound_noise():
     # device-bound: runs agreed within 1% across processes (2x H200), medians robust: a stalled window in 50
-    found = sum(ab(Machine(np.random.default_rng(seed), run_sd=0.004, window_sd=0.01, stall=0.02), 0.02)
-                .outcomes[0].verdict == stats.REGRESSION for seed in range(100))
+    found = sum(
+        ab(Machine(np.random.default_rng(seed), run_sd=0.004, window_sd=0.01, stall=0.02), 0.02)
+        .outcomes[0]
+        .verdict
+        == stats.REGRESSION
+        for seed in range(100)
+    )
     assert found >= 90, f"found {found}/100"
 
 
 def test_a_2pct_speedup_passes():
     # The gate's question is "did it get slower?": a speedup passes, as an improvement or as unchanged once a
     # regression is ruled out (then the comparison stops; it need not prove the gain)
-    exits = [ab(Machine(np.random.default_rng(seed), 0.004, 0.01, stall=0.02), -0.02).exit_code
-             for seed in range(100)]
+    exits = [
+        ab(Machine(np.random.default_rng(seed), 0.004, 0.01, stall=0.02), -0.02).exit_code
+        for seed in range(100)
+    ]
     assert exits.count(0) >= 95
 
 
@@ -77,8 +105,10 @@ def test_identical_variants_raise_no_alarm_stalls_included():
 
 def test_noise_that_hides_the_effect_gives_undecided_not_pass():
     # host-bound spread between processes (+-8%): 12 pairs cannot rule out a 2% regression
-    verdicts = {ab(Machine(np.random.default_rng(s), run_sd=0.08, window_sd=0.05), 0.0).outcomes[0].verdict
-                for s in range(20)}
+    verdicts = {
+        ab(Machine(np.random.default_rng(s), run_sd=0.08, window_sd=0.05), 0.0).outcomes[0].verdict
+        for s in range(20)
+    }
     assert stats.UNCHANGED not in verdicts and stats.REGRESSION not in verdicts
 
 
@@ -92,8 +122,16 @@ def test_pairs_stop_once_decided_and_budget_ends_the_rest():
         return (quiet if cfg.strategy == "ddp" else noisy).run(0.3 * factor)
 
     clock = iter(range(0, 10_000, 10))
-    report = run_ab(CFGS[:2], run, lambda c: run(c, 1.05), min_pairs=3, max_pairs=30, look_every=1,
-                    budget_s=200, clock=lambda: next(clock))
+    report = run_ab(
+        CFGS[:2],
+        run,
+        lambda c: run(c, 1.05),
+        min_pairs=3,
+        max_pairs=30,
+        look_every=1,
+        budget_s=200,
+        clock=lambda: next(clock),
+    )
     ddp, fsdp = report.outcomes
     assert ddp.verdict == stats.REGRESSION and len(ddp.pairs) <= 5  # decided early, then left the rotation
     assert report.budget_exhausted and len(ddp.pairs) < len(fsdp.pairs) < 30
@@ -103,8 +141,11 @@ def test_pairs_stop_once_decided_and_budget_ends_the_rest():
 def test_a_failed_run_ends_its_configuration_undecided():
     rng = np.random.default_rng(3)
     m = Machine(rng, 0.001, 0.001, stall=0)
-    report = run_ab(CFGS[:2], lambda c: m.run(0.3),
-                    lambda c: {"status": "oom", "error": "CUDA out of memory"} if c.strategy == "ddp" else m.run(0.3))
+    report = run_ab(
+        CFGS[:2],
+        lambda c: m.run(0.3),
+        lambda c: {"status": "oom", "error": "CUDA out of memory"} if c.strategy == "ddp" else m.run(0.3),
+    )
     ddp, fsdp = report.outcomes
     assert ddp.verdict == stats.UNDECIDED and "oom" in ddp.error
     assert fsdp.verdict == stats.UNCHANGED and report.exit_code == 3
@@ -113,12 +154,19 @@ def test_a_failed_run_ends_its_configuration_undecided():
 
 
 def test_gated_metrics_follow_the_regime():
-    device = {"metrics": {"step_time_s": 1, "device_compute_s": 1, "host_cpu_s": 1, "mem_allocated_peak_bytes": 8},
-              "regime": {"regime": "device-bound"}}
+    device = {
+        "metrics": {"step_time_s": 1, "device_compute_s": 1, "host_cpu_s": 1, "mem_allocated_peak_bytes": 8},
+        "regime": {"regime": "device-bound"},
+    }
     host = {**device, "regime": {"regime": "host-bound"}}
     cpu = {"metrics": {"step_time_s": 1, "host_cpu_s": 1}}
     assert gated_metrics(device) == ("step_time_s", "device_compute_s", "mem_allocated_peak_bytes")
-    assert gated_metrics(host) == ("step_time_s", "device_compute_s", "host_cpu_s", "mem_allocated_peak_bytes")
+    assert gated_metrics(host) == (
+        "step_time_s",
+        "device_compute_s",
+        "host_cpu_s",
+        "mem_allocated_peak_bytes",
+    )
     assert gated_metrics(cpu) == ("step_time_s", "host_cpu_s")
     assert looks(6, 12, 3) == [6, 9, 12] and looks(5, 11, 4) == [5, 9, 11]
 
@@ -136,15 +184,18 @@ def test_paired_effect_matches_the_log_ratio_t_interval():
     assert e.worse(-1) == (e.estimate, e.low, e.high) and e.worse(+1) == (-e.estimate, -e.high, -e.low)
 
 
-@pytest.mark.parametrize("est,lo,hi,direction,expected", [
-    (0.02, 0.01, 0.03, -1, stats.REGRESSION),  # a time went up
-    (-0.02, -0.03, -0.01, +1, stats.REGRESSION),  # a throughput went down
-    (0.005, 0.001, 0.009, -1, stats.UNCHANGED),  # significant but below min_effect, 2% ruled out
-    (0.0, -0.01, 0.01, -1, stats.UNCHANGED),
-    (0.0, -0.03, 0.03, -1, stats.UNDECIDED),  # cannot rule out 2%
-    (-0.02, -0.03, -0.01, -1, stats.IMPROVEMENT),
-    (0.015, -0.001, 0.031, -1, stats.UNDECIDED),
-])
+@pytest.mark.parametrize(
+    "est,lo,hi,direction,expected",
+    [
+        (0.02, 0.01, 0.03, -1, stats.REGRESSION),  # a time went up
+        (-0.02, -0.03, -0.01, +1, stats.REGRESSION),  # a throughput went down
+        (0.005, 0.001, 0.009, -1, stats.UNCHANGED),  # significant but below min_effect, 2% ruled out
+        (0.0, -0.01, 0.01, -1, stats.UNCHANGED),
+        (0.0, -0.03, 0.03, -1, stats.UNDECIDED),  # cannot rule out 2%
+        (-0.02, -0.03, -0.01, -1, stats.IMPROVEMENT),
+        (0.015, -0.001, 0.031, -1, stats.UNDECIDED),
+    ],
+)
 def test_verdict_rules(est, lo, hi, direction, expected):
     e = stats.Effect(6, est, lo, hi, 0.99, 0.01, 0.5, 0.01)
     assert stats.verdict(e, direction, threshold=0.02, min_effect=0.01) == expected
@@ -170,7 +221,9 @@ def test_a_memory_regression_is_found_where_time_does_not_move():
         result["metrics"]["mem_allocated_peak_bytes"] = gib * 2**30
         return result
 
-    report = run_ab(CFGS[:1], lambda c: with_memory(m.run(0.32), 50.0), lambda c: with_memory(m.run(0.32), 51.5))
+    report = run_ab(
+        CFGS[:1], lambda c: with_memory(m.run(0.32), 50.0), lambda c: with_memory(m.run(0.32), 51.5)
+    )
     (o,) = report.outcomes
     rows = {r.metric: r.verdict for r in o.rows}
     assert rows["mem_allocated_peak_bytes"] == stats.REGRESSION and o.verdict == stats.REGRESSION

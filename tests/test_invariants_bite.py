@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import mutants
 from distbench.invariants.checks import (
     assert_exported_weights_match,
     assert_losses_match,
@@ -17,19 +18,20 @@ from distbench.invariants.checks import (
     assert_resume_exact,
     assert_sync_once_per_step,
 )
+from distbench.jobs.checks import count_collectives
 
 WS = 2
 
 
 def _mutant(suite, job: str, mutation: str, **kwargs):
-    return suite.run(WS, f"mutants:{job}", mutation=mutation, **kwargs)
+    return suite.run_job(WS, getattr(mutants, job), mutation=mutation, **kwargs)
 
 
 def test_loss_parity_catches_ranks_that_never_sync_gradients(suite):
     cfg = suite.config("ddp", WS)
     ref = suite.reference(cfg)["losses"]
     assert_losses_match(suite.checkpointed_run(cfg)["losses"], ref, "ddp")
-    broken = _mutant(suite, "train", "no_grad_sync", cfg=cfg.to_dict())[0]["losses"]
+    broken = _mutant(suite, "train", "no_grad_sync", cfg=cfg)[0]["losses"]
     with pytest.raises(AssertionError, match="diverges from the single-process reference"):
         assert_losses_match(broken, ref, "ddp without gradient sync")
 
@@ -39,7 +41,7 @@ def test_grad_parity_catches_a_missing_average(suite):
     cfg = suite.config("ddp", WS)
     ref = suite.reference(cfg)
     assert_params_and_grads_match(suite.checkpointed_run(cfg), ref, cfg.lr, "ddp")
-    broken = _mutant(suite, "train", "sum_not_mean", cfg=cfg.to_dict(), return_params=True, return_grads=True)[0]
+    broken = _mutant(suite, "train", "sum_not_mean", cfg=cfg, return_params=True, return_grads=True)[0]
     with pytest.raises(AssertionError, match="gradient"):
         assert_params_and_grads_match(broken, ref, cfg.lr, "ddp summing gradients")
 
@@ -48,8 +50,8 @@ def test_accumulation_check_catches_sync_on_every_micro_batch(suite):
     one = suite.config("ddp", WS)
     one = one.replace(micro_batch=one.per_rank_batch)
     many = one.replace(micro_batch=1)
-    c_one = suite.run(WS, "distbench.invariants.collectives:count_collectives", cfg=one.to_dict())[0]
-    c_broken = _mutant(suite, "count_collectives", "sync_every_micro", cfg=many.to_dict())[0]
+    c_one = suite.run_job(WS, count_collectives, cfg=one)[0]
+    c_broken = _mutant(suite, "count_collectives", "sync_every_micro", cfg=many)[0]
     with pytest.raises(AssertionError, match="synchronised on every micro-batch"):
         assert_sync_once_per_step(c_one, c_broken, "ddp without no_sync")
 
@@ -57,7 +59,7 @@ def test_accumulation_check_catches_sync_on_every_micro_batch(suite):
 def test_resume_check_catches_a_reset_optimizer(suite):
     cfg = suite.config("ddp", WS)
     run = suite.checkpointed_run(cfg)
-    resumed = _mutant(suite, "train", "fresh_optimizer", cfg=cfg.to_dict(), resume_from=run["checkpoint"])[0]
+    resumed = _mutant(suite, "train", "fresh_optimizer", cfg=cfg, resume_from=run["checkpoint"])[0]
     with pytest.raises(AssertionError, match="was not restored"):
         assert_resume_exact(resumed, run["losses"], run["save_at"], "ddp resuming with a fresh optimizer")
 
@@ -71,7 +73,7 @@ def test_resharding_check_catches_a_reset_optimizer(suite):
     kwargs = {"resume_from": run["checkpoint"], "reshard": True}
     fine = suite.train(loaded, **kwargs)[0]["losses"]
     assert_losses_match(fine, ref[k:], "fsdp_full resharded 2 to 1")
-    broken = suite.run(1, "mutants:train", mutation="fresh_optimizer", cfg=loaded.to_dict(), **kwargs)[0]["losses"]
+    broken = suite.run_job(1, mutants.train, mutation="fresh_optimizer", cfg=loaded, **kwargs)[0]["losses"]
     with pytest.raises(AssertionError, match="diverges from the single-process reference"):
         assert_losses_match(broken, ref[k:], "fsdp_full resharded 2 to 1 with a fresh optimizer")
 

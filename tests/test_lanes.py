@@ -110,9 +110,29 @@ def session(tmp: Path, files: dict[str, str], *args: str, **env: str) -> subproc
     """A whole pytest session over `files` in its own process, as a user runs it."""
     for name, text in files.items():
         (tmp / name).write_text(text)
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), **env}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "distbench.pytest_plugin", "-p", "no:cacheprovider",
-                           "-rA", *args], cwd=tmp, env=environ, capture_output=True, text=True, timeout=240)
+    environ = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+        **env,
+    }
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "distbench.pytest_plugin",
+            "-p",
+            "no:cacheprovider",
+            "-rA",
+            *args,
+        ],
+        cwd=tmp,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def intervals(log: Path) -> dict[str, dict[str, Any]]:
@@ -134,7 +154,10 @@ def concurrent(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Com
 def test_world_size_1_runs_in_two_lanes_at_once(concurrent):
     _, runs = concurrent
     assert overlap(runs["one_a"], runs["two_a"])
-    assert {runs[n]["lane"] for n in ("one_a", "one_b")} | {runs[n]["lane"] for n in ("two_a", "two_b")} == {"0", "1"}
+    assert {runs[n]["lane"] for n in ("one_a", "one_b")} | {runs[n]["lane"] for n in ("two_a", "two_b")} == {
+        "0",
+        "1",
+    }
     assert runs["one_a"]["lane"] == runs["one_b"]["lane"], "a module's tests share one lane"
     assert runs["one_a"]["pid"] != runs["two_a"]["pid"]
 
@@ -182,15 +205,25 @@ def _junit(root: ET.Element) -> dict[str, str]:
 def test_failures_skips_and_errors_in_lanes_reach_the_summary_junit_and_exit_status(outcomes):
     out, root = outcomes
     assert out.returncode == 1, out.stdout[-3000:]
-    for line in ("FAILED test_mixed.py::test_fails - AssertionError: planted failure in a lane",
-                 "ERROR test_mixed.py::test_errors - RuntimeError: fixture broke in a lane",
-                 "XFAIL test_mixed.py::test_xfails - planted xfail",
-                 "PASSED test_mixed.py::test_passes"):
+    for line in (
+        "FAILED test_mixed.py::test_fails - AssertionError: planted failure in a lane",
+        "ERROR test_mixed.py::test_errors - RuntimeError: fixture broke in a lane",
+        "XFAIL test_mixed.py::test_xfails - planted xfail",
+        "PASSED test_mixed.py::test_passes",
+    ):
         assert line in out.stdout, line
     assert "SKIPPED [1] test_mixed.py:7: planted skip in a lane" in out.stdout
-    assert _junit(root) == {"test_fails": "failure", "test_skips": "skipped", "test_errors": "error",
-                            "test_xfails": "skipped", "test_passes": "passed", "test_dies": "failure",
-                            "test_after_death": "passed", "test_hangs": "failure", "test_after_hang": "passed"}
+    assert _junit(root) == {
+        "test_fails": "failure",
+        "test_skips": "skipped",
+        "test_errors": "error",
+        "test_xfails": "skipped",
+        "test_passes": "passed",
+        "test_dies": "failure",
+        "test_after_death": "passed",
+        "test_hangs": "failure",
+        "test_after_hang": "passed",
+    }
 
 
 def test_a_lane_killed_mid_test_fails_that_test_with_its_output_and_the_rest_runs(outcomes):
@@ -238,7 +271,9 @@ def test_auto_turns_lanes_on_with_two_gpus_and_two_lanes(pytester, monkeypatch):
         gpus["n"] = n
         monkeypatch.setitem(config.stash[plugin.OPTIONS], "lanes", mode)
         decision = plugin._lane_plan(SimpleNamespace(items=selected, config=config))  # type: ignore[arg-type]
-        return None if decision is None else [(lane.world_size, len(lane.nodeids)) for lane in decision[0].lanes]
+        return (
+            None if decision is None else [(lane.world_size, len(lane.nodeids)) for lane in decision[0].lanes]
+        )
 
     assert lanes(2, gpu_items) == [(1, 1), (1, 1)]  # ws1 in two lanes (a strategy each); ws2 needs both GPUs
     assert lanes(4, gpu_items) == [(1, 1), (1, 1), (2, 1), (2, 1)]

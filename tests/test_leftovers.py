@@ -20,14 +20,17 @@ pytestmark = pytest.mark.slow  # whole sessions and runs (lanes too), ended ever
 TESTS = Path(__file__).parent
 
 SESSION = """
+import rank_jobs
+
+
 def test_passes(suite):
-    assert [r["rank"] for r in suite.run(2, "rank_jobs:whoami")] == [0, 1]
+    assert [r["rank"] for r in suite.run_job(2, rank_jobs.whoami)] == [0, 1]
 
 def test_fails(suite):
-    suite.run(2, "rank_jobs:raise_in", rank=1)
+    suite.run_job(2, rank_jobs.raise_in, rank=1)
 
 def test_hangs(suite):
-    suite.run(2, "rank_jobs:hang_in", timeout=2, rank=0)
+    suite.run_job(2, rank_jobs.hang_in, timeout=2, rank=0)
 """
 
 
@@ -42,9 +45,24 @@ def test_a_session_with_a_failing_and_a_hanging_job_leaves_nothing(tmp_path: Pat
     work.mkdir()
     (work / "test_session.py").write_text(SESSION)
     shm = shm_entries()
-    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "distbench.pytest_plugin", "-p", "no:cacheprovider",
-                          "-q", "test_session.py"], cwd=work, env=_env(tag, tmp), capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "distbench.pytest_plugin",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "test_session.py",
+        ],
+        cwd=work,
+        env=_env(tag, tmp),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "2 failed, 1 passed" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
     left = wait_clean(tag, tmp, shm, within=10.0)
     assert not left, f"left behind by a pytest session: {left}"
@@ -56,10 +74,31 @@ def test_ctrl_c_during_a_run_leaves_nothing(tmp_path: Path):
     tmp.mkdir()
     shm = shm_entries()
     built = tmp_path / "built"
-    run = subprocess.Popen([sys.executable, "-m", "distbench.cli", "run", "--device", "cpu", "-s", "ddp", "-n", "2",
-                            "-m", "user_models:announced_lm", "--steps", "100000", "-o", str(tmp_path / "results")],
-                           env={**_env(tag, tmp), "BUILT_MARKER": str(built)}, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "distbench.cli",
+            "run",
+            "--device",
+            "cpu",
+            "-s",
+            "ddp",
+            "-n",
+            "2",
+            "-m",
+            "user_models:announced_lm",
+            "--steps",
+            "100000",
+            "-o",
+            str(tmp_path / "results"),
+        ],
+        env={**_env(tag, tmp), "BUILT_MARKER": str(built)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         end = time.monotonic() + 120
         while time.monotonic() < end and not built.exists() and run.poll() is None:
@@ -85,8 +124,10 @@ LANE_TESTS = """
 import time
 from pathlib import Path
 
+import rank_jobs
+
 def test_{name}(suite):
-    assert suite.run(1, "rank_jobs:whoami")[0]["rank"] == 0  # a pool of ranks in the lane process
+    assert suite.run_job(1, rank_jobs.whoami)[0]["rank"] == 0  # a pool of ranks in the lane process
     Path("started-{name}").touch()
     time.sleep(600)
 """
@@ -96,9 +137,26 @@ def _lane_session(tag: str, tmp: Path, work: Path, *args: str) -> subprocess.Pop
     """A session of two lanes (`--lanes 2`), each holding a rank pool and sleeping in a test."""
     for name in ("one", "two"):
         (work / f"test_{name}.py").write_text(LANE_TESTS.replace("{name}", name))
-    return subprocess.Popen([sys.executable, "-m", "pytest", "-p", "distbench.pytest_plugin", "-p", "no:cacheprovider",
-                             "--lanes", "2", *args], cwd=work, env=_env(tag, tmp), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "distbench.pytest_plugin",
+            "-p",
+            "no:cacheprovider",
+            "--lanes",
+            "2",
+            *args,
+        ],
+        cwd=work,
+        env=_env(tag, tmp),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _wait_for(paths: list[Path], proc: subprocess.Popen[str], within: float = 120.0) -> None:
@@ -136,7 +194,8 @@ def test_exitfirst_stops_every_lane_and_leaves_nothing(tmp_path: Path):
     (work / "test_zero.py").write_text(  # fails once both other lanes hold their ranks, in their tests
         "import time\nfrom pathlib import Path\n\ndef test_fails_when_the_others_run():\n"
         "    while not (Path('started-one').exists() and Path('started-two').exists()):\n        time.sleep(0.05)\n"
-        "    assert False, 'first failure'\n")
+        "    assert False, 'first failure'\n"
+    )
     run = _lane_session(tag, tmp, work, "-x", "--lanes", "3")
     try:
         out, _ = run.communicate(timeout=120)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import mutants
 from distbench.config import RunConfig
 from distbench.invariants.checks import assert_losses_match, assert_params_and_grads_match
-from distbench.runtime.jobs import set_numerics
+from distbench.jobs.train import set_numerics
 
 
 def test_loss_parity(suite, strategy, world_size):
@@ -22,15 +23,18 @@ def test_loss_parity(suite, strategy, world_size):
     per_rank = run["per_rank_losses"]
     assert all(r == per_rank[0] for r in per_rank), f"ranks report different global losses: {per_rank}"
     assert_losses_match(run["losses"], ref, f"{strategy} at world size {world_size}")
-    assert run["losses"][-1] < run["losses"][0], f"loss did not decrease over {cfg.steps} steps: {run['losses']}"
+    assert run["losses"][-1] < run["losses"][0], (
+        f"loss did not decrease over {cfg.steps} steps: {run['losses']}"
+    )
 
 
 def test_param_and_grad_parity(suite, strategy, world_size):
     """After N steps the gathered full parameters, and the last step's gradients, match the reference
     (tolerances: distbench.invariants.checks.assert_params_and_grads_match)."""
     cfg = suite.config(strategy, world_size)
-    assert_params_and_grads_match(suite.checkpointed_run(cfg), suite.reference(cfg), cfg.lr,
-                                  f"{strategy} ws{world_size}")
+    assert_params_and_grads_match(
+        suite.checkpointed_run(cfg), suite.reference(cfg), cfg.lr, f"{strategy} ws{world_size}"
+    )
 
 
 def test_rerun_is_bitwise_identical(suite, strategy, world_size):
@@ -45,14 +49,18 @@ def test_compiled_loss_parity(suite, strategy, world_size):
     """torch.compile per transformer block trains to the reference's losses: a torch upgrade that breaks
     compile, or changes what it computes, fails here."""
     if suite.device_type == "cpu":
-        pytest.skip("GPU tier: inductor's first compile costs ~40 s on 2 CPU cores, over the CPU tier's budget")
+        pytest.skip(
+            "GPU tier: inductor's first compile costs ~40 s on 2 CPU cores, over the CPU tier's budget"
+        )
     cfg = suite.config(strategy, world_size, compile=True)
-    assert_losses_match(suite.train(cfg)[0]["losses"], suite.reference(cfg)["losses"],
-                        f"{strategy} ws{world_size} compiled")
+    assert_losses_match(
+        suite.train(cfg)[0]["losses"], suite.reference(cfg)["losses"], f"{strategy} ws{world_size} compiled"
+    )
 
 
 def test_parity_runs_use_deterministic_attention_and_benchmarks_the_fast_kernels():
     """SDPA's fast backwards only warn under warn_only determinism; a GPU resume drifted by 2e-7 through them."""
+
     def fast_sdpa():
         b = torch.backends.cuda
         return b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.cudnn_sdp_enabled()
@@ -77,13 +85,16 @@ def test_sgd_momentum_loss_parity(suite, strategy, world_size):
     constant (which Adam's normalisation hides from the losses) moves its losses off the reference, as
     test_sgd_parity_catches_a_missing_average shows."""
     cfg = suite.config(strategy, world_size, **SGD)
-    assert_losses_match(suite.train(cfg)[0]["losses"], suite.reference(cfg)["losses"],
-                        f"{strategy} ws{world_size} SGD+momentum")
+    assert_losses_match(
+        suite.train(cfg)[0]["losses"],
+        suite.reference(cfg)["losses"],
+        f"{strategy} ws{world_size} SGD+momentum",
+    )
 
 
 def test_sgd_parity_catches_a_missing_average(suite):
     """Gradients summed instead of averaged over 2 ranks (tests/mutants.py sum_not_mean) fail SGD's parity."""
     cfg = suite.config("ddp", 2, **SGD)
-    losses = suite.run(2, "mutants:train", mutation="sum_not_mean", cfg=cfg.to_dict())[0]["losses"]
+    losses = suite.run_job(2, mutants.train, mutation="sum_not_mean", cfg=cfg)[0]["losses"]
     with pytest.raises(AssertionError):
         assert_losses_match(losses, suite.reference(cfg)["losses"], "ddp ws2 SGD, gradients summed")

@@ -21,7 +21,8 @@ from torch import nn
 
 from distbench.config import RunConfig
 from distbench.errors import ConfigError
-from distbench.measure import bench as bm
+from distbench.jobs import bench as bm
+from distbench.matrix import run_benchmark, sweep_micro_batch
 from distbench.measure import busbw, mfu, nvml
 from distbench.measure.memory import memory_stats, reset_peaks
 from distbench.measure.pygc import GcWatch
@@ -35,7 +36,14 @@ from distbench.runtime.pool import JobError, RankOutcome, RankPool
 from distbench.workloads.models import count_params, get_model
 
 CPU = RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
-TINY = {"strategy": "single", "model": "gpt2-tiny", "global_batch": 4, "micro_batch": 2, "steps": 3, "warmup": 2}
+TINY = {
+    "strategy": "single",
+    "model": "gpt2-tiny",
+    "global_batch": 4,
+    "micro_batch": 2,
+    "steps": 3,
+    "warmup": 2,
+}
 
 
 # --- timing ----------------------------------------------------------------------------------------------
@@ -60,8 +68,12 @@ def test_a_step_lasts_as_long_as_its_slowest_rank():
 
 def test_throughput_global_and_per_gpu():
     t = throughput(global_batch=32, seq_len=1024, world_size=2, step_time_s=0.5)
-    assert t == {"tokens_per_s": 65536.0, "tokens_per_s_per_gpu": 32768.0,
-                 "samples_per_s": 64.0, "samples_per_s_per_gpu": 32.0}
+    assert t == {
+        "tokens_per_s": 65536.0,
+        "tokens_per_s_per_gpu": 32768.0,
+        "samples_per_s": 64.0,
+        "samples_per_s_per_gpu": 32.0,
+    }
     with pytest.raises(ValueError):
         throughput(8, 32, 1, 0.0)
 
@@ -86,18 +98,21 @@ def test_n_counts_tied_lm_head_but_not_lookup_only_tables():
     assert mfu.model_dims(untied) == (None, None)
 
 
-@pytest.mark.parametrize("name, dtype, tflops", [
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.0),
-    ("NVIDIA H100 PCIe", "bf16", 756.0),
-    ("NVIDIA H100 NVL", "bf16", 835.0),
-    ("NVIDIA H200", "bf16", 989.0),
-    ("NVIDIA GH200 480GB", "bf16", 989.0),
-    ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
-    ("NVIDIA A100 80GB PCIe", "fp32", 19.5),
-    ("NVIDIA L40S", "bf16", 362.0),
-    ("NVIDIA L4", "bf16", 121.0),
-    ("NVIDIA H100 80GB HBM3", "fp32", 67.0),
-])
+@pytest.mark.parametrize(
+    "name, dtype, tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.0),
+        ("NVIDIA H100 PCIe", "bf16", 756.0),
+        ("NVIDIA H100 NVL", "bf16", 835.0),
+        ("NVIDIA H200", "bf16", 989.0),
+        ("NVIDIA GH200 480GB", "bf16", 989.0),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+        ("NVIDIA A100 80GB PCIe", "fp32", 19.5),
+        ("NVIDIA L40S", "bf16", 362.0),
+        ("NVIDIA L4", "bf16", 121.0),
+        ("NVIDIA H100 80GB HBM3", "fp32", 67.0),
+    ],
+)
 def test_peak_table_lookup(name, dtype, tflops):
     assert mfu.peak_flops(name, dtype) == pytest.approx(tflops * 1e12)
 
@@ -142,8 +157,9 @@ def single_rank_gloo(tmp_path):
 
 
 def test_collective_bandwidth_single_rank_gloo(single_rank_gloo):
-    out = busbw.collective_bandwidth(single_rank_gloo, sizes_bytes=[1000, 4096], iters=2, warmup=1,
-                                     ceiling_gbps=100.0)
+    out = busbw.bandwidth_table(
+        single_rank_gloo, sizes_bytes=[1000, 4096], iters=2, warmup=1, ceiling_gbps=100.0
+    )
     assert (out["backend"], out["world_size"], out["dtype"]) == ("gloo", 1, "fp32")
     assert [(r["op"], r["size_bytes"]) for r in out["results"]] == [
         (op, size) for op in busbw.OPS for size in (1000, 4096)
@@ -157,14 +173,15 @@ def test_collective_bandwidth_single_rank_gloo(single_rank_gloo):
 def test_collective_bandwidth_two_gloo_ranks():
     pool = RankPool(2, "cpu")
     try:
-        out = pool.run("distbench.measure.busbw:collective_bandwidth",
-                       {"sizes_bytes": [4096], "iters": 3, "warmup": 1}, timeout=120)
+        out = pool.run(bm.collective_bandwidth, {"sizes_bytes": [4096], "iters": 3, "warmup": 1}, timeout=120)
     finally:
         pool.close()
     assert out[0] == out[1]  # times are the max over ranks, so every rank reports the same table
     by_op = {r["op"]: r for r in out[0]["results"]}
     assert set(by_op) | {s["op"] for s in out[0]["skipped"]} == set(busbw.OPS)
-    assert by_op["all_reduce"]["busbw_gbps"] == pytest.approx(by_op["all_reduce"]["algbw_gbps"])  # 2(n-1)/n = 1
+    assert by_op["all_reduce"]["busbw_gbps"] == pytest.approx(
+        by_op["all_reduce"]["algbw_gbps"]
+    )  # 2(n-1)/n = 1
     assert by_op["all_gather"]["busbw_gbps"] == pytest.approx(by_op["all_gather"]["algbw_gbps"] / 2)
     assert out[0]["ceiling_gbps"] is None
 
@@ -183,8 +200,15 @@ def test_throttle_classification():
     assert nvml.reason_names(0x800) == ["bit_0x800"]
 
     def sample(t, mask, mem=100):
-        return {"t": t, "gpu_util_pct": 90.0, "sm_clock_mhz": 1980, "power_w": 650.0, "temp_c": 60,
-                "mem_used_bytes": mem, "reasons": mask}
+        return {
+            "t": t,
+            "gpu_util_pct": 90.0,
+            "sm_clock_mhz": 1980,
+            "power_w": 650.0,
+            "temp_c": 60,
+            "mem_used_bytes": mem,
+            "reasons": mask,
+        }
 
     idle_then_hot = nvml.summarize_samples([sample(0.0, 0x1), sample(0.1, 0x40, 300), sample(0.2, 0x0)])
     assert idle_then_hot["throttled"] and idle_then_hot["throttle_reasons"] == ["hw_thermal_slowdown"]
@@ -256,8 +280,21 @@ def test_nvml_sampler_thread_with_fake_nvml(monkeypatch):
 # --- fingerprint -----------------------------------------------------------------------------------------
 def test_fingerprint_on_cpu():
     fp = environment_fingerprint()
-    for key in ("python", "torch", "cuda", "nccl", "driver", "deepspeed", "transformers", "gpu_model",
-                "gpu_count", "topology", "nvlink_links", "git_commit", "env"):
+    for key in (
+        "python",
+        "torch",
+        "cuda",
+        "nccl",
+        "driver",
+        "deepspeed",
+        "transformers",
+        "gpu_model",
+        "gpu_count",
+        "topology",
+        "nvlink_links",
+        "git_commit",
+        "env",
+    ):
         assert key in fp
     assert fp["torch"] == torch.__version__
     assert "hostname" not in fp and socket.gethostname() not in json.dumps(fp)
@@ -273,16 +310,26 @@ def test_git_state_outside_a_checkout_is_none(tmp_path):
 
 
 def test_relevant_env_keeps_nccl_and_cuda_settings_only():
-    env = {"NCCL_DEBUG": "INFO", "NCCL_NVLS_ENABLE": "0", "TORCH_CUDA_ARCH_LIST": "9.0a",
-           "CUDA_VISIBLE_DEVICES": "0,1", "HOME": "/root", "NCCL_IB_SECRET_KEY": "x"}
-    assert relevant_env(env) == {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_DEBUG": "INFO", "NCCL_NVLS_ENABLE": "0",
-                                 "TORCH_CUDA_ARCH_LIST": "9.0a"}
+    env = {
+        "NCCL_DEBUG": "INFO",
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_CUDA_ARCH_LIST": "9.0a",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "HOME": "/root",
+        "NCCL_IB_SECRET_KEY": "x",
+    }
+    assert relevant_env(env) == {
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "NCCL_DEBUG": "INFO",
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_CUDA_ARCH_LIST": "9.0a",
+    }
 
 
 # --- benchmark jobs --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def bench_reply():
-    return bm.bench(CPU, TINY)
+    return bm.bench(CPU, RunConfig.from_dict(TINY))
 
 
 def test_bench_job_at_world_size_1(bench_reply):
@@ -322,7 +369,7 @@ def test_gc_watch_keeps_the_collector_out_of_timed_steps_and_counts_it(keep):
 
 
 def test_split_jobs_train_like_the_one_shot_job(bench_reply):
-    setup = bm.bench_setup(CPU, TINY)
+    setup = bm.bench_setup(CPU, RunConfig.from_dict(TINY))
     assert bm.STATE_KEY in worker.STATE and len(setup["warmup_losses"]) == 2
     steps = [bm.bench_step(CPU) for _ in range(3)]
     out = bm.bench_finish(CPU)
@@ -334,7 +381,7 @@ def test_split_jobs_train_like_the_one_shot_job(bench_reply):
 
 
 def test_harness_overhead_job():
-    out = bm.harness_overhead(CPU, TINY, steps=2, rounds=2, warmup=1)
+    out = bm.harness_overhead(CPU, RunConfig.from_dict(TINY), steps=2, rounds=2, warmup=1)
     assert len(out["rounds"]) == 2
     assert out["bare_tokens_per_s"] > 0 and out["harness_tokens_per_s"] > 0
     ratios = sorted(r["harness_s"] / r["bare_s"] for r in out["rounds"])
@@ -342,7 +389,9 @@ def test_harness_overhead_job():
     first = out["first_step_loss"]
     assert first["bare"] == pytest.approx(first["harness"], rel=1e-5)  # both loops do the same work
     with pytest.raises(ConfigError, match="world size 1"):
-        bm.harness_overhead(RankContext(0, 2, 0, torch.device("cpu"), "gloo"), TINY, steps=1)
+        bm.harness_overhead(
+            RankContext(0, 2, 0, torch.device("cpu"), "gloo"), RunConfig.from_dict(TINY), steps=1
+        )
 
 
 class FakePool:
@@ -350,8 +399,13 @@ class FakePool:
 
     device_type = "cpu"
 
-    def __init__(self, replies=None, oom_from_micro_batch=None, exc_type="OutOfMemoryError",
-                 text="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"):
+    def __init__(
+        self,
+        replies=None,
+        oom_from_micro_batch=None,
+        exc_type="OutOfMemoryError",
+        text="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    ):
         self.replies = replies
         self.oom_from = oom_from_micro_batch
         self.exc_type = exc_type
@@ -359,12 +413,13 @@ class FakePool:
         self.closed = 0
         self.seen = []
 
-    def run(self, target, kwargs, timeout):
-        assert target == bm.JOB
-        self.seen.append(kwargs["cfg"])
-        if self.oom_from is not None and kwargs["cfg"]["micro_batch"] >= self.oom_from:
-            outcomes = [RankOutcome(r, "error", self.exc_type, self.text) for r in range(kwargs["cfg"]["world_size"])]
-            raise JobError(target, len(outcomes), outcomes, "raised")
+    def run(self, job, kwargs, timeout):
+        assert job is bm.bench
+        cfg = kwargs["cfg"]
+        self.seen.append(cfg)
+        if self.oom_from is not None and cfg.micro_batch >= self.oom_from:
+            outcomes = [RankOutcome(r, "error", self.exc_type, self.text) for r in range(cfg.world_size)]
+            raise JobError("bench", len(outcomes), outcomes, "raised")
         return self.replies
 
     def close(self):
@@ -373,11 +428,13 @@ class FakePool:
 
 def test_run_benchmark_result_schema(bench_reply, tmp_path):
     cfg = RunConfig.from_dict(TINY)
-    res = bm.run_benchmark(FakePool([bench_reply]), cfg)
+    res = run_benchmark(FakePool([bench_reply]), cfg)
     assert res["schema"] == SCHEMA and res["status"] == "ok" and res["error"] is None
     m = res["metrics"]
     assert set(m) <= set(METRICS)
-    assert {"tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s", "step_time_s", "tflops_per_gpu"} <= set(m)
+    assert {"tokens_per_s", "tokens_per_s_per_gpu", "samples_per_s", "step_time_s", "tflops_per_gpu"} <= set(
+        m
+    )
     assert "mfu" not in m and "mem_allocated_peak_bytes" not in m  # CPU: no peak, no device memory
     (window,) = bench_reply["windows"]  # one window: the step time is its wall clock per step
     assert m["step_time_s"] == pytest.approx(window["wall_s"] / 3)
@@ -398,19 +455,22 @@ def test_run_benchmark_result_schema(bench_reply, tmp_path):
 def test_out_of_memory_is_a_result_and_other_failures_raise():
     cfg = RunConfig.from_dict({**TINY, "world_size": 2})
     pool = FakePool(oom_from_micro_batch=1)
-    res = bm.run_benchmark(pool, cfg)
+    res = run_benchmark(pool, cfg)
     assert res["status"] == "oom" and "rank(s) 0,1" in res["error"] and res["metrics"] == {}
-    assert res["config"]["micro_batch"] == 2 and [r["exc_type"] for r in res["per_rank"]] == ["OutOfMemoryError"] * 2
+    assert (
+        res["config"]["micro_batch"] == 2
+        and [r["exc_type"] for r in res["per_rank"]] == ["OutOfMemoryError"] * 2
+    )
     assert pool.closed == 1  # a fresh process group for the next job
     failing = FakePool(oom_from_micro_batch=1, exc_type="ValueError", text="ValueError: bad option")
     with pytest.raises(JobError):
-        bm.run_benchmark(failing, cfg)
+        run_benchmark(failing, cfg)
     assert failing.closed == 0
 
 
 def test_micro_batch_sweep_stops_at_first_oom(bench_reply):
     cfg = RunConfig.from_dict(TINY)  # accumulation 2
     pool = FakePool([bench_reply], oom_from_micro_batch=4)
-    results = bm.sweep_micro_batch(pool, cfg, [8, 1, 2, 4])
+    results = sweep_micro_batch(pool, cfg, [8, 1, 2, 4])
     assert [r["status"] for r in results] == ["ok", "ok", "oom"]
-    assert [(c["micro_batch"], c["global_batch"]) for c in pool.seen] == [(1, 2), (2, 4), (4, 8)]
+    assert [(c.micro_batch, c.global_batch) for c in pool.seen] == [(1, 2), (2, 4), (4, 8)]

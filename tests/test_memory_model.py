@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from distbench.invariants.memory import analytic_bytes
+from distbench.jobs.checks import state_memory
 from distbench.strategies import REGISTRY
 
-JOB = "distbench.invariants.memory:state_memory"
 #: Allowed excess over the model: 15% plus 1.5 GiB for communication buckets and allocator rounding
 #: (DeepSpeed reserves reduce/all-gather buckets of up to 5e8 elements by default).
 REL_TOL, ABS_SLACK = 0.15, 1.5 * 2**30
@@ -25,12 +25,22 @@ def _measure(suite, strategy, world_size):
     """The most loaded rank's measurement, once per (strategy, world size) per session."""
     key = (strategy, world_size)
     if key not in _measured:
-        cfg = suite.bench_config(strategy, world_size, model="gpt2-355m", micro_batch=1, global_batch=4,
-                                 seq_len=256, steps=2, warmup=0)
-        outs = suite.run(world_size, JOB, cfg=cfg.to_dict())
+        cfg = suite.bench_config(
+            strategy,
+            world_size,
+            model="gpt2-355m",
+            micro_batch=1,
+            global_batch=4,
+            seq_len=256,
+            steps=2,
+            warmup=0,
+        )
+        outs = suite.run_job(world_size, state_memory, cfg=cfg)
         worst = max(outs, key=lambda o: o["before_optimizer_step"])
-        _measured[key] = (cfg, {**worst, **{k: max(o[k] for o in outs)
-                                            for k in ("baseline_bytes", "left_after_close_bytes")}})
+        _measured[key] = (
+            cfg,
+            {**worst, **{k: max(o[k] for o in outs) for k in ("baseline_bytes", "left_after_close_bytes")}},
+        )
     return _measured[key]
 
 
@@ -40,38 +50,48 @@ def test_memory_model(suite, strategy, world_size):
     cfg, m = _measure(suite, strategy, world_size)
     assert m["left_after_close_bytes"] <= LEFTOVER_MAX, (
         f"{strategy} ws{world_size} left {m['left_after_close_bytes'] / 2**30:.2f} GiB allocated after its trainer "
-        "closed: a leak that grows with every configuration the rank pool runs")
+        "closed: a leak that grows with every configuration the rank pool runs"
+    )
     assert m["baseline_bytes"] <= LEFTOVER_MAX, (
         f"a rank started this measurement with {m['baseline_bytes'] / 2**30:.2f} GiB still allocated by earlier "
-        "jobs: a trainer did not free its memory on close (tests/test_pool.py checks that on CPU)")
+        "jobs: a trainer did not free its memory on close (tests/test_pool.py checks that on CPU)"
+    )
     model = analytic_bytes(strategy, m["n_params"], world_size, cfg.precision)
     predicted = sum(model.values())
     measured = m["before_optimizer_step"]
     gib = 2**30
-    print(f"{strategy} ws{world_size}: measured {measured / gib:.2f} GiB (after step "
-          f"{m['after_optimizer_step'] / gib:.2f}), predicted {predicted / gib:.2f} GiB {model}")
+    print(
+        f"{strategy} ws{world_size}: measured {measured / gib:.2f} GiB (after step "
+        f"{m['after_optimizer_step'] / gib:.2f}), predicted {predicted / gib:.2f} GiB {model}"
+    )
     assert measured <= predicted * (1 + REL_TOL) + ABS_SLACK, (
         f"{strategy} ws{world_size} holds {measured / gib:.2f} GiB per rank, the model predicts "
-        f"{predicted / gib:.2f} GiB: a replica or buffer the strategy should not keep")
+        f"{predicted / gib:.2f} GiB: a replica or buffer the strategy should not keep"
+    )
     assert measured >= predicted * (1 - REL_TOL) - 0.25 * gib, (
         f"{strategy} ws{world_size} holds {measured / gib:.2f} GiB, less than the {predicted / gib:.2f} GiB "
-        "its state needs: the measurement or the model is wrong")
+        "its state needs: the measurement or the model is wrong"
+    )
 
 
 @pytest.mark.gpu
-@pytest.mark.strategies(*[s.name for s in REGISTRY.values() if s.memory and s.memory.sharded - s.memory.on_host])
+@pytest.mark.strategies(
+    *[s.name for s in REGISTRY.values() if s.memory and s.memory.sharded - s.memory.on_host]
+)
 def test_sharded_memory_shrinks_with_world_size(suite, strategy, world_size):
     """Strategies that keep sharded state on the device (offload keeps none: what stays is fixed buffers)."""
     if world_size < 2:
         pytest.skip("compares against world size 1")
     if sum(analytic_bytes(strategy, N_PARAMS, world_size, "bf16").values()) >= 0.8 * sum(
-            analytic_bytes(strategy, N_PARAMS, 1, "bf16").values()):
+        analytic_bytes(strategy, N_PARAMS, 1, "bf16").values()
+    ):
         pytest.skip(f"{strategy} shards nothing at world size {world_size} (hybrid: 2 replicas of 1 shard)")
     _, one = _measure(suite, strategy, 1)
     _, many = _measure(suite, strategy, world_size)
     assert many["before_optimizer_step"] < 0.8 * one["before_optimizer_step"], (
         f"{strategy}: {many['before_optimizer_step'] / 2**30:.2f} GiB per rank at world size {world_size} vs "
-        f"{one['before_optimizer_step'] / 2**30:.2f} GiB at 1: sharding does not shrink per-rank memory")
+        f"{one['before_optimizer_step'] / 2**30:.2f} GiB at 1: sharding does not shrink per-rank memory"
+    )
 
 
 class _FakeSuite:
@@ -85,22 +105,33 @@ class _FakeSuite:
 
         return RunConfig(strategy=strategy, world_size=world_size, model=model, precision="bf16", **overrides)
 
-    def run(self, world_size, job, **kwargs):
-        return [{"rank": r, "n_params": N_PARAMS, "before_optimizer_step": self.before,
-                 "after_optimizer_step": self.before, "baseline_bytes": self.baseline,
-                 "left_after_close_bytes": self.left} for r in range(world_size)]
+    def run_job(self, world_size, job, **kwargs):
+        return [
+            {
+                "rank": r,
+                "n_params": N_PARAMS,
+                "before_optimizer_step": self.before,
+                "after_optimizer_step": self.before,
+                "baseline_bytes": self.baseline,
+                "left_after_close_bytes": self.left,
+            }
+            for r in range(world_size)
+        ]
 
 
 N_PARAMS = 354_823_168  # GPT-2 355M
 
 
-@pytest.mark.parametrize(("before_x", "baseline", "left", "message"), [
-    (1.0, 0, 0, None),                            # state exactly as the model says: passes
-    (2.0, 0, 0, "should not keep"),               # a full extra replica
-    (0.5, 0, 0, "less than"),                     # the measurement lost something
-    (1.0, 5 * 2**30, 0, "still allocated"),       # an earlier job's trainer never freed
-    (1.0, 0, 2.6 * 2**30, "after its trainer"),   # this job's trainer never freed (FSDP1 did, on an H100)
-])
+@pytest.mark.parametrize(
+    ("before_x", "baseline", "left", "message"),
+    [
+        (1.0, 0, 0, None),  # state exactly as the model says: passes
+        (2.0, 0, 0, "should not keep"),  # a full extra replica
+        (0.5, 0, 0, "less than"),  # the measurement lost something
+        (1.0, 5 * 2**30, 0, "still allocated"),  # an earlier job's trainer never freed
+        (1.0, 0, 2.6 * 2**30, "after its trainer"),  # this job's trainer never freed (FSDP1 did, on an H100)
+    ],
+)
 def test_the_memory_checks_can_fail(monkeypatch, before_x, baseline, left, message):
     """CPU: the GPU test's assertions on canned allocator readings (ddp, 1 rank: 16N bytes)."""
     monkeypatch.setitem(globals(), "_measured", {})  # the session cache would hand back an earlier case
@@ -120,9 +151,11 @@ class _FakeScalingSuite(_FakeSuite):
         super().__init__(before=16.0 * N_PARAMS)
         self.power = power
 
-    def run(self, world_size, job, **kwargs):
-        return [{**r, "before_optimizer_step": self.before / world_size**self.power}
-                for r in super().run(world_size, job, **kwargs)]
+    def run_job(self, world_size, job, **kwargs):
+        return [
+            {**r, "before_optimizer_step": self.before / world_size**self.power}
+            for r in super().run_job(world_size, job, **kwargs)
+        ]
 
 
 @pytest.mark.parametrize(("power", "fails"), [(1.0, False), (0.0, True)])

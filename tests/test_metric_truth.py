@@ -18,7 +18,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-import distbench.measure.bench as bm
+import distbench.jobs.bench as bm
+import distbench.results as results
+import metric_jobs
 from distbench.config import RunConfig
 from distbench.measure import busbw, devicetime, mfu
 from distbench.measure.timing import time_window
@@ -66,8 +68,15 @@ def test_known_duration_check_catches_timer_defects(defect: Callable[[TimeWindow
         assert_window_times_known_steps(defect(time_window), "events")
 
 
-KNOWN = {"strategy": "single", "model": "user_models:tiny_lm", "global_batch": 4, "micro_batch": 2,
-        "steps": 3, "warmup": 1, "windows": 1}
+KNOWN = {
+    "strategy": "single",
+    "model": "user_models:tiny_lm",
+    "global_batch": 4,
+    "micro_batch": 2,
+    "steps": 3,
+    "warmup": 1,
+    "windows": 1,
+}
 #: What each micro-batch of a planted step sleeps.
 MICRO_BATCH_S = 0.03
 
@@ -76,15 +85,21 @@ MICRO_BATCH_S = 0.03
 def known_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Trainers whose step does nothing but sleep MICRO_BATCH_S per micro-batch: a step of known length
     (a real model's step on this shared 2-core machine varied 20-750 ms between runs)."""
-    real = bm.build_trainer
 
     def sleep(micro_batches: list[Any], capture_grads: bool = False) -> torch.Tensor:
         time.sleep(MICRO_BATCH_S * len(micro_batches))
         return torch.zeros(())
 
+    trainers_stepping_with(monkeypatch, sleep)
+
+
+def trainers_stepping_with(monkeypatch: pytest.MonkeyPatch, step: Callable[..., torch.Tensor]) -> None:
+    """Every trainer `bench` builds gets `step` as its step_async."""
+    real = bm.build_trainer
+
     def build(ctx: RankContext, cfg: RunConfig, model: nn.Module) -> Any:
         trainer = real(ctx, cfg, model)
-        trainer.step_async = sleep
+        trainer.step_async = step
         return trainer
 
     monkeypatch.setattr(bm, "build_trainer", build)
@@ -94,7 +109,7 @@ def assert_bench_step_time_is_the_known_workload(mode: str) -> None:
     """`bench` with steps of known length: the reported step time, and every per-step time, is at least
     that length (a sleep never ends early); the reported one, and the median step, at most 30% over."""
     cfg = RunConfig.from_dict({**KNOWN, "timing": mode})
-    result = bm.summarize_bench(cfg, [bm.bench(CPU, cfg.to_dict(), nvml=False)])
+    result = results.summarize_bench(cfg, [bm.bench(CPU, cfg, nvml=False)])
     known = cfg.accum_steps * MICRO_BATCH_S
     steps = result["step_time_s"]["steps"]
     assert known <= result["metrics"]["step_time_s"] <= 1.3 * known, (mode, result["metrics"]["step_time_s"])
@@ -122,8 +137,10 @@ def test_bench_step_time_check_catches_timer_defects(
 def launching(stream: HostStream, durations: tuple[float, ...]) -> list[Callable[[], torch.Tensor]]:
     """Steps that only launch a sleep of known length onto `stream` and return at once, as a GPU step
     returns once its kernels are queued."""
+
     def step(d: float) -> Callable[[], torch.Tensor]:
         return lambda: stream.launch(lambda: time.sleep(d)) or torch.zeros(())
+
     return [step(d) for d in durations]
 
 
@@ -134,8 +151,11 @@ def assert_window_waits_for_launched_work(measure: TimeWindow, mode: str) -> Non
     GPUs CUDA events time them: test_step_time_of_a_device_spin)."""
     stream = HostStream()
     try:
-        w = measure(StreamContext(0, 1, 0, torch.device("cpu"), "gloo", stream=stream), mode,
-                    launching(stream, DURATIONS_S))
+        w = measure(
+            StreamContext(0, 1, 0, torch.device("cpu"), "gloo", stream=stream),
+            mode,
+            launching(stream, DURATIONS_S),
+        )
     finally:
         stream.close()
     assert sum(DURATIONS_S) <= w.wall_s <= sum(DURATIONS_S) + len(DURATIONS_S) * SLACK_S, (mode, w.wall_s)
@@ -162,18 +182,12 @@ def launched_steps(monkeypatch: pytest.MonkeyPatch) -> Iterator[StreamContext]:
     micro-batch onto it and returns at once."""
     stream = HostStream()
     ctx = StreamContext(0, 1, 0, torch.device("cpu"), "gloo", stream=stream)
-    real = bm.build_trainer
 
     def launch(micro_batches: list[Any], capture_grads: bool = False) -> torch.Tensor:
         stream.launch(lambda: time.sleep(MICRO_BATCH_S * len(micro_batches)))
         return torch.zeros(())
 
-    def build(ctx_: RankContext, cfg: RunConfig, model: nn.Module) -> Any:
-        trainer = real(ctx_, cfg, model)
-        trainer.step_async = launch
-        return trainer
-
-    monkeypatch.setattr(bm, "build_trainer", build)
+    trainers_stepping_with(monkeypatch, launch)
     yield ctx
     stream.close()
 
@@ -182,7 +196,7 @@ def assert_bench_holds_the_launched_work(ctx: StreamContext) -> None:
     """`bench` (events timing) over steps whose work runs behind the host: step_time_s at least the work's
     length, at most 30% over it."""
     cfg = RunConfig.from_dict({**KNOWN, "timing": "events"})
-    step_time = bm.summarize_bench(cfg, [bm.bench(ctx, cfg.to_dict(), nvml=False)])["metrics"]["step_time_s"]
+    step_time = results.summarize_bench(cfg, [bm.bench(ctx, cfg, nvml=False)])["metrics"]["step_time_s"]
     known = cfg.accum_steps * MICRO_BATCH_S
     assert known <= step_time <= 1.3 * known, step_time
 
@@ -201,14 +215,27 @@ def test_bench_running_work_check_catches_a_dropped_final_sync(
 
 #: Length of the device-side spin each micro-batch of a GPU spin step runs.
 SPIN_S = 0.02
-SPIN = {"model": "user_models:tiny_lm", "micro_batch": 1, "steps": 5, "warmup": 1, "windows": 1,
-        "device_time_steps": 0}
+SPIN = {
+    "model": "user_models:tiny_lm",
+    "micro_batch": 1,
+    "steps": 5,
+    "warmup": 1,
+    "windows": 1,
+    "device_time_steps": 0,
+}
 
 
 def spin_config(world_size: int, mode: str) -> RunConfig:
     """Two micro-batches per rank (accumulation), the timing mode under test."""
-    return RunConfig.from_dict({**SPIN, "strategy": "single" if world_size == 1 else "ddp",
-                                "world_size": world_size, "global_batch": 2 * world_size, "timing": mode})
+    return RunConfig.from_dict(
+        {
+            **SPIN,
+            "strategy": "single" if world_size == 1 else "ddp",
+            "world_size": world_size,
+            "global_batch": 2 * world_size,
+            "timing": mode,
+        }
+    )
 
 
 def assert_step_time_is_the_spin(result: dict[str, Any], known_s: list[float]) -> None:
@@ -222,11 +249,13 @@ def assert_step_time_is_the_spin(result: dict[str, Any], known_s: list[float]) -
     assert all(lo <= s <= hi for s in steps), (steps, known_s)
 
 
-def spin_result(suite: Any, world_size: int, mode: str, plant: str | None = None) -> tuple[dict[str, Any], list[float]]:
+def spin_result(
+    suite: Any, world_size: int, mode: str, plant: str | None = None
+) -> tuple[dict[str, Any], list[float]]:
     cfg = spin_config(world_size, mode)
-    out = suite.run(world_size, "metric_jobs:spin_bench", cfg=cfg.to_dict(), spin_s=SPIN_S, plant=plant)
+    out = suite.run_job(world_size, metric_jobs.spin_bench, cfg=cfg, spin_s=SPIN_S, plant=plant)
     known = [max(k) for k in zip(*(o["known_s"] for o in out), strict=True)]  # the slowest rank's, as a step
-    return bm.summarize_bench(cfg, [o["reply"] for o in out]), known
+    return results.summarize_bench(cfg, [o["reply"] for o in out]), known
 
 
 @pytest.mark.gpu
@@ -247,7 +276,7 @@ def test_device_spin_check_catches_timer_defects(suite: Any, plant: str) -> None
 
 
 # --- throughput --------------------------------------------------------------------------------------------
-TOKENS_JOB = "metric_jobs:counted_bench"
+TOKENS_JOB = metric_jobs.counted_bench
 TINY_LM = {"model": "user_models:tiny_lm", "steps": 3, "warmup": 1, "windows": 1}
 #: world size 1 and 2, without and with accumulation (global batch > world size x micro-batch)
 THROUGHPUT_CONFIGS = {
@@ -261,8 +290,8 @@ THROUGHPUT_CONFIGS = {
 def counted(suite: Any, cfg: RunConfig, plant: str | None = None) -> list[dict[str, Any]]:
     """metric_jobs.counted_bench's reply from every rank."""
     if cfg.world_size == 1:  # in this process: no pool to start
-        return [counted_bench(CPU, cfg.to_dict(), plant)]
-    return suite.run(cfg.world_size, TOKENS_JOB, cfg=cfg.to_dict(), plant=plant)
+        return [counted_bench(CPU, cfg, plant)]
+    return suite.run_job(cfg.world_size, TOKENS_JOB, cfg=cfg, plant=plant)
 
 
 def assert_tokens_per_s_is_tokens_seen_over_wall(cfg: RunConfig, per_rank: list[dict[str, Any]]) -> None:
@@ -272,7 +301,7 @@ def assert_tokens_per_s_is_tokens_seen_over_wall(cfg: RunConfig, per_rank: list[
     assert all(len(r["windows"]) == 2 for r in per_rank)  # warm-up, then the one timed window
     seen = sum(r["windows"][-1]["tokens"] for r in per_rank)
     wall = max(r["windows"][-1]["seconds"] for r in per_rank)
-    metrics = bm.summarize_bench(cfg, [r["reply"] for r in per_rank])["metrics"]
+    metrics = results.summarize_bench(cfg, [r["reply"] for r in per_rank])["metrics"]
     assert metrics["tokens_per_s"] == pytest.approx(seen / wall, rel=0.03)
     assert metrics["tokens_per_s_per_gpu"] == pytest.approx(seen / cfg.world_size / wall, rel=0.03)
     seq_len = per_rank[0]["reply"]["seq_len"]
@@ -292,12 +321,14 @@ def test_throughput_check_catches_skipped_micro_batches(suite: Any) -> None:
         assert_tokens_per_s_is_tokens_seen_over_wall(cfg, counted(suite, cfg, "first_micro_batch_only"))
 
 
-def test_throughput_check_catches_global_batch_taken_per_gpu(suite: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_throughput_check_catches_global_batch_taken_per_gpu(
+    suite: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The global batch counted once per GPU doubles tokens/s at world size 2 (invisible at 1)."""
     cfg = RunConfig.from_dict({**TINY_LM, **THROUGHPUT_CONFIGS["ws2"]})
     per_rank = counted(suite, cfg)
-    real = bm.throughput
-    monkeypatch.setattr(bm, "throughput", lambda gb, seq, ws, t: real(gb * ws, seq, ws, t))
+    real = results.throughput
+    monkeypatch.setattr(results, "throughput", lambda gb, seq, ws, t: real(gb * ws, seq, ws, t))
     with pytest.raises(AssertionError):
         assert_tokens_per_s_is_tokens_seen_over_wall(cfg, per_rank)
 
@@ -307,10 +338,15 @@ def counted_flops_per_token(model: nn.Module, seq_len: int, batch: int = 2) -> f
     """Matmul FLOPs of one forward + backward per token, counted by torch's FlopCounterMode (which counts
     matmuls only: 2 per multiply-add, bias adds and elementwise ops not at all)."""
     if hasattr(model, "config"):
-        model.config._attn_implementation = "eager"  # CPU SDPA has no FLOP formula; eager attention is matmuls
+        model.config._attn_implementation = (
+            "eager"  # CPU SDPA has no FLOP formula; eager attention is matmuls
+        )
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    x = torch.randint(vocab, (batch, seq_len)) if vocab else torch.randn(batch * seq_len, model[0].in_features,
-                                                                       requires_grad=True)
+    x = (
+        torch.randint(vocab, (batch, seq_len))
+        if vocab
+        else torch.randn(batch * seq_len, model[0].in_features, requires_grad=True)
+    )
     with FlopCounterMode(display=False) as counter:
         out = model(x)
         (out.logits if hasattr(out, "logits") else out).sum().backward()
@@ -343,20 +379,37 @@ def test_gpt2_flops_formula_matches_counted_flops() -> None:
     assert_model_flops_are_counted_flops(get_model("gpt2-tiny").build(0), 32)
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda n, layers, hidden, s: 4.0 * n + (12 * layers * hidden * s if layers else 0),  # weight gradient forgotten
-    lambda n, layers, hidden, s: 6.0 * n + (6 * layers * hidden * s if layers else 0),  # causal half only
-])
-def test_flops_check_catches_a_wrong_factor(monkeypatch: pytest.MonkeyPatch, wrong: Callable[..., float]) -> None:
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        lambda n, layers, hidden, s: (
+            4.0 * n + (12 * layers * hidden * s if layers else 0)
+        ),  # weight gradient forgotten
+        lambda n, layers, hidden, s: 6.0 * n + (6 * layers * hidden * s if layers else 0),  # causal half only
+    ],
+)
+def test_flops_check_catches_a_wrong_factor(
+    monkeypatch: pytest.MonkeyPatch, wrong: Callable[..., float]
+) -> None:
     monkeypatch.setattr(mfu, "flops_per_token", wrong)
     with pytest.raises(AssertionError):
         assert_model_flops_are_counted_flops(get_model("gpt2-tiny").build(0), 32)
 
 
 # --- MFU ---------------------------------------------------------------------------------------------------
-MATMUL_STACK = {"strategy": "single", "world_size": 1, "model": "user_models:matmul_stack", "precision": "bf16",
-                "micro_batch": 32, "global_batch": 32, "steps": 5, "warmup": 2, "windows": 1,
-                "deterministic": False, "device_time_steps": 0}
+MATMUL_STACK = {
+    "strategy": "single",
+    "world_size": 1,
+    "model": "user_models:matmul_stack",
+    "precision": "bf16",
+    "micro_batch": 32,
+    "global_batch": 32,
+    "steps": 5,
+    "warmup": 2,
+    "windows": 1,
+    "deterministic": False,
+    "device_time_steps": 0,
+}
 #: The harness's MFU over the bf16 matmul benchmark's (achieved FLOP/s over the same bf16 peak). At most 1.10:
 #: the harness's step does these very matmuls and more, so it cannot beat the benchmark beyond cuBLAS's
 #: run-to-run spread. At least 0.7: besides the matmuls its step runs fused AdamW (about 28 bytes of memory
@@ -371,7 +424,9 @@ _mfu_runs: dict[str, dict[str, Any]] = {}
 def mfu_run(suite: Any) -> dict[str, Any]:
     """metric_jobs.mfu_beside_matmuls once per session (the bite tests read the same run)."""
     if "run" not in _mfu_runs:
-        _mfu_runs["run"] = suite.run(1, "metric_jobs:mfu_beside_matmuls", cfg=MATMUL_STACK)[0]
+        _mfu_runs["run"] = suite.run_job(
+            1, metric_jobs.mfu_beside_matmuls, cfg=RunConfig.from_dict(MATMUL_STACK)
+        )[0]
     return _mfu_runs["run"]
 
 
@@ -379,7 +434,7 @@ def assert_mfu_is_the_matmul_benchmarks(run: dict[str, Any]) -> None:
     """The result's mfu against the best of the matmul benchmarks run before and after it, both over the
     device's dense bf16 peak (the benchmark is bf16 whatever the harness picked)."""
     cfg = RunConfig.from_dict(MATMUL_STACK)
-    metrics = bm.summarize_bench(cfg, [run["reply"]])["metrics"]
+    metrics = results.summarize_bench(cfg, [run["reply"]])["metrics"]
     peak = mfu.peak_flops(run["device_name"], "bf16")
     assert peak, f"no bf16 peak for {run['device_name']!r}: add it to measure/mfu.py's table"
     assert "mfu" in metrics, f"the result reports no mfu on {run['device_name']}"
@@ -387,7 +442,8 @@ def assert_mfu_is_the_matmul_benchmarks(run: dict[str, Any]) -> None:
     ratio = metrics["mfu"] / reference
     assert MFU_RATIO[0] <= ratio <= MFU_RATIO[1], (
         f"harness mfu {metrics['mfu']:.3f}, bf16 matmuls of the same shapes {reference:.3f} "
-        f"({run['matmul_flops_per_s']} FLOP/s): ratio {ratio:.3f}")
+        f"({run['matmul_flops_per_s']} FLOP/s): ratio {ratio:.3f}"
+    )
 
 
 @pytest.mark.gpu
@@ -396,12 +452,16 @@ def test_mfu_matches_a_bf16_matmul_benchmark_of_the_same_shapes(suite: Any) -> N
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("plant, value", [
-    ("peak_dtype", lambda precision: "tf32"),  # the bf16 run measured against the TF32 peak: MFU x2
-    ("flops_per_token", lambda n, layers, hidden, s: 4.0 * n),  # the weight gradient forgotten: MFU x2/3
-])
-def test_mfu_check_catches_planted_defects(suite: Any, monkeypatch: pytest.MonkeyPatch, plant: str,
-                                            value: Any) -> None:
+@pytest.mark.parametrize(
+    "plant, value",
+    [
+        ("peak_dtype", lambda precision: "tf32"),  # the bf16 run measured against the TF32 peak: MFU x2
+        ("flops_per_token", lambda n, layers, hidden, s: 4.0 * n),  # the weight gradient forgotten: MFU x2/3
+    ],
+)
+def test_mfu_check_catches_planted_defects(
+    suite: Any, monkeypatch: pytest.MonkeyPatch, plant: str, value: Any
+) -> None:
     """GPU (the same run as the MFU test, re-summarized; no CPU version: a CPU has no peak to hold MFU to).
     The defect is planted where the pytest process computes: the peak's dtype in the reply, the FLOPs per
     token recomputed from the reply's N."""
@@ -411,8 +471,10 @@ def test_mfu_check_catches_planted_defects(suite: Any, monkeypatch: pytest.Monke
         reply["peak_dtype"] = value(MATMUL_STACK["precision"])
     else:
         f = reply["flops"]
-        reply["flops"] = {**f, "flops_per_token": value(f["n_params_matmul"], f["layers"], f["hidden"],
-                                                        f["seq_len"])}
+        reply["flops"] = {
+            **f,
+            "flops_per_token": value(f["n_params_matmul"], f["layers"], f["hidden"], f["seq_len"]),
+        }
     with pytest.raises(AssertionError):
         assert_mfu_is_the_matmul_benchmarks({**run, "reply": reply})
 
@@ -423,8 +485,14 @@ KNOWN_MIB = 256
 #: Two identical configurations of a tiny model differ only by the planted tensor; what else may differ
 #: between them (allocator rounding, cuBLAS workspaces on first use) is well under this.
 MEMORY_SLACK = 16 << 20
-MEMORY = {"model": "user_models:tiny_lm", "micro_batch": 2, "steps": 2, "warmup": 1, "windows": 1,
-          "device_time_steps": 0}
+MEMORY = {
+    "model": "user_models:tiny_lm",
+    "micro_batch": 2,
+    "steps": 2,
+    "warmup": 1,
+    "windows": 1,
+    "device_time_steps": 0,
+}
 
 
 def assert_the_allocation_is_in_its_own_peak_only(readings: dict[str, dict[str, Any]]) -> None:
@@ -436,15 +504,21 @@ def assert_the_allocation_is_in_its_own_peak_only(readings: dict[str, dict[str, 
     extra = first["mem_allocated_peak_bytes"] - after["mem_allocated_peak_bytes"]
     assert abs(extra - known) <= MEMORY_SLACK, (
         f"allocated peak {first['mem_allocated_peak_bytes']} with the {KNOWN_MIB} MiB tensor, "
-        f"{after['mem_allocated_peak_bytes']} in the next configuration: {extra / 2**20:.1f} MiB apart")
+        f"{after['mem_allocated_peak_bytes']} in the next configuration: {extra / 2**20:.1f} MiB apart"
+    )
     assert first["mem_reserved_peak_bytes"] >= known, first
 
 
 def memory_readings(suite: Any, world_size: int, plant: str | None = None) -> list[dict[str, Any]]:
-    cfg = RunConfig.from_dict({**MEMORY, "strategy": "single" if world_size == 1 else "ddp",
-                               "world_size": world_size, "global_batch": 2 * world_size})
-    return suite.run(world_size, "metric_jobs:known_allocation_bench", cfg=cfg.to_dict(), mib=KNOWN_MIB,
-                     plant=plant)
+    cfg = RunConfig.from_dict(
+        {
+            **MEMORY,
+            "strategy": "single" if world_size == 1 else "ddp",
+            "world_size": world_size,
+            "global_batch": 2 * world_size,
+        }
+    )
+    return suite.run_job(world_size, metric_jobs.known_allocation_bench, cfg=cfg, mib=KNOWN_MIB, plant=plant)
 
 
 @pytest.mark.gpu
@@ -495,12 +569,17 @@ def test_device_time_arithmetic_against_hand_made_rows() -> None:
     assert_device_time_by_hand(devicetime.summarize_activity)
 
 
-@pytest.mark.parametrize("plant, value", [
-    ("union_length", lambda s, e: float((e - s).sum())),  # overlaps counted twice
-    ("is_comm_kernel", lambda name: name.startswith("ncclKernel")),  # misses NCCL 2.19+ ncclDevKernel_*
-    ("regime", lambda ratio: "device-bound" if ratio >= 0.8 else "host-bound"),  # a threshold off by 0.1
-])
-def test_device_time_check_catches_planted_defects(monkeypatch: pytest.MonkeyPatch, plant: str, value: Any) -> None:
+@pytest.mark.parametrize(
+    "plant, value",
+    [
+        ("union_length", lambda s, e: float((e - s).sum())),  # overlaps counted twice
+        ("is_comm_kernel", lambda name: name.startswith("ncclKernel")),  # misses NCCL 2.19+ ncclDevKernel_*
+        ("regime", lambda ratio: "device-bound" if ratio >= 0.8 else "host-bound"),  # a threshold off by 0.1
+    ],
+)
+def test_device_time_check_catches_planted_defects(
+    monkeypatch: pytest.MonkeyPatch, plant: str, value: Any
+) -> None:
     monkeypatch.setattr(devicetime, plant, value)
     with pytest.raises(AssertionError):
         assert_device_time_by_hand(devicetime.summarize_activity)
@@ -515,10 +594,13 @@ def test_union_length_of_intervals_in_any_order() -> None:
     assert devicetime.union_length(np.array([], dtype=np.int64), np.array([], dtype=np.int64)) == 0.0
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda s, e: float((e - s).sum()),  # overlaps counted twice
-    lambda s, e: float(e.max() - s.min()),  # the span, gaps included
-])
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        lambda s, e: float((e - s).sum()),  # overlaps counted twice
+        lambda s, e: float(e.max() - s.min()),  # the span, gaps included
+    ],
+)
 def test_union_length_check_catches_planted_defects(monkeypatch: pytest.MonkeyPatch, wrong: Any) -> None:
     monkeypatch.setattr(devicetime, "union_length", wrong)
     with pytest.raises(AssertionError):
@@ -526,8 +608,14 @@ def test_union_length_check_catches_planted_defects(monkeypatch: pytest.MonkeyPa
 
 
 # --- negative control: accumulation skips communication ----------------------------------------------------
-GRADS_JOB = "metric_jobs:grads_across_accumulation"
-ACCUM3 = {"strategy": "ddp", "world_size": 2, "model": "user_models:tiny_lm", "global_batch": 6, "micro_batch": 1}
+GRADS_JOB = metric_jobs.grads_across_accumulation
+ACCUM3 = {
+    "strategy": "ddp",
+    "world_size": 2,
+    "model": "user_models:tiny_lm",
+    "global_batch": 6,
+    "micro_batch": 1,
+}
 
 
 def assert_sync_only_on_the_last_micro_batch(agree: list[bool]) -> None:
@@ -537,15 +625,14 @@ def assert_sync_only_on_the_last_micro_batch(agree: list[bool]) -> None:
 
 
 def test_ddp_accumulation_skips_the_gradient_all_reduce(suite: Any) -> None:
-    out = suite.run(2, GRADS_JOB, cfg=ACCUM3)
+    out = suite.run_job(2, GRADS_JOB, cfg=RunConfig.from_dict(ACCUM3))
     assert_sync_only_on_the_last_micro_batch(out[0]["agree_after_each_micro_batch"])
 
 
 def test_skipped_communication_check_catches_sync_on_every_micro_batch(suite: Any) -> None:
-    out = suite.run(2, GRADS_JOB, cfg=ACCUM3, mutation="sync_every_micro")
+    out = suite.run_job(2, GRADS_JOB, cfg=RunConfig.from_dict(ACCUM3), mutation="sync_every_micro")
     with pytest.raises(AssertionError):
         assert_sync_only_on_the_last_micro_batch(out[0]["agree_after_each_micro_batch"])
-
 
 
 # --- bus bandwidth -----------------------------------------------------------------------------------------
@@ -563,18 +650,24 @@ def assert_busbw_is_nccl_tests_convention() -> None:
     size, seconds = 256 << 20, 0.002
     for op, factors in NCCL_TESTS_FACTORS.items():
         for n, factor in factors.items():
-            assert busbw.busbw_gbps(op, size, seconds, n) == pytest.approx(size / seconds / 1e9 * factor), (op, n)
+            assert busbw.busbw_gbps(op, size, seconds, n) == pytest.approx(size / seconds / 1e9 * factor), (
+                op,
+                n,
+            )
 
 
 def test_busbw_against_nccl_tests_published_factors() -> None:
     assert_busbw_is_nccl_tests_convention()
 
 
-@pytest.mark.parametrize("op, wrong", [
-    ("all_gather", lambda n: 2.0 * (n - 1) / n),  # all_reduce's factor
-    ("all_reduce", lambda n: (n - 1) / n),  # a ring's reduce-scatter half only
-    ("reduce_scatter", lambda n: 1.0),  # algbw reported as busbw
-])
+@pytest.mark.parametrize(
+    "op, wrong",
+    [
+        ("all_gather", lambda n: 2.0 * (n - 1) / n),  # all_reduce's factor
+        ("all_reduce", lambda n: (n - 1) / n),  # a ring's reduce-scatter half only
+        ("reduce_scatter", lambda n: 1.0),  # algbw reported as busbw
+    ],
+)
 def test_busbw_check_catches_a_wrong_factor(monkeypatch: pytest.MonkeyPatch, op: str, wrong: Any) -> None:
     real = busbw.bus_factor
     monkeypatch.setattr(busbw, "bus_factor", lambda o, n: wrong(n) if o == op else real(o, n))

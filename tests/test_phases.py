@@ -24,8 +24,10 @@ def test_a_clock_adds_up_each_phase():
 
 
 def test_job_phases_take_the_slowest_rank_and_charge_the_rest_to_transfer():
-    outs = [{"phases": {"build and wrap": 1.0, "training steps": 2.0}},
-            {"phases": {"build and wrap": 1.5, "training steps": 1.0}}]
+    outs = [
+        {"phases": {"build and wrap": 1.0, "training steps": 2.0}},
+        {"phases": {"build and wrap": 1.5, "training steps": 1.0}},
+    ]
     phases = job_phases(outs, wall_s=6.0, start_s=2.0)
     assert phases == {"build and wrap": 1.5, "training steps": 2.0, POOL_START: 2.0, TRANSFER: 0.5}
     assert job_phases([{"losses": []}], 1.0, 0.0) is None  # jobs that report no phases add nothing
@@ -48,18 +50,22 @@ def test_a_train_job_reports_its_phases_to_the_session(suite, request):
     wall = time.perf_counter() - t0
     phases = suite.phases.by_test[request.node.nodeid]
     assert {"build and wrap", "training steps", "gather full state", "teardown", TRANSFER} <= set(phases)
-    assert all(s >= 0 for s in phases.values()) and sum(phases.values()) == pytest.approx(wall, rel=0.05, abs=0.05)
+    assert all(s >= 0 for s in phases.values()) and sum(phases.values()) == pytest.approx(
+        wall, rel=0.05, abs=0.05
+    )
 
 
 def test_the_session_writes_its_phases_as_json_when_asked(pytester):
     """The data behind the phase table, per test, for committing a GPU tier's durations."""
-    pytester.makepyfile(test_one="""
+    pytester.makepyfile(
+        test_one="""
         from distbench.pytest_plugin import PHASES
         from distbench.runtime.phases import PhaseLog
 
         def test_a(request):
             request.config.stash.setdefault(PHASES, PhaseLog()).add(request.node.nodeid, {"training steps": 1.5})
-    """)
+    """
+    )
     out = pytester.path / "phases.json"
     result = pytester.runpytest_inprocess("-p", "distbench.pytest_plugin", f"--phases-json={out}")
     result.assert_outcomes(passed=1)

@@ -12,28 +12,49 @@ WORKLOAD = {"model": "gpt2-tiny", "precision": "fp32", "seq_len": 64, "global_ba
 TOKENS = 4 * 64
 
 
-def run(strategy: str, ws: int, tps: float, *, spread: float = 0.04, created: str = "2026-11-23T06:00:10+00:00",
-        std: float = 0.0) -> dict[str, Any]:
+def run(
+    strategy: str,
+    ws: int,
+    tps: float,
+    *,
+    spread: float = 0.04,
+    created: str = "2026-11-23T06:00:10+00:00",
+    std: float = 0.0,
+) -> dict[str, Any]:
     """One ok result whose step times have median TOKENS / tps and relative p10-p90 width `spread`."""
     st = TOKENS / tps
-    r = make_result({"strategy": strategy, "world_size": ws, **WORKLOAD},
-                    metrics={"tokens_per_s": tps, "step_time_s": st},
-                    step_time_s={"median": st, "p10": st * (1 - spread / 2), "p90": st * (1 + spread / 2),
-                                 "std": std * st, "n": 8})
+    r = make_result(
+        {"strategy": strategy, "world_size": ws, **WORKLOAD},
+        metrics={"tokens_per_s": tps, "step_time_s": st},
+        step_time_s={
+            "median": st,
+            "p10": st * (1 - spread / 2),
+            "p90": st * (1 + spread / 2),
+            "std": std * st,
+            "n": 8,
+        },
+    )
     r["created"] = created
     return r
 
 
 def clean() -> list[dict[str, Any]]:
     """single and ddp on 1 rank (3 repeats each), ddp at 2 ranks with 90% efficiency: nothing to flag."""
-    return ([run("single", 1, t) for t in (1000, 1010, 990)] + [run("ddp", 1, t) for t in (950, 960, 940)]
-            + [run("ddp", 2, 1800)])
+    return (
+        [run("single", 1, t) for t in (1000, 1010, 990)]
+        + [run("ddp", 1, t) for t in (950, 960, 940)]
+        + [run("ddp", 2, 1800)]
+    )
 
 
 def flagged(results: list[dict[str, Any]], strategy: str, ws: int) -> list[str]:
     found = check(results)
-    return [w for r in results if r["config"]["strategy"] == strategy and r["config"]["world_size"] == ws
-            for w in found.get(r["id"], [])]
+    return [
+        w
+        for r in results
+        if r["config"]["strategy"] == strategy and r["config"]["world_size"] == ws
+        for w in found.get(r["id"], [])
+    ]
 
 
 def test_a_clean_matrix_draws_no_warning():
@@ -47,7 +68,9 @@ def test_superlinear_scaling_beyond_noise():
     """The issue's CPU run: 1-rank runs 10x slow made ddp at 2 ranks '8.07x, 403.6%'."""
     results = [run("single", 1, 100), run("ddp", 1, 95), run("ddp", 2, 807)]
     (warning,) = flagged(results, "ddp", 2)  # one of a kind: against single on 1 rank, the stated speedup
-    assert warning.startswith("superlinear: 8.07x the tokens/s of single on 1 rank (100, median of 1 run(s)) on 2")
+    assert warning.startswith(
+        "superlinear: 8.07x the tokens/s of single on 1 rank (100, median of 1 run(s)) on 2"
+    )
     (warning,) = flagged([run("ddp", 1, 95), run("ddp", 2, 807)], "ddp", 2)  # no single: its own 1-rank run
     assert warning.startswith("superlinear: 8.49x the tokens/s of ddp on 1 rank")
 
@@ -56,8 +79,10 @@ def test_superlinear_within_a_wide_spread_is_an_artefact():
     """The CPU default run: zero2 at 2 ranks 5.75x against a 1-rank run with p10-p90 0.081-0.570 s."""
     results = [run("zero2", 1, 754, spread=2.9), run("zero2", 2, 4339, spread=1.3)]
     found = flagged(results, "zero2", 2)
-    assert [w.split(":")[0] for w in found] == ["step times spread wider than their median",
-                                                "superlinear within noise"]
+    assert [w.split(":")[0] for w in found] == [
+        "step times spread wider than their median",
+        "superlinear within noise",
+    ]
     assert "5.75x the tokens/s of zero2 on 1 rank" in found[1]
 
 
@@ -91,7 +116,9 @@ def test_a_cold_first_configuration():
 
 
 def test_repeats_within_their_spread_are_not_flagged():
-    results = [run("ddp", 2, t, created=f"2026-11-23T06:00:0{i}+00:00") for i, t in enumerate((940, 1000, 1080))]
+    results = [
+        run("ddp", 2, t, created=f"2026-11-23T06:00:0{i}+00:00") for i, t in enumerate((940, 1000, 1080))
+    ]
     assert check(results) == {}  # 940 is 10% below 1040, inside the others' 8% range floored at 10%
 
 
@@ -119,7 +146,7 @@ def issue_run() -> list[dict[str, Any]]:
 def test_the_console_table_footnotes_each_warning():
     from rich.console import Console
 
-    from distbench.commands.run import results_table
+    from distbench.report.tables import results_table
 
     results = issue_run()
     annotate(results)
@@ -152,13 +179,16 @@ def test_the_report_command_counts_the_warnings(tmp_path, capsys):
 
     for r in issue_run():
         save_result(r, tmp_path / "results")
-    assert report_cmd.run(argparse.Namespace(results=[tmp_path / "results"], out=tmp_path, github_summary=False)) == 0
+    assert (
+        report_cmd.run(argparse.Namespace(results=[tmp_path / "results"], out=tmp_path, github_summary=False))
+        == 0
+    )
     assert "1 plausibility warning(s) on 1 result(s): see 'Implausible figures' in" in capsys.readouterr().out
 
 
 def test_run_matrix_writes_the_warnings_into_every_result(tmp_path, monkeypatch):
     """The matrix judges its results once all have run and saves them again, warnings included."""
-    import distbench.measure.bench as bench
+    import distbench.matrix as matrix
     from distbench.matrix import Matrix, run_matrix
     from distbench.results import load_results
 
@@ -167,10 +197,12 @@ def test_run_matrix_writes_the_warnings_into_every_result(tmp_path, monkeypatch)
     class Pools:
         device_type = "cpu"
 
-        def get(self, ws: int) -> int:
+        def pool_for(self, ws: int) -> int:
             return ws
 
-    monkeypatch.setattr(bench, "run_benchmark", lambda pool, cfg, **kw: run(cfg.strategy, cfg.world_size, tps[pool]))
+    monkeypatch.setattr(
+        matrix, "run_benchmark", lambda pool, cfg, **kw: run(cfg.strategy, cfg.world_size, tps[pool])
+    )
     run_matrix(Matrix(["ddp"], [1, 2], ["gpt2-tiny"], ["fp32"]), out_dir=tmp_path, pools=Pools())
     saved = {r["config"]["world_size"]: r["warnings"] for r in load_results(tmp_path)}
     assert saved[1] == [] and saved[2][0].startswith("superlinear: 8.49x the tokens/s of ddp on 1 rank")

@@ -51,8 +51,17 @@ def test_plain_pytest_deselects_the_gpu_tier(collect):
 
 def test_what_cannot_run_here_skips_with_the_reason(pytester):
     pytester.makepyfile(test_ids=TESTS)
-    result = pytester.runpytest("-p", "distbench.pytest_plugin", "-rs", "-m", "not gpu",
-                                "--strategies", "fsdp1_full,ddp", "--world-sizes", "1")
+    result = pytester.runpytest(
+        "-p",
+        "distbench.pytest_plugin",
+        "-rs",
+        "-m",
+        "not gpu",
+        "--strategies",
+        "fsdp1_full,ddp",
+        "--world-sizes",
+        "1",
+    )
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*fsdp1_full needs CUDA GPUs (legacy FSDP1 requires CUDA)*"])
 
@@ -60,6 +69,17 @@ def test_what_cannot_run_here_skips_with_the_reason(pytester):
 def test_the_header_names_a_known_breakage_and_its_fix(pytester, monkeypatch):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
     pytester.makepyfile(test_ids=TESTS)
-    result = pytester.runpytest("-p", "distbench.pytest_plugin", "--collect-only", "-m", "not gpu",
-                                "--strategies", "ddp", "--world-sizes", "1")
-    result.stdout.fnmatch_lines(["distbench: FAIL TORCH_CUDA_ARCH_LIST: '9.0a'*; fix: export TORCH_CUDA_ARCH_LIST=9.0"])
+    result = pytester.runpytest(
+        "-p",
+        "distbench.pytest_plugin",
+        "--collect-only",
+        "-m",
+        "not gpu",
+        "--strategies",
+        "ddp",
+        "--world-sizes",
+        "1",
+    )
+    result.stdout.fnmatch_lines(
+        ["distbench: FAIL TORCH_CUDA_ARCH_LIST: '9.0a'*; fix: export TORCH_CUDA_ARCH_LIST=9.0"]
+    )

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+import mutants
+import recipe_jobs
 from distbench.invariants.checks import (
     PARITY_RTOL,
     assert_loss_scaling_matches,
@@ -56,7 +58,9 @@ def test_clipping_by_the_global_norm_matches_the_reference(suite, strategy, worl
     assert_losses_match(run["losses"], ref["losses"], what)
     # the clip coefficient carries the norm's error into every update: 1.2e-5 on one of GPT-2's 38.6M embedding
     # weights after five steps of fsdp_offload on an H200, over the device strategies' lr / 100 floor
-    assert_params_and_grads_match(run, ref, cfg.lr, what, update_rtol=rel if on_host else 0.0, steps=cfg.steps)
+    assert_params_and_grads_match(
+        run, ref, cfg.lr, what, update_rtol=rel if on_host else 0.0, steps=cfg.steps
+    )
 
 
 def test_clipping_by_a_shards_own_norm_fails_parity(suite):
@@ -64,7 +68,7 @@ def test_clipping_by_a_shards_own_norm_fails_parity(suite):
     if suite.device_type == "cuda":
         pytest.skip("the CPU tier's bite test covers the check")
     cfg, ref = _clipped(suite, "fsdp_full", 2)
-    broken = suite.run(2, "mutants:train", mutation="local_norm_clip", cfg=cfg.to_dict())[0]
+    broken = suite.run_job(2, mutants.train, mutation="local_norm_clip", cfg=cfg)[0]
     with pytest.raises(AssertionError):
         assert_losses_match(broken["losses"], ref["losses"], "fsdp_full ws2 clipping by local shards")
 
@@ -72,10 +76,13 @@ def test_clipping_by_a_shards_own_norm_fails_parity(suite):
 @pytest.mark.strategies("single", "ddp", "fsdp_full", "fsdp_grad", "fsdp_hybrid", "zero2", "zero3")
 def test_activation_checkpointing_recomputes_and_keeps_the_losses(suite, strategy, world_size):
     cfg = suite.config(strategy, world_size, activation_checkpointing=True)
-    out = suite.run(world_size, "recipe_jobs:train_counting_attention_forwards", cfg=cfg.to_dict())[0]
+    out = suite.run_job(world_size, recipe_jobs.train_counting_attention_forwards, cfg=cfg)[0]
     # negative control: every block's attention ran forward again in backward, so recomputation really happened
     micro_steps = cfg.accum_steps * cfg.steps
-    assert out["attention_modules"] > 0 and min(out["attention_forwards"]) >= 2 * micro_steps, (micro_steps, out)
+    assert out["attention_modules"] > 0 and min(out["attention_forwards"]) >= 2 * micro_steps, (
+        micro_steps,
+        out,
+    )
     assert_losses_match(out["losses"], suite.reference(cfg)["losses"], f"{strategy} ws{world_size} with AC")
 
 
@@ -125,7 +132,7 @@ def test_dropout_masks_survive_recomputation(suite, strategy, world_size):
     """Activation checkpointing runs each block's forward again in backward; the recomputed dropout must draw
     the forward's masks (torch restores only its global RNG for it), or gradients belong to other masks."""
     cfg, ref = _dropped(suite, strategy, world_size, activation_checkpointing=True)
-    out = suite.run(world_size, "recipe_jobs:train_counting_attention_forwards", cfg=cfg.to_dict())[0]
+    out = suite.run_job(world_size, recipe_jobs.train_counting_attention_forwards, cfg=cfg)[0]
     micro_steps = cfg.accum_steps * cfg.steps
     assert min(out["attention_forwards"], default=0) >= 2 * micro_steps, (micro_steps, out)  # it recomputed
     assert_losses_match(out["losses"], ref["losses"], f"{strategy} ws{world_size} with dropout and AC")
@@ -136,7 +143,7 @@ def test_dropout_from_another_stream_fails_parity(suite, mutation):
     """Masks from torch's global RNG (the same on both ranks), or streams keyed by the rank's local sample
     index, give other masks than the reference's at world size 2: caught by the losses."""
     cfg, ref = _dropped(suite, "ddp", 2)
-    broken = suite.run(2, "mutants:train", mutation=mutation, cfg=cfg.to_dict())[0]
+    broken = suite.run_job(2, mutants.train, mutation=mutation, cfg=cfg)[0]
     with pytest.raises(AssertionError):
         assert_losses_match(broken["losses"], ref["losses"], f"ddp ws2 {mutation}")
 
@@ -195,10 +202,12 @@ def _with_an_overflow(suite, strategy: str, world_size: int):
         pytest.skip(reason)
     cfg = suite.config(strategy, world_size, **FP16)
     where = {"step": OVERFLOW_STEP, "micro_batch": cfg.global_batch // cfg.micro_batch - 1}
-    ref_cfg = cfg.replace(strategy="single", world_size=1).to_dict()
-    key = repr((suite.device_type, sorted(ref_cfg.items())))
+    ref_cfg = cfg.replace(strategy="single", world_size=1)
+    key = repr((suite.device_type, sorted(ref_cfg.to_dict().items())))
     if key not in _overflow_references:
-        _overflow_references[key] = suite.run(1, "recipe_jobs:reference_with_an_overflow", cfg=ref_cfg, **where)[0]
+        _overflow_references[key] = suite.run_job(
+            1, recipe_jobs.reference_with_an_overflow, cfg=ref_cfg, **where
+        )[0]
     ref = _overflow_references[key]
     # negative controls: the planted inf skipped its step, other steps ran, and the scale grew, so the strategy's
     # every decision of the rule (skip and halve, step, grow) is compared
@@ -213,7 +222,7 @@ def test_fp16_loss_scaling_matches_the_reference(suite, strategy, world_size):
     sharded scaler) or DeepSpeed's fp16 section against the reference's own scaling rule: an overflow on the
     last rank skips the step on rank 0 too, with the same loss scale at every step."""
     cfg, where, ref = _with_an_overflow(suite, strategy, world_size)
-    run = suite.run(world_size, "recipe_jobs:train_with_an_overflow", cfg=cfg.to_dict(), **where)[0]
+    run = suite.run_job(world_size, recipe_jobs.train_with_an_overflow, cfg=cfg, **where)[0]
     what = f"{strategy} ws{world_size} fp16"
     assert run["matmul_dtypes"] == ["float16"], f"{what} multiplied in {run['matmul_dtypes']}"  # it ran fp16
     n = len(ref["losses"])
@@ -224,12 +233,14 @@ def test_fp16_loss_scaling_matches_the_reference(suite, strategy, world_size):
 def test_fp16_stepping_through_an_overflow_fails_parity(suite):
     """A trainer that applies an overflowed step (its scaler still backs off, so the scales agree) is caught."""
     cfg, where, ref = _with_an_overflow(suite, "ddp", 2)
-    broken = suite.run(2, "mutants:train_with_an_overflow", mutation="fp16_no_skip", cfg=cfg.to_dict(), **where)[0]
+    broken = suite.run_job(2, mutants.train_with_an_overflow, mutation="fp16_no_skip", cfg=cfg, **where)[0]
     with pytest.raises(AssertionError):
         assert_loss_scaling_matches(broken, ref, FP16_RTOL, "ddp ws2 fp16 stepping through an overflow")
 
 
-@pytest.mark.strategies("fsdp_full")  # the scaler's state is harness state, saved alike by every torch-native one
+@pytest.mark.strategies(
+    "fsdp_full"
+)  # the scaler's state is harness state, saved alike by every torch-native one
 def test_fp16_loss_scale_survives_a_resume(suite, strategy, world_size):
     cfg = suite.config(strategy, world_size, **FP16)
     run = suite.checkpointed_run(cfg)
@@ -247,7 +258,9 @@ def test_deepspeed_fp16_on_cpu_is_refused_with_its_reason(suite):
     assert info.value.exc_types == {"ConfigError"} and "fp16 on cuda only" in str(info.value), info.value
 
 
-@pytest.mark.strategies("single", "ddp", "fsdp_full", "fsdp_grad", "fsdp1_full", "fsdp1_grad", "zero2", "zero3")
+@pytest.mark.strategies(
+    "single", "ddp", "fsdp_full", "fsdp_grad", "fsdp1_full", "fsdp1_grad", "zero2", "zero3"
+)
 def test_lora_trains_the_adapters_alone_at_parity(suite, strategy, world_size):
     """LoRA through peft: the losses, every parameter and the adapters' gradients are the reference's (which
     writes LoRA out by hand), the base weights are their initial values and every adapter moved."""
@@ -272,7 +285,7 @@ def test_lora_with_the_base_left_trainable_fails(suite):
         pytest.skip("the CPU tier's bite test covers the check")
     cfg = suite.config("ddp", 2, **LORA)
     ref = suite.reference(cfg)
-    broken = suite.run(2, "mutants:train", mutation="lora_base_trainable", cfg=cfg.to_dict(), return_params=True)[0]
+    broken = suite.run_job(2, mutants.train, mutation="lora_base_trainable", cfg=cfg, return_params=True)[0]
     with pytest.raises(AssertionError, match="frozen base weights changed"):
         assert_only_adapters_trained(broken["params"], ref["initial"], "ddp ws2 with the base trainable")
     with pytest.raises(AssertionError, match="diverges from the single-process reference"):
@@ -284,6 +297,8 @@ def test_lora_without_gradient_sync_fails_parity(suite):
     if suite.device_type == "cuda":
         pytest.skip("the CPU tier's bite test covers the check")
     cfg = suite.config("ddp", 2, **LORA)
-    broken = suite.run(2, "mutants:train", mutation="no_grad_sync", cfg=cfg.to_dict())[0]
+    broken = suite.run_job(2, mutants.train, mutation="no_grad_sync", cfg=cfg)[0]
     with pytest.raises(AssertionError, match="diverges from the single-process reference"):
-        assert_losses_match(broken["losses"], suite.reference(cfg)["losses"], "ddp ws2 LoRA without gradient sync")
+        assert_losses_match(
+            broken["losses"], suite.reference(cfg)["losses"], "ddp ws2 LoRA without gradient sync"
+        )

@@ -134,7 +134,7 @@ def test_a_fit_leaving_less_than_the_headroom_counts_as_out_of_memory():
 
 def test_a_probe_that_fails_otherwise_rules_the_candidate_out_with_its_exception():
     error = (
-        "job distbench.measure.bench:bench failed at world size 2: rank 0 raised ValueError\n"
+        "job distbench.jobs.bench:bench failed at world size 2: rank 0 raised ValueError\n"
         '===== rank 0: error (ValueError) =====\nTraceback (most recent call last):\n  File "x.py"\n'
         "ValueError: bad shapes\n===== rank 1: ok ====="
     )

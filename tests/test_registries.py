@@ -23,18 +23,34 @@ def _planted(**changes) -> StrategySpec:
     return dataclasses.replace(REGISTRY["fsdp_full"], name="planted", **changes)
 
 
-@pytest.mark.parametrize("changes,needle", [
-    ({"memory": None}, "no memory layout"),
-    ({"memory": MemoryLayout(sharded=frozenset({"activations"}))}, "components outside"),
-    ({"checkpoint": None}, "no checkpoint format"),
-    ({"checkpoint": dataclasses.replace(REGISTRY["fsdp_full"].checkpoint, exporter="hdf5")}, "unknown exporter 'hdf5'"),
-    ({"cpu": False}, "GPU only without saying why"),
-    ({"cpu": False, "gpu_only_why": "CUDA only", "grids": frozenset({"cpu"})}, "CPU default grid"),
-    ({"grids": frozenset({"nightly"})}, "unknown grid"),
-    ({"target": "distbench.strategies.fsdp:NoSuchTrainer"}, "does not name a callable"),
-    ({"config_check": "distbench.strategies.ds_config:no_such_check"}, "does not name a callable"),
-], ids=["no-memory", "bad-component", "no-checkpoint", "unknown-exporter", "gpu-only-why", "cpu-grid", "grid",
-        "target", "config-check"])
+@pytest.mark.parametrize(
+    "changes,needle",
+    [
+        ({"memory": None}, "no memory layout"),
+        ({"memory": MemoryLayout(sharded=frozenset({"activations"}))}, "components outside"),
+        ({"checkpoint": None}, "no checkpoint format"),
+        (
+            {"checkpoint": dataclasses.replace(REGISTRY["fsdp_full"].checkpoint, exporter="hdf5")},
+            "unknown exporter 'hdf5'",
+        ),
+        ({"cpu": False}, "GPU only without saying why"),
+        ({"cpu": False, "gpu_only_why": "CUDA only", "grids": frozenset({"cpu"})}, "CPU default grid"),
+        ({"grids": frozenset({"nightly"})}, "unknown grid"),
+        ({"target": "distbench.strategies.fsdp:NoSuchTrainer"}, "does not name a callable"),
+        ({"config_check": "distbench.strategies.ds_config:no_such_check"}, "does not name a callable"),
+    ],
+    ids=[
+        "no-memory",
+        "bad-component",
+        "no-checkpoint",
+        "unknown-exporter",
+        "gpu-only-why",
+        "cpu-grid",
+        "grid",
+        "target",
+        "config-check",
+    ],
+)
 def test_an_incomplete_strategy_entry_fails(changes, needle):
     found = check_spec(_planted(**changes), set(EXPORTERS))
     assert any(needle in f for f in found), found
@@ -84,18 +100,45 @@ def test_only_strategies_whose_format_reshards_say_so():
 def _gpu_reply(rank: int) -> dict:
     """What the bench job returns on a GPU rank with every optional measurement present (device time, NVML,
     allocator peaks), so its summary carries every metric the bench job can write."""
-    nvml = {"throttled": False, "throttle_reasons": [], "power_capped": False, "gpu_util_pct": {"mean": 97.0},
-            "sm_clock_mhz": {"median": 1755.0}, "power_w": {"mean": 600.0}, "temp_c": {"max": 60.0}}
+    nvml = {
+        "throttled": False,
+        "throttle_reasons": [],
+        "power_capped": False,
+        "gpu_util_pct": {"mean": 97.0},
+        "sm_clock_mhz": {"median": 1755.0},
+        "power_w": {"mean": 600.0},
+        "temp_c": {"max": 60.0},
+    }
     return {
-        "rank": rank, "device_type": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "peak_dtype": "bf16",
-        "seq_len": 32, "n_params": 1000, "flops": {"flops_per_token": 6000.0}, "optimizer_impl": "fused",
-        "step_times_s": [0.10, 0.11, 0.10], "warmup_step_times_s": [0.2],
+        "rank": rank,
+        "device_type": "cuda",
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "peak_dtype": "bf16",
+        "seq_len": 32,
+        "n_params": 1000,
+        "flops": {"flops_per_token": 6000.0},
+        "optimizer_impl": "fused",
+        "step_times_s": [0.10, 0.11, 0.10],
+        "warmup_step_times_s": [0.2],
         "windows": [{"wall_s": 0.31, "steps": 3, "host_cpu_s": [0.02, 0.03, 0.02]}],
-        "losses": [5.0, 4.9, 4.8, 4.7], "gc": None, "nvml": nvml,
-        "memory": {"mem_allocated_peak_bytes": 2**30, "mem_reserved_peak_bytes": 2**31,
-                   "nvml_mem_used_peak_bytes": 3 * 2**30, "mem_allocated_bytes": 2**29, "mem_total_bytes": 2**36},
-        "device_time": {"compute_s": 0.08, "comm_s": 0.01, "busy_s": 0.09, "wall_s": 0.1, "processing_s": 0.5,
-                        "steps": 3},
+        "losses": [5.0, 4.9, 4.8, 4.7],
+        "gc": None,
+        "nvml": nvml,
+        "memory": {
+            "mem_allocated_peak_bytes": 2**30,
+            "mem_reserved_peak_bytes": 2**31,
+            "nvml_mem_used_peak_bytes": 3 * 2**30,
+            "mem_allocated_bytes": 2**29,
+            "mem_total_bytes": 2**36,
+        },
+        "device_time": {
+            "compute_s": 0.08,
+            "comm_s": 0.01,
+            "busy_s": 0.09,
+            "wall_s": 0.1,
+            "processing_s": 0.5,
+            "steps": 3,
+        },
     }
 
 
@@ -105,7 +148,7 @@ class _Pool:
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
 
-    def run(self, target, kwargs, timeout):
+    def run(self, job, kwargs, timeout):
         return [_gpu_reply(r) for r in range(self.world_size)]
 
 
@@ -113,12 +156,24 @@ def _every_metric_a_result_carries() -> set[str]:
     """The metric names of results as `distbench run` writes them: the bench job's summary at world sizes 1
     and 2, scaling.annotate's speedup and efficiency, and the trace breakdown the matrix copies in."""
     from distbench import scaling
-    from distbench.measure.bench import run_benchmark
+    from distbench.matrix import run_benchmark
     from distbench.metrics import names
 
-    results = [run_benchmark(_Pool(ws), RunConfig(strategy="ddp", world_size=ws, model="gpt2-tiny",
-                                                   global_batch=4, micro_batch=2, steps=3, warmup=1))
-               for ws in (1, 2)]
+    results = [
+        run_benchmark(
+            _Pool(ws),
+            RunConfig(
+                strategy="ddp",
+                world_size=ws,
+                model="gpt2-tiny",
+                global_batch=4,
+                micro_batch=2,
+                steps=3,
+                warmup=1,
+            ),
+        )
+        for ws in (1, 2)
+    ]
     scaling.annotate(results)
     carried = {k for r in results for k in r["metrics"]}
     return carried | set(names(source="trace"))
@@ -128,16 +183,23 @@ def test_every_metric_a_result_carries_has_a_registry_entry():
     from distbench.metrics import METRICS
 
     carried = _every_metric_a_result_carries()
-    assert {"step_time_s", "mfu", "device_compute_s", "step_gcycles", "speedup", "config_overhead_s"} <= carried
+    assert {
+        "step_time_s",
+        "mfu",
+        "device_compute_s",
+        "step_gcycles",
+        "speedup",
+        "config_overhead_s",
+    } <= carried
     assert carried - set(METRICS) == set(), "metrics without an entry in distbench/metrics.py"
 
 
 def test_a_metric_without_a_registry_entry_fails(monkeypatch):
-    import distbench.measure.bench as bm
+    import distbench.results as results
     from distbench.measure.timing import throughput
     from distbench.metrics import METRICS
 
-    monkeypatch.setattr(bm, "throughput", lambda *a: {**throughput(*a), "planted_per_s": 1.0})
+    monkeypatch.setattr(results, "throughput", lambda *a: {**throughput(*a), "planted_per_s": 1.0})
     assert _every_metric_a_result_carries() - set(METRICS) == {"planted_per_s"}
 
 

@@ -10,31 +10,65 @@ from distbench.results import make_result, save_result
 
 GIB = 1024**3
 WORKLOAD = {"model": "gpt2-large", "precision": "bf16", "seq_len": 1024, "global_batch": 32, "micro_batch": 8}
-ENV = {"gpu_model": "NVIDIA H200", "gpu_count": 2, "torch": "2.11.0", "cuda": "13.0", "git_commit": "0123456789abcdef"}
+ENV = {
+    "gpu_model": "NVIDIA H200",
+    "gpu_count": 2,
+    "torch": "2.11.0",
+    "cuda": "13.0",
+    "git_commit": "0123456789abcdef",
+}
 # (strategy, world size, tokens/s, peak allocated GiB) in the spirit of seed 004
-RUNS = [("single", 1, 32582, 12.0), ("ddp", 2, 62870, 12.0), ("fsdp_full", 2, 62244, 4.0),
-        ("fsdp_grad", 2, 62495, 8.0)]
-TRACE = {"fsdp_grad": {"compute_ms": 6828.7, "non_compute_ms": 87.1, "idle_ms": 72.6, "compute_pct": 97.71,
-                       "non_compute_pct": 1.25, "idle_pct": 1.04, "overlap_pct": 98.06,
-                       "exposed_comm_ms": 1.7}}
+RUNS = [
+    ("single", 1, 32582, 12.0),
+    ("ddp", 2, 62870, 12.0),
+    ("fsdp_full", 2, 62244, 4.0),
+    ("fsdp_grad", 2, 62495, 8.0),
+]
+TRACE = {
+    "fsdp_grad": {
+        "compute_ms": 6828.7,
+        "non_compute_ms": 87.1,
+        "idle_ms": 72.6,
+        "compute_pct": 97.71,
+        "non_compute_pct": 1.25,
+        "idle_pct": 1.04,
+        "overlap_pct": 98.06,
+        "exposed_comm_ms": 1.7,
+    }
+}
 
 
 def result(strategy, ws, tps, mem_gib, *, throttled=False, cfg=None):
     st = 32 * 1024 / tps
     return make_result(
         {"strategy": strategy, "world_size": ws, **(cfg or WORKLOAD)},
-        metrics={"tokens_per_s": tps, "tokens_per_s_per_gpu": tps / ws, "step_time_s": st, "mfu": 0.45,
-                 "mem_allocated_peak_bytes": mem_gib * GIB, "mem_reserved_peak_bytes": (mem_gib + 1) * GIB,
-                 "nvml_mem_used_peak_bytes": (mem_gib + 2) * GIB},
-        env=ENV, step_time_s={"median": st, "p10": st * 0.98, "p90": st * 1.02, "mean": st, "std": 0.0, "n": 20},
-        nvml={"throttled": throttled}, trace=TRACE.get(strategy))
+        metrics={
+            "tokens_per_s": tps,
+            "tokens_per_s_per_gpu": tps / ws,
+            "step_time_s": st,
+            "mfu": 0.45,
+            "mem_allocated_peak_bytes": mem_gib * GIB,
+            "mem_reserved_peak_bytes": (mem_gib + 1) * GIB,
+            "nvml_mem_used_peak_bytes": (mem_gib + 2) * GIB,
+        },
+        env=ENV,
+        step_time_s={"median": st, "p10": st * 0.98, "p90": st * 1.02, "mean": st, "std": 0.0, "n": 20},
+        nvml={"throttled": throttled},
+        trace=TRACE.get(strategy),
+    )
 
 
 def results():
     out = [result(*r) for r in RUNS]
     out.append(result("ddp", 2, 60000, 12.0, throttled=True))  # a second ddp run: median of two
-    out.append(make_result({"strategy": "ddp", "world_size": 8, **WORKLOAD}, status="oom",
-                           error="CUDA out of memory", env=ENV))
+    out.append(
+        make_result(
+            {"strategy": "ddp", "world_size": 8, **WORKLOAD},
+            status="oom",
+            error="CUDA out of memory",
+            env=ENV,
+        )
+    )
     return out
 
 
@@ -42,7 +76,7 @@ def table_rows(md: str, header_start: str) -> list[list[str]]:
     lines = md.splitlines()
     i = next(n for n, line in enumerate(lines) if line.startswith(header_start))
     rows = []
-    for line in lines[i + 2:]:
+    for line in lines[i + 2 :]:
         if not line.startswith("|"):
             break
         rows.append([c.strip() for c in line.strip("|").split("|")])
@@ -130,6 +164,7 @@ def test_report_command_writes_report_and_summary(tmp_path, monkeypatch):
 
 def test_report_spread_and_kernel_diff(tmp_path):
     """Repeated runs get their run-to-run CV; traced strategies get seed 004's kernel diff against DDP."""
+
     def kernels(*rows):
         return [{"name": n, "type": t, "total_us": us, "count": c} for n, t, us, c in rows]
 
@@ -139,8 +174,10 @@ def test_report_spread_and_kernel_diff(tmp_path):
         return r
 
     gemm = ("sm90_gemm_bf16", "COMPUTATION", 5000.0, 30)
-    runs = [traced("ddp", kernels(gemm, ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "COMMUNICATION", 600.0, 3))),
-            traced("fsdp_full", kernels(gemm, ("ncclDevKernel_AllGather_RING_LL", "COMMUNICATION", 900.0, 6)))]
+    runs = [
+        traced("ddp", kernels(gemm, ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "COMMUNICATION", 600.0, 3))),
+        traced("fsdp_full", kernels(gemm, ("ncclDevKernel_AllGather_RING_LL", "COMMUNICATION", 900.0, 6))),
+    ]
     runs += [result("zero2", 2, tps, 8.0) for tps in (100.0, 110.0, 90.0)]
     md = write_report(runs, tmp_path).read_text()
 

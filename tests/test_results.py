@@ -19,10 +19,24 @@ SCHEMA_FILE = ROOT / "schemas" / "distbench.result-1.json"
 
 
 def good() -> dict:
-    cfg = {"strategy": "ddp", "world_size": 2, "model": "gpt2-tiny", "precision": "fp32", "seq_len": 32,
-           "global_batch": 8, "micro_batch": 2}
-    return json.loads(json.dumps(make_result(cfg, metrics={"tokens_per_s": 1000.0, "mfu": 0.1},
-                                             step_time_s={"median": 0.1, "p10": 0.09, "p90": 0.12, "n": 5})))
+    cfg = {
+        "strategy": "ddp",
+        "world_size": 2,
+        "model": "gpt2-tiny",
+        "precision": "fp32",
+        "seq_len": 32,
+        "global_batch": 8,
+        "micro_batch": 2,
+    }
+    return json.loads(
+        json.dumps(
+            make_result(
+                cfg,
+                metrics={"tokens_per_s": 1000.0, "mfu": 0.1},
+                step_time_s={"median": 0.1, "p10": 0.09, "p90": 0.12, "n": 5},
+            )
+        )
+    )
 
 
 def without(key: str) -> dict:
@@ -46,8 +60,16 @@ DAMAGED = [
     ("not-json", b'{"schema": "distbench.result/1",', "is not valid JSON: line 1"),
     ("no-config", without("config"), "config: field required"),
     ("config-null", with_("config", None), "config: input should be a valid dictionary"),
-    ("metric-string", with_("metrics.tokens_per_s", "fast"), "metrics.tokens_per_s: input should be a valid number"),
-    ("world-size-string", with_("config.world_size", "2"), "config.world_size: input should be a valid integer"),
+    (
+        "metric-string",
+        with_("metrics.tokens_per_s", "fast"),
+        "metrics.tokens_per_s: input should be a valid number",
+    ),
+    (
+        "world-size-string",
+        with_("config.world_size", "2"),
+        "config.world_size: input should be a valid integer",
+    ),
     ("status", with_("status", "great"), "status: input should be 'ok', 'oom' or 'error'"),
     ("step-time", with_("step_time_s.median", None), "step_time_s.median"),
     ("in-a-list", [good(), without("id")], "(item 1) is a damaged"),
@@ -64,7 +86,10 @@ def test_a_damaged_result_is_one_line_naming_the_file(tmp_path, capsys, content,
     with pytest.raises(ResultFileError) as e:
         load_results(bad_dir)
     assert str(bad) in str(e.value) and needle in str(e.value) and "\n" not in str(e.value)
-    for argv in (["report", str(bad_dir), "--out", str(tmp_path / "rep")], ["compare", str(good_dir), str(bad_dir)]):
+    for argv in (
+        ["report", str(bad_dir), "--out", str(tmp_path / "rep")],
+        ["compare", str(good_dir), str(bad_dir)],
+    ):
         assert main(argv) == 2
         out, err = capsys.readouterr()
         assert err.count("\n") == 1 and str(bad) in err and needle in err and "Traceback" not in out + err
@@ -85,8 +110,10 @@ def test_every_committed_result_loads():
 
 
 def test_the_committed_json_schema_is_generated_from_the_model():
-    fix = ("regenerate: PYTHONPATH=src python -c 'import json; from distbench.results import json_schema; "
-           "print(json.dumps(json_schema(), indent=2, sort_keys=True))' > schemas/distbench.result-1.json")
+    fix = (
+        "regenerate: PYTHONPATH=src python -c 'import json; from distbench.results import json_schema; "
+        "print(json.dumps(json_schema(), indent=2, sort_keys=True))' > schemas/distbench.result-1.json"
+    )
     assert json.loads(SCHEMA_FILE.read_text()) == json_schema(), fix
     assert json_schema()["properties"]["schema"]["const"] == SCHEMA
 

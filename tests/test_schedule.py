@@ -16,8 +16,9 @@ def test_small_world_sizes_fill_floor_n_over_w_lanes_and_a_group_stays_in_one():
     p = plan(ws1 + ws2 + cases("ddp", 4, 2), slots=4)
     assert [lane.world_size for lane in p.lanes] == [1, 1, 1, 1, 2, 2]
     for group in ("ddp", "zero3", "fsdp", "single"):
-        holding = [lane for lane in p.lanes if any(f"::{group}" in n for n in lane.nodeids)
-                   and lane.world_size == 1]
+        holding = [
+            lane for lane in p.lanes if any(f"::{group}" in n for n in lane.nodeids) and lane.world_size == 1
+        ]
         assert len(holding) == 1, f"group {group} split over {len(holding)} lanes"
     assert sorted(n for lane in p.lanes for n in lane.nodeids) == sorted(c.nodeid for c in ws1 + ws2)
     assert p.whole == [c.nodeid for c in cases("ddp", 4, 2)]
@@ -31,8 +32,15 @@ def test_a_lane_keeps_collection_order():
 
 
 def test_exclusive_cases_run_alone_last_and_skipped_ones_first():
-    p = plan([Case("b::ws2", 2, "g", exclusive=True), Case("b::ws1", 1, "g", exclusive=True),
-              Case("s::skip", 1, "g", inert=True), *cases("ddp", 1, 2)], slots=2)
+    p = plan(
+        [
+            Case("b::ws2", 2, "g", exclusive=True),
+            Case("b::ws1", 1, "g", exclusive=True),
+            Case("s::skip", 1, "g", inert=True),
+            *cases("ddp", 1, 2),
+        ],
+        slots=2,
+    )
     assert p.alone == ["b::ws1", "b::ws2"]  # world size 1 first: each world size's pool is built once
     assert p.first == ["s::skip"]
     assert all("b::" not in n and "s::" not in n for lane in p.lanes for n in lane.nodeids)

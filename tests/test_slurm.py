@@ -21,8 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DAEMONS = ("slurmctld", "slurmd", "sbatch", "sinfo")
 missing = [d for d in DAEMONS if shutil.which(d) is None]
 pytestmark = [
-    pytest.mark.skipif(bool(missing), reason=f"Slurm not installed ({', '.join(missing)} missing; Debian: "
-                                             "apt-get install slurm-wlm)"),
+    pytest.mark.skipif(
+        bool(missing),
+        reason=f"Slurm not installed ({', '.join(missing)} missing; Debian: apt-get install slurm-wlm)",
+    ),
     pytest.mark.skipif(os.geteuid() != 0, reason="slurmd must run as root"),
 ]
 
@@ -61,17 +63,30 @@ def slurm(tmp_path):
     (d / "state").mkdir(parents=True)
     (d / "spool").mkdir()
     conf = d / "slurm.conf"
-    conf.write_text(CONF.format(host=socket.gethostname().split(".")[0], ctld_port=free_port(), d_port=free_port(),
-                                d=d, cpus=os.cpu_count()))
+    conf.write_text(
+        CONF.format(
+            host=socket.gethostname().split(".")[0],
+            ctld_port=free_port(),
+            d_port=free_port(),
+            d=d,
+            cpus=os.cpu_count(),
+        )
+    )
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    daemons = [subprocess.Popen([shutil.which(name), "-D", *extra], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL) for name, extra in (("slurmctld", ["-i"]), ("slurmd", []))]
+    daemons = [
+        subprocess.Popen(
+            [shutil.which(name), "-D", *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        for name, extra in (("slurmctld", ["-i"]), ("slurmd", []))
+    ]
     try:
         deadline = time.monotonic() + 30
         state = ""
         while time.monotonic() < deadline and "idle" not in state:
             time.sleep(0.5)
-            state = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True).stdout
+            state = subprocess.run(
+                ["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True
+            ).stdout
         assert "idle" in state, f"the local Slurm node never became idle ({state!r}); see {d}/slurm*.log"
         yield env
     finally:
@@ -88,9 +103,12 @@ def wait_for_job(job_id: str, env: dict[str, str], timeout: float) -> str:
     """`scontrol show job` once the job has ended (polled every 0.5 s: sbatch --wait backs off to 10 s)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True,
-                               text=True).stdout
-        if any(f"JobState={s}" in state for s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")):
+        state = subprocess.run(
+            ["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True
+        ).stdout
+        if any(
+            f"JobState={s}" in state for s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+        ):
             return state
         time.sleep(0.5)
     subprocess.run(["scancel", job_id], env=env)
@@ -100,13 +118,47 @@ def wait_for_job(job_id: str, env: dict[str, str], timeout: float) -> str:
 @pytest.mark.slow  # two daemons, then one 2-rank torchrun step: ~25 s on 2 cores
 def test_sbatch_script_runs_distbench_launch_with_slurms_rendezvous(slurm, tmp_path):
     out = tmp_path / "results"
-    env = {**slurm, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "DISTBENCH_PROCS_PER_NODE": "2",
-           "DISTBENCH_RDZV_PORT": str(free_port()), "DISTBENCH_PYTHON": sys.executable}
+    env = {
+        **slurm,
+        "PYTHONPATH": str(ROOT / "src"),
+        "OMP_NUM_THREADS": "1",
+        "DISTBENCH_PROCS_PER_NODE": "2",
+        "DISTBENCH_RDZV_PORT": str(free_port()),
+        "DISTBENCH_PYTHON": sys.executable,
+    }
     submit = subprocess.run(
-        ["sbatch", "--parsable", "--nodes", "1", "--cpus-per-task", str(os.cpu_count()), "--time", "5",
-         "--output", str(tmp_path / "job.out"), str(ROOT / "scripts" / "distbench.sbatch"),
-         "--parity", "--", "--device", "cpu", "-s", "ddp", "-n", "2", "--steps", "2", "--warmup", "1", "-o", str(out)],
-        env=env, capture_output=True, text=True, timeout=60)
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes",
+            "1",
+            "--cpus-per-task",
+            str(os.cpu_count()),
+            "--time",
+            "5",
+            "--output",
+            str(tmp_path / "job.out"),
+            str(ROOT / "scripts" / "distbench.sbatch"),
+            "--parity",
+            "--",
+            "--device",
+            "cpu",
+            "-s",
+            "ddp",
+            "-n",
+            "2",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "-o",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert submit.returncode == 0, submit.stderr
     state = wait_for_job(submit.stdout.strip().split(";")[0], env, timeout=300)
     log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""

@@ -29,10 +29,24 @@ def scrape(port: int) -> str:
 
 
 def a_result() -> dict:
-    cfg = {"strategy": "ddp", "world_size": 2, "model": "gpt2-tiny", "precision": "fp32", "seq_len": 32,
-           "global_batch": 8, "micro_batch": 2}
-    per_rank = [{"rank": r, "step_time_s": {"median": 0.02 + r / 100, "p10": 0.01, "p90": 0.05},
-                 "mem_allocated_peak_bytes": 1000 + r, "mem_reserved_peak_bytes": None} for r in (0, 1)]
+    cfg = {
+        "strategy": "ddp",
+        "world_size": 2,
+        "model": "gpt2-tiny",
+        "precision": "fp32",
+        "seq_len": 32,
+        "global_batch": 8,
+        "micro_batch": 2,
+    }
+    per_rank = [
+        {
+            "rank": r,
+            "step_time_s": {"median": 0.02 + r / 100, "p10": 0.01, "p90": 0.05},
+            "mem_allocated_peak_bytes": 1000 + r,
+            "mem_reserved_peak_bytes": None,
+        }
+        for r in (0, 1)
+    ]
     return make_result(cfg, metrics={"tokens_per_s": 1234.5, "mfu": 0.25}, per_rank=per_rank)
 
 
@@ -50,8 +64,15 @@ class FakeNvml:
 
 
 def fake_sample(nv, h: int) -> dict:
-    return {"t": 0.0, "gpu_util_pct": 97.0 + h, "sm_clock_mhz": 1980, "power_w": 612.5, "temp_c": 55,
-            "mem_used_bytes": 3 * 2**30, "reasons": 0x4 if h else None}
+    return {
+        "t": 0.0,
+        "gpu_util_pct": 97.0 + h,
+        "sm_clock_mhz": 1980,
+        "power_w": 612.5,
+        "temp_c": 55,
+        "mem_used_bytes": 3 * 2**30,
+        "reasons": 0x4 if h else None,
+    }
 
 
 def test_gpu_samples_and_step_metrics_are_served_and_written(tmp_path, monkeypatch):
@@ -80,7 +101,9 @@ def test_gpu_samples_and_step_metrics_are_served_and_written(tmp_path, monkeypat
     assert (tmp_path / tm.TEXTFILE_NAME).read_text() == text  # node_exporter reads the same exposition
 
 
-@pytest.mark.parametrize("value, want", [("9400", ("0.0.0.0", 9400)), ("127.0.0.1:9400", ("127.0.0.1", 9400))])
+@pytest.mark.parametrize(
+    "value, want", [("9400", ("0.0.0.0", 9400)), ("127.0.0.1:9400", ("127.0.0.1", 9400))]
+)
 def test_listen_address(value, want):
     assert tm.parse_listen(value) == want
 
@@ -95,9 +118,35 @@ def test_a_live_run_is_scraped_while_it_runs(tmp_path):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "distbench.cli", "run", "--device", "cpu", "-s", "single", "-n", "1", "--repeats", "2",
-         "--steps", "30", "--warmup", "1", "-o", str(tmp_path / "out"), "--prometheus", f"127.0.0.1:{port}",
-         "--textfile", str(tmp_path / "prom")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "distbench.cli",
+            "run",
+            "--device",
+            "cpu",
+            "-s",
+            "single",
+            "-n",
+            "1",
+            "--repeats",
+            "2",
+            "--steps",
+            "30",
+            "--warmup",
+            "1",
+            "-o",
+            str(tmp_path / "out"),
+            "--prometheus",
+            f"127.0.0.1:{port}",
+            "--textfile",
+            str(tmp_path / "prom"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen = None
     try:
         deadline = time.monotonic() + 120
@@ -116,32 +165,48 @@ def test_a_live_run_is_scraped_while_it_runs(tmp_path):
         proc.kill()
     assert proc.returncode == 0, out
     assert seen is not None and running, "no scrape showed the first repeat while the second was running"
-    assert re.search(r'distbench_step_time_seconds\{configuration="single ws1 gpt2-tiny fp32 s\d+ gb\d+ mb2",'
-                     r'rank="0",stat="median"\} [0-9.e-]+', seen)
-    assert 'distbench_configurations_total{status="ok"} 2.0' in (tmp_path / "prom" / tm.TEXTFILE_NAME).read_text()
+    assert re.search(
+        r'distbench_step_time_seconds\{configuration="single ws1 gpt2-tiny fp32 s\d+ gb\d+ mb2",'
+        r'rank="0",stat="median"\} [0-9.e-]+',
+        seen,
+    )
+    assert (
+        'distbench_configurations_total{status="ok"} 2.0'
+        in (tmp_path / "prom" / tm.TEXTFILE_NAME).read_text()
+    )
 
 
-@pytest.mark.skipif(shutil.which("prometheus") is None, reason="no prometheus binary (Debian: apt-get install prometheus)")
+@pytest.mark.skipif(
+    shutil.which("prometheus") is None, reason="no prometheus binary (Debian: apt-get install prometheus)"
+)
 @pytest.mark.slow  # a real Prometheus server started and scraping: ~7 s on 2 cores
 def test_a_real_prometheus_server_scrapes_the_endpoint(tmp_path):
     port, prom_port = free_port(), free_port()
     (tmp_path / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"scrape_configs: [{{job_name: distbench, static_configs: [{{targets: ['127.0.0.1:{port}']}}]}}]\n")
+        f"scrape_configs: [{{job_name: distbench, static_configs: [{{targets: ['127.0.0.1:{port}']}}]}}]\n"
+    )
     t = tm.Telemetry(listen=("127.0.0.1", port)).start()
     t.record(a_result())
     server = subprocess.Popen(
-        [shutil.which("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"))
+        [
+            shutil.which("prometheus"),
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "prometheus.log").open("w"),
+    )
     got: list = []
     try:
         deadline = time.monotonic() + 60
         while not got and time.monotonic() < deadline and server.poll() is None:
             time.sleep(0.5)
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{prom_port}/api/v1/query?"
-                                            "query=distbench_tokens_per_second", timeout=5) as r:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{prom_port}/api/v1/query?query=distbench_tokens_per_second", timeout=5
+                ) as r:
                     got = json.load(r)["data"]["result"]
             except OSError:  # still starting
                 continue

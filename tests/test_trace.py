@@ -21,6 +21,7 @@ import pytest
 
 from distbench.errors import ConfigError, ResourceError
 from distbench.measure import trace as tr
+from distbench.report.trace import render_breakdown_markdown, render_kernel_diff_markdown
 from distbench.runtime.context import RankContext
 from extras import need
 
@@ -150,13 +151,13 @@ def test_kernel_diff_statuses(analyzed: dict[str, dict]) -> None:
         (abs(r["diff_us"]) for r in rows.values()), reverse=True
     )
 
-    md = tr.render_kernel_diff_markdown(tr.kernel_diff(analyzed["a"], analyzed["b"]), "DDP", "FSDP_FULL")
+    md = render_kernel_diff_markdown(tr.kernel_diff(analyzed["a"], analyzed["b"]), "DDP", "FSDP_FULL")
     assert "| Operation | DDP Duration (us) | FSDP_FULL Duration (us) |" in md
     assert f"| `{allgather}` | 0 | 300 | +300 | 0→1 (+1) | NEW |" in md
 
 
 def test_render_breakdown(analyzed: dict[str, dict]) -> None:
-    md = tr.render_breakdown_markdown({"DDP": analyzed["a"], "FSDP_FULL": analyzed["b"]})
+    md = render_breakdown_markdown({"DDP": analyzed["a"], "FSDP_FULL": analyzed["b"]})
     assert "| Strategy | Idle Time (ms) | Compute Time (ms) |" in md
     ddp = next(line for line in md.splitlines() if line.startswith("| DDP | 0.25 |")).split(" | ")
     assert ddp[4:6] == ["0.90", "27.78%"]  # kernel time per step, idle %
@@ -217,7 +218,7 @@ def test_kernel_diff_markdown_keeps_both_ends_of_long_names() -> None:
     name = "at::native::multi_tensor_apply_kernel<" + "x" * 300 + ", at::native::LerpFunctor<float>, float>"
     row = {"name": name, "a_us": 1.0, "b_us": 2.0, "diff_us": 1.0, "a_count": 1, "b_count": 1, "count_change": 0,
            "status": tr.STATUS_MODIFIED}  # fmt: skip
-    cell = tr.render_kernel_diff_markdown([row], "A", "B").splitlines()[2].split(" | ")[0]
+    cell = render_kernel_diff_markdown([row], "A", "B").splitlines()[2].split(" | ")[0]
     assert cell.startswith("| `at::native::multi_tensor_apply_kernel<") and cell.endswith(
         "LerpFunctor<float>, float>`"
     )

@@ -78,7 +78,9 @@ def test_ci_smoke_tests_asv_on_the_cpu_grid():
     script = "\n".join(s["run"] for s in load(CI)["jobs"]["asv-smoke"]["steps"] if "run" in s)
     assert re.search(r"asv run --python=same --quick --set-commit-hash", script)  # results are saved
     assert "asv publish" in script
-    assert re.search(r"^asv continuous .*origin/main HEAD$", script, re.M)  # the README's PR recipe, built fresh
+    assert re.search(
+        r"^asv continuous .*origin/main HEAD$", script, re.M
+    )  # the README's PR recipe, built fresh
 
 
 def test_gpu_runs_on_the_self_hosted_h200_runner_one_job_at_a_time():
@@ -96,14 +98,17 @@ def test_gpu_pull_requests_need_the_label_and_a_branch_of_this_repository():
     assert "contains(github.event.pull_request.labels.*.name, 'gpu') &&" in guard
     assert "github.event.pull_request.head.repo.full_name == github.repository" in guard
     assert "github.event.action != 'labeled' || github.event.label.name == 'gpu'" in guard  # not other labels
-    assert wf["jobs"]["pages"]["if"] == "github.event_name != 'pull_request' && github.ref == 'refs/heads/main'"
+    assert (
+        wf["jobs"]["pages"]["if"] == "github.event_name != 'pull_request' && github.ref == 'refs/heads/main'"
+    )
 
 
 def test_gpu_multicast_off_and_the_full_pipeline_present():
     wf = load(GPU)
-    assert {k: wf["env"][k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-                                      "NVSHMEM_DISABLE_NVLS")} == {
-        "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    assert {
+        k: wf["env"][k]
+        for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+    } == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     script = runs(wf)
     for needle in ("pytest -m gpu", "distbench run", "asv run", "asv publish", "--github-summary"):
         assert needle in script
@@ -151,8 +156,11 @@ def test_self_hosted_jobs_install_into_a_throwaway_environment():
         if "self-hosted" not in job["runs-on"]:
             continue
         scripts = [s.get("run", "") for s in job["steps"]]
-        venv = next(i for i, r in enumerate(scripts)
-                    if re.search(r'python -m venv --system-site-packages "\$RUNNER_TEMP/', r))
+        venv = next(
+            i
+            for i, r in enumerate(scripts)
+            if re.search(r'python -m venv --system-site-packages "\$RUNNER_TEMP/', r)
+        )
         assert '>> "$GITHUB_PATH"' in scripts[venv], f"{name}: the venv is not put first on PATH"
         first_install = next(i for i, r in enumerate(scripts) if "pip install" in r)
         assert venv < first_install, f"{name} installs before creating its environment"
@@ -178,9 +186,12 @@ SHELL_STRING = re.compile(r"os\.system\(|os\.popen\(|shell\s*=\s*True")
 def test_no_shell_strings_built_from_paths():
     """A path with a space or a quote in it must not become a shell command: argument lists only."""
     sources = [p for d in ("src", "tests", "benchmarks", "scripts") for p in (ROOT / d).rglob("*.py")]
-    offenders = [f"{p.relative_to(ROOT)}:{i}" for p in sources
-                 for i, line in enumerate(p.read_text().splitlines(), 1) if SHELL_STRING.search(line)
-                 and p.name != "test_workflows.py"]
+    offenders = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in sources
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if SHELL_STRING.search(line) and p.name != "test_workflows.py"
+    ]
     assert not offenders, f"shell strings: {offenders}"
     assert SHELL_STRING.search('os.system(f"cp -r {a} {b}")') and SHELL_STRING.search("run(cmd, shell=True)")
 
@@ -241,8 +252,11 @@ def test_the_linters_catch_a_broken_workflow(tmp_path):
 
 def test_pre_commit_runs_ruff_check_ruff_format_and_mypy_at_the_pinned_versions():
     """The hooks run the environment's ruff and mypy: the [lint] extra pins them, at the versions CI installs."""
-    hooks = {h["id"]: h for repo in yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"]
-             for h in repo["hooks"]}
+    hooks = {
+        h["id"]: h
+        for repo in yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"]
+        for h in repo["hooks"]
+    }
     assert {"ruff", "ruff-format", "mypy"} <= set(hooks)
     assert hooks["ruff-format"]["entry"] == "ruff format" and hooks["ruff"]["entry"].startswith("ruff check")
     pyproject = (ROOT / "pyproject.toml").read_text()  # no tomllib on Python 3.10
@@ -250,7 +264,13 @@ def test_pre_commit_runs_ruff_check_ruff_format_and_mypy_at_the_pinned_versions(
     assert extra, "pyproject.toml has no [lint] extra"
     lint = dict(re.findall(r'"([\w-]+)==([\w.]+)"', extra.group(1)))
     assert {"ruff", "mypy"} <= set(lint), "the [lint] extra must pin ruff and mypy"
-    ci = {pkg.split("==")[0]: pkg.split("==")[1] for pkgs in _pip_installs(CI.read_text()) for pkg in pkgs
-          if "==" in pkg}
+    ci = {
+        pkg.split("==")[0]: pkg.split("==")[1]
+        for pkgs in _pip_installs(CI.read_text())
+        for pkg in pkgs
+        if "==" in pkg
+    }
     assert ci["ruff"] == lint["ruff"], "CI's ruff and the [lint] extra's differ"
-    assert re.search(r"^\[tool\.ruff\.format\]$", pyproject, re.M), "no [tool.ruff.format] for the ruff-format hook"
+    assert re.search(r"^\[tool\.ruff\.format\]$", pyproject, re.M), (
+        "no [tool.ruff.format] for the ruff-format hook"
+    )

@@ -1,35 +1,15 @@
-"""The `distbench` command line: a dispatcher over the modules in distbench.commands."""
+"""The `distbench` command line: parse (commands/parser.py), then run the chosen module of distbench.commands."""
 
 from __future__ import annotations
 
-import argparse
 import sys
-import typing
 
-from . import __version__
 from .commands import COMMANDS
-
-
-class Parser(argparse.ArgumentParser):
-    """Usage errors in one line with the fix, exit 2, before any heavy import (commands import torch in run)."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="distbench", description="Correctness and performance regression suite for distributed training."
-    )
-    parser.add_argument("--version", action="version", version=f"distbench {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMANDS:
-        module.add_parser(sub)
-    return parser
+from .commands.parser import build_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(COMMANDS)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -31,11 +31,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import config_label
 from .errors import ConfigError
 from .gate import stats
 from .gate.stats import IMPROVEMENT, REGRESSION, UNCHANGED, UNDECIDED
 from .metrics import COMPARED, METRICS, fmt_metric
-from .report.markdown import config_label, md_table
+from .report.tables import md_table
 from .results import config_key
 
 INSUFFICIENT = "insufficient-data"
@@ -137,7 +138,7 @@ class CompareReport:
 
     @property
     def status(self) -> str:
-        """"regression", "undecided" or "pass"."""
+        """ "regression", "undecided" or "pass"."""
         if self.regressions:
             return REGRESSION
         decided = [r for r in self.rows if r.verdict not in (UNDECIDED, INSUFFICIENT)]
@@ -150,37 +151,54 @@ class CompareReport:
         return {REGRESSION: EXIT_REGRESSION, UNDECIDED: EXIT_INSUFFICIENT}.get(self.status, EXIT_OK)
 
     def summary(self) -> str:
-        counts = {v: len(self._with(v)) for v in (REGRESSION, IMPROVEMENT, UNCHANGED, UNDECIDED, INSUFFICIENT)}
+        counts = {
+            v: len(self._with(v)) for v in (REGRESSION, IMPROVEMENT, UNCHANGED, UNDECIDED, INSUFFICIENT)
+        }
         throttled = sum(e.reason == "throttled" for e in self.excluded)
         parts = [f"{n} {v}" for v, n in counts.items() if n]
         if self.excluded:
             parts.append(f"{len(self.excluded)} runs excluded ({throttled} throttled)")
-        verdict = {REGRESSION: "FAIL: significant regression",
-                   UNDECIDED: "UNDECIDED: could not rule out a regression (too few usable runs, or too noisy)",
-                   "pass": "PASS"}[self.status]
+        verdict = {
+            REGRESSION: "FAIL: significant regression",
+            UNDECIDED: "UNDECIDED: could not rule out a regression (too few usable runs, or too noisy)",
+            "pass": "PASS",
+        }[self.status]
         return f"{verdict} (exit {self.exit_code}); " + (", ".join(parts) or "nothing to compare")
 
     def _criteria(self) -> str:
-        return (f"Welch's t interval on log values at {1 - self.per_test_alpha:.3%} (family-wise alpha "
-                f"{self.alpha} over {len(self.rows)} rows), Mann-Whitney U p beside it; regression when the "
-                f"interval excludes 0 and the change is at least {self.min_effect:.1%}; unchanged when a "
-                f"{self.threshold:.1%} regression is ruled out; at least {self.min_runs} runs per side.")
+        return (
+            f"Welch's t interval on log values at {1 - self.per_test_alpha:.3%} (family-wise alpha "
+            f"{self.alpha} over {len(self.rows)} rows), Mann-Whitney U p beside it; regression when the "
+            f"interval excludes 0 and the change is at least {self.min_effect:.1%}; unchanged when a "
+            f"{self.threshold:.1%} regression is ruled out; at least {self.min_runs} runs per side."
+        )
 
     def _table(self) -> tuple[list[str], list[list[str]]]:
-        head = ["Config", "Metric", "Base median (n)", "Head median (n)", "Change [CI]", "Detectable", "p",
-                "Verdict"]
+        head = [
+            "Config",
+            "Metric",
+            "Base median (n)",
+            "Head median (n)",
+            "Change [CI]",
+            "Detectable",
+            "p",
+            "Verdict",
+        ]
         body = []
         for r in sorted(self.rows, key=_row_order):
             e = r.effect
-            body.append([
-                r.label, r.metric,
-                f"{fmt_metric(r.metric, r.base_median)} ({len(r.base)})",
-                f"{fmt_metric(r.metric, r.head_median)} ({len(r.head)})",
-                "—" if e is None else f"{e.estimate:+.2%} [{e.low:+.2%}, {e.high:+.2%}]",
-                "—" if e is None else f"±{e.detectable:.2%}",
-                "—" if e is None else f"{e.p_value:.3g}",
-                r.verdict + (f" ({r.note})" if r.note else ""),
-            ])
+            body.append(
+                [
+                    r.label,
+                    r.metric,
+                    f"{fmt_metric(r.metric, r.base_median)} ({len(r.base)})",
+                    f"{fmt_metric(r.metric, r.head_median)} ({len(r.head)})",
+                    "—" if e is None else f"{e.estimate:+.2%} [{e.low:+.2%}, {e.high:+.2%}]",
+                    "—" if e is None else f"±{e.detectable:.2%}",
+                    "—" if e is None else f"{e.p_value:.3g}",
+                    r.verdict + (f" ({r.note})" if r.note else ""),
+                ]
+            )
         return head, body
 
     def _attributions(self) -> list[tuple[Row, str]]:
@@ -188,8 +206,10 @@ class CompareReport:
         for r in self.regressions:
             if r.attribution:
                 total = sum(a.delta_ms for a in r.attribution)
-                parts = ", ".join(f"{a.part.replace('_', '-')} {a.base_ms:.1f} → {a.head_ms:.1f} ms "
-                                  f"({a.delta_ms:+.1f})" for a in r.attribution)
+                parts = ", ".join(
+                    f"{a.part.replace('_', '-')} {a.base_ms:.1f} → {a.head_ms:.1f} ms ({a.delta_ms:+.1f})"
+                    for a in r.attribution
+                )
                 out.append((r, f"step time {total:+.1f} ms/step: {parts}"))
         return out
 
@@ -203,8 +223,10 @@ class CompareReport:
             lines += [f"- **{r.label} {r.metric}**: {text}" for r, text in attributions]
         if self.excluded:
             lines += ["", "### Excluded runs", ""]
-            lines += md_table(["Side", "Config", "Run", "Reason"],
-                              [[e.side, e.label, e.result_id, e.reason] for e in self.excluded])
+            lines += md_table(
+                ["Side", "Config", "Run", "Reason"],
+                [[e.side, e.label, e.result_id, e.reason] for e in self.excluded],
+            )
         return "\n".join(lines) + "\n"
 
     def __rich__(self) -> Any:
@@ -212,8 +234,13 @@ class CompareReport:
         from rich.table import Table
         from rich.text import Text
 
-        style = {REGRESSION: "bold red", IMPROVEMENT: "green", UNCHANGED: "", UNDECIDED: "yellow",
-                 INSUFFICIENT: "yellow"}
+        style = {
+            REGRESSION: "bold red",
+            IMPROVEMENT: "green",
+            UNCHANGED: "",
+            UNDECIDED: "yellow",
+            INSUFFICIENT: "yellow",
+        }
         head, body = self._table()
         table = Table(*head, title="distbench compare", caption=self._criteria())
         for r, cells in zip(sorted(self.rows, key=_row_order), body, strict=True):
@@ -221,8 +248,10 @@ class CompareReport:
         parts: list[Any] = [table]
         parts += [Text(f"note: {n}", style="yellow") for n in self.notes]
         parts += [Text(f"{r.label} {r.metric}: {text}", style="red") for r, text in self._attributions()]
-        parts += [Text(f"excluded {e.side} run {e.result_id} ({e.label}): {e.reason}", style="dim")
-                  for e in self.excluded]
+        parts += [
+            Text(f"excluded {e.side} run {e.result_id} ({e.label}): {e.reason}", style="dim")
+            for e in self.excluded
+        ]
         status_style = {REGRESSION: "bold red", UNDECIDED: "bold yellow"}.get(self.status, "bold green")
         parts.append(Text(self.summary(), style=status_style))
         return Group(*parts)
@@ -270,7 +299,9 @@ def _per_step_breakdown(runs: Sequence[dict[str, Any]]) -> dict[str, float] | No
             continue
         shares = [float(t.get(f"{p}_pct") or 0.0) for p in TRACE_PARTS]
         if sum(shares) > 0:
-            per_run.append({p: 1000.0 * st * s / sum(shares) for p, s in zip(TRACE_PARTS, shares, strict=True)})
+            per_run.append(
+                {p: 1000.0 * st * s / sum(shares) for p, s in zip(TRACE_PARTS, shares, strict=True)}
+            )
     if not per_run:
         return None
     return {p: statistics.median(x[p] for x in per_run) for p in TRACE_PARTS}
@@ -288,8 +319,15 @@ def _machine(runs: Iterable[dict[str, Any]]) -> set[str]:
     return {f"{(r.get('env') or {}).get('gpu_count')}x {(r.get('env') or {}).get('gpu_model')}" for r in runs}
 
 
-def _compare_metric(key: tuple, label: str, metric: str, base_runs: list[dict[str, Any]],
-                    head_runs: list[dict[str, Any]], *, min_runs: int) -> Row | None:
+def _compare_metric(
+    key: tuple,
+    label: str,
+    metric: str,
+    base_runs: list[dict[str, Any]],
+    head_runs: list[dict[str, Any]],
+    *,
+    min_runs: int,
+) -> Row | None:
     """The row of one configuration x metric, its verdict left for `compare` to decide."""
     base, head = _values(base_runs, metric), _values(head_runs, metric)
     if not base and not head:
@@ -332,8 +370,10 @@ def compare(
     report = CompareReport([], excluded, alpha, alpha, min_runs, min_effect, threshold, allow_insufficient)
     b_machines, h_machines = _machine(base), _machine(head)
     if base and head and b_machines != h_machines:
-        report.notes.append(f"base ran on {', '.join(sorted(b_machines))}, head on {', '.join(sorted(h_machines))}: "
-                            "throughput and memory are not comparable across machines")
+        report.notes.append(
+            f"base ran on {', '.join(sorted(b_machines))}, head on {', '.join(sorted(h_machines))}: "
+            "throughput and memory are not comparable across machines"
+        )
     for side in ("base", "head"):
         if not sides[side]:
             report.notes.append(f"the {side} side holds no usable result: nothing can pass")
@@ -348,8 +388,9 @@ def compare(
     report.per_test_alpha = stats.family_alpha(alpha, len(testable))
     for row in testable:
         row.effect = stats.unpaired_effect(row.base, row.head, report.per_test_alpha)
-        row.verdict = stats.verdict(row.effect, METRICS[row.metric].direction, threshold=threshold,
-                                    min_effect=min_effect)
+        row.verdict = stats.verdict(
+            row.effect, METRICS[row.metric].direction, threshold=threshold, min_effect=min_effect
+        )
         if row.verdict == REGRESSION and METRICS[row.metric].time:  # worth attributing to trace categories
             b, h = sides["base"][row.key], sides["head"][row.key]
             row.attribution = _attribute(b, h)

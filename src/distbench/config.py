@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -91,7 +92,9 @@ class RunConfig:
     loss_scale_window: PositiveInt = 2000
     lora_rank: NonNegativeInt = 0  # LoRA through peft: base weights frozen, rank-r adapters trained (0: off)
     lora_alpha: PositiveInt = 16  # adapter output scaled by lora_alpha / lora_rank (an int, as peft takes it)
-    lora_targets: tuple[LoraTarget, ...] = ()  # modules to adapt; (): the model family's (see workloads/models.py)
+    lora_targets: tuple[
+        LoraTarget, ...
+    ] = ()  # modules to adapt; (): the model family's (see workloads/models.py)
     windows: PositiveInt = 1  # the timed steps run as this many windows, each between two synchronizations
     device_time_steps: NonNegativeInt = 2  # extra steps sampled under the profiler for device time and regime
     options: dict[str, Any] = field(default_factory=dict)  # strategy options, e.g. {"ds_config": {...}}
@@ -99,10 +102,14 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         if self.lora_targets and not self.lora_rank:
-            raise ConfigError(f"lora_targets {list(self.lora_targets)} given without lora_rank; set lora_rank "
-                              "(e.g. 8) to train LoRA adapters, or drop lora_targets")
+            raise ConfigError(
+                f"lora_targets {list(self.lora_targets)} given without lora_rank; set lora_rank "
+                "(e.g. 8) to train LoRA adapters, or drop lora_targets"
+            )
         if self.windows > self.steps:
-            raise ConfigError(f"windows must be at most steps ({self.steps}), got {self.windows}; lower --windows")
+            raise ConfigError(
+                f"windows must be at most steps ({self.steps}), got {self.windows}; lower --windows"
+            )
         per_step = self.world_size * self.micro_batch
         if self.global_batch % per_step:
             lo = (self.global_batch // per_step) * per_step
@@ -148,8 +155,10 @@ def check_keys(d: dict[str, Any], extra: typing.Collection[str] = ()) -> None:
     known = [f.name for f in dataclasses.fields(RunConfig)] + list(extra)
     unknown = sorted(set(d) - set(known))
     if unknown:
-        raise ConfigError(f"unknown config key {unknown[0]!r}.{did_you_mean(unknown[0], known)} "
-                          f"Known keys: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"unknown config key {unknown[0]!r}.{did_you_mean(unknown[0], known)} "
+            f"Known keys: {', '.join(sorted(known))}"
+        )
 
 
 @functools.cache
@@ -203,3 +212,13 @@ def parse_list(annotation: Any, text: str, what: str) -> list[Any]:
     if any(not x.strip() for x in items):
         raise ConfigError(f"{what} {text!r} has an empty entry; give comma-separated values")
     return [parse_value(annotation, x, what) for x in items]
+
+
+def config_label(cfg: Mapping[str, Any]) -> str:
+    """Short unambiguous name of a configuration, from a result's config section (everything in
+    `results.config_key`)."""
+    label = (
+        f"{cfg.get('strategy')} ws{cfg.get('world_size')} {cfg.get('model')} {cfg.get('precision')} "
+        f"s{cfg.get('seq_len')} gb{cfg.get('global_batch')} mb{cfg.get('micro_batch')}"
+    )
+    return label + (" compiled" if cfg.get("compile") else "")

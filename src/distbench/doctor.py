@@ -2,25 +2,29 @@
 
 Runs on any machine: no GPU, no nvidia-smi and no DeepSpeed are reported, not raised. DeepSpeed and
 transformers are looked up by package metadata, not imported: importing DeepSpeed probes the accelerator and
-can itself trip over the breakages this is meant to explain.
+can itself trip over the breakages this is meant to explain. The machine's facts come from distbench/machine.py,
+as the fingerprint's do; this module judges them.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
+from .machine import COMM_ENV_PREFIXES, NO_NVIDIA_SMI, cuda_devices, nccl_version, package_version, topology
+
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 
 #: NVLink multicast (NVLS) must stay off on the H100/H200 machines of the GPU tier and many clusters.
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 
 @dataclass(frozen=True)
@@ -34,13 +38,6 @@ class Check:
         return asdict(self)
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def check_python() -> Check:
     return Check("python", INFO, f"{platform.python_version()} ({sys.executable})")
 
@@ -49,44 +46,49 @@ def check_torch() -> list[Check]:
     try:
         import torch
     except ImportError:
-        return [Check("torch", FAIL, "not installed", "pip install torch (CPU: --index-url "
-                      "https://download.pytorch.org/whl/cpu)")]
+        return [
+            Check(
+                "torch",
+                FAIL,
+                "not installed",
+                "pip install torch (CPU: --index-url https://download.pytorch.org/whl/cpu)",
+            )
+        ]
     cuda = torch.version.cuda
     checks = [Check("torch", OK, f"{torch.__version__} (CUDA build {cuda or 'none: CPU-only wheel'})")]
     if cuda and torch.cuda.is_available():
-        nccl = None
-        if torch.distributed.is_available() and torch.distributed.is_nccl_available():
-            v = torch.cuda.nccl.version()
-            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-        checks.append(Check("nccl", OK if nccl else WARN, nccl or "torch built without NCCL",
-                            "" if nccl else "install a CUDA build of torch with NCCL for multi-GPU runs"))
+        nccl = (
+            nccl_version()
+            if torch.distributed.is_available() and torch.distributed.is_nccl_available()
+            else None
+        )
+        checks.append(
+            Check(
+                "nccl",
+                OK if nccl else WARN,
+                nccl or "torch built without NCCL",
+                "" if nccl else "install a CUDA build of torch with NCCL for multi-GPU runs",
+            )
+        )
     return checks
 
 
 def check_packages() -> list[Check]:
-    ds, tf = _version("deepspeed"), _version("transformers")
+    ds, tf = package_version("deepspeed"), package_version("transformers")
     return [
-        Check("deepspeed", OK if ds else WARN, ds or "not installed: zero1/zero2/zero3 strategies unavailable",
-              "" if ds else "pip install deepspeed"),
-        Check("transformers", OK if tf else FAIL, tf or "not installed: no workload models",
-              "" if tf else "pip install transformers"),
+        Check(
+            "deepspeed",
+            OK if ds else WARN,
+            ds or "not installed: zero1/zero2/zero3 strategies unavailable",
+            "" if ds else "pip install deepspeed",
+        ),
+        Check(
+            "transformers",
+            OK if tf else FAIL,
+            tf or "not installed: no workload models",
+            "" if tf else "pip install transformers",
+        ),
     ]
-
-
-def gpus() -> list[str]:
-    """'index: name, memory' per visible CUDA device; empty without CUDA."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return []
-        out = []
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            out.append(f"{i}: {p.name}, {p.total_memory / 1024**3:.0f} GiB, sm_{p.major}{p.minor}")
-        return out
-    except Exception as e:  # a broken driver must not stop the doctor
-        return [f"error querying CUDA devices: {e}"]
 
 
 def check_gpus(devices: list[str]) -> Check:
@@ -98,20 +100,16 @@ def check_gpus(devices: list[str]) -> Check:
 
 
 def check_topology() -> Check:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return Check("topology", INFO, "nvidia-smi not found: GPU topology unknown")
-    try:
-        proc = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return Check("topology", WARN, f"nvidia-smi topo -m failed: {e}")
-    if proc.returncode:
-        return Check("topology", WARN, f"nvidia-smi topo -m exited {proc.returncode}: {proc.stderr.strip()}")
-    return Check("topology", INFO, proc.stdout.rstrip())
+    matrix, why = topology()
+    if matrix is not None:
+        return Check("topology", INFO, matrix)
+    if why == NO_NVIDIA_SMI:
+        return Check("topology", INFO, f"{why}: GPU topology unknown")
+    return Check("topology", WARN, why)
 
 
 def check_nccl_env(env: Mapping[str, str]) -> Check:
-    names = sorted(k for k in env if k.startswith(("NCCL_", "TORCH_NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM_")))
+    names = sorted(k for k in env if k.startswith(COMM_ENV_PREFIXES))
     return Check("nccl env", INFO, ", ".join(f"{k}={env[k]}" for k in names) or "none set")
 
 
@@ -119,8 +117,12 @@ def check_multicast(env: Mapping[str, str], have_gpus: bool) -> Check:
     """NVLink multicast (NVLS) left on breaks or slows collectives on the GPU-tier machines."""
     wrong = {k: env.get(k) for k, v in MULTICAST_OFF.items() if env.get(k) != v}
     if not wrong:
-        return Check("nvlink multicast", OK, "off (" + ", ".join(f"{k}={v}" for k, v in MULTICAST_OFF.items()) + ")")
-    detail = "not disabled: " + ", ".join(f"{k}={v if v is not None else '<unset>'}" for k, v in wrong.items())
+        return Check(
+            "nvlink multicast", OK, "off (" + ", ".join(f"{k}={v}" for k, v in MULTICAST_OFF.items()) + ")"
+        )
+    detail = "not disabled: " + ", ".join(
+        f"{k}={v if v is not None else '<unset>'}" for k, v in wrong.items()
+    )
     fix = "export " + " ".join(f"{k}={v}" for k, v in MULTICAST_OFF.items())
     return Check("nvlink multicast", WARN if have_gpus else INFO, detail, fix)
 
@@ -143,9 +145,11 @@ def check_cuda_arch_list(env: Mapping[str, str], deepspeed_installed: bool) -> C
         v = (m.group(1) + ("+PTX" if e.endswith("+PTX") else "")) if m else None
         if v and v not in fixed:
             fixed.append(v)
-    detail = (f"{raw!r} has {', '.join(map(repr, bad))}: DeepSpeed's op builder cannot parse it and its "
-              f"FusedAdam JIT build fails with `invalid literal for int() with base 10: "
-              f"'{bad[0].split('.', 1)[-1].split('+')[0]}'`")
+    detail = (
+        f"{raw!r} has {', '.join(map(repr, bad))}: DeepSpeed's op builder cannot parse it and its "
+        f"FusedAdam JIT build fails with `invalid literal for int() with base 10: "
+        f"'{bad[0].split('.', 1)[-1].split('+')[0]}'`"
+    )
     if not deepspeed_installed:
         detail += " (DeepSpeed is not installed yet)"
     value = ";".join(fixed)
@@ -158,20 +162,35 @@ def check_max_connections(env: Mapping[str, str]) -> Check:
     v = env.get("CUDA_DEVICE_MAX_CONNECTIONS")
     if v is None:
         return Check("CUDA_DEVICE_MAX_CONNECTIONS", OK, "unset (driver default)")
-    detail = f"{v}" + (": one hardware queue serializes kernels from NCCL and compute streams, which can lower "
-                       "the comm/compute overlap FSDP and DDP rely on (Megatron sets it for tensor parallelism)"
-                       if v == "1" else "")
-    return Check("CUDA_DEVICE_MAX_CONNECTIONS", INFO, detail,
-                 "unset CUDA_DEVICE_MAX_CONNECTIONS unless the stack needs it" if v == "1" else "")
+    detail = f"{v}" + (
+        ": one hardware queue serializes kernels from NCCL and compute streams, which can lower "
+        "the comm/compute overlap FSDP and DDP rely on (Megatron sets it for tensor parallelism)"
+        if v == "1"
+        else ""
+    )
+    return Check(
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+        INFO,
+        detail,
+        "unset CUDA_DEVICE_MAX_CONNECTIONS unless the stack needs it" if v == "1" else "",
+    )
 
 
 def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
     """Every check, in reading order. `env` defaults to os.environ (tests pass their own)."""
     env = os.environ if env is None else env
-    devices = gpus()
-    checks = [check_python(), *check_torch(), *check_packages(), check_gpus(devices), check_topology(),
-              check_nccl_env(env), check_multicast(env, bool(devices)),
-              check_cuda_arch_list(env, _version("deepspeed") is not None), check_max_connections(env)]
+    devices = cuda_devices()
+    checks = [
+        check_python(),
+        *check_torch(),
+        *check_packages(),
+        check_gpus(devices),
+        check_topology(),
+        check_nccl_env(env),
+        check_multicast(env, bool(devices)),
+        check_cuda_arch_list(env, package_version("deepspeed") is not None),
+        check_max_connections(env),
+    ]
     return checks
 
 

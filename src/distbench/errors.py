@@ -23,7 +23,7 @@ class CheckpointError(DistbenchError):
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """" Did you mean X?" for the known names closest to `name` (case-insensitive), or "" when none is close."""
+    """ " Did you mean X?" for the known names closest to `name` (case-insensitive), or "" when none is close."""
     by_lower = {k.lower(): k for k in known}
     if name.lower() in by_lower:
         return f" Did you mean {by_lower[name.lower()]}?"

@@ -65,5 +65,7 @@ class LaneReporter:
         self.send(event="finish", nodeid=nodeid)
 
     def _data(self, report: pytest.TestReport | pytest.CollectReport) -> dict[str, Any]:
-        data: dict[str, Any] = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        data: dict[str, Any] = self.config.hook.pytest_report_to_serializable(
+            config=self.config, report=report
+        )
         return data

@@ -43,6 +43,7 @@ _STACK_WAIT_S = 2.0  # for a hung lane to write its stack before it is killed
 def _die_with_parent_and_bind(cpus: list[int] | None) -> Callable[[], None]:
     """A preexec for a lane process: SIGKILL when this process dies (its ranks follow it the same way), and
     its share of the CPUs when DISTBENCH_BIND_CPUS slices them per rank (slices of lanes must not overlap)."""
+
     def preexec() -> None:
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -50,6 +51,7 @@ def _die_with_parent_and_bind(cpus: list[int] | None) -> Callable[[], None]:
             pass
         if cpus:
             os.sched_setaffinity(0, cpus)
+
     return preexec
 
 
@@ -61,13 +63,15 @@ def lane_cpus(slots: Sequence[int], n_slots: int) -> list[int] | None:
     per_slot = len(cpus) // n_slots
     if per_slot == 0:
         return None
-    return [c for s in slots for c in cpus[s * per_slot:(s + 1) * per_slot]]
+    return [c for s in slots for c in cpus[s * per_slot : (s + 1) * per_slot]]
 
 
 def lane_env(slots: Sequence[int], gpus: bool) -> dict[str, str]:
     """The environment of a lane process: its slots, and on GPUs only its GPUs (renumbered from 0 for it)."""
     env = {**os.environ, LANE_ENV: ",".join(map(str, slots))}
-    env.pop("PYTEST_ADDOPTS", None)  # its reporting options (--junitxml=...) are the session's; forwarded_args
+    env.pop(
+        "PYTEST_ADDOPTS", None
+    )  # its reporting options (--junitxml=...) are the session's; forwarded_args
     src = str(Path(__file__).resolve().parents[1])  # this distbench, whatever else is installed
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     if gpus:
@@ -90,9 +94,16 @@ def forwarded_args(config: pytest.Config) -> list[str]:
             elif a.startswith(short) and len(a) > 2 and not a.startswith("--"):
                 out += [short, a[2:]]
             elif long and a.startswith(long + "="):
-                out += [short, a[len(long) + 1:]]
-    for opt in ("--strategies", "--world-sizes", "--models", "--steps", "--job-timeout", "--results-dir",
-                "--timeout"):
+                out += [short, a[len(long) + 1 :]]
+    for opt in (
+        "--strategies",
+        "--world-sizes",
+        "--models",
+        "--steps",
+        "--job-timeout",
+        "--results-dir",
+        "--timeout",
+    ):
         try:
             value = config.getoption(opt)
         except ValueError:  # pytest-timeout not installed
@@ -126,7 +137,7 @@ class LaneRun:
         with open(path, "rb") as f:
             f.seek(self._offset)
             data = f.read()
-        whole = data[:data.rfind(b"\n") + 1]
+        whole = data[: data.rfind(b"\n") + 1]
         self._offset += len(whole)
         return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
@@ -152,21 +163,33 @@ class LaneRun:
     def story(self, what: str) -> str:
         """Why the lane stopped, and the end of its output."""
         rc = self.proc.returncode
-        how = self.killed_why or (f"was killed by signal {signal.Signals(-rc).name} {what}" if rc and rc < 0 else
-                                  f"exited with status {rc} {what}")
+        how = self.killed_why or (
+            f"was killed by signal {signal.Signals(-rc).name} {what}"
+            if rc and rc < 0
+            else f"exited with status {rc} {what}"
+        )
         try:
             tail = (self.dir / OUTPUT).read_bytes()[-_OUTPUT_TAIL:].decode(errors="replace")
         except OSError:
             tail = ""
-        return (f"lane process {self.proc.pid} (slots {','.join(map(str, self.slots))}) {how}\n"
-                f"----- last output of the lane process -----\n{tail}")
+        return (
+            f"lane process {self.proc.pid} (slots {','.join(map(str, self.slots))}) {how}\n"
+            f"----- last output of the lane process -----\n{tail}"
+        )
 
 
 class LaneRunner:
     """Runs a Plan: lanes side by side on disjoint slots, then the rest of the session here."""
 
-    def __init__(self, session: pytest.Session, plan: Plan, slots: int, gpus: bool, lane_timeout: float,
-                 phases: PhaseLog) -> None:
+    def __init__(
+        self,
+        session: pytest.Session,
+        plan: Plan,
+        slots: int,
+        gpus: bool,
+        lane_timeout: float,
+        phases: PhaseLog,
+    ) -> None:
         self.session, self.config = session, session.config
         self.plan, self.slots, self.gpus = plan, slots, gpus
         self.lane_timeout = lane_timeout
@@ -217,8 +240,11 @@ class LaneRunner:
                 if ended:
                     self._ended(run)
                 elif run.current and time.monotonic() - run.current_since > self.lane_timeout:
-                    run.kill(f"was killed: this test ran longer than --lane-timeout {self.lane_timeout:.0f}s "
-                             "(its Python stack, if it could write one, is below)", stack=True)
+                    run.kill(
+                        f"was killed: this test ran longer than --lane-timeout {self.lane_timeout:.0f}s "
+                        "(its Python stack, if it could write one, is below)",
+                        stack=True,
+                    )
             time.sleep(_POLL_S)
 
     def _start(self, lane: Lane, slots: list[int]) -> None:
@@ -227,16 +253,42 @@ class LaneRunner:
         d.mkdir()
         (d / ITEMS).write_text(json.dumps(lane.nodeids))
         paths = list(dict.fromkeys(str(self.items[n].path) for n in lane.nodeids))
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "distbench.pytest_plugin",
-               *forwarded_args(self.config), "-m", "", "-q", "--no-header", "--capture=tee-sys",
-               "--basetemp", str(d / "tmp"), "--rootdir", str(self.config.rootpath),
-               *(["-c", str(self.config.inipath)] if self.config.inipath else []),
-               "--lanes", "off", "--distbench-lane", str(d), *paths]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "distbench.pytest_plugin",
+            *forwarded_args(self.config),
+            "-m",
+            "",
+            "-q",
+            "--no-header",
+            "--capture=tee-sys",
+            "--basetemp",
+            str(d / "tmp"),
+            "--rootdir",
+            str(self.config.rootpath),
+            *(["-c", str(self.config.inipath)] if self.config.inipath else []),
+            "--lanes",
+            "off",
+            "--distbench-lane",
+            str(d),
+            *paths,
+        ]
         with open(d / OUTPUT, "wb") as out:
-            proc = subprocess.Popen(cmd, cwd=self.config.invocation_params.dir, env=lane_env(slots, self.gpus),
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True,  # Ctrl-C reaches this process, which kills it
-                                    preexec_fn=_die_with_parent_and_bind(lane_cpus(slots, self.slots)))
+            proc = subprocess.Popen(
+                cmd,
+                cwd=self.config.invocation_params.dir,
+                env=lane_env(slots, self.gpus),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches this process, which kills it
+                preexec_fn=_die_with_parent_and_bind(lane_cpus(slots, self.slots)),
+            )
         self.free = [s for s in self.free if s not in slots]
         self.running.append(LaneRun(lane, slots, d, proc, list(lane.nodeids)))
 
@@ -273,7 +325,9 @@ class LaneRunner:
             if rest:  # the process died in a test it is blamed for: a fresh one runs the rest
                 self.pending.insert(0, Lane(run.lane.world_size, rest))
             return
-        for nodeid in rest:  # it stopped between tests or never started one: nothing to blame, nothing to rerun
+        for (
+            nodeid
+        ) in rest:  # it stopped between tests or never started one: nothing to blame, nothing to rerun
             self._replay(nodeid, [self._failure(nodeid, "setup", run.story("before running this test"))])
             self._check_stop()
 
@@ -290,8 +344,7 @@ class LaneRunner:
 
     def _failure(self, nodeid: str, when: str, text: str) -> pytest.TestReport:
         item = self.items[nodeid]
-        return pytest.TestReport(nodeid, item.location, {k: 1 for k in item.keywords}, "failed", text,
-                                 when)  # type: ignore[arg-type]
+        return pytest.TestReport(nodeid, item.location, {k: 1 for k in item.keywords}, "failed", text, when)  # type: ignore[arg-type]
 
     def _replay(self, nodeid: str, reports: list[pytest.TestReport]) -> None:
         """One test of a lane, as this session would have logged it had it run the test itself."""

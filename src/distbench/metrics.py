@@ -81,48 +81,152 @@ FORMATS = {
 _THROUGHPUT = "throughput of the timed steps, from the median window's wall clock per step"
 
 _ENTRIES = [
-    Metric("tokens_per_s", "higher", "tokens/s", f"tokens/s of the whole job: {_THROUGHPUT}", "rate",
-           compare=True, ab="report", time=True),
+    Metric(
+        "tokens_per_s",
+        "higher",
+        "tokens/s",
+        f"tokens/s of the whole job: {_THROUGHPUT}",
+        "rate",
+        compare=True,
+        ab="report",
+        time=True,
+    ),
     Metric("tokens_per_s_per_gpu", "higher", "tokens/s", "tokens/s per rank", "rate", time=True),
-    Metric("samples_per_s", "higher", "samples/s", f"samples/s of the whole job: {_THROUGHPUT}", "rate", time=True),
+    Metric(
+        "samples_per_s",
+        "higher",
+        "samples/s",
+        f"samples/s of the whole job: {_THROUGHPUT}",
+        "rate",
+        time=True,
+    ),
     Metric("samples_per_s_per_gpu", "higher", "samples/s", "samples/s per rank", "rate", time=True),
-    Metric("step_time_s", "lower", "s", "Median steady-state optimizer step time.", "ms", compare=True, ab="gate",
-           time=True, asv=AsvTrack("StepTime.track_step_time", "seconds")),
-    Metric("device_compute_s", "lower", "s", "device time per step in kernels other than NCCL (busiest rank)",
-           "ms", ab="gate"),
+    Metric(
+        "step_time_s",
+        "lower",
+        "s",
+        "Median steady-state optimizer step time.",
+        "ms",
+        compare=True,
+        ab="gate",
+        time=True,
+        asv=AsvTrack("StepTime.track_step_time", "seconds"),
+    ),
+    Metric(
+        "device_compute_s",
+        "lower",
+        "s",
+        "device time per step in kernels other than NCCL (busiest rank)",
+        "ms",
+        ab="gate",
+    ),
     Metric("host_cpu_s", "lower", "s", "the training thread's CPU time per step", "ms", ab="gate-host-bound"),
-    Metric("mfu", "higher", "fraction", "model FLOPs utilization against the GPU's peak", "fraction", compare=True,
-           time=True, asv=AsvTrack("Mfu.track_inverse_mfu", "x peak-FLOP time")),
+    Metric(
+        "mfu",
+        "higher",
+        "fraction",
+        "model FLOPs utilization against the GPU's peak",
+        "fraction",
+        compare=True,
+        time=True,
+        asv=AsvTrack("Mfu.track_inverse_mfu", "x peak-FLOP time"),
+    ),
     Metric("tflops_per_gpu", "higher", "TFLOP/s", "model TFLOP/s per GPU", time=True),
-    Metric("mem_allocated_peak_bytes", "lower", "bytes",
-           "torch peak allocated bytes per GPU over the timed steps (max over ranks)", "GiB", compare=True,
-           ab="gate", asv=AsvTrack("Memory.track_peak_mem_allocated", "bytes"), label="Peak allocated"),
-    Metric("mem_reserved_peak_bytes", "lower", "bytes",
-           "torch caching-allocator peak reserved bytes per GPU (max over ranks)", "GiB", compare=True,
-           asv=AsvTrack("Memory.track_peak_mem_reserved", "bytes"), label="Peak reserved"),
-    Metric("nvml_mem_used_peak_bytes", "lower", "bytes",
-           "NVML device memory peak: adds NCCL buffers and the CUDA context, which torch does not see", "GiB",
-           compare=True, asv=AsvTrack("DeviceMemory.track_peak_mem_nvml", "bytes"), label="Peak NVML (device)"),
-    Metric("busbw_gbps", "higher", "GB/s", "collective bus bandwidth (nccl-tests convention)", "GB/s",
-           compare=True, source="busbw", asv=AsvTrack("BusBandwidth.track_ms_per_bus_gb", "ms/GB", scale=1000.0)),
+    Metric(
+        "mem_allocated_peak_bytes",
+        "lower",
+        "bytes",
+        "torch peak allocated bytes per GPU over the timed steps (max over ranks)",
+        "GiB",
+        compare=True,
+        ab="gate",
+        asv=AsvTrack("Memory.track_peak_mem_allocated", "bytes"),
+        label="Peak allocated",
+    ),
+    Metric(
+        "mem_reserved_peak_bytes",
+        "lower",
+        "bytes",
+        "torch caching-allocator peak reserved bytes per GPU (max over ranks)",
+        "GiB",
+        compare=True,
+        asv=AsvTrack("Memory.track_peak_mem_reserved", "bytes"),
+        label="Peak reserved",
+    ),
+    Metric(
+        "nvml_mem_used_peak_bytes",
+        "lower",
+        "bytes",
+        "NVML device memory peak: adds NCCL buffers and the CUDA context, which torch does not see",
+        "GiB",
+        compare=True,
+        asv=AsvTrack("DeviceMemory.track_peak_mem_nvml", "bytes"),
+        label="Peak NVML (device)",
+    ),
+    Metric(
+        "busbw_gbps",
+        "higher",
+        "GB/s",
+        "collective bus bandwidth (nccl-tests convention)",
+        "GB/s",
+        compare=True,
+        source="busbw",
+        asv=AsvTrack("BusBandwidth.track_ms_per_bus_gb", "ms/GB", scale=1000.0),
+    ),
     Metric("algbw_gbps", "higher", "GB/s", "collective algorithm bandwidth", "GB/s", source="busbw"),
-    Metric("speedup", "higher", "x", "tokens/s over the workload's 1-GPU baseline (scaling.py)", source="scaling"),
-    Metric("scaling_efficiency", "higher", "fraction", "speedup / world size: 1.0 is linear scaling", "fraction",
-           source="scaling", asv=AsvTrack("Scaling.track_inverse_scaling_efficiency", "x ideal time")),
-    Metric("step_gcycles", "lower", "Gcycles", "SM clock cycles per step, where NVML read the clock",
-           ab="report"),
-    Metric("device_comm_s", "lower", "s", "device time per step in NCCL kernels (busiest rank)", "ms",
-           ab="report"),
-    Metric("device_busy_s", "lower", "s", "device time per step with any kernel running (busiest rank)", "ms"),
+    Metric(
+        "speedup", "higher", "x", "tokens/s over the workload's 1-GPU baseline (scaling.py)", source="scaling"
+    ),
+    Metric(
+        "scaling_efficiency",
+        "higher",
+        "fraction",
+        "speedup / world size: 1.0 is linear scaling",
+        "fraction",
+        source="scaling",
+        asv=AsvTrack("Scaling.track_inverse_scaling_efficiency", "x ideal time"),
+    ),
+    Metric(
+        "step_gcycles", "lower", "Gcycles", "SM clock cycles per step, where NVML read the clock", ab="report"
+    ),
+    Metric(
+        "device_comm_s",
+        "lower",
+        "s",
+        "device time per step in NCCL kernels (busiest rank)",
+        "ms",
+        ab="report",
+    ),
+    Metric(
+        "device_busy_s", "lower", "s", "device time per step with any kernel running (busiest rank)", "ms"
+    ),
     Metric("busy_ratio", "higher", "ratio", "device busy time / wall step time", ab="report"),
-    Metric("config_overhead_s", "lower", "s",
-           "what a configuration costs beyond its steps in a warm pool: build, wrap, teardown, IPC"),
-    Metric("compute_pct", "higher", "%", "share of traced time in compute kernels", "percent", source="trace"),
-    Metric("non_compute_pct", "lower", "%", "share of traced time in non-compute kernels", "percent",
-           source="trace"),
+    Metric(
+        "config_overhead_s",
+        "lower",
+        "s",
+        "what a configuration costs beyond its steps in a warm pool: build, wrap, teardown, IPC",
+    ),
+    Metric(
+        "compute_pct", "higher", "%", "share of traced time in compute kernels", "percent", source="trace"
+    ),
+    Metric(
+        "non_compute_pct",
+        "lower",
+        "%",
+        "share of traced time in non-compute kernels",
+        "percent",
+        source="trace",
+    ),
     Metric("idle_pct", "lower", "%", "share of traced time the GPU idled", "percent", source="trace"),
-    Metric("overlap_pct", "higher", "%", "share of communication overlapped with compute", "percent",
-           source="trace"),
+    Metric(
+        "overlap_pct",
+        "higher",
+        "%",
+        "share of communication overlapped with compute",
+        "percent",
+        source="trace",
+    ),
 ]
 
 METRICS: dict[str, Metric] = {m.name: m for m in _ENTRIES}
@@ -132,10 +236,17 @@ METRICS: dict[str, Metric] = {m.name: m for m in _ENTRIES}
 COMPARED = tuple(m.name for m in _ENTRIES if m.compare)
 
 
-def names(*, source: Source | None = None, ab: AbRole | None = None, unit: str | None = None) -> tuple[str, ...]:
+def names(
+    *, source: Source | None = None, ab: AbRole | None = None, unit: str | None = None
+) -> tuple[str, ...]:
     """Metric names in registry order; only those of one `source`, A/B role or `unit` when given."""
-    return tuple(m.name for m in _ENTRIES if (source is None or m.source == source) and (ab is None or m.ab == ab)
-                 and (unit is None or m.unit == unit))
+    return tuple(
+        m.name
+        for m in _ENTRIES
+        if (source is None or m.source == source)
+        and (ab is None or m.ab == ab)
+        and (unit is None or m.unit == unit)
+    )
 
 
 def fmt_metric(metric: str, value: float | None) -> str:

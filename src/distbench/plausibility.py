@@ -42,17 +42,25 @@ def _scaling(result: dict[str, Any], refs: list[dict[str, Any]]) -> list[str]:
     ref_tps = statistics.median(t for r in refs if (t := tokens_per_s(r)))
     speedup = tps / ref_tps
     noise = rel_spread(result) + statistics.median(rel_spread(r) for r in refs)
-    against = (f"{speedup:.2f}x the tokens/s of {refs[0]['config'].get('strategy')} on 1 rank ({ref_tps:,.0f}, "
-               f"median of {len(refs)} run(s)) on {ws} ranks")
+    against = (
+        f"{speedup:.2f}x the tokens/s of {refs[0]['config'].get('strategy')} on 1 rank ({ref_tps:,.0f}, "
+        f"median of {len(refs)} run(s)) on {ws} ranks"
+    )
     if speedup > ws * (1 + noise):
-        return [f"superlinear: {against}, beyond linear by more than the step-time spread (+-{noise:.0%}); "
-                "the 1-rank run was likely cold, contended or short of CPU: rerun it on a quiet machine"]
+        return [
+            f"superlinear: {against}, beyond linear by more than the step-time spread (+-{noise:.0%}); "
+            "the 1-rank run was likely cold, contended or short of CPU: rerun it on a quiet machine"
+        ]
     if speedup > ws * (1 + MIN_GAP):
-        return [f"superlinear within noise: {against}, above linear only inside a step-time spread of "
-                f"+-{noise:.0%}: an artefact of noisy runs, not a result; take more steps or repeats"]
+        return [
+            f"superlinear within noise: {against}, above linear only inside a step-time spread of "
+            f"+-{noise:.0%}: an artefact of noisy runs, not a result; take more steps or repeats"
+        ]
     if abs(speedup - 1) <= noise:
-        return [f"speedup within noise: {against}, inside the step-time spread (+-{noise:.0%}): it shows "
-                "neither a gain nor a loss; take more steps or repeats"]
+        return [
+            f"speedup within noise: {against}, inside the step-time spread (+-{noise:.0%}): it shows "
+            "neither a gain nor a loss; take more steps or repeats"
+        ]
     return []
 
 
@@ -79,9 +87,11 @@ def _spread(result: dict[str, Any]) -> list[str]:
     width = max(st.get("p90", med) - st.get("p10", med), st.get("std") or 0.0)
     if width <= med:
         return []
-    return [f"step times spread wider than their median: p10-p90 {st.get('p10', 0) * 1000:.1f}-"
-            f"{st.get('p90', 0) * 1000:.1f} ms, std {(st.get('std') or 0) * 1000:.1f} ms, median "
-            f"{med * 1000:.1f} ms; its throughput is not a measurement (contention? too few steps?)"]
+    return [
+        f"step times spread wider than their median: p10-p90 {st.get('p10', 0) * 1000:.1f}-"
+        f"{st.get('p90', 0) * 1000:.1f} ms, std {(st.get('std') or 0) * 1000:.1f} ms, median "
+        f"{med * 1000:.1f} ms; its throughput is not a measurement (contention? too few steps?)"
+    ]
 
 
 def check(results: list[dict[str, Any]]) -> dict[str, list[str]]:

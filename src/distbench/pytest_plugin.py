@@ -35,6 +35,7 @@ PHASES = pytest.StashKey[PhaseLog]()  # the session's phase table, shared by bot
 def _parse_options(config: pytest.Config) -> dict[str, Any]:
     """The distbench options, validated as `distbench run` validates its flags (ConfigError on a bad one);
     a list option not given is None (the tier's default)."""
+
     def listed(name: str, annotation: Any, check: Any = None) -> list[Any] | None:
         text = config.getoption(name)
         if text is None:
@@ -45,14 +46,17 @@ def _parse_options(config: pytest.Config) -> dict[str, Any]:
                 check(v)
         return values
 
-    return {"strategies": listed("--strategies", str, get_spec),
-            "world_sizes": listed("--world-sizes", PositiveInt),
-            "models": listed("--models", str, check_model_name),
-            "steps": parse_value(PositiveInt, config.getoption("--steps"), "--steps"),
-            "job_timeout": parse_value(PositiveFloat, config.getoption("--job-timeout"), "--job-timeout"),
-            "lanes": _parse_lanes(config.getoption("--lanes")),
-            "lane_timeout": None if config.getoption("--lane-timeout") is None else
-            parse_value(PositiveFloat, config.getoption("--lane-timeout"), "--lane-timeout")}
+    return {
+        "strategies": listed("--strategies", str, get_spec),
+        "world_sizes": listed("--world-sizes", PositiveInt),
+        "models": listed("--models", str, check_model_name),
+        "steps": parse_value(PositiveInt, config.getoption("--steps"), "--steps"),
+        "job_timeout": parse_value(PositiveFloat, config.getoption("--job-timeout"), "--job-timeout"),
+        "lanes": _parse_lanes(config.getoption("--lanes")),
+        "lane_timeout": None
+        if config.getoption("--lane-timeout") is None
+        else parse_value(PositiveFloat, config.getoption("--lane-timeout"), "--lane-timeout"),
+    }
 
 
 def _parse_lanes(text: str) -> str | int:
@@ -67,19 +71,35 @@ def _parse_lanes(text: str) -> str | int:
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("distbench")
     g.addoption("--strategies", default=None, help="comma-separated strategies to test (default: all)")
-    g.addoption("--world-sizes", default=None, help="comma-separated world sizes (default: cpu 1,2; gpu 1,2,4)")
-    g.addoption("--models", default=None, help="comma-separated models for the tier being run "
-                "(default: cpu gpt2-tiny; gpu gpt2-124m)")
+    g.addoption(
+        "--world-sizes", default=None, help="comma-separated world sizes (default: cpu 1,2; gpu 1,2,4)"
+    )
+    g.addoption(
+        "--models",
+        default=None,
+        help="comma-separated models for the tier being run (default: cpu gpt2-tiny; gpu gpt2-124m)",
+    )
     g.addoption("--steps", default="5", help="optimizer steps per training job (default 5)")
     g.addoption("--job-timeout", default="600", help="seconds before a hung job fails (default 600)")
     g.addoption("--results-dir", default=None, help="also write each benchmark test's result JSON here")
-    g.addoption("--phases-json", default=None, help="also write the session's seconds per test and phase "
-                "(the phase table's data) to this JSON file")
-    g.addoption("--lanes", default="auto", help="run tests of world sizes smaller than the GPU count side by side "
-                "on disjoint GPUs, each lane a pytest process, `exclusive` tests alone last: auto (on with 2+ "
-                "GPUs when 2+ lanes would exist), off, or N device slots (without GPUs: N CPU slots)")
-    g.addoption("--lane-timeout", default=None, help="seconds one test may run in a lane before its process is "
-                "killed and the test fails (default 3 x --job-timeout)")
+    g.addoption(
+        "--phases-json",
+        default=None,
+        help="also write the session's seconds per test and phase (the phase table's data) to this JSON file",
+    )
+    g.addoption(
+        "--lanes",
+        default="auto",
+        help="run tests of world sizes smaller than the GPU count side by side "
+        "on disjoint GPUs, each lane a pytest process, `exclusive` tests alone last: auto (on with 2+ "
+        "GPUs when 2+ lanes would exist), off, or N device slots (without GPUs: N CPU slots)",
+    )
+    g.addoption(
+        "--lane-timeout",
+        default=None,
+        help="seconds one test may run in a lane before its process is "
+        "killed and the test fails (default 3 x --job-timeout)",
+    )
     g.addoption("--distbench-lane", default=None, help=argparse.SUPPRESS)  # set by lanes.py in a lane process
 
 
@@ -87,8 +107,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: GPU tier (NCCL, GPU-size models); run with `pytest -m gpu`")
     config.addinivalue_line("markers", "world_size(n): the test needs n ranks")
     config.addinivalue_line("markers", "strategies(*names): restrict a strategy-parametrized test to these")
-    config.addinivalue_line("markers", "exclusive: measures time or memory of the machine; under lanes it runs "
-                            "last, with nothing else running")
+    config.addinivalue_line(
+        "markers",
+        "exclusive: measures time or memory of the machine; under lanes it runs "
+        "last, with nothing else running",
+    )
     try:
         config.stash[OPTIONS] = _parse_options(config)
     except ConfigError as e:  # a usage error, not an INTERNALERROR: one line with the fix
@@ -110,10 +133,15 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
     from .doctor import FAIL, WARN, check_cuda_arch_list, check_multicast
 
-    checks = [check_cuda_arch_list(os.environ, importlib.util.find_spec("deepspeed") is not None),
-              check_multicast(os.environ, cuda_device_count() > 0)]
-    return [f"distbench: {c.status.upper()} {c.name}: {c.detail}" + (f"; fix: {c.fix}" if c.fix else "")
-            for c in checks if c.status in (WARN, FAIL)]
+    checks = [
+        check_cuda_arch_list(os.environ, importlib.util.find_spec("deepspeed") is not None),
+        check_multicast(os.environ, cuda_device_count() > 0),
+    ]
+    return [
+        f"distbench: {c.status.upper()} {c.name}: {c.detail}" + (f"; fix: {c.fix}" if c.fix else "")
+        for c in checks
+        if c.status in (WARN, FAIL)
+    ]
 
 
 def _tier_world_sizes(config: pytest.Config, device_type: str) -> list[int]:
@@ -179,7 +207,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason="gpu tier: no CUDA device on this machine"))
                 continue
             if ws > n_cuda:
-                item.add_marker(pytest.mark.skip(reason=f"needs {ws} CUDA devices, this machine has {n_cuda}"))
+                item.add_marker(
+                    pytest.mark.skip(reason=f"needs {ws} CUDA devices, this machine has {n_cuda}")
+                )
                 continue
         strategy = params.get("strategy")
         if strategy:
@@ -193,8 +223,13 @@ def _case(item: pytest.Item) -> Case:
     cached checkpointed runs, so they go to one lane) or else its module (module fixtures)."""
     params = _params(item)
     group = params.get("strategy") or params.get("strategy_name") or item.nodeid.split("::")[0]
-    return Case(item.nodeid, item_world_size(item), str(group), exclusive=bool(item.get_closest_marker("exclusive")),
-                inert=bool(item.get_closest_marker("skip")))
+    return Case(
+        item.nodeid,
+        item_world_size(item),
+        str(group),
+        exclusive=bool(item.get_closest_marker("exclusive")),
+        inert=bool(item.get_closest_marker("skip")),
+    )
 
 
 def _lane_plan(session: pytest.Session) -> tuple[Plan, int, bool] | None:
@@ -203,7 +238,9 @@ def _lane_plan(session: pytest.Session) -> tuple[Plan, int, bool] | None:
     if mode == "off":
         return None
     cases = [_case(it) for it in session.items]
-    gpus = any(item_device_type(it) == "cuda" for it, c in zip(session.items, cases, strict=True) if not c.inert)
+    gpus = any(
+        item_device_type(it) == "cuda" for it, c in zip(session.items, cases, strict=True) if not c.inert
+    )
     if mode == "auto":
         if not gpus:  # the CPU tier: lanes cost more than they give on 2 cores (README, GPU tier)
             return None
@@ -220,8 +257,11 @@ def _lane_plan(session: pytest.Session) -> tuple[Plan, int, bool] | None:
 def pytest_runtestloop(session: pytest.Session) -> bool | None:
     """With lanes (--lanes), run the session as lanes.py plans it; otherwise pytest's own loop."""
     cfg = session.config
-    if (cfg.option.collectonly or cfg.getoption("--distbench-lane")
-            or (session.testsfailed and not cfg.option.continue_on_collection_errors)):
+    if (
+        cfg.option.collectonly
+        or cfg.getoption("--distbench-lane")
+        or (session.testsfailed and not cfg.option.continue_on_collection_errors)
+    ):
         return None
     decision = _lane_plan(session)
     if decision is None:
@@ -232,12 +272,20 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     reporter = cfg.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         lanes = ", ".join(f"ws{lane.world_size} x{len(lane.nodeids)}" for lane in p.lanes)
-        reporter.write_line(f"distbench lanes on {slots} {'GPUs' if gpus else 'slots'}: {len(p.first)} skipped "
-                            f"here, then {len(p.lanes)} lanes side by side ({lanes}), then {len(p.whole)} on every "
-                            f"slot here, then {len(p.alone)} exclusive alone")
+        reporter.write_line(
+            f"distbench lanes on {slots} {'GPUs' if gpus else 'slots'}: {len(p.first)} skipped "
+            f"here, then {len(p.lanes)} lanes side by side ({lanes}), then {len(p.whole)} on every "
+            f"slot here, then {len(p.alone)} exclusive alone"
+        )
     opts = cfg.stash[OPTIONS]
-    LaneRunner(session, p, slots, gpus, opts["lane_timeout"] or 3 * opts["job_timeout"],
-               cfg.stash.setdefault(PHASES, PhaseLog())).run()
+    LaneRunner(
+        session,
+        p,
+        slots,
+        gpus,
+        opts["lane_timeout"] or 3 * opts["job_timeout"],
+        cfg.stash.setdefault(PHASES, PhaseLog()),
+    ).run()
     return True
 
 
@@ -249,10 +297,14 @@ def _suites(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     def get(device_type: str) -> Suite:
         if device_type not in suites:
             opts = cfg.stash[OPTIONS]
-            suites[device_type] = Suite(device_type, steps=opts["steps"], timeout=opts["job_timeout"],
-                                        models=opts["models"] or [],
-                                        workdir=tmp_path_factory.mktemp(f"distbench-{device_type}"),
-                                        phases=cfg.stash.setdefault(PHASES, PhaseLog()))
+            suites[device_type] = Suite(
+                device_type,
+                steps=opts["steps"],
+                timeout=opts["job_timeout"],
+                models=opts["models"] or [],
+                workdir=tmp_path_factory.mktemp(f"distbench-{device_type}"),
+                phases=cfg.stash.setdefault(PHASES, PhaseLog()),
+            )
         return suites[device_type]
 
     yield get

@@ -18,6 +18,9 @@ A result is a plain JSON object:
       "env": {fingerprint}
     }
 
+This module builds every result: make_result assembles one, summarize_bench makes one from the replies of
+the `bench` job (jobs/bench.py), failure_result one from a configuration that failed.
+
 Everything that compares results (the compare gate, asv, reports) reads a metric's direction, unit and
 format from the metric registry, distbench/metrics.py.
 Results are read through the pydantic model `Result` (its JSON Schema: schemas/distbench.result-1.json):
@@ -29,15 +32,23 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import uuid
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .config import RunConfig
 from .errors import DistbenchError
+from .measure.devicetime import DEVICE_BOUND_RATIO, regime
+from .measure.timing import per_step_max, step_stats, throughput
+from .workloads.models import get_model
+
+if TYPE_CHECKING:
+    from .runtime.pool import JobError
 
 SCHEMA = "distbench.result/1"
 
@@ -99,6 +110,7 @@ def json_schema() -> dict[str, Any]:
     """The JSON Schema of a stored result, generated from `Result` (committed as schemas/distbench.result-1.json)."""
     return Result.model_json_schema(by_alias=True)
 
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -138,6 +150,212 @@ def make_result(
         "metrics": dict(metrics or {}),
         "env": dict(env or {}),
         **sections,
+    }
+
+
+def result_config(cfg: RunConfig, device_type: str | None) -> dict[str, Any]:
+    """The config section of a result: the RunConfig with seq_len resolved, plus device and accumulation."""
+    return {
+        **cfg.to_dict(),
+        "seq_len": cfg.seq_len or get_model(cfg.model).seq_len,
+        "accum_steps": cfg.accum_steps,
+        "device": device_type,
+    }
+
+
+def is_oom(e: JobError) -> bool:
+    """True when a rank ran out of device memory (torch's OutOfMemoryError, or NCCL failing to allocate)."""
+    return any(
+        o.exc_type == "OutOfMemoryError"
+        or "CUDA out of memory" in o.text
+        or "CUDA error: out of memory" in o.text
+        for o in e.outcomes
+    )
+
+
+def _oom_message(e: JobError) -> str:
+    ranks = [o.rank for o in e.outcomes if o.exc_type == "OutOfMemoryError" or "out of memory" in o.text]
+    first = next((o.text for o in e.outcomes if "out of memory" in o.text), "")
+    line = next((ln for ln in first.splitlines() if "out of memory" in ln), "out of memory")
+    return f"out of device memory on rank(s) {','.join(map(str, ranks))}: {line.strip()[:300]}"
+
+
+def failure_result(
+    cfg: RunConfig, device_type: str | None, e: JobError, env: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A result recording a configuration that failed: status "oom" or "error", and every rank's outcome."""
+    from .runtime.fingerprint import environment_fingerprint  # torch: the read-only commands load this module
+
+    oom = is_oom(e)
+    per_rank = [{"rank": o.rank, "status": o.status, "exc_type": o.exc_type} for o in e.outcomes]
+    return make_result(
+        result_config(cfg, device_type),
+        status="oom" if oom else "error",
+        error=_oom_message(e) if oom else str(e),
+        env=env or environment_fingerprint(),
+        per_rank=per_rank,
+    )
+
+
+def _aggregate_nvml(summaries: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    got = [s for s in summaries if s]
+    if not got:
+        return None
+
+    def across(field_: str, stat: str, how) -> float | None:
+        xs = [s[field_][stat] for s in got if s.get(field_)]
+        return how(xs) if xs else None
+
+    return {
+        "throttled": any(s["throttled"] for s in got),
+        "throttle_reasons": sorted({r for s in got for r in s["throttle_reasons"]}),
+        "power_capped": any(s["power_capped"] for s in got),
+        "gpu_util_pct_mean": across("gpu_util_pct", "mean", statistics.fmean),
+        "sm_clock_mhz_median": across("sm_clock_mhz", "median", statistics.median),
+        "power_w_mean": across("power_w", "mean", statistics.fmean),
+        "temp_c_max": across("temp_c", "max", max),
+        "per_rank": summaries,
+    }
+
+
+def _window_step_times(replies: list[dict[str, Any]]) -> list[float]:
+    """Wall seconds per step of each timed window (the slowest rank's window), or [] without windows."""
+    per_rank = [r.get("windows") or [] for r in replies]
+    if not per_rank[0]:
+        return []
+    return [max(w[i]["wall_s"] for w in per_rank) / per_rank[0][i]["steps"] for i in range(len(per_rank[0]))]
+
+
+def _device_time(replies: list[dict[str, Any]], step_time_s: float) -> dict[str, Any] | None:
+    """The device-time sample across ranks: the busiest rank's figures, regime judged against the wall."""
+    got = [r["device_time"] for r in replies if r.get("device_time")]
+    if not got:
+        return None
+    out = {k: max(d[k] for d in got) for k in ("compute_s", "comm_s", "busy_s", "wall_s", "processing_s")}
+    out["busy_ratio"] = min(1.0, out["busy_s"] / step_time_s)
+    out["regime"] = regime(out["busy_ratio"])
+    out["steps"] = got[0]["steps"]
+    out["per_rank"] = got
+    return out
+
+
+def summarize_bench(
+    cfg: RunConfig,
+    replies: list[dict[str, Any]],
+    *,
+    env: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A result from the per-rank replies of `bench` (or `bench_finish`); speedup and scaling efficiency need
+    the other results of the matrix and come from `distbench.scaling.annotate`.
+
+    step_time_s is the median over timed windows of the window's wall clock per step (throughput follows
+    from it); the step_time_s section holds the per-step times (device events, or host time in sync mode).
+    """
+    r0 = replies[0]
+    config = {**result_config(cfg, r0["device_type"]), "optimizer_impl": r0.get("optimizer_impl")}
+    steps = per_step_max([r["step_times_s"] for r in replies])
+    windows = _window_step_times(replies)
+    # The steps themselves too: a 5-11% step-time CV on 4x H200 (FSDP2, ZeRO) needs them to find its pattern.
+    stats = {**step_stats(steps), "steps": steps, "windows": windows}
+    step_time = statistics.median(windows) if windows else stats["median"]
+    metrics: dict[str, float] = {
+        **throughput(cfg.global_batch, r0["seq_len"], cfg.world_size, step_time),
+        "step_time_s": step_time,
+    }
+    device = _device_time(replies, step_time)
+    metrics.update(_host_and_device_metrics(replies, device))
+    efficiency, peak = _efficiency_and_memory(replies, metrics["tokens_per_s_per_gpu"])
+    metrics.update(efficiency)
+    nvml = _aggregate_nvml([r["nvml"] for r in replies])
+    if nvml and nvml.get("sm_clock_mhz_median"):
+        # Cycles per step: a clock that drifted between runs (1665-1875 MHz seen under load) cancels out.
+        metrics["step_gcycles"] = step_time * nvml["sm_clock_mhz_median"] * 1e-3
+    flops = {
+        **r0["flops"],
+        "n_params": r0["n_params"],
+        "device_name": r0["device_name"],
+        "peak_dtype": r0["peak_dtype"],
+        "peak_flops": peak,
+    }
+    per_rank = [
+        {"rank": r["rank"], "step_time_s": step_stats(r["step_times_s"]), **r["memory"]} for r in replies
+    ]
+    return make_result(
+        config,
+        metrics=metrics,
+        env=env,
+        step_time_s=stats,
+        losses=r0["losses"],
+        nvml=nvml,
+        flops=flops,
+        per_rank=per_rank,
+        gc=_aggregate_gc([r.get("gc") for r in replies]),
+        device_time=device,
+        regime=_regime_section(device),
+    )
+
+
+def _host_and_device_metrics(
+    replies: list[dict[str, Any]], device: dict[str, Any] | None
+) -> dict[str, float]:
+    """The host CPU time per step (median over steps of the slowest rank's) and the device-time sample's."""
+    metrics: dict[str, float] = {}
+    host = [r for r in replies if r.get("windows")]
+    if host:
+        cpu = per_step_max([[c for w in r["windows"] for c in w["host_cpu_s"]] for r in host])
+        metrics["host_cpu_s"] = statistics.median(cpu)
+    if device:
+        metrics.update(
+            device_compute_s=device["compute_s"],
+            device_comm_s=device["comm_s"],
+            device_busy_s=device["busy_s"],
+            busy_ratio=device["busy_ratio"],
+        )
+    return metrics
+
+
+def _efficiency_and_memory(
+    replies: list[dict[str, Any]], tokens_per_s_per_gpu: float
+) -> tuple[dict[str, float], float | None]:
+    """TFLOP/s per GPU, MFU where the device's peak is known, and each memory peak of the rank that peaked
+    highest; and that peak FLOP/s."""
+    from .measure.mfu import mfu, peak_flops, tflops_per_gpu  # torch: the read-only commands load this module
+
+    r0 = replies[0]
+    fpt = r0["flops"]["flops_per_token"]
+    peak = peak_flops(r0["device_name"], r0["peak_dtype"])
+    metrics = {"tflops_per_gpu": tflops_per_gpu(tokens_per_s_per_gpu, fpt)}
+    util = mfu(tokens_per_s_per_gpu, fpt, peak)
+    if util is not None:
+        metrics["mfu"] = util
+    for key in ("mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes"):
+        vals = [r["memory"][key] for r in replies if r["memory"][key] is not None]
+        if vals:
+            metrics[key] = max(vals)
+    return metrics, peak
+
+
+def _regime_section(device: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the gate needs to know about the configuration: which side bounds its step, and by what ratio."""
+    if device is None:
+        return None
+    return {
+        "regime": device["regime"],
+        "busy_ratio": device["busy_ratio"],
+        "rule": f"device-bound when device busy time / wall step time >= {DEVICE_BOUND_RATIO}",
+    }
+
+
+def _aggregate_gc(per_rank: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Python collections in the timed window, worst rank per step (a step waits for its slowest rank)."""
+    got = [g for g in per_rank if g]
+    if not got:
+        return None
+    return {
+        "collector_on": got[0]["collector_on"],
+        "collections": [max(g["collections"][gen] for g in got) for gen in range(3)],
+        "seconds": max(g["seconds"] for g in got),
+        "step_seconds": per_step_max([g["step_seconds"] for g in got]),
     }
 
 
@@ -205,7 +423,9 @@ def _read_json(f: Path) -> Any:
     try:
         return json.loads(f.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise ResultFileError(f"{f} is not UTF-8 text (byte {e.start}); remove it or restore it from the run") from None
+        raise ResultFileError(
+            f"{f} is not UTF-8 text (byte {e.start}); remove it or restore it from the run"
+        ) from None
     except json.JSONDecodeError as e:
         raise ResultFileError(f"{f} is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
     except OSError as e:
@@ -220,8 +440,10 @@ def _checked(obj: dict[str, Any], where: str) -> dict[str, Any]:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
         got = "" if err["type"] == "missing" else f" (got {err['input']!r:.60})"
-        raise ResultFileError(f"{where} is a damaged {SCHEMA} result: {loc}: {err['msg'].lower()}{got}; "
-                              "remove it or restore it from the run") from None
+        raise ResultFileError(
+            f"{where} is a damaged {SCHEMA} result: {loc}: {err['msg'].lower()}{got}; "
+            "remove it or restore it from the run"
+        ) from None
     return obj
 
 

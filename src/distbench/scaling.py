@@ -30,8 +30,14 @@ def tokens_per_s(result: dict[str, Any]) -> float:
 
 def baseline_runs(results: list[dict[str, Any]], result: dict[str, Any]) -> list[dict[str, Any]]:
     """The ok 1-GPU runs `result`'s speedup is measured against: `single`'s, else its own strategy's."""
-    ones = [r for r in results if r.get("status") == "ok" and tokens_per_s(r)
-            and r["config"].get("world_size") == 1 and workload(r) == workload(result)]
+    ones = [
+        r
+        for r in results
+        if r.get("status") == "ok"
+        and tokens_per_s(r)
+        and r["config"].get("world_size") == 1
+        and workload(r) == workload(result)
+    ]
     for strategy in ("single", result["config"].get("strategy")):
         runs = [r for r in ones if r["config"].get("strategy") == strategy]
         if runs:

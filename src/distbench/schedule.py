@@ -51,7 +51,10 @@ def plan(cases: Sequence[Case], slots: int) -> Plan:
     groups are spread over floor(slots / w) lanes by size, largest first (each to the emptiest lane); a lane
     runs its cases in collection order."""
     first = [c.nodeid for c in cases if c.inert]
-    alone = [c.nodeid for c in sorted((c for c in cases if c.exclusive and not c.inert), key=lambda c: c.world_size)]
+    alone = [
+        c.nodeid
+        for c in sorted((c for c in cases if c.exclusive and not c.inert), key=lambda c: c.world_size)
+    ]
     rest = [c for c in cases if not c.inert and not c.exclusive]
     whole = [c.nodeid for c in rest if c.world_size >= slots]
     lanes: list[Lane] = []
@@ -73,5 +76,5 @@ def next_start(pending: Sequence[Lane], free: Sequence[int]) -> tuple[int, list[
     fits. Later lanes may overtake one that waits for more slots than are free."""
     for i, lane in enumerate(pending):
         if lane.world_size <= len(free):
-            return i, sorted(free)[:lane.world_size]
+            return i, sorted(free)[: lane.world_size]
     return None

@@ -1,6 +1,6 @@
 """Subcommands of the `distbench` CLI: one module each, exposing `add_parser(subparsers)` and `run(args)`.
 
-`distbench.cli` calls `add_parser` for every module in COMMANDS; `add_parser` sets `func=run`, and `run`
+commands/parser.py calls `add_parser` for every module in COMMANDS; `add_parser` sets `func=run`, and `run`
 returns the process exit status. Modules import their heavy dependencies inside `run`, so `distbench --help`
 stays fast.
 """

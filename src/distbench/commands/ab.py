@@ -19,27 +19,54 @@ if TYPE_CHECKING:
 #: windows a run, so one stalled window costs the run's median nothing (with two, the median is their mean:
 #: on synthetic runs with a stalled window in 50, a 2% slowdown was found 54 times in 100 instead of 90+).
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "cuda": {"model": "gpt2-large", "precision": "bf16", "seq_len": 1024, "micro_batch": 16, "steps": 9,
-             "windows": 3, "warmup": 2, "device_time_steps": 3},
-    "cpu": {"model": "gpt2-tiny", "precision": "fp32", "seq_len": 0, "micro_batch": 2, "steps": 6,
-            "windows": 3, "warmup": 1, "device_time_steps": 0},
+    "cuda": {
+        "model": "gpt2-large",
+        "precision": "bf16",
+        "seq_len": 1024,
+        "micro_batch": 16,
+        "steps": 9,
+        "windows": 3,
+        "warmup": 2,
+        "device_time_steps": 3,
+    },
+    "cpu": {
+        "model": "gpt2-tiny",
+        "precision": "fp32",
+        "seq_len": 0,
+        "micro_batch": 2,
+        "steps": 6,
+        "windows": 3,
+        "warmup": 1,
+        "device_time_steps": 0,
+    },
 }
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """`distbench ab`'s flags: long, one add_argument per flag, read best in one place."""
     p = sub.add_parser(
-        "ab", help="A/B gate: alternate two variants run by run on the same GPUs until decided",
+        "ab",
+        help="A/B gate: alternate two variants run by run on the same GPUs until decided",
         description="Compare HEAD against BASE, each served by its own process with persistent rank pools, "
-                    "alternating runs (AB, BA, ...) per configuration, adding pairs until each configuration "
-                    "is decided or --budget runs out. Variants: rev=REV, tree=DIR, python=EXE, env.NAME=VALUE "
-                    "(comma-separated; empty: this checkout). Exit 0 pass, 1 regression, 2 usage, 3 undecided.")
+        "alternating runs (AB, BA, ...) per configuration, adding pairs until each configuration "
+        "is decided or --budget runs out. Variants: rev=REV, tree=DIR, python=EXE, env.NAME=VALUE "
+        "(comma-separated; empty: this checkout). Exit 0 pass, 1 regression, 2 usage, 3 undecided.",
+    )
     p.add_argument("--base", default="", help="the baseline variant (default: this checkout)")
-    p.add_argument("--head", default="", help="the candidate variant (default: this checkout, i.e. an A/A run)")
+    p.add_argument(
+        "--head", default="", help="the candidate variant (default: this checkout, i.e. an A/A run)"
+    )
     from ..strategies import default_strategies
 
-    p.add_argument("--strategy", "-s", action="append", help="strategies; repeat or comma-separate "
-                   f"(default: {','.join(default_strategies('ab'))})")
-    p.add_argument("--world-size", "-n", type=int, help="ranks per configuration (default: GPUs here, or 2 on CPU)")
+    p.add_argument(
+        "--strategy",
+        "-s",
+        action="append",
+        help=f"strategies; repeat or comma-separate (default: {','.join(default_strategies('ab'))})",
+    )
+    p.add_argument(
+        "--world-size", "-n", type=int, help="ranks per configuration (default: GPUs here, or 2 on CPU)"
+    )
     p.add_argument("--model", "-m", help="model (default: gpt2-large on GPUs, gpt2-tiny on CPU)")
     p.add_argument("--micro-batch", type=int, help="per-GPU micro-batch (default 16 on GPUs: device-bound)")
     p.add_argument("--seq-len", type=int)
@@ -49,10 +76,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, help="untimed steps per run")
     p.add_argument("--optimizer", choices=["auto", "fused", "foreach", "forloop"], default="auto")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is present")
-    p.add_argument("--threshold", type=float, default=0.02,
-                   help="the regression that must be ruled out to pass, as a fraction (default 0.02)")
-    p.add_argument("--min-effect", type=float, default=0.01,
-                   help="smallest significant change reported as a regression (default 0.01)")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.02,
+        help="the regression that must be ruled out to pass, as a fraction (default 0.02)",
+    )
+    p.add_argument(
+        "--min-effect",
+        type=float,
+        default=0.01,
+        help="smallest significant change reported as a regression (default 0.01)",
+    )
     p.add_argument("--alpha", type=float, default=0.05, help="family-wise false-alarm rate (default 0.05)")
     p.add_argument("--min-pairs", type=int, default=6, help="pairs before the first decision (default 6)")
     p.add_argument("--max-pairs", type=int, default=12, help="most pairs per configuration (default 12)")
@@ -60,8 +95,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", type=float, default=600.0, help="seconds of comparison (default 600)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before one run counts as hung")
     p.add_argument("--bind-cpus", action="store_true", help="bind each rank to its own slice of the CPUs")
-    p.add_argument("--output", "-o", type=Path, default=Path("distbench-ab"),
-                   help="directory for every run's result (base/, head/) and ab.json, ab.md")
+    p.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        default=Path("distbench-ab"),
+        help="directory for every run's result (base/, head/) and ab.json, ab.md",
+    )
     p.add_argument("--github-summary", action="store_true", help="append the table to $GITHUB_STEP_SUMMARY")
     p.set_defaults(func=run)
 
@@ -96,12 +136,23 @@ def _configs(args: argparse.Namespace, device: str, n_cuda: int) -> list[RunConf
         reason = get_spec(s).unsupported_reason(device, ws, n_cuda if device == "cuda" else None, precision)
         if reason:
             raise DistbenchError(reason)
-        configs.append(RunConfig(
-            strategy=s, world_size=ws, model=args.model or d["model"], precision=precision,
-            seq_len=d["seq_len"] if args.seq_len is None else args.seq_len, micro_batch=mb,
-            global_batch=mb * ws, steps=args.steps or d["steps"], windows=args.windows or d["windows"],
-            warmup=d["warmup"] if args.warmup is None else args.warmup, optimizer=args.optimizer,
-            device_time_steps=d["device_time_steps"], deterministic=False))
+        configs.append(
+            RunConfig(
+                strategy=s,
+                world_size=ws,
+                model=args.model or d["model"],
+                precision=precision,
+                seq_len=d["seq_len"] if args.seq_len is None else args.seq_len,
+                micro_batch=mb,
+                global_batch=mb * ws,
+                steps=args.steps or d["steps"],
+                windows=args.windows or d["windows"],
+                warmup=d["warmup"] if args.warmup is None else args.warmup,
+                optimizer=args.optimizer,
+                device_time_steps=d["device_time_steps"],
+                deterministic=False,
+            )
+        )
     return configs
 
 
@@ -157,11 +208,17 @@ def run(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-def _alternate(args: argparse.Namespace, configs: list[RunConfig], device: str, variants: tuple[Variant, Variant],
-               console: Console) -> ABReport:
+def _alternate(
+    args: argparse.Namespace,
+    configs: list[RunConfig],
+    device: str,
+    variants: tuple[Variant, Variant],
+    console: Console,
+) -> ABReport:
     """Serve each variant from its own process and checkout, alternate them over `configs` (gate/ab.py), save
     every run's result under --output/<variant>; the processes and checkouts are gone when it returns.
-    DistbenchError when a variant cannot start."""
+    DistbenchError when a variant cannot start. Long: its callbacks close over the servers, which live only
+    as long as the temporary directory."""
     import tempfile
 
     from ..gate.ab import run_ab
@@ -174,11 +231,14 @@ def _alternate(args: argparse.Namespace, configs: list[RunConfig], device: str, 
 
         def runner(label: str) -> Callable[[RunConfig], dict[str, Any]]:
             def go(cfg: RunConfig) -> dict[str, Any]:
-                result = servers[label].run(cfg.to_dict(), args.timeout) or \
-                    {"status": "error", "error": f"the {label} variant died or hung (log: {servers[label].log})"}
+                result = servers[label].run(cfg.to_dict(), args.timeout) or {
+                    "status": "error",
+                    "error": f"the {label} variant died or hung (log: {servers[label].log})",
+                }
                 if "schema" in result:
                     save_result(result, args.output / label)
                 return result
+
             return go
 
         def recycle_all() -> None:
@@ -187,18 +247,32 @@ def _alternate(args: argparse.Namespace, configs: list[RunConfig], device: str, 
 
         def progress(o: ConfigOutcome, pair: Pair) -> None:
             b, h = pair.base["metrics"]["step_time_s"], pair.head["metrics"]["step_time_s"]
-            console.print(f"  {o.label} pair {len(o.pairs)} ({pair.order}): base {b * 1000:.2f} ms, "
-                          f"head {h * 1000:.2f} ms ({h / b - 1:+.2%})")
+            console.print(
+                f"  {o.label} pair {len(o.pairs)} ({pair.order}): base {b * 1000:.2f} ms, "
+                f"head {h * 1000:.2f} ms ({h / b - 1:+.2%})"
+            )
 
         try:
             for server in servers.values():
                 server.start()
-            console.print(f"distbench ab: {len(configs)} configuration(s) on {device}; base {base_v.describe()} "
-                          f"vs head {head_v.describe()}; budget {args.budget:.0f} s")
-            return run_ab(configs, runner("base"), runner("head"), alpha=args.alpha, threshold=args.threshold,
-                          min_effect=args.min_effect, min_pairs=args.min_pairs, max_pairs=args.max_pairs,
-                          look_every=args.look_every, budget_s=args.budget, on_pair=progress,
-                          between_rounds=recycle_all)
+            console.print(
+                f"distbench ab: {len(configs)} configuration(s) on {device}; base {base_v.describe()} "
+                f"vs head {head_v.describe()}; budget {args.budget:.0f} s"
+            )
+            return run_ab(
+                configs,
+                runner("base"),
+                runner("head"),
+                alpha=args.alpha,
+                threshold=args.threshold,
+                min_effect=args.min_effect,
+                min_pairs=args.min_pairs,
+                max_pairs=args.max_pairs,
+                look_every=args.look_every,
+                budget_s=args.budget,
+                on_pair=progress,
+                between_rounds=recycle_all,
+            )
         finally:
             for server in servers.values():
                 server.close()

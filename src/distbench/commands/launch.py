@@ -15,14 +15,21 @@ from typing import Any
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("launch", help="run in every process of a torchrun job: the matrix across nodes",
-                       description="Run under torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d "
-                       "--rdzv-endpoint HOST:PORT -m distbench.cli launch -- RUN-ARGS. Rank 0 runs "
-                       "`distbench run RUN-ARGS` on the launched world (each world size on its first ranks) "
-                       "and writes the results; the other ranks follow.")
-    p.add_argument("--parity", action="store_true", help="first check each strategy x world size x model against "
-                   "the single-process reference (losses, final parameters, last gradients; fp32, "
-                   "deterministic) and write parity.json to --output, then benchmark")
+    p = sub.add_parser(
+        "launch",
+        help="run in every process of a torchrun job: the matrix across nodes",
+        description="Run under torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d "
+        "--rdzv-endpoint HOST:PORT -m distbench.cli launch -- RUN-ARGS. Rank 0 runs "
+        "`distbench run RUN-ARGS` on the launched world (each world size on its first ranks) "
+        "and writes the results; the other ranks follow.",
+    )
+    p.add_argument(
+        "--parity",
+        action="store_true",
+        help="first check each strategy x world size x model against "
+        "the single-process reference (losses, final parameters, last gradients; fp32, "
+        "deterministic) and write parity.json to --output, then benchmark",
+    )
     p.add_argument("run_args", nargs=argparse.REMAINDER, help="`distbench run` flags, after --")
     p.set_defaults(func=run)
 
@@ -30,12 +37,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..cli import build_parser
     from ..errors import DistbenchError
     from ..runtime.cluster import Cluster, Launch, connect_store, follow, local_device
+    from . import run as run_command
+    from .parser import build_parser
 
     rest = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
-    run_args = build_parser().parse_args(["run", *rest])
+    run_args = build_parser([run_command]).parse_args(["run", *rest])
     try:
         launch = Launch.from_env()
     except DistbenchError as e:
@@ -50,8 +58,12 @@ def run(args: argparse.Namespace) -> int:
     status = 1
     try:
         failed = parity(cluster, run_args) if args.parity else 0
-        status = run_args.func(run_args, pools=cluster,
-                               device_count=launch.world_size if device_type == "cuda" else 0) or failed
+        status = (
+            run_args.func(
+                run_args, pools=cluster, device_count=launch.world_size if device_type == "cuda" else 0
+            )
+            or failed
+        )
         return status
     finally:
         cluster.release(status)
@@ -67,7 +79,9 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
     from .run import build_matrix
 
     n_dev = cluster.launch.world_size if cluster.device_type == "cuda" else 0
-    configs, _ = build_matrix(run_args, cluster.device_type, n_dev).configs(cluster.device_type, n_dev or None)
+    configs, _ = build_matrix(run_args, cluster.device_type, n_dev).configs(
+        cluster.device_type, n_dev or None
+    )
     cases = list(dict.fromkeys((c.model, c.strategy, c.world_size) for c in configs))
     suite = Suite(cluster.device_type, pools=cluster, timeout=run_args.timeout, steps=run_args.steps or 4)
     micro, global_batch = (TIER_DEFAULTS[cluster.device_type][k] for k in ("micro_batch", "global_batch"))

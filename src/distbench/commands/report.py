@@ -9,14 +9,24 @@ from pathlib import Path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("report", help="write report.md and figures from result files",
-                              description="Tables (strategy x world size: throughput, scaling, step time, "
-                                          "MFU, memory, trace breakdown) and PNG figures from results.")
+    p = subparsers.add_parser(
+        "report",
+        help="write report.md and figures from result files",
+        description="Tables (strategy x world size: throughput, scaling, step time, "
+        "MFU, memory, trace breakdown) and PNG figures from results.",
+    )
     p.add_argument("results", nargs="+", type=Path, help="result files or directories (searched recursively)")
-    p.add_argument("--out", type=Path, default=Path("distbench-results/report"),
-                   help="directory for report.md and the PNGs (default distbench-results/report)")
-    p.add_argument("--github-summary", action="store_true",
-                   help="append a compact summary to $GITHUB_STEP_SUMMARY (stdout when unset)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("distbench-results/report"),
+        help="directory for report.md and the PNGs (default distbench-results/report)",
+    )
+    p.add_argument(
+        "--github-summary",
+        action="store_true",
+        help="append a compact summary to $GITHUB_STEP_SUMMARY (stdout when unset)",
+    )
     p.set_defaults(func=run)
 
 
@@ -37,8 +47,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {path} ({len(results)} results)")
     warned = check(results)
     if warned:
-        print(f"{sum(map(len, warned.values()))} plausibility warning(s) on {len(warned)} result(s): "
-              f"see 'Implausible figures' in {path}")
+        print(
+            f"{sum(map(len, warned.values()))} plausibility warning(s) on {len(warned)} result(s): "
+            f"see 'Implausible figures' in {path}"
+        )
     if args.github_summary:
         summary = job_summary_markdown(results)
         target = os.environ.get("GITHUB_STEP_SUMMARY")

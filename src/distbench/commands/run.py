@@ -27,11 +27,13 @@ from ..errors import ConfigError
 
 def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """An argparse type from a validator that raises ConfigError: its message becomes the usage error."""
+
     def convert(text: str) -> Any:
         try:
             return parse(text)
         except ConfigError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
+
     return convert
 
 
@@ -66,61 +68,143 @@ def _typed(annotation: Any) -> Callable[[str], Any]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="benchmark strategies x world sizes on this machine and write results",
-                       description="Without flags: GPUs when present (bf16, gpt2-124m, every power-of-two GPU "
-                       "count), otherwise gloo on CPU with a tiny model.")
-    p.add_argument("--config", help="matrix YAML (strategies, world_sizes, models, precisions, repeats, "
-                   "and RunConfig fields); flags given too override it")
-    p.add_argument("--strategy", "-s", action="append", type=_arg(_strategies),
-                   help="strategy name, or `all` (every strategy; those that cannot run here are skipped); "
-                   "repeat or comma-separate")
-    p.add_argument("--world-size", "-n", action="append", help="world size; repeat or comma-separate",
-                   type=_arg(lambda text: parse_list(PositiveInt, text, "world size")))
-    p.add_argument("--model", "-m", action="append", type=_arg(_models),
-                   help="model name or module:function factory")
-    p.add_argument("--precision", action="append", choices=PRECISIONS,
-                   help="fp16 trains with dynamic loss scaling (GradScaler; DeepSpeed's fp16 section)")
+    """`distbench run`'s flags: long, one add_argument per flag, read best in one place."""
+    p = sub.add_parser(
+        "run",
+        help="benchmark strategies x world sizes on this machine and write results",
+        description="Without flags: GPUs when present (bf16, gpt2-124m, every power-of-two GPU "
+        "count), otherwise gloo on CPU with a tiny model.",
+    )
+    p.add_argument(
+        "--config",
+        help="matrix YAML (strategies, world_sizes, models, precisions, repeats, "
+        "and RunConfig fields); flags given too override it",
+    )
+    p.add_argument(
+        "--strategy",
+        "-s",
+        action="append",
+        type=_arg(_strategies),
+        help="strategy name, or `all` (every strategy; those that cannot run here are skipped); "
+        "repeat or comma-separate",
+    )
+    p.add_argument(
+        "--world-size",
+        "-n",
+        action="append",
+        help="world size; repeat or comma-separate",
+        type=_arg(lambda text: parse_list(PositiveInt, text, "world size")),
+    )
+    p.add_argument(
+        "--model", "-m", action="append", type=_arg(_models), help="model name or module:function factory"
+    )
+    p.add_argument(
+        "--precision",
+        action="append",
+        choices=PRECISIONS,
+        help="fp16 trains with dynamic loss scaling (GradScaler; DeepSpeed's fp16 section)",
+    )
     p.add_argument("--steps", type=_typed(PositiveInt), help="timed steps")
     p.add_argument("--warmup", type=_typed(NonNegativeInt), help="untimed warm-up steps")
     p.add_argument("--global-batch", type=_typed(PositiveInt))
     p.add_argument("--micro-batch", type=_typed(PositiveInt))
     p.add_argument("--seq-len", type=_typed(PositiveInt), help="default: the model's")
-    p.add_argument("--repeats", type=_typed(PositiveInt),
-                   help="separate runs of each configuration (the compare gate wants >= 6)")
-    p.add_argument("--windows", type=_typed(PositiveInt), help="timed windows the steps are split into "
-                   "(each between two syncs; the step time is their median; default 1)")
-    p.add_argument("--clip-grad-norm", type=_typed(NonNegativeFloat), help="clip gradients to this global norm "
-                   "before each step, as each strategy's users do (default 0: off)")
-    p.add_argument("--activation-checkpointing", action="store_true", help="recompute each transformer block's "
-                   "activations in backward (transformers' activation_checkpointing_enable)")
-    p.add_argument("--dropout", type=_typed(DropoutRate), help="the model's dropout rate, each sample's masks "
-                   "from its own random stream (default 0: off)")
-    p.add_argument("--lora-rank", type=_typed(NonNegativeInt), help="fine-tune LoRA adapters of this rank "
-                   "through peft, the base weights frozen (default 0: train every weight)")
-    p.add_argument("--lora-alpha", type=_typed(PositiveInt), help="scale the adapters by alpha / rank (default 16)")
-    p.add_argument("--lora-targets", type=_arg(lambda text: tuple(parse_list(LoraTarget, text, "LoRA target"))),
-                   help="comma-separated module names to adapt (default: GPT-2's c_attn,c_proj; Llama's "
-                   "q_proj,k_proj,v_proj,o_proj)")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, help="AdamW implementation (default auto: fused on CUDA)")
-    p.add_argument("--timing", choices=TIMINGS, help="events (default): no sync inside timed windows; "
-                   "sync: a device sync around every step")
+    p.add_argument(
+        "--repeats",
+        type=_typed(PositiveInt),
+        help="separate runs of each configuration (the compare gate wants >= 6)",
+    )
+    p.add_argument(
+        "--windows",
+        type=_typed(PositiveInt),
+        help="timed windows the steps are split into "
+        "(each between two syncs; the step time is their median; default 1)",
+    )
+    p.add_argument(
+        "--clip-grad-norm",
+        type=_typed(NonNegativeFloat),
+        help="clip gradients to this global norm "
+        "before each step, as each strategy's users do (default 0: off)",
+    )
+    p.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="recompute each transformer block's "
+        "activations in backward (transformers' activation_checkpointing_enable)",
+    )
+    p.add_argument(
+        "--dropout",
+        type=_typed(DropoutRate),
+        help="the model's dropout rate, each sample's masks from its own random stream (default 0: off)",
+    )
+    p.add_argument(
+        "--lora-rank",
+        type=_typed(NonNegativeInt),
+        help="fine-tune LoRA adapters of this rank "
+        "through peft, the base weights frozen (default 0: train every weight)",
+    )
+    p.add_argument(
+        "--lora-alpha", type=_typed(PositiveInt), help="scale the adapters by alpha / rank (default 16)"
+    )
+    p.add_argument(
+        "--lora-targets",
+        type=_arg(lambda text: tuple(parse_list(LoraTarget, text, "LoRA target"))),
+        help="comma-separated module names to adapt (default: GPT-2's c_attn,c_proj; Llama's "
+        "q_proj,k_proj,v_proj,o_proj)",
+    )
+    p.add_argument(
+        "--optimizer", choices=OPTIMIZERS, help="AdamW implementation (default auto: fused on CUDA)"
+    )
+    p.add_argument(
+        "--timing",
+        choices=TIMINGS,
+        help="events (default): no sync inside timed windows; sync: a device sync around every step",
+    )
     p.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
-    p.add_argument("--bind-cpus", action="store_true", help="bind each rank to its own equal slice of this "
-                   "process's CPUs (sets DISTBENCH_BIND_CPUS=exclusive; recorded in each result's env)")
-    p.add_argument("--gc-during-steps", action="store_true", help="leave Python's garbage collector on "
-                   "during timed steps (default: one full collection before them, off while they run)")
-    p.add_argument("--trace", action="store_true", help="also profile each configuration (GPU) and record "
-                   "HolisticTraceAnalysis's compute/non-compute/idle and overlap breakdown")
+    p.add_argument(
+        "--bind-cpus",
+        action="store_true",
+        help="bind each rank to its own equal slice of this "
+        "process's CPUs (sets DISTBENCH_BIND_CPUS=exclusive; recorded in each result's env)",
+    )
+    p.add_argument(
+        "--gc-during-steps",
+        action="store_true",
+        help="leave Python's garbage collector on "
+        "during timed steps (default: one full collection before them, off while they run)",
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="also profile each configuration (GPU) and record "
+        "HolisticTraceAnalysis's compute/non-compute/idle and overlap breakdown",
+    )
     p.add_argument("--ds-config", help="DeepSpeed config JSON merged into the zero* strategies' config")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is present")
-    p.add_argument("--output", "-o", default=Path("distbench-results"), type=_arg(_output_dir),
-                   help="directory for result JSON files")
-    p.add_argument("--timeout", type=_typed(PositiveFloat), default=1800.0,
-                   help="seconds before a hung configuration fails")
-    p.add_argument("--prometheus", metavar="[ADDR:]PORT", help="serve live GPU (DCGM field names) and step "
-                   "metrics for Prometheus on this port (all interfaces unless ADDR is given)")
-    p.add_argument("--textfile", metavar="DIR", help="also keep DIR/distbench.prom current for node_exporter's "
-                   "textfile collector")
+    p.add_argument(
+        "--output",
+        "-o",
+        default=Path("distbench-results"),
+        type=_arg(_output_dir),
+        help="directory for result JSON files",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_typed(PositiveFloat),
+        default=1800.0,
+        help="seconds before a hung configuration fails",
+    )
+    p.add_argument(
+        "--prometheus",
+        metavar="[ADDR:]PORT",
+        help="serve live GPU (DCGM field names) and step "
+        "metrics for Prometheus on this port (all interfaces unless ADDR is given)",
+    )
+    p.add_argument(
+        "--textfile",
+        metavar="DIR",
+        help="also keep DIR/distbench.prom current for node_exporter's textfile collector",
+    )
     p.set_defaults(func=run)
 
 
@@ -134,8 +218,21 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
 
     m = load_matrix(args.config) if args.config else default_matrix(device_type, device_count)
     base = dict(m.base)
-    for key in ("steps", "warmup", "global_batch", "micro_batch", "seq_len", "optimizer", "timing", "windows",
-                "clip_grad_norm", "dropout", "lora_rank", "lora_alpha", "lora_targets"):
+    for key in (
+        "steps",
+        "warmup",
+        "global_batch",
+        "micro_batch",
+        "seq_len",
+        "optimizer",
+        "timing",
+        "windows",
+        "clip_grad_norm",
+        "dropout",
+        "lora_rank",
+        "lora_alpha",
+        "lora_targets",
+    ):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
     if args.activation_checkpointing:
@@ -146,9 +243,15 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
         base["gc_during_steps"] = True
     if args.ds_config:
         base["options"] = {**base.get("options", {}), "ds_config": args.ds_config}
-    return Matrix(strategies=_flat(args.strategy) or m.strategies, world_sizes=_flat(args.world_size) or m.world_sizes,
-                  models=_flat(args.model) or m.models, precisions=args.precision or m.precisions, base=base,
-                  repeats=args.repeats or m.repeats, trace=args.trace or m.trace)
+    return Matrix(
+        strategies=_flat(args.strategy) or m.strategies,
+        world_sizes=_flat(args.world_size) or m.world_sizes,
+        models=_flat(args.model) or m.models,
+        precisions=args.precision or m.precisions,
+        base=base,
+        repeats=args.repeats or m.repeats,
+        trace=args.trace or m.trace,
+    )
 
 
 def _usage_error(message: str) -> int:
@@ -164,6 +267,7 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
 
     from ..errors import DistbenchError
     from ..measure.telemetry import parse_listen
+    from ..report.tables import results_table
     from ..runtime import affinity
     from ..runtime.pool import PoolManager, cuda_device_count
     from ..strategies import get_spec
@@ -198,36 +302,57 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
         return _usage_error("nothing to run: every configuration was skipped (see the skip lines above)")
     n_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if device_type == "cpu" and max(matrix.world_sizes) > n_cpus:
-        console.print(f"[yellow]warning[/] world size {max(matrix.world_sizes)} on {n_cpus} CPU(s): ranks share "
-                      "cores, so times measure contention; use world sizes up to the CPU count")
-    console.print(f"distbench run: {len(configs)} configuration(s) x {matrix.repeats} on {device_type}; "
-                  f"results -> {args.output}")
+        console.print(
+            f"[yellow]warning[/] world size {max(matrix.world_sizes)} on {n_cpus} CPU(s): ranks share "
+            "cores, so times measure contention; use world sizes up to the CPU count"
+        )
+    console.print(
+        f"distbench run: {len(configs)} configuration(s) x {matrix.repeats} on {device_type}; "
+        f"results -> {args.output}"
+    )
     results = _run_with_progress(matrix, len(configs), args, pools, n_cuda, listen, console)
     console.print(results_table(results))
     return _print_failures(results, args, console)
 
 
-def _run_with_progress(matrix: Any, n_configs: int, args: argparse.Namespace, pools: Any, n_cuda: int,
-                       listen: Any, console: Any) -> list[dict[str, Any]]:
+def _run_with_progress(
+    matrix: Any, n_configs: int, args: argparse.Namespace, pools: Any, n_cuda: int, listen: Any, console: Any
+) -> list[dict[str, Any]]:
     """run_matrix under a progress bar, feeding telemetry when asked; the pools are closed when it returns."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..matrix import run_matrix
     from ..measure.telemetry import Telemetry
 
-    telemetry = Telemetry(listen=listen, textfile_dir=args.textfile).start() if listen or args.textfile else None
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
+    telemetry = (
+        Telemetry(listen=listen, textfile_dir=args.textfile).start() if listen or args.textfile else None
+    )
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
         task = progress.add_task("running", total=n_configs * matrix.repeats)
 
         def advance(cfg, result):
             if telemetry is not None:
                 telemetry.record(result)
-            progress.update(task, advance=1, description=f"{cfg.strategy} ws{cfg.world_size} {result['status']}")
+            progress.update(
+                task, advance=1, description=f"{cfg.strategy} ws{cfg.world_size} {result['status']}"
+            )
 
         try:
-            return run_matrix(matrix, out_dir=args.output, pools=pools, on_result=advance,
-                              timeout=args.timeout, device_count=n_cuda)
+            return run_matrix(
+                matrix,
+                out_dir=args.output,
+                pools=pools,
+                on_result=advance,
+                timeout=args.timeout,
+                device_count=n_cuda,
+            )
         finally:
             pools.close_all()
             if telemetry is not None:
@@ -245,58 +370,17 @@ def _print_failures(results: list[dict[str, Any]], args: argparse.Namespace, con
         c = r["config"]
         first = (r.get("error") or "").splitlines()[:1]
         what = "out of memory" if r["status"] == "oom" else "failed"
-        console.print(f"[red]{what}[/] {c['strategy']} ws{c['world_size']} {c['model']}: "
-                      f"{escape(first[0] if first else '')} (every rank's traceback is in the result JSON under "
-                      f"{escape(str(args.output))})")
+        console.print(
+            f"[red]{what}[/] {c['strategy']} ws{c['world_size']} {c['model']}: "
+            f"{escape(first[0] if first else '')} (every rank's traceback is in the result JSON under "
+            f"{escape(str(args.output))})"
+        )
     for r in results:
         err = (r.get("trace") or {}).get("error")
         if err:
             c = r["config"]
-            console.print(f"[yellow]no trace breakdown[/] {c['strategy']} ws{c['world_size']} {c['model']}: "
-                          f"{escape(err.splitlines()[0])}")
+            console.print(
+                f"[yellow]no trace breakdown[/] {c['strategy']} ws{c['world_size']} {c['model']}: "
+                f"{escape(err.splitlines()[0])}"
+            )
     return 1 if failed else 0
-
-
-def _gib(x: float | None) -> str:
-    return "-" if x is None else f"{x / 2**30:.2f}"
-
-
-def results_table(results: list[dict[str, Any]]):
-    """A seed-004-style console table: throughput, speedup, efficiency, step time, MFU, memory; each
-    plausibility warning is a numbered footnote, marked in its row's status ("! 1,2")."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from ..report.markdown import MEMORY_METRICS
-
-    workloads = sorted({f"{r['config']['model']} {r['config']['precision']} seq {r['config']['seq_len']} "
-                        f"global batch {r['config']['global_batch']}" for r in results})
-    t = Table("strategy", "ws", "tok/s", "tok/s/GPU", "speedup", "eff", "step s [p10-p90]", "MFU",
-              "peak GiB alloc/resv/nvml", "loss", "status", title="; ".join(workloads), caption_justify="left")
-    notes: list[str] = []
-    for r in results:
-        c, m = r["config"], r["metrics"]
-        st = r.get("step_time_s") or {}
-        step = f"{st['median']:.3f} [{st['p10']:.3f}-{st['p90']:.3f}]" if st else "-"
-        nvml = r.get("nvml") or {}
-        status = r["status"] + (" throttled" if nvml.get("throttled") else "")
-        marks = []
-        for w in r.get("warnings") or []:
-            notes.append(f"[yellow]! {len(notes) + 1}[/] {c['strategy']} ws{c['world_size']}: {escape(w)}")
-            marks.append(str(len(notes)))
-        if marks:
-            status += f" [yellow]! {','.join(marks)}[/]"
-        losses = r.get("losses") or []
-        mem = "/".join(_gib(m.get(k)) for k in MEMORY_METRICS)
-        t.add_row(
-            c["strategy"], str(c["world_size"]),
-            f"{m['tokens_per_s']:,.0f}" if "tokens_per_s" in m else "-",
-            f"{m['tokens_per_s_per_gpu']:,.0f}" if "tokens_per_s_per_gpu" in m else "-",
-            f"{m['speedup']:.2f}x" if "speedup" in m else "-",
-            f"{m['scaling_efficiency']:.0%}" if "scaling_efficiency" in m else "-",
-            step, f"{m['mfu']:.1%}" if "mfu" in m else "-", mem,
-            f"{losses[-1]:.4f}" if losses else "-", status,
-        )
-    if notes:
-        t.caption = "Implausible, not results:\n" + "\n".join(notes)
-    return t

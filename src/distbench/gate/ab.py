@@ -104,13 +104,18 @@ def judge(outcome: ConfigOutcome, *, alpha: float, threshold: float, min_effect:
         row = Row(outcome.label, metric, gated, base, head, stats.UNDECIDED)
         if len(base) >= stats.MIN_RUNS:
             row.effect = stats.paired_effect(base, head, alpha)
-            row.verdict = stats.verdict(row.effect, METRICS[metric].direction, threshold=threshold,
-                                        min_effect=min_effect)
+            row.verdict = stats.verdict(
+                row.effect, METRICS[metric].direction, threshold=threshold, min_effect=min_effect
+            )
         outcome.rows.append(row)
 
 
-def _play_pair(o: ConfigOutcome, order: str, run_base: Callable[[RunConfig], dict[str, Any]],
-               run_head: Callable[[RunConfig], dict[str, Any]]) -> Pair | None:
+def _play_pair(
+    o: ConfigOutcome,
+    order: str,
+    run_base: Callable[[RunConfig], dict[str, Any]],
+    run_head: Callable[[RunConfig], dict[str, Any]],
+) -> Pair | None:
     """One run of each variant in `order`, recorded in `o`; None (and `o.error`) when a run failed."""
     first, second = (run_base, run_head) if order == "AB" else (run_head, run_base)
     r1 = first(o.cfg)

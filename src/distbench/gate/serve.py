@@ -27,12 +27,13 @@ def handle(pools: Any, request: dict[str, Any]) -> dict[str, Any]:
     import traceback
 
     from ..config import RunConfig
-    from ..measure.bench import failure_result, run_benchmark
+    from ..matrix import run_benchmark
+    from ..results import failure_result
     from ..runtime.pool import JobError
 
     try:
         cfg = RunConfig.from_dict(request["cfg"])
-        return run_benchmark(pools.get(cfg.world_size), cfg, timeout=float(request["timeout"]))
+        return run_benchmark(pools.pool_for(cfg.world_size), cfg, timeout=float(request["timeout"]))
     except JobError as e:
         return failure_result(cfg, pools.device_type, e)
     except Exception as e:  # noqa: BLE001 - e.g. a variant whose code cannot take this configuration
@@ -45,8 +46,16 @@ def main() -> int:
     read_fd, write_fd = (int(x) for x in os.environ[FDS_ENV].split(","))
     pools = PoolManager(os.environ.get("DISTBENCH_AB_DEVICE") or None)
     with os.fdopen(read_fd, "r") as requests, os.fdopen(write_fd, "w") as replies:
-        replies.write(json.dumps({"ready": True, "python": sys.executable,
-                                  "distbench": os.path.dirname(os.path.dirname(__file__))}) + "\n")
+        replies.write(
+            json.dumps(
+                {
+                    "ready": True,
+                    "python": sys.executable,
+                    "distbench": os.path.dirname(os.path.dirname(__file__)),
+                }
+            )
+            + "\n"
+        )
         replies.flush()
         try:
             for line in requests:

@@ -103,8 +103,9 @@ def paired_effect(base: Sequence[float], head: Sequence[float], alpha: float) ->
     else:
         lo, hi = ttest_1samp(d, 0.0).confidence_interval(1 - alpha)
         p = float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
-    return Effect(n, _rel(mean), _rel(lo), _rel(hi), 1 - alpha, _rel(_reach(sd / math.sqrt(n), n - 1, alpha)),
-                  p, sd)
+    return Effect(
+        n, _rel(mean), _rel(lo), _rel(hi), 1 - alpha, _rel(_reach(sd / math.sqrt(n), n - 1, alpha)), p, sd
+    )
 
 
 def unpaired_effect(base: Sequence[float], head: Sequence[float], alpha: float) -> Effect:
@@ -114,7 +115,9 @@ def unpaired_effect(base: Sequence[float], head: Sequence[float], alpha: float) 
 
     n = min(len(base), len(head))
     if n < MIN_RUNS:
-        raise ValueError(f"an unpaired effect needs at least {MIN_RUNS} runs a side, got {len(base)}/{len(head)}")
+        raise ValueError(
+            f"an unpaired effect needs at least {MIN_RUNS} runs a side, got {len(base)}/{len(head)}"
+        )
     b, h = np.asarray(base, dtype=float), np.asarray(head, dtype=float)
     log = bool(np.all(b > 0) and np.all(h > 0))
     if log:
@@ -135,7 +138,9 @@ def unpaired_effect(base: Sequence[float], head: Sequence[float], alpha: float) 
         df = max(1, int(res.df))
         p = float(mannwhitneyu(h, b, alternative="two-sided").pvalue)
     rel = _rel if log else float
-    return Effect(n, rel(mean), rel(lo), rel(hi), 1 - alpha, rel(_reach(se, df, alpha)), p, math.sqrt((vb + vh) / 2))
+    return Effect(
+        n, rel(mean), rel(lo), rel(hi), 1 - alpha, rel(_reach(se, df, alpha)), p, math.sqrt((vb + vh) / 2)
+    )
 
 
 def verdict(effect: Effect, direction: int, *, threshold: float, min_effect: float) -> str:

@@ -61,7 +61,9 @@ def parse_variant(label: str, spec: str) -> Variant:
             rev = value
         elif key == "tree":
             if not (Path(value) / "src" / "distbench").is_dir():
-                raise ConfigError(f"variant {label}: tree={value} holds no src/distbench; give a distbench checkout")
+                raise ConfigError(
+                    f"variant {label}: tree={value} holds no src/distbench; give a distbench checkout"
+                )
             tree = str(Path(value).resolve())
         elif key == "python":
             if not os.access(value, os.X_OK):
@@ -110,16 +112,26 @@ class VariantProcess:
         self._checkout()
         to_server, from_parent = os.pipe()
         from_server, to_parent = os.pipe()
-        env = {**os.environ, **self.variant.env, FDS_ENV: f"{to_server},{to_parent}",
-               "DISTBENCH_AB_DEVICE": self.device_type, "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            **self.variant.env,
+            FDS_ENV: f"{to_server},{to_parent}",
+            "DISTBENCH_AB_DEVICE": self.device_type,
+            "PYTHONUNBUFFERED": "1",
+        }
         # The variant's own code first: its checkout, or else the distbench this runner is (for python=).
         src = str(Path(self.tree) / "src") if self.tree else str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
         with self.log.open("ab") as log:
             self._proc = subprocess.Popen(
-                [self.variant.python, "-m", "distbench.gate.serve"], cwd=self.tree or None, env=env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                pass_fds=(to_server, to_parent), start_new_session=True,
+                [self.variant.python, "-m", "distbench.gate.serve"],
+                cwd=self.tree or None,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(to_server, to_parent),
+                start_new_session=True,
             )
         os.close(to_server)
         os.close(to_parent)
@@ -128,8 +140,10 @@ class VariantProcess:
         hello = self._reply(START_TIMEOUT_S)
         if hello is None or not hello.get("ready"):
             self.close()
-            raise ConfigError(f"variant {self.variant.label} ({self.variant.describe()}) did not start: "
-                              f"{self._log_tail()} (full log: {self.log})")
+            raise ConfigError(
+                f"variant {self.variant.label} ({self.variant.describe()}) did not start: "
+                f"{self._log_tail()} (full log: {self.log})"
+            )
         self.info = hello
 
     def run(self, cfg: dict[str, Any], timeout: float) -> dict[str, Any] | None:
@@ -212,6 +226,7 @@ class VariantProcess:
 
     def remove_checkout(self) -> None:
         if self._worktree:
-            subprocess.run(["git", "worktree", "remove", "--force", self._worktree], capture_output=True,
-                           timeout=120)
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", self._worktree], capture_output=True, timeout=120
+            )
             self._worktree = None

@@ -20,26 +20,35 @@ PARITY_ATOL = 1e-6
 def assert_losses_match(losses: list[float], reference: list[float], what: str) -> None:
     """Per-step losses equal the reference's within the parity tolerance."""
     assert len(losses) == len(reference), f"{what}: {len(losses)} losses, reference has {len(reference)}"
-    np.testing.assert_allclose(losses, reference, rtol=PARITY_RTOL, atol=PARITY_ATOL,
-                               err_msg=f"{what} diverges from the single-process reference")
+    np.testing.assert_allclose(
+        losses,
+        reference,
+        rtol=PARITY_RTOL,
+        atol=PARITY_ATOL,
+        err_msg=f"{what} diverges from the single-process reference",
+    )
 
 
-def assert_loss_scaling_matches(run: dict[str, Any], reference: dict[str, Any], rtol: float | list[float],
-                                what: str) -> None:
+def assert_loss_scaling_matches(
+    run: dict[str, Any], reference: dict[str, Any], rtol: float | list[float], what: str
+) -> None:
     """fp16: the same steps skipped for an overflow, the same loss scale at every step (powers of two: equal, not
     close), and per-step losses within `rtol` (fp16's tolerance, which the caller states; one per step where it
     grows with the steps)."""
     assert run["skipped_steps"] == reference["skipped_steps"], (
-        f"{what} skipped steps {run['skipped_steps']}, the reference {reference['skipped_steps']}")
+        f"{what} skipped steps {run['skipped_steps']}, the reference {reference['skipped_steps']}"
+    )
     assert run["loss_scales"] == reference["loss_scales"], (
-        f"{what} ran with loss scales {run['loss_scales']}, the reference with {reference['loss_scales']}")
+        f"{what} ran with loss scales {run['loss_scales']}, the reference with {reference['loss_scales']}"
+    )
     assert len(run["losses"]) == len(reference["losses"]), f"{what}: {len(run['losses'])} losses"
     rtols = rtol if isinstance(rtol, list) else [rtol] * len(run["losses"])
     for step, (loss, ref, tol) in enumerate(zip(run["losses"], reference["losses"], rtols, strict=True)):
         assert abs(loss - ref) <= tol * abs(ref), (
             f"{what} diverges from the single-process reference at step {step}: loss {loss!r}, the reference's "
             f"{ref!r} (relative difference {abs(loss - ref) / abs(ref):.2e}, allowed {tol:.2e}); all losses "
-            f"{run['losses']} against {reference['losses']}")
+            f"{run['losses']} against {reference['losses']}"
+        )
 
 
 #: bf16 keeps 8 significant bits: a relative rounding error of at most 2^-8 (eps_bf16 = 2^-7 = 7.8e-3).
@@ -64,42 +73,60 @@ def rms(tensors: dict[str, torch.Tensor]) -> float:
     return float(sum(float(t.double().pow(2).sum()) for t in tensors.values()) / n) ** 0.5
 
 
-def assert_bf16_matches_fp32_reference(run: dict[str, Any], ref: dict[str, Any], init: dict[str, torch.Tensor],
-                                       what: str) -> None:
+def assert_bf16_matches_fp32_reference(
+    run: dict[str, Any], ref: dict[str, Any], init: dict[str, torch.Tensor], what: str
+) -> None:
     """A bf16 run (bf16 compute, fp32 master weights, fp32 gradient reduction) against the fp32 reference of
     the same workload: per-step losses within BF16_LOSS_RTOL; final full parameters within the bf16
     rounding of `init` (the initial weights) plus BF16_MOVEMENT_FRACTION of the reference's movement from
     `init`, as root mean squares over all parameters."""
-    assert len(run["losses"]) == len(ref["losses"]), f"{what}: {len(run['losses'])} losses, reference has " \
-        f"{len(ref['losses'])}"
-    np.testing.assert_allclose(run["losses"], ref["losses"], rtol=BF16_LOSS_RTOL, atol=0,
-                               err_msg=f"{what} diverges from the fp32 reference beyond bf16's precision")
+    assert len(run["losses"]) == len(ref["losses"]), (
+        f"{what}: {len(run['losses'])} losses, reference has {len(ref['losses'])}"
+    )
+    np.testing.assert_allclose(
+        run["losses"],
+        ref["losses"],
+        rtol=BF16_LOSS_RTOL,
+        atol=0,
+        err_msg=f"{what} diverges from the fp32 reference beyond bf16's precision",
+    )
     names = sorted(ref["params"])
     assert set(run["params"]) == set(names), f"{what}: parameter names differ from the reference's"
     error = rms({n: run["params"][n].float() - ref["params"][n] for n in names})
     moved = rms({n: ref["params"][n] - init[n].float() for n in names})
     rounding = rms({n: init[n].float() - init[n].bfloat16().float() for n in names})
-    allowed = (rounding ** 2 + (BF16_MOVEMENT_FRACTION * moved) ** 2) ** 0.5
+    allowed = (rounding**2 + (BF16_MOVEMENT_FRACTION * moved) ** 2) ** 0.5
     assert error <= allowed, (
         f"{what}: parameters {error:.3g} (rms) from the fp32 reference's, allowed {allowed:.3g} (bf16 rounding "
         f"of the initial weights {rounding:.3g}, the reference moved {moved:.3g}): updates lost, as bf16 master "
-        "weights lose them")
+        "weights lose them"
+    )
 
 
-def assert_tensors_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str,
-                         rtol: float, atol: float) -> None:
+def assert_tensors_close(
+    got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str, rtol: float, atol: float
+) -> None:
     """Same names, and every tensor close to the reference's."""
     assert set(got) == set(want), (
-        f"{what} names differ: missing {sorted(set(want) - set(got))}, extra {sorted(set(got) - set(want))}")
+        f"{what} names differ: missing {sorted(set(want) - set(got))}, extra {sorted(set(got) - set(want))}"
+    )
     for name, ref in want.items():
+
         def msg(m: str, n: str = name) -> str:
             return f"{what} {n}: {m}"
 
         torch.testing.assert_close(got[name], ref, rtol=rtol, atol=atol, msg=msg)
 
 
-def assert_params_and_grads_match(run: dict[str, Any], ref: dict[str, Any], lr: float, what: str, *,
-                                  update_rtol: float = 0.0, steps: int = 0) -> None:
+def assert_params_and_grads_match(
+    run: dict[str, Any],
+    ref: dict[str, Any],
+    lr: float,
+    what: str,
+    *,
+    update_rtol: float = 0.0,
+    steps: int = 0,
+) -> None:
     """Final full parameters and last-step gradients against the reference.
 
     AdamW moves a parameter by at most about lr per step, and a parameter whose gradient is identically zero
@@ -116,8 +143,9 @@ def assert_params_and_grads_match(run: dict[str, Any], ref: dict[str, Any], lr: 
     assert_tensors_close(run["grads"], ref["grads"], f"{what} gradient", rtol=1e-4, atol=1e-5 * gmax)
 
 
-def assert_only_adapters_trained(params: dict[str, torch.Tensor], initial: dict[str, torch.Tensor],
-                                 what: str) -> None:
+def assert_only_adapters_trained(
+    params: dict[str, torch.Tensor], initial: dict[str, torch.Tensor], what: str
+) -> None:
     """LoRA trained what it should: every base weight bitwise equal to its initial value (frozen, so not even
     weight decay may touch it) and every adapter moved from its own. Parity with the reference alone would
     miss a defect the reference shared; this is stated against the initial weights."""
@@ -130,8 +158,9 @@ def assert_only_adapters_trained(params: dict[str, torch.Tensor], initial: dict[
     assert not still, f"{what}: {len(still)} adapters never moved, e.g. {still[:3]}"
 
 
-def assert_exported_weights_match(model: torch.nn.Module, ref_params: dict[str, torch.Tensor], lr: float,
-                                  what: str) -> None:
+def assert_exported_weights_match(
+    model: torch.nn.Module, ref_params: dict[str, torch.Tensor], lr: float, what: str
+) -> None:
     """An exported model's weights against the reference's after the same steps, with the parameter
     tolerances of assert_params_and_grads_match: fp32 master weights pass, bf16-rounded ones (2^-9 of each
     weight) do not, although they barely move the loss."""
@@ -139,12 +168,17 @@ def assert_exported_weights_match(model: torch.nn.Module, ref_params: dict[str, 
     assert_tensors_close(got, ref_params, f"{what} exported parameter", rtol=PARITY_RTOL, atol=lr / 100)
 
 
-def assert_resume_exact(resumed: dict[str, Any], uninterrupted: list[float], saved_at: int, what: str) -> None:
+def assert_resume_exact(
+    resumed: dict[str, Any], uninterrupted: list[float], saved_at: int, what: str
+) -> None:
     """A run resumed from the checkpoint of step `saved_at` continues bitwise like the uninterrupted run."""
-    assert resumed["start_step"] == saved_at, f"{what}: resumed at step {resumed['start_step']}, saved at {saved_at}"
+    assert resumed["start_step"] == saved_at, (
+        f"{what}: resumed at step {resumed['start_step']}, saved at {saved_at}"
+    )
     assert resumed["losses"] == uninterrupted[saved_at:], (
         f"{what}: losses after resume {resumed['losses']} differ from the uninterrupted run "
-        f"{uninterrupted[saved_at:]}: optimizer state, LR schedule, RNG or data position was not restored")
+        f"{uninterrupted[saved_at:]}: optimizer state, LR schedule, RNG or data position was not restored"
+    )
 
 
 def grad_collectives(counts: dict[str, float]) -> float:
@@ -152,9 +186,14 @@ def grad_collectives(counts: dict[str, float]) -> float:
     return counts.get("all_reduce", 0) + counts.get("reduce_scatter", 0)
 
 
-def assert_sync_once_per_step(without_accum: dict[str, float], with_accum: dict[str, float], what: str) -> None:
+def assert_sync_once_per_step(
+    without_accum: dict[str, float], with_accum: dict[str, float], what: str
+) -> None:
     """Accumulating k micro-batches issues as many gradient collectives per step as one micro-batch does."""
-    assert grad_collectives(without_accum) >= 1, f"{what} issued no gradient collective per step: {without_accum}"
+    assert grad_collectives(without_accum) >= 1, (
+        f"{what} issued no gradient collective per step: {without_accum}"
+    )
     assert grad_collectives(with_accum) == grad_collectives(without_accum), (
         f"{what} issued {with_accum} collectives per step while accumulating, {without_accum} without: "
-        "gradients are synchronised on every micro-batch")
+        "gradients are synchronised on every micro-batch"
+    )

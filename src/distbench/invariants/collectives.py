@@ -8,12 +8,8 @@ NCCL). Counting those is exact and independent of timing.
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterable
 from typing import Any
-
-from torch.profiler import ProfilerActivity, profile
-
-from ..runtime.context import RankContext
-from ..runtime.jobs import make_trainer, run_steps
 
 #: c10d op name -> collective kind
 C10D_OPS = {
@@ -29,25 +25,17 @@ C10D_OPS = {
 }
 
 
-def count_collectives(ctx: RankContext, cfg: dict[str, Any], steps: int = 2) -> dict[str, float]:
-    """Collectives per optimizer step, by kind, over `steps` steps after one untimed step.
+def collectives_per_step(events: Iterable[Any], steps: int, world_size: int) -> dict[str, float]:
+    """Collectives per optimizer step, by kind, from the profiler events of `steps` steps.
 
     The harness's own loss all-reduce (one per step at world size > 1) is subtracted so the counts are
     the strategy's gradient and parameter traffic alone.
     """
-    rc = ctx.config(cfg)
-    trainer = make_trainer(ctx, rc)
-    try:
-        run_steps(ctx, trainer, rc, 1)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            run_steps(ctx, trainer, rc, 1 + steps)
-    finally:
-        trainer.close()
     counts: collections.Counter[str] = collections.Counter()
-    for e in prof.events():
+    for e in events:
         kind = C10D_OPS.get(e.name)
         if kind:
             counts[kind] += 1
-    if ctx.world_size > 1:
+    if world_size > 1:
         counts["all_reduce"] -= steps  # Trainer.step's loss all-reduce (base.global_mean)
     return {k: v / steps for k, v in counts.items()}

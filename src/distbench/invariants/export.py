@@ -40,8 +40,12 @@ def _dcp(path: str) -> dict[str, torch.Tensor]:
 
     SafeFileSystemReader(os.path.join(path, "dcp")).read_metadata()  # a refusal names the file
     state: dict = {}  # filled from the checkpoint's own layout
-    _load_state_dict(state, storage_reader=SafeFileSystemReader(os.path.join(path, "dcp")),
-                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    _load_state_dict(
+        state,
+        storage_reader=SafeFileSystemReader(os.path.join(path, "dcp")),
+        planner=_EmptyStateDictLoadPlanner(),
+        no_dist=True,
+    )
     return state["model"]
 
 
@@ -56,8 +60,10 @@ def full_state_dict_from_checkpoint(path: str | os.PathLike[str], strategy: str)
     path = str(path)
     fmt = get_spec(strategy).checkpoint
     if fmt is None or fmt.exporter not in EXPORTERS:
-        raise CheckpointError(f"no exporter for strategy {strategy}'s checkpoints "
-                              f"({fmt.name if fmt else 'no checkpoint format'})")
+        raise CheckpointError(
+            f"no exporter for strategy {strategy}'s checkpoints "
+            f"({fmt.name if fmt else 'no checkpoint format'})"
+        )
     verify_manifest(path)
     try:
         with weights_only_loads():
@@ -92,8 +98,10 @@ def _load(model: nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
     tie = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
     tied = {k for k in missing if tie and (k == "lm_head.weight" or k.endswith(".lm_head.weight"))}
     if set(missing) - tied or unexpected:
-        raise CheckpointError(f"exported state does not fit {what}: missing {sorted(set(missing) - tied)}, "
-                              f"unexpected {sorted(unexpected)}")
+        raise CheckpointError(
+            f"exported state does not fit {what}: missing {sorted(set(missing) - tied)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
     cast(Any, model).tie_weights()
 
 

@@ -11,7 +11,6 @@ by the sample's place in the global batch itself.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -20,14 +19,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import RunConfig
-from ..runtime.context import RankContext
 from ..workloads import get_model
 from ..workloads.data import global_batch
 from ..workloads.dropout import apply_dropout, sample_streams
 
 
 def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Per-step losses, final parameters and last-step gradients of plain gradient accumulation."""
+    """Per-step losses, final parameters and last-step gradients of plain gradient accumulation.
+
+    Long: the reference is one loop written out in full, so it can be read against the strategies line by line.
+    """
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -44,16 +45,24 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
     initial = _named(model.state_dict(), cfg) if cfg.lora_rank else {}
     trainable = [p for p in model.parameters() if p.requires_grad]
     if cfg.algorithm == "sgd":
-        opt: torch.optim.Optimizer = torch.optim.SGD(trainable, lr=cfg.lr, momentum=cfg.momentum,
-                                                     weight_decay=cfg.weight_decay, foreach=False)
+        opt: torch.optim.Optimizer = torch.optim.SGD(
+            trainable, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, foreach=False
+        )
     else:
-        opt = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
-                                weight_decay=cfg.weight_decay, foreach=False)
-    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, end_factor=1.0,
-                                              total_iters=max(1, cfg.lr_warmup_steps))
+        opt = torch.optim.AdamW(
+            trainable,
+            lr=cfg.lr,
+            betas=(cfg.betas[0], cfg.betas[1]),
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            foreach=False,
+        )
+    sched = torch.optim.lr_scheduler.LinearLR(
+        opt, start_factor=0.25, end_factor=1.0, total_iters=max(1, cfg.lr_warmup_steps)
+    )
     n_micro = cfg.global_batch // cfg.micro_batch
     fp16 = cfg.precision == "fp16"
-    scaler = LossScale(2.0 ** cfg.loss_scale_power, cfg.loss_scale_window) if fp16 else None
+    scaler = LossScale(2.0**cfg.loss_scale_power, cfg.loss_scale_window) if fp16 else None
     losses, grads, norms, scales, skipped = [], {}, [], [], []
     for step in range(cfg.steps):
         tokens = global_batch(cfg, step, seq_len, spec.vocab_size).to(device)
@@ -68,7 +77,9 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
                 scaled = loss / n_micro
                 (scaled * scaler.scale if scaler is not None else scaled).backward()
             total += loss.item()
-        overflow = scaler is not None and scaler.unscale([p.grad for p in model.parameters() if p.grad is not None])
+        overflow = scaler is not None and scaler.unscale(
+            [p.grad for p in model.parameters() if p.grad is not None]
+        )
         if step == cfg.steps - 1:
             grads = _named({n: p.grad for n, p in model.named_parameters() if p.grad is not None}, cfg)
         if cfg.clip_grad_norm:  # by the global norm of the whole model's gradients, reported before clipping
@@ -83,8 +94,14 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
         opt.zero_grad(set_to_none=True)
         losses.append(total / n_micro)
     params = _named(model.state_dict(), cfg)
-    out = {"losses": losses, "params": params, "grads": grads, "grad_norms": norms, "loss_scales": scales,
-           "skipped_steps": skipped}
+    out = {
+        "losses": losses,
+        "params": params,
+        "grads": grads,
+        "grad_norms": norms,
+        "loss_scales": scales,
+        "skipped_steps": skipped,
+    }
     return {**out, "initial": initial, "merged": merged_state(model)} if cfg.lora_rank else out
 
 
@@ -124,13 +141,19 @@ class LoRA(nn.Module):
     def __init__(self, base: nn.Module, cfg: RunConfig, gen: torch.Generator) -> None:
         super().__init__()
         if type(base).__name__ not in ("Linear", "Conv1D"):
-            raise NotImplementedError(f"the reference writes LoRA out for linear layers only, not {type(base).__name__}")
+            raise NotImplementedError(
+                f"the reference writes LoRA out for linear layers only, not {type(base).__name__}"
+            )
         w = cast(torch.Tensor, base.weight)
         # GPT-2's Conv1D holds its weight as (in, out), torch's Linear as (out, in)
-        fan_in, fan_out = (w.shape[0], w.shape[1]) if type(base).__name__ == "Conv1D" else (w.shape[1], w.shape[0])
+        fan_in, fan_out = (
+            (w.shape[0], w.shape[1]) if type(base).__name__ == "Conv1D" else (w.shape[1], w.shape[0])
+        )
         a = nn.Linear(fan_in, cfg.lora_rank, bias=False, device=w.device)
         b = nn.Linear(cfg.lora_rank, fan_out, bias=False, device=w.device)
-        with torch.no_grad():  # the init that makes the run and the reference comparable: see strategies/lora.py
+        with (
+            torch.no_grad()
+        ):  # the init that makes the run and the reference comparable: see strategies/lora.py
             bound = 1 / math.sqrt(fan_in)
             a.weight.copy_(torch.empty(a.weight.shape).uniform_(-bound, bound, generator=gen))
             b.weight.zero_()
@@ -151,8 +174,11 @@ class LoRA(nn.Module):
 def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """`model`'s weights with every LoRA folded into its base layer, under the plain model's names: what a
     merged export must hold."""
-    out = {k.replace(".base_layer.", "."): v for k, v in model.state_dict().items()
-           if ".lora_A." not in k and ".lora_B." not in k}
+    out = {
+        k.replace(".base_layer.", "."): v
+        for k, v in model.state_dict().items()
+        if ".lora_A." not in k and ".lora_B." not in k
+    }
     for name, m in model.named_modules():
         if isinstance(m, LoRA):
             out[f"{name}.weight"] = out[f"{name}.weight"] + m.delta()
@@ -176,11 +202,3 @@ def _named(tensors: dict[str, torch.Tensor], cfg: RunConfig) -> dict[str, torch.
     """CPU fp32 copies, keyed as the trained model keys them: a PeftModel's names start with base_model.model."""
     prefix = "base_model.model." if cfg.lora_rank else ""
     return {prefix + k: v.detach().float().cpu().clone() for k, v in tensors.items()}
-
-
-def reference_job(ctx: RankContext, cfg: dict[str, Any], with_tensors: bool = False) -> dict[str, Any]:
-    """Pool job wrapper (world size 1) so the reference runs on the same device type as the strategies."""
-    t0 = time.perf_counter()
-    out = reference_run(ctx.config(cfg), ctx.device)
-    out = out if with_tensors else {k: out[k] for k in ("losses", "grad_norms", "loss_scales", "skipped_steps")}
-    return {**out, "phases": {"reference run": time.perf_counter() - t0}}

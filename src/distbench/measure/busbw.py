@@ -15,6 +15,7 @@ NVLink multicast (NVLS) off, about 365 GB/s busbw (DESIGN.md); results report bu
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -80,7 +81,7 @@ def _max_over_ranks(ctx: RankContext, seconds: float) -> float:
     return float(t.item())
 
 
-def collective_bandwidth(
+def bandwidth_table(
     ctx: RankContext,
     sizes_bytes: tuple[int, ...] | list[int] | None = None,
     ops: tuple[str, ...] | list[str] = OPS,
@@ -106,35 +107,28 @@ def collective_bandwidth(
     for op in ops:
         for size in sizes:
             count = max(n, size // elem // n * n)
-            run = _collective(op, count, n, dt, ctx.device)
             try:
-                run()
+                t = _time_collective(ctx, _collective(op, count, n, dt, ctx.device), iters, warmup)
             except (RuntimeError, NotImplementedError) as e:
                 if ctx.is_cuda or isinstance(e, torch.OutOfMemoryError):
                     raise
                 # gloo rejects what it does not implement alike on every rank, before any traffic
-                skipped.append({"op": op, "reason": f"{ctx.backend} cannot run {op}: {str(e).splitlines()[0]}"})
+                skipped.append(
+                    {"op": op, "reason": f"{ctx.backend} cannot run {op}: {str(e).splitlines()[0]}"}
+                )
                 break
-            for _ in range(warmup):
-                run()
-            ctx.synchronize()
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                run()
-            ctx.synchronize()
-            t = _max_over_ranks(ctx, time.perf_counter() - t0) / iters
             nbytes = count * elem
             bus = busbw_gbps(op, nbytes, t, n)
-            results.append({
-                "op": op,
-                "size_bytes": nbytes,
-                "time_s": t,
-                "algbw_gbps": algbw_gbps(nbytes, t),
-                "busbw_gbps": bus,
-                "fraction_of_ceiling": bus / ceiling if ceiling else None,
-            })
-            del run
+            results.append(
+                {
+                    "op": op,
+                    "size_bytes": nbytes,
+                    "time_s": t,
+                    "algbw_gbps": algbw_gbps(nbytes, t),
+                    "busbw_gbps": bus,
+                    "fraction_of_ceiling": bus / ceiling if ceiling else None,
+                }
+            )
     return {
         "backend": ctx.backend,
         "world_size": n,
@@ -144,3 +138,18 @@ def collective_bandwidth(
         "results": results,
         "skipped": skipped,
     }
+
+
+def _time_collective(ctx: RankContext, run: Callable[[], Any], iters: int, warmup: int) -> float:
+    """Seconds per call of `run`, the slowest rank's, after one call that raises where the backend cannot run
+    it and `warmup` more."""
+    run()
+    for _ in range(warmup):
+        run()
+    ctx.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        run()
+    ctx.synchronize()
+    return _max_over_ranks(ctx, time.perf_counter() - t0) / iters

@@ -61,7 +61,9 @@ def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
     return float((run_end - run_start).sum())
 
 
-def summarize_activity(events: Sequence[tuple[str, str, int, int]], steps: int, wall_s: float) -> dict[str, Any]:
+def summarize_activity(
+    events: Sequence[tuple[str, str, int, int]], steps: int, wall_s: float
+) -> dict[str, Any]:
     """Per-step compute, communication and busy seconds from (activity, name, start_ns, duration_ns) rows."""
     gpu = [e for e in events if e[0] in _GPU_ACTIVITIES]
     kernels = [e for e in gpu if e[0] == "kernel"]
@@ -96,7 +98,9 @@ def _activity(event: Any) -> str:
     if getattr(event, "is_user_annotation", lambda: False)():
         return "gpu_user_annotation"
     name = event.name()
-    return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
+    return (
+        "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
+    )
 
 
 def sample_device_time(ctx: RankContext, step_fns: Sequence[Callable[[], Any]]) -> dict[str, Any] | None:
@@ -116,8 +120,11 @@ def sample_device_time(ctx: RankContext, step_fns: Sequence[Callable[[], Any]]) 
         ctx.synchronize()
         wall = time.perf_counter() - t0
     t1 = time.perf_counter()
-    rows = [(_activity(e), e.name(), e.start_ns(), e.duration_ns())
-            for e in prof.profiler.kineto_results.events() if e.device_type().name == "CUDA"]
+    rows = [
+        (_activity(e), e.name(), e.start_ns(), e.duration_ns())
+        for e in prof.profiler.kineto_results.events()
+        if e.device_type().name == "CUDA"
+    ]
     out = summarize_activity(rows, len(step_fns), wall)
     out["processing_s"] = time.perf_counter() - t1
     return out

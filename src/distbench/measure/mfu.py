@@ -129,7 +129,9 @@ def model_flops(model: nn.Module, seq_len: int) -> dict[str, Any]:
     layers, hidden = model_dims(model)
     n = matmul_params(model)
     return {
-        "formula": "6N + 12*L*H*S" if layers and hidden else "6N (attention term unknown: model has no config)",
+        "formula": "6N + 12*L*H*S"
+        if layers and hidden
+        else "6N (attention term unknown: model has no config)",
         "flops_per_token": flops_per_token(n, layers, hidden, seq_len),
         "n_params_matmul": n,
         "layers": layers,

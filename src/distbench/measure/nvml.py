@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from ..machine import nvml
+
 # Bit values are fixed by NVML's ABI (nvmlClocksEventReason* == the older nvmlClocksThrottleReason*).
 REASON_BITS: dict[int, str] = {
     0x1: "gpu_idle",
@@ -39,24 +41,9 @@ REASON_BITS: dict[int, str] = {
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
-THROTTLE_REASONS = frozenset({"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
-
-_nvml_state: dict[str, Any] = {}
-_init_lock = threading.Lock()
-
-
-def nvml() -> Any | None:
-    """The initialised pynvml module, or None when NVML (library or driver) is unavailable."""
-    with _init_lock:
-        if "module" not in _nvml_state:
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                _nvml_state["module"] = pynvml
-            except Exception:  # ImportError, NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, ...
-                _nvml_state["module"] = None
-        return _nvml_state["module"]
+THROTTLE_REASONS = frozenset(
+    {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
 
 
 def device_handle(device: torch.device | None) -> Any | None:
@@ -106,7 +93,10 @@ def reason_names(mask: int) -> list[str]:
 
 
 def _current_reasons(nv: Any, h: Any) -> int:
-    get = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    get = (
+        getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
     return int(get(h))
 
 
@@ -177,7 +167,9 @@ class NvmlSampler:
     start() does nothing and stop() returns None.
     """
 
-    def __init__(self, device: torch.device | None, interval_s: float = 0.1, *, count_power_cap: bool = False):
+    def __init__(
+        self, device: torch.device | None, interval_s: float = 0.1, *, count_power_cap: bool = False
+    ):
         self.device = device
         self.interval_s = interval_s
         self.count_power_cap = count_power_cap

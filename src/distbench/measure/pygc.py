@@ -58,5 +58,9 @@ class GcWatch:
             if not self.keep_collector:
                 gc.enable()
             self._on = False
-        return {"collector_on": self.keep_collector, "collections": list(self.counts),
-                "seconds": self.seconds, "step_seconds": list(self.step_seconds)}
+        return {
+            "collector_on": self.keep_collector,
+            "collections": list(self.counts),
+            "seconds": self.seconds,
+            "step_seconds": list(self.step_seconds),
+        }

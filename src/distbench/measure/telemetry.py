@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server, write_to_textfile
 
+from ..config import config_label
 from .nvml import nvml, read_sample
 
 #: DCGM field name -> (key of nvml.read_sample, scale to DCGM's unit, help).
@@ -42,25 +43,51 @@ class Telemetry:
     """A registry of GPU and step metrics, an optional HTTP endpoint and an optional textfile, kept live by a
     sampling thread until close()."""
 
-    def __init__(self, *, listen: tuple[str, int] | None = None, textfile_dir: str | Path | None = None,
-                 interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        listen: tuple[str, int] | None = None,
+        textfile_dir: str | Path | None = None,
+        interval_s: float = 1.0,
+    ) -> None:
         self.listen, self.interval_s = listen, interval_s
         self.textfile = Path(textfile_dir) / TEXTFILE_NAME if textfile_dir else None
         self.registry = CollectorRegistry()
-        self.gpu = {name: Gauge(name, help_, ["gpu", "modelName"], registry=self.registry)
-                    for name, (_, _, help_) in GPU_FIELDS.items()}
+        self.gpu = {
+            name: Gauge(name, help_, ["gpu", "modelName"], registry=self.registry)
+            for name, (_, _, help_) in GPU_FIELDS.items()
+        }
         labels = ["configuration", "rank"]
-        self.step_time = Gauge("distbench_step_time_seconds", "Optimizer step time of a configuration per rank "
-                               "(stat: median, p10, p90 over the timed steps).", [*labels, "stat"],
-                               registry=self.registry)
-        self.peak_memory = Gauge("distbench_peak_memory_bytes", "Peak device memory of a configuration per rank "
-                                 "(kind: allocated, reserved).", [*labels, "kind"], registry=self.registry)
-        self.tokens = Gauge("distbench_tokens_per_second", "Throughput of a configuration (all ranks).",
-                            ["configuration"], registry=self.registry)
-        self.mfu = Gauge("distbench_mfu_ratio", "Model FLOPs utilization of a configuration.", ["configuration"],
-                         registry=self.registry)
-        self.done = Counter("distbench_configurations", "Configurations finished, by status.", ["status"],
-                            registry=self.registry)
+        self.step_time = Gauge(
+            "distbench_step_time_seconds",
+            "Optimizer step time of a configuration per rank (stat: median, p10, p90 over the timed steps).",
+            [*labels, "stat"],
+            registry=self.registry,
+        )
+        self.peak_memory = Gauge(
+            "distbench_peak_memory_bytes",
+            "Peak device memory of a configuration per rank (kind: allocated, reserved).",
+            [*labels, "kind"],
+            registry=self.registry,
+        )
+        self.tokens = Gauge(
+            "distbench_tokens_per_second",
+            "Throughput of a configuration (all ranks).",
+            ["configuration"],
+            registry=self.registry,
+        )
+        self.mfu = Gauge(
+            "distbench_mfu_ratio",
+            "Model FLOPs utilization of a configuration.",
+            ["configuration"],
+            registry=self.registry,
+        )
+        self.done = Counter(
+            "distbench_configurations",
+            "Configurations finished, by status.",
+            ["status"],
+            registry=self.registry,
+        )
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -99,8 +126,6 @@ class Telemetry:
 
     def record(self, result: dict[str, Any]) -> None:
         """A finished configuration's step metrics (a result as run_matrix returns it)."""
-        from ..report.markdown import config_label
-
         label = config_label(result["config"])
         self.done.labels(result["status"]).inc()
         metrics = result.get("metrics") or {}

@@ -48,8 +48,11 @@ def time_window(ctx: RankContext, timing: str, steps: Sequence[Callable[[], Any]
     import torch  # here: report and compare read this module's statistics without loading torch
 
     events = timing == "events" and ctx.is_cuda
-    marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in steps] \
-        if events else []
+    marks = (
+        [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in steps]
+        if events
+        else []
+    )
     host, cpu, losses = [], [], []
     ctx.synchronize()
     t0 = time.perf_counter()

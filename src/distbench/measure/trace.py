@@ -104,84 +104,94 @@ def analyze_traces(trace_dir: str, steps: int | None = None) -> dict[str, Any]:
     """
     if steps is not None and steps < 1:
         raise ConfigError(f"steps must be >= 1, got {steps}")
-    if not any(p.name.endswith((".json", ".gz")) for p in Path(trace_dir).glob("*")):
-        raise FileNotFoundError(f"no trace files (*.json, *.gz) in {trace_dir}")
-    TraceAnalysis = _trace_analysis_cls()
-    analysis = TraceAnalysis(trace_dir=str(trace_dir), include_last_profiler_step=True)
-
+    analysis = _trace_analysis(trace_dir)
     trace = analysis.t
-    sym = trace.symbol_table.get_sym_table()
-    for rank, df in trace.traces.items():
-        if not df["stream"].ne(-1).any():
-            raise ConfigError(
-                f"the trace of rank {rank} in {trace_dir} has no GPU kernels; trace analysis needs a CUDA "
-                "run profiled with ProfilerActivity.CUDA"
-            )
     ranks = sorted(trace.traces)
     div = float(steps or 1)
-
     temporal = analysis.get_temporal_breakdown(visualize=False).set_index("rank")
     overlap = analysis.get_comm_comp_overlap(visualize=False).set_index("rank")
     _, kernels = analysis.get_gpu_kernel_breakdown(
         visualize=False, duration_ratio=1.0, num_kernels=1 << 30, include_memory_kernels=True
     )
-
+    sym = trace.symbol_table.get_sym_table()
     per_rank: dict[str, dict[str, Any]] = {}
     kernel_rows: dict[str, dict[str, Any]] = {}
     for rank in ranks:
-        t = temporal.loc[rank]
         rk = kernels[kernels["rank"].eq(rank)]
+        comm_us = float(rk.loc[rk["kernel_type"].eq("COMMUNICATION"), "sum (us)"].sum())
+        per_rank[str(rank)] = _rank_breakdown(
+            temporal.loc[rank], _num(overlap.loc[rank, "comp_comm_overlap_pctg"]), comm_us, div
+        )
         # HTA's breakdown gives sum and mean but no count; count the same kernels (stream != -1) HTA summed.
         df = trace.traces[rank]
         counts = {sym[i]: int(c) for i, c in df.loc[df["stream"].ne(-1), "name"].value_counts().items()}
-        comm_us = float(rk.loc[rk["kernel_type"].eq("COMMUNICATION"), "sum (us)"].sum())
-        ov = _num(overlap.loc[rank, "comp_comm_overlap_pctg"])
-        per_rank[str(rank)] = {
-            "idle_ms": float(t["idle_time(us)"]) / 1e3 / div,
-            "compute_ms": float(t["compute_time(us)"]) / 1e3 / div,
-            "non_compute_ms": float(t["non_compute_time(us)"]) / 1e3 / div,
-            "kernel_ms": float(t["kernel_time(us)"]) / 1e3 / div,
-            "idle_pct": float(t["idle_time_pctg"]),
-            "compute_pct": float(t["compute_time_pctg"]),
-            "non_compute_pct": float(t["non_compute_time_pctg"]),
-            "overlap_pct": ov,
-            "comm_ms": comm_us / 1e3 / div,
-            "exposed_comm_ms": comm_us / 1e3 / div * (1.0 - (ov or 0.0) / 100.0),
-        }
         for name, ktype, total in zip(rk["name"], rk["kernel_type"], rk["sum (us)"], strict=True):
             k = kernel_rows.setdefault(name, {"name": name, "type": ktype, "total_us": 0.0, "count": 0.0})
             k["total_us"] += float(total) / div
             k["count"] += float(counts.get(name, 0)) / div
-
-    n = len(ranks)
-    top = []
-    for k in kernel_rows.values():
-        total, count = k["total_us"] / n, k["count"] / n
-        top.append({**k, "total_us": total, "count": count, "mean_us": total / count if count else 0.0})
-    top.sort(key=lambda r: (-r["total_us"], r["name"]))
-
     overlaps = [r["overlap_pct"] for r in per_rank.values() if r["overlap_pct"] is not None]
     return {
         "ranks": ranks,
         "steps": steps,
         "per_rank": per_rank,
-        **{
-            key: _mean(r[key] for r in per_rank.values())
-            for key in (
-                "idle_ms",
-                "compute_ms",
-                "non_compute_ms",
-                "kernel_ms",
-                "idle_pct",
-                "compute_pct",
-                "non_compute_pct",
-                "comm_ms",
-                "exposed_comm_ms",
-            )
-        },
+        **{key: _mean(r[key] for r in per_rank.values()) for key in _AVERAGED},
         "overlap_pct": _mean(overlaps) if overlaps else None,
-        "top_kernels": top,
+        "top_kernels": _top_kernels(kernel_rows, len(ranks)),
     }
+
+
+_AVERAGED = (
+    "idle_ms",
+    "compute_ms",
+    "non_compute_ms",
+    "kernel_ms",
+    "idle_pct",
+    "compute_pct",
+    "non_compute_pct",
+    "comm_ms",
+    "exposed_comm_ms",
+)
+
+
+def _trace_analysis(trace_dir: str) -> Any:
+    """HTA's TraceAnalysis of the traces in `trace_dir`, once every rank's trace is known to hold GPU kernels."""
+    if not any(p.name.endswith((".json", ".gz")) for p in Path(trace_dir).glob("*")):
+        raise FileNotFoundError(f"no trace files (*.json, *.gz) in {trace_dir}")
+    TraceAnalysis = _trace_analysis_cls()
+    analysis = TraceAnalysis(trace_dir=str(trace_dir), include_last_profiler_step=True)
+    for rank, df in analysis.t.traces.items():
+        if not df["stream"].ne(-1).any():
+            raise ConfigError(
+                f"the trace of rank {rank} in {trace_dir} has no GPU kernels; trace analysis needs a CUDA "
+                "run profiled with ProfilerActivity.CUDA"
+            )
+    return analysis
+
+
+def _rank_breakdown(t: Any, overlap_pct: float | None, comm_us: float, div: float) -> dict[str, Any]:
+    """One rank's row: HTA's temporal breakdown `t` in ms per step, its overlap, and the exposed communication."""
+    return {
+        "idle_ms": float(t["idle_time(us)"]) / 1e3 / div,
+        "compute_ms": float(t["compute_time(us)"]) / 1e3 / div,
+        "non_compute_ms": float(t["non_compute_time(us)"]) / 1e3 / div,
+        "kernel_ms": float(t["kernel_time(us)"]) / 1e3 / div,
+        "idle_pct": float(t["idle_time_pctg"]),
+        "compute_pct": float(t["compute_time_pctg"]),
+        "non_compute_pct": float(t["non_compute_time_pctg"]),
+        "overlap_pct": overlap_pct,
+        "comm_ms": comm_us / 1e3 / div,
+        "exposed_comm_ms": comm_us / 1e3 / div * (1.0 - (overlap_pct or 0.0) / 100.0),
+    }
+
+
+def _top_kernels(kernel_rows: dict[str, dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The kernels summed over `n` ranks, averaged per rank, largest total first."""
+    top = []
+    for k in kernel_rows.values():
+        total, count = k["total_us"] / n, k["count"] / n
+        top.append({**k, "total_us": total, "count": count, "mean_us": total / count if count else 0.0})
+    top.sort(key=lambda r: (-r["total_us"], r["name"]))
+    return top
 
 
 def _num(x: Any) -> float | None:
@@ -263,65 +273,3 @@ def kernel_diff(a: dict[str, Any], b: dict[str, Any], top: int = 20) -> list[dic
         )
     rows.sort(key=lambda r: (-abs(r["diff_us"]), r["name"]))
     return rows[:top]
-
-
-def _fmt(x: float | None, digits: int = 2, suffix: str = "") -> str:
-    return "n/a" if x is None else f"{x:,.{digits}f}{suffix}"
-
-
-def _fmt_count(x: float, sign: bool = False) -> str:
-    """Counts are whole numbers in totals but may be fractional per step."""
-    spec = ("+" if sign else "") + (",.0f" if float(x).is_integer() else ",.2f")
-    return format(x, spec)
-
-
-def render_breakdown_markdown(rows: dict[str, dict[str, Any]]) -> str:
-    """Seed 004 tables 4.3.1 (time breakdown) and 4.4.1 (overlap) for strategy -> analyze_traces result."""
-    lines = [
-        "| Strategy | Idle Time (ms) | Compute Time (ms) | Non-Compute Time (ms) | Kernel Time (ms) "
-        "| Idle % | Compute % | Non-Compute % |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, r in rows.items():
-        lines.append(
-            f"| {name} | {_fmt(r['idle_ms'])} | {_fmt(r['compute_ms'])} | {_fmt(r['non_compute_ms'])} "
-            f"| {_fmt(r['kernel_ms'])} | {_fmt(r['idle_pct'], suffix='%')} | {_fmt(r['compute_pct'], suffix='%')} "
-            f"| {_fmt(r['non_compute_pct'], suffix='%')} |"
-        )
-    lines += [
-        "",
-        "| Strategy | Overlap % | Communication (ms) | Exposed Communication (ms) |",
-        "|---|---|---|---|",
-    ]
-    for name, r in rows.items():
-        lines.append(
-            f"| {name} | {_fmt(r['overlap_pct'], suffix='%')} | {_fmt(r['comm_ms'])} "
-            f"| {_fmt(r['exposed_comm_ms'])} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def render_kernel_diff_markdown(
-    diff: list[dict[str, Any]], name_a: str, name_b: str, name_width: int = 100
-) -> str:
-    """Seed 004 section 4.5 table for a `kernel_diff` result; names past `name_width` lose their middle,
-    since templated kernel names run to hundreds of characters (the JSON keeps them whole)."""
-    lines = [
-        f"| Operation | {name_a} Duration (us) | {name_b} Duration (us) | Difference (us) | Count Change | Status |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in diff:
-        name = r["name"]
-        if len(name) > name_width:
-            # keep both ends: the kernel, and the functor or type that tells its variants apart
-            head = name_width // 2
-            name = name[:head] + "…" + name[len(name) - (name_width - head - 1) :]
-        name = name.replace("|", "\\|")
-        change = (
-            f"{_fmt_count(r['a_count'])}→{_fmt_count(r['b_count'])} ({_fmt_count(r['count_change'], True)})"
-        )
-        lines.append(
-            f"| `{name}` | {_fmt(r['a_us'], 0)} | {_fmt(r['b_us'], 0)} | {r['diff_us']:+,.0f} | {change} "
-            f"| {r['status']} |"
-        )
-    return "\n".join(lines) + "\n"

@@ -10,14 +10,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .markdown import MEMORY_METRICS, cells_by_workload, job_summary_markdown, report_markdown
+from .markdown import job_summary_markdown, report_markdown
+from .tables import MEMORY_METRICS, cells_by_workload
 
 __all__ = ["write_report", "job_summary_markdown"]
 
 
 def _slug(cfg: dict[str, Any]) -> str:
-    raw = f"{cfg.get('model')}-{cfg.get('precision')}-s{cfg.get('seq_len')}-gb{cfg.get('global_batch')}" \
-          f"-mb{cfg.get('micro_batch')}" + ("-compiled" if cfg.get("compile") else "")
+    raw = (
+        f"{cfg.get('model')}-{cfg.get('precision')}-s{cfg.get('seq_len')}-gb{cfg.get('global_batch')}"
+        f"-mb{cfg.get('micro_batch')}" + ("-compiled" if cfg.get("compile") else "")
+    )
     return re.sub(r"[^A-Za-z0-9._-]+", "_", raw)
 
 
@@ -34,7 +37,9 @@ def write_report(results: list[dict[str, Any]], out_dir: str | os.PathLike[str])
         if any(c.metric(m) for c in cells for m in MEMORY_METRICS):  # device memory: not measured on CPU
             figs.append(("Peak memory per GPU", plots.memory_plot, f"memory-{slug}.png"))
         if any(c.has_trace for c in cells):
-            figs.append(("Compute / non-compute / idle breakdown", plots.breakdown_plot, f"breakdown-{slug}.png"))
+            figs.append(
+                ("Compute / non-compute / idle breakdown", plots.breakdown_plot, f"breakdown-{slug}.png")
+            )
         images[wk] = [(caption, fn(cells, out / name).name) for caption, fn, name in figs]
     path = out / "report.md"
     path.write_text(report_markdown(results, images))

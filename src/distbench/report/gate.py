@@ -7,10 +7,20 @@ from typing import Any
 from ..gate.ab import ABReport, ConfigOutcome, Row
 from ..gate.stats import REGRESSION, UNDECIDED
 from ..metrics import fmt_metric
-from .markdown import md_table
+from .tables import md_table
 
-HEAD = ["Config", "Regime", "Metric", "Pairs", "Base median", "Head median", "Effect [CI]", "Detectable",
-        "p (Wilcoxon)", "Verdict"]
+HEAD = [
+    "Config",
+    "Regime",
+    "Metric",
+    "Pairs",
+    "Base median",
+    "Head median",
+    "Effect [CI]",
+    "Detectable",
+    "p (Wilcoxon)",
+    "Verdict",
+]
 
 
 def _regime(o: ConfigOutcome) -> str:
@@ -23,18 +33,38 @@ def _cells(o: ConfigOutcome, r: Row) -> list[str]:
 
     e = r.effect
     eff = "—" if e is None else f"{e.estimate:+.2%} [{e.low:+.2%}, {e.high:+.2%}]"
-    return [o.label, _regime(o), r.metric + ("" if r.gated else " (reported)"), str(len(r.base)),
-            fmt_metric(r.metric, statistics.median(r.base)), fmt_metric(r.metric, statistics.median(r.head)),
-            eff, "—" if e is None else f"±{e.detectable:.2%}", "—" if e is None else f"{e.p_value:.3g}",
-            r.verdict.upper() if r.gated else "—"]
+    return [
+        o.label,
+        _regime(o),
+        r.metric + ("" if r.gated else " (reported)"),
+        str(len(r.base)),
+        fmt_metric(r.metric, statistics.median(r.base)),
+        fmt_metric(r.metric, statistics.median(r.head)),
+        eff,
+        "—" if e is None else f"±{e.detectable:.2%}",
+        "—" if e is None else f"{e.p_value:.3g}",
+        r.verdict.upper() if r.gated else "—",
+    ]
 
 
 def rows(report: ABReport) -> list[list[str]]:
     out = []
     for o in report.outcomes:
         if o.error:
-            out.append([o.label, _regime(o), "—", str(len(o.pairs)), "—", "—", "—", "—", "—",
-                        f"UNDECIDED ({o.error})"])
+            out.append(
+                [
+                    o.label,
+                    _regime(o),
+                    "—",
+                    str(len(o.pairs)),
+                    "—",
+                    "—",
+                    "—",
+                    "—",
+                    "—",
+                    f"UNDECIDED ({o.error})",
+                ]
+            )
         out += [_cells(o, r) for r in o.rows]
     return out
 
@@ -43,24 +73,37 @@ def summary(report: ABReport) -> str:
     counts: dict[str, int] = {}
     for o in report.outcomes:
         counts[o.verdict] = counts.get(o.verdict, 0) + 1
-    head = {REGRESSION: "FAIL: regression", UNDECIDED: "UNDECIDED: could not rule out a regression",
-            "pass": "PASS"}[report.status]
+    head = {
+        REGRESSION: "FAIL: regression",
+        UNDECIDED: "UNDECIDED: could not rule out a regression",
+        "pass": "PASS",
+    }[report.status]
     parts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
-    return f"{head} (exit {report.exit_code}); {parts}; {report.elapsed_s:.0f} s" + \
-        (" (time budget ran out)" if report.budget_exhausted else "")
+    return f"{head} (exit {report.exit_code}); {parts}; {report.elapsed_s:.0f} s" + (
+        " (time budget ran out)" if report.budget_exhausted else ""
+    )
 
 
 def criteria(report: ABReport) -> str:
-    return (f"Paired runs alternating AB/BA; effect = mean log ratio per pair with a Student-t interval at "
-            f"{1 - report.per_test_alpha:.4%} (family-wise alpha {report.alpha} over configurations, gated "
-            f"metrics and looks); regression when the interval excludes 0 and the effect is at least "
-            f"{report.min_effect:.1%}; unchanged when a regression of {report.threshold:.1%} is ruled out; "
-            f"otherwise undecided. Detectable = smallest effect found with 80% power at this noise and count.")
+    return (
+        f"Paired runs alternating AB/BA; effect = mean log ratio per pair with a Student-t interval at "
+        f"{1 - report.per_test_alpha:.4%} (family-wise alpha {report.alpha} over configurations, gated "
+        f"metrics and looks); regression when the interval excludes 0 and the effect is at least "
+        f"{report.min_effect:.1%}; unchanged when a regression of {report.threshold:.1%} is ruled out; "
+        f"otherwise undecided. Detectable = smallest effect found with 80% power at this noise and count."
+    )
 
 
 def to_markdown(report: ABReport) -> str:
-    lines = [f"## distbench ab: {summary(report)}", "", f"base: {report.base_desc}  ", f"head: {report.head_desc}",
-             "", criteria(report), ""]
+    lines = [
+        f"## distbench ab: {summary(report)}",
+        "",
+        f"base: {report.base_desc}  ",
+        f"head: {report.head_desc}",
+        "",
+        criteria(report),
+        "",
+    ]
     lines += md_table(HEAD, rows(report))
     return "\n".join(lines) + "\n"
 
@@ -72,28 +115,58 @@ def to_rich(report: ABReport) -> Any:
 
     table = Table(*HEAD, title="distbench ab", caption=criteria(report))
     for cells in rows(report):
-        style = "bold red" if cells[-1].startswith("REGRESSION") else \
-            "yellow" if cells[-1].startswith("UNDECIDED") else ""
+        style = (
+            "bold red"
+            if cells[-1].startswith("REGRESSION")
+            else "yellow"
+            if cells[-1].startswith("UNDECIDED")
+            else ""
+        )
         table.add_row(*cells, style=style)
     style = {REGRESSION: "bold red", UNDECIDED: "bold yellow"}.get(report.status, "bold green")
-    return Group(Text(f"base: {report.base_desc}\nhead: {report.head_desc}"), table,
-                 Text(summary(report), style=style))
+    return Group(
+        Text(f"base: {report.base_desc}\nhead: {report.head_desc}"), table, Text(summary(report), style=style)
+    )
 
 
 def to_json(report: ABReport) -> dict[str, Any]:
     """Everything the verdicts rest on, for the record (results/ and the job summary's artifact)."""
+
     def row(r: Row) -> dict[str, Any]:
         e = r.effect
-        return {"metric": r.metric, "gated": r.gated, "base": r.base, "head": r.head, "verdict": r.verdict,
-                "effect": None if e is None else e.__dict__}
+        return {
+            "metric": r.metric,
+            "gated": r.gated,
+            "base": r.base,
+            "head": r.head,
+            "verdict": r.verdict,
+            "effect": None if e is None else e.__dict__,
+        }
 
     return {
-        "status": report.status, "exit_code": report.exit_code, "alpha": report.alpha,
-        "per_test_alpha": report.per_test_alpha, "threshold": report.threshold, "min_effect": report.min_effect,
-        "elapsed_s": report.elapsed_s, "budget_exhausted": report.budget_exhausted,
-        "base": report.base_desc, "head": report.head_desc,
-        "configs": [{"label": o.label, "config": o.cfg.to_dict(), "verdict": o.verdict, "error": o.error,
-                     "regime": o.regime, "gated": list(o.gated), "orders": [p.order for p in o.pairs],
-                     "base_ids": [p.base["id"] for p in o.pairs], "head_ids": [p.head["id"] for p in o.pairs],
-                     "rows": [row(r) for r in o.rows]} for o in report.outcomes],
+        "status": report.status,
+        "exit_code": report.exit_code,
+        "alpha": report.alpha,
+        "per_test_alpha": report.per_test_alpha,
+        "threshold": report.threshold,
+        "min_effect": report.min_effect,
+        "elapsed_s": report.elapsed_s,
+        "budget_exhausted": report.budget_exhausted,
+        "base": report.base_desc,
+        "head": report.head_desc,
+        "configs": [
+            {
+                "label": o.label,
+                "config": o.cfg.to_dict(),
+                "verdict": o.verdict,
+                "error": o.error,
+                "regime": o.regime,
+                "gated": list(o.gated),
+                "orders": [p.order for p in o.pairs],
+                "base_ids": [p.base["id"] for p in o.pairs],
+                "head_ids": [p.head["id"] for p in o.pairs],
+                "rows": [row(r) for r in o.rows],
+            }
+            for o in report.outcomes
+        ],
     }

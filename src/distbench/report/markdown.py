@@ -6,115 +6,24 @@ the one rule of distbench.scaling (the 1-GPU baseline: `single` when it ran, els
 
 from __future__ import annotations
 
-import math
-import statistics
-from collections.abc import Sequence
 from typing import Any
 
+from ..config import config_label
 from ..measure.timing import step_stats
-from ..metrics import METRICS, fmt_metric, names
+from ..metrics import METRICS, fmt_metric
 from ..plausibility import check
-from ..results import config_key
-from ..scaling import baseline_tokens_per_s
-
-
-def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """A GitHub markdown table as lines ('|' in cells escaped)."""
-    def cells(xs: Sequence[str]) -> str:
-        return "| " + " | ".join(str(x).replace("|", "\\|") for x in xs) + " |"
-
-    return [cells(head), "|" + "---|" * len(head), *(cells(r) for r in rows)]
-
-
-def config_label(cfg: dict[str, Any]) -> str:
-    """Short unambiguous name of a configuration (everything in `results.config_key`)."""
-    label = (f"{cfg.get('strategy')} ws{cfg.get('world_size')} {cfg.get('model')} {cfg.get('precision')} "
-             f"s{cfg.get('seq_len')} gb{cfg.get('global_batch')} mb{cfg.get('micro_batch')}")
-    return label + (" compiled" if cfg.get("compile") else "")
-
-
-def workload_key(cfg: dict[str, Any]) -> tuple:
-    """What a strategy x world size table holds fixed."""
-    return (cfg.get("model"), cfg.get("precision"), cfg.get("seq_len"), cfg.get("global_batch"),
-            cfg.get("micro_batch"), bool(cfg.get("compile")))
-
-
-def workload_title(cfg: dict[str, Any]) -> str:
-    title = (f"{cfg.get('model')} · precision {cfg.get('precision')} · seq {cfg.get('seq_len')} · "
-             f"global batch {cfg.get('global_batch')} · micro-batch {cfg.get('micro_batch')}")
-    return title + (" · torch.compile" if cfg.get("compile") else "")
+from .tables import MEMORY_METRICS, Cell, cells_by_workload, fmt_value, md_table, scaling_of, workload_title
 
 
 def machine_line(env: dict[str, Any]) -> str:
     gpus = f"{env.get('gpu_count')}x {env.get('gpu_model')}" if env.get("gpu_count") else "CPU only"
-    sw = ", ".join(f"{k} {env[k]}" for k in ("torch", "cuda", "nccl", "driver", "deepspeed", "transformers")
-                   if env.get(k))
+    sw = ", ".join(
+        f"{k} {env[k]}"
+        for k in ("torch", "cuda", "nccl", "driver", "deepspeed", "transformers")
+        if env.get(k)
+    )
     commit = f", commit {str(env['git_commit'])[:12]}" if env.get("git_commit") else ""
     return f"{gpus}" + (f"; {sw}" if sw else "") + commit
-
-
-def _median(values: list[Any]) -> float | None:
-    """Median of the finite numbers among `values` (metrics missing from some runs are None)."""
-    xs = [x for x in values if isinstance(x, (int, float)) and math.isfinite(x)]
-    return statistics.median(xs) if xs else None
-
-
-class Cell:
-    """The runs of one configuration, aggregated by median."""
-
-    def __init__(self, runs: list[dict[str, Any]]) -> None:
-        self.runs = runs
-        self.cfg = runs[0]["config"]
-        self.strategy: str = self.cfg.get("strategy")
-        self.world_size: int = int(self.cfg.get("world_size") or 1)
-
-    def metric(self, name: str) -> float | None:
-        return _median([(r.get("metrics") or {}).get(name) for r in self.runs])
-
-    def step(self, stat: str) -> float | None:
-        return _median([(r.get("step_time_s") or {}).get(stat) for r in self.runs])
-
-    def trace(self, name: str) -> float | None:
-        return _median([(r.get("trace") or {}).get(name) for r in self.runs])
-
-    @property
-    def has_trace(self) -> bool:
-        return any(r.get("trace") for r in self.runs)
-
-    def throttled(self) -> str:
-        sampled = [r["nvml"] for r in self.runs if r.get("nvml")]
-        if not sampled:
-            return "n/a"
-        n = sum(bool(s.get("throttled")) for s in sampled)
-        return f"**yes** ({n}/{len(sampled)})" if n else "no"
-
-
-def cells_by_workload(results: list[dict[str, Any]]) -> dict[tuple, list[Cell]]:
-    """ok results -> {workload: [Cell per (strategy, world size)]}, `single` first, then by strategy and size."""
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for r in results:
-        if r.get("status") == "ok":
-            groups.setdefault(config_key(r), []).append(r)
-    out: dict[tuple, list[Cell]] = {}
-    for runs in groups.values():
-        cell = Cell(runs)
-        out.setdefault(workload_key(cell.cfg), []).append(cell)
-    for cells in out.values():
-        cells.sort(key=lambda c: (c.strategy != "single", c.strategy, c.world_size))
-    return out
-
-
-def scaling_of(cells: list[Cell], cell: Cell) -> tuple[float | None, float | None]:
-    """(speedup vs 1 GPU, scaling efficiency) of a cell's median tokens/s, by the one rule of scaling.py."""
-    runs = [r for c in cells for r in c.runs]
-    base, tps = baseline_tokens_per_s(runs, cell.runs[0]), cell.metric("tokens_per_s")
-    if base and tps:
-        return tps / base, tps / base / cell.world_size
-    return None, None
-
-
-def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
-    return "—" if v is None else f"{v:{spec}}{suffix}"
 
 
 def cell_warnings(cell: Cell, found: dict[str, list[str]]) -> list[str]:
@@ -129,17 +38,37 @@ def throughput_table(cells: list[Cell], found: dict[str, list[str]]) -> list[str
         p10, p90 = c.step("p10"), c.step("p90")
         spread = f" [{p10 * 1000:.1f}–{p90 * 1000:.1f}]" if p10 is not None and p90 is not None else ""
         median = c.step("median") or c.metric("step_time_s")
-        rows.append([
-            c.strategy, str(c.world_size), str(len(c.runs)),
-            fmt_metric("tokens_per_s", c.metric("tokens_per_s")),
-            fmt_metric("tokens_per_s", c.metric("tokens_per_s_per_gpu")),
-            _fmt(speedup, ".2f", "x"), fmt_metric("scaling_efficiency", eff),
-            _fmt(None if median is None else median * 1000, ".1f", spread),
-            fmt_metric("mfu", c.metric("mfu")), c.throttled(),
-            f"**{n}**" if (n := len(cell_warnings(c, found))) else "—",
-        ])
-    return md_table(["Strategy", "GPUs", "Runs", "Tokens/s", "Tokens/s/GPU", "Speedup vs 1 GPU",
-                     "Scaling eff.", "Step time ms median [p10–p90]", "MFU", "Throttled", "Warnings"], rows)
+        rows.append(
+            [
+                c.strategy,
+                str(c.world_size),
+                str(len(c.runs)),
+                fmt_metric("tokens_per_s", c.metric("tokens_per_s")),
+                fmt_metric("tokens_per_s", c.metric("tokens_per_s_per_gpu")),
+                fmt_value(speedup, ".2f", "x"),
+                fmt_metric("scaling_efficiency", eff),
+                fmt_value(None if median is None else median * 1000, ".1f", spread),
+                fmt_metric("mfu", c.metric("mfu")),
+                c.throttled(),
+                f"**{n}**" if (n := len(cell_warnings(c, found))) else "—",
+            ]
+        )
+    return md_table(
+        [
+            "Strategy",
+            "GPUs",
+            "Runs",
+            "Tokens/s",
+            "Tokens/s/GPU",
+            "Speedup vs 1 GPU",
+            "Scaling eff.",
+            "Step time ms median [p10–p90]",
+            "MFU",
+            "Throttled",
+            "Warnings",
+        ],
+        rows,
+    )
 
 
 def warnings_list(cells: list[Cell], found: dict[str, list[str]]) -> list[str]:
@@ -147,24 +76,31 @@ def warnings_list(cells: list[Cell], found: dict[str, list[str]]) -> list[str]:
     return [f"- {c.strategy} ws{c.world_size}: {w}" for c in cells for w in cell_warnings(c, found)]
 
 
-#: Peak device memory per GPU: torch allocated, torch reserved, NVML (adds NCCL buffers and the CUDA context).
-MEMORY_METRICS = names(unit="bytes")
-
-
 def memory_table(cells: list[Cell]) -> list[str]:
-    rows = [[c.strategy, str(c.world_size)] + [fmt_metric(m, c.metric(m)) for m in MEMORY_METRICS] for c in cells]
+    rows = [
+        [c.strategy, str(c.world_size)] + [fmt_metric(m, c.metric(m)) for m in MEMORY_METRICS] for c in cells
+    ]
     return md_table(["Strategy", "GPUs", *(METRICS[m].label for m in MEMORY_METRICS)], rows)
 
 
-TRACE_COLUMNS = (("compute_ms", "Compute ms", ".1f"), ("non_compute_ms", "Non-compute ms", ".1f"),
-                 ("idle_ms", "Idle ms", ".1f"), ("compute_pct", "Compute %", ".2f"),
-                 ("non_compute_pct", "Non-compute %", ".2f"), ("idle_pct", "Idle %", ".2f"),
-                 ("overlap_pct", "Comm overlap %", ".2f"), ("exposed_comm_ms", "Exposed comm ms", ".1f"))
+TRACE_COLUMNS = (
+    ("compute_ms", "Compute ms", ".1f"),
+    ("non_compute_ms", "Non-compute ms", ".1f"),
+    ("idle_ms", "Idle ms", ".1f"),
+    ("compute_pct", "Compute %", ".2f"),
+    ("non_compute_pct", "Non-compute %", ".2f"),
+    ("idle_pct", "Idle %", ".2f"),
+    ("overlap_pct", "Comm overlap %", ".2f"),
+    ("exposed_comm_ms", "Exposed comm ms", ".1f"),
+)
 
 
 def trace_table(cells: list[Cell]) -> list[str]:
-    rows = [[c.strategy, str(c.world_size)] + [_fmt(c.trace(k), spec) for k, _, spec in TRACE_COLUMNS]
-            for c in cells if c.has_trace]
+    rows = [
+        [c.strategy, str(c.world_size)] + [fmt_value(c.trace(k), spec) for k, _, spec in TRACE_COLUMNS]
+        for c in cells
+        if c.has_trace
+    ]
     return md_table(["Strategy", "GPUs", *(title for _, title, _ in TRACE_COLUMNS)], rows)
 
 
@@ -176,15 +112,29 @@ def spread_table(cells: list[Cell]) -> list[str]:
         tps = [t for t in ((r.get("metrics") or {}).get("tokens_per_s") for r in c.runs) if t is not None]
         if len(tps) >= 3:
             st = step_stats(tps)  # the same median and sample CV as a run's step times
-            rows.append([c.strategy, str(c.world_size), str(len(tps)), _fmt(min(tps), ",.0f"),
-                         _fmt(st["median"], ",.0f"), _fmt(max(tps), ",.0f"), f"{100 * st['cv']:.2f}%"])
-    return md_table(["Strategy", "GPUs", "Separate runs", "Tokens/s min", "median", "max", "CV"], rows) if rows else []
+            rows.append(
+                [
+                    c.strategy,
+                    str(c.world_size),
+                    str(len(tps)),
+                    fmt_value(min(tps), ",.0f"),
+                    fmt_value(st["median"], ",.0f"),
+                    fmt_value(max(tps), ",.0f"),
+                    f"{100 * st['cv']:.2f}%",
+                ]
+            )
+    return (
+        md_table(["Strategy", "GPUs", "Separate runs", "Tokens/s min", "median", "max", "CV"], rows)
+        if rows
+        else []
+    )
 
 
 def kernel_diff_sections(cells: list[Cell], top: int = 8) -> list[str]:
     """Seed 004 section 4.5: what changes between strategies at the kernel level, each traced strategy
     against DDP at the same GPU count (the largest changes first)."""
-    from ..measure.trace import kernel_diff, render_kernel_diff_markdown
+    from ..measure.trace import kernel_diff
+    from .trace import render_kernel_diff_markdown
 
     def traced(c: Cell) -> dict[str, Any] | None:
         return next((r["trace"] for r in c.runs if (r.get("trace") or {}).get("top_kernels")), None)
@@ -196,16 +146,25 @@ def kernel_diff_sections(cells: list[Cell], top: int = 8) -> list[str]:
         if c.strategy == "ddp" or c.world_size not in base:
             continue
         diff = kernel_diff(base[c.world_size], t, top=top)
-        lines += ["", f"#### ddp → {c.strategy}, {c.world_size} GPUs (per step, top {top} changes)", "",
-                  render_kernel_diff_markdown(diff, "ddp", c.strategy, name_width=70).rstrip("\n")]
+        lines += [
+            "",
+            f"#### ddp → {c.strategy}, {c.world_size} GPUs (per step, top {top} changes)",
+            "",
+            render_kernel_diff_markdown(diff, "ddp", c.strategy, name_width=70).rstrip("\n"),
+        ]
     return lines
 
 
 def failures_table(results: list[dict[str, Any]]) -> list[str]:
     bad = [r for r in results if r.get("status") != "ok"]
-    return md_table(["Config", "Status", "Error"],
-                    [[config_label(r["config"]), str(r.get("status")), str(r.get("error") or "")[:200]]
-                     for r in bad]) if bad else []
+    return (
+        md_table(
+            ["Config", "Status", "Error"],
+            [[config_label(r["config"]), str(r.get("status")), str(r.get("error") or "")[:200]] for r in bad],
+        )
+        if bad
+        else []
+    )
 
 
 def machines(results: list[dict[str, Any]]) -> list[str]:
@@ -216,13 +175,22 @@ def report_markdown(results: list[dict[str, Any]], images: dict[tuple, list[tupl
     """The full report; `images` maps a workload to (caption, relative path) pairs to embed."""
     from .nodes import node_scaling_table
 
-    lines = ["# distbench report", "", f"{len(results)} results.", "", "Machine: " + "; ".join(machines(results))]
-    lines += ["", "Speedup is tokens/s over the 1-GPU baseline of the same workload (`single` when it ran, "
-              "else the same strategy on 1 GPU); scaling efficiency = speedup / GPUs. Step times are medians "
-              "over steady-state steps, [p10–p90] their spread; repeated runs are aggregated by median. "
-              "Throttled runs are not comparable. Figures the plausibility checks reject (superlinear scaling "
-              "beyond noise, a speedup within noise, a run far below its repeats, a step-time spread wider than "
-              "its median) are counted under Warnings and listed below their table: they are not results."]
+    lines = [
+        "# distbench report",
+        "",
+        f"{len(results)} results.",
+        "",
+        "Machine: " + "; ".join(machines(results)),
+    ]
+    lines += [
+        "",
+        "Speedup is tokens/s over the 1-GPU baseline of the same workload (`single` when it ran, "
+        "else the same strategy on 1 GPU); scaling efficiency = speedup / GPUs. Step times are medians "
+        "over steady-state steps, [p10–p90] their spread; repeated runs are aggregated by median. "
+        "Throttled runs are not comparable. Figures the plausibility checks reject (superlinear scaling "
+        "beyond noise, a speedup within noise, a run far below its repeats, a step-time spread wider than "
+        "its median) are counted under Warnings and listed below their table: they are not results.",
+    ]
     found = check(results)
     for wk, cells in cells_by_workload(results).items():
         lines += ["", f"## {workload_title(cells[0].cfg)}", "", "### Throughput and scaling", ""]

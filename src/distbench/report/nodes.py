@@ -8,13 +8,8 @@ the 1-GPU figure mixes with what sharing a node costs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..metrics import fmt_metric
-from .markdown import _fmt, md_table, scaling_of
-
-if TYPE_CHECKING:
-    from .markdown import Cell
+from .tables import Cell, fmt_value, md_table, scaling_of
 
 
 def span(cell: Cell) -> tuple[int, int | None]:
@@ -45,8 +40,26 @@ def node_scaling_table(cells: list[Cell]) -> list[str]:
             inter = tps / (nodes * full_tps) if tps and full_tps else None
         link = "inter-node" if nodes > 1 else "intra-node"
         kind = links.get("inter_node" if nodes > 1 else "intra_node")
-        rows.append([c.strategy, str(c.world_size), str(nodes), link + (f" ({kind})" if kind else ""),
-                     fmt_metric("tokens_per_s", tps), fmt_metric("scaling_efficiency", intra),
-                     _fmt(None if inter is None else inter * 100, ".1f", "%")])
-    return md_table(["Strategy", "GPUs", "Nodes", "Link", "Tokens/s", "Intra-node eff. (vs 1 GPU)",
-                     "Inter-node eff. (vs 1 full node)"], rows)
+        rows.append(
+            [
+                c.strategy,
+                str(c.world_size),
+                str(nodes),
+                link + (f" ({kind})" if kind else ""),
+                fmt_metric("tokens_per_s", tps),
+                fmt_metric("scaling_efficiency", intra),
+                fmt_value(None if inter is None else inter * 100, ".1f", "%"),
+            ]
+        )
+    return md_table(
+        [
+            "Strategy",
+            "GPUs",
+            "Nodes",
+            "Link",
+            "Tokens/s",
+            "Intra-node eff. (vs 1 GPU)",
+            "Inter-node eff. (vs 1 full node)",
+        ],
+        rows,
+    )

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..metrics import GIB, METRICS  # noqa: E402
 from ..scaling import baseline_tokens_per_s  # noqa: E402
-from .markdown import MEMORY_METRICS, Cell, workload_title  # noqa: E402
+from .tables import MEMORY_METRICS, Cell, workload_title  # noqa: E402
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
@@ -26,13 +26,18 @@ def throughput_plot(cells: list[Cell], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     sizes: set[int] = set()
     for strategy in sorted({c.strategy for c in cells}):
-        pts = sorted((c.world_size, c.metric("tokens_per_s")) for c in cells
-                     if c.strategy == strategy and c.metric("tokens_per_s") is not None)
+        pts = sorted(
+            (c.world_size, c.metric("tokens_per_s"))
+            for c in cells
+            if c.strategy == strategy and c.metric("tokens_per_s") is not None
+        )
         if pts:
             ax.plot(*zip(*pts, strict=True), marker="o", label=strategy)
             sizes.update(ws for ws, _ in pts)
     # the ideal line starts at the workload's 1-GPU baseline, the one the speedups are stated against
-    base = baseline_tokens_per_s([r for c in cells for r in c.runs], {"config": {**cells[0].cfg, "strategy": "single"}})
+    base = baseline_tokens_per_s(
+        [r for c in cells for r in c.runs], {"config": {**cells[0].cfg, "strategy": "single"}}
+    )
     if base and sizes:
         xs = sorted(sizes | {1})
         ax.plot(xs, [base * x for x in xs], "k--", linewidth=0.8, label="ideal (linear)")
@@ -70,8 +75,11 @@ def breakdown_plot(cells: list[Cell], path: Path) -> Path:
     """
     traced = [c for c in cells if c.has_trace]
     labels = [f"{c.strategy}\n{c.world_size} GPU" for c in traced]
-    parts = (("compute_pct", "compute", "tab:green"), ("non_compute_pct", "non-compute", "tab:orange"),
-             ("idle_pct", "idle", "tab:gray"))
+    parts = (
+        ("compute_pct", "compute", "tab:green"),
+        ("non_compute_pct", "non-compute", "tab:orange"),
+        ("idle_pct", "idle", "tab:gray"),
+    )
     xs = range(len(traced))
     fig, (stacked, zoom) = plt.subplots(1, 2, figsize=(max(8, 2 * len(traced)), 4.5))
     bottom = [0.0] * len(traced)
@@ -80,8 +88,13 @@ def breakdown_plot(cells: list[Cell], path: Path) -> Path:
         stacked.bar(xs, values, 0.6, bottom=bottom, label=name, color=color)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     for i, (key, name, color) in enumerate(parts[1:]):
-        zoom.bar([x + (i - 0.5) * 0.35 for x in xs], [c.trace(key) or 0.0 for c in traced], 0.35,
-                 label=name, color=color)
+        zoom.bar(
+            [x + (i - 0.5) * 0.35 for x in xs],
+            [c.trace(key) or 0.0 for c in traced],
+            0.35,
+            label=name,
+            color=color,
+        )
     for ax, ylabel in ((stacked, "% of traced GPU time"), (zoom, "% (overhead only)")):
         ax.set_xticks(xs, labels, fontsize=8)
         ax.set_ylabel(ylabel)

@@ -30,7 +30,9 @@ def rank_cpus(rank: int, world_size: int, allowed: Collection[int] | None = None
         raise ConfigError(f"{ENV} binds with os.sched_setaffinity, which this platform lacks; unset it")
     cpus = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
     if len(cpus) < world_size:
-        raise ConfigError(f"{ENV}={mode} needs a CPU per rank: {world_size} ranks, {len(cpus)} CPUs allowed "
-                          "to this process; unset it or run fewer ranks")
+        raise ConfigError(
+            f"{ENV}={mode} needs a CPU per rank: {world_size} ranks, {len(cpus)} CPUs allowed "
+            "to this process; unset it or run fewer ranks"
+        )
     per_rank = len(cpus) // world_size
-    return cpus[rank * per_rank:(rank + 1) * per_rank]
+    return cpus[rank * per_rank : (rank + 1) * per_rank]

@@ -33,7 +33,7 @@ def write_message(fd: int, obj: Any, deadline: float | None = None) -> bool:
                 if left <= 0 or not select.select([], [fd], [], left)[1]:
                     return False
             try:
-                view = view[os.write(fd, view[:_CHUNK]):]  # chunked: the rank's byte counter shows progress
+                view = view[os.write(fd, view[:_CHUNK]) :]  # chunked: the rank's byte counter shows progress
             except BlockingIOError:
                 continue
             except BrokenPipeError:
@@ -86,8 +86,8 @@ class MessageReader:
             n = _HEADER.unpack_from(self._buf)[0]
             if len(self._buf) < _HEADER.size + n:
                 break
-            out.append(pickle.loads(self._buf[_HEADER.size:_HEADER.size + n]))
-            del self._buf[:_HEADER.size + n]
+            out.append(pickle.loads(self._buf[_HEADER.size : _HEADER.size + n]))
+            del self._buf[: _HEADER.size + n]
         return out
 
     def read_text(self) -> str:

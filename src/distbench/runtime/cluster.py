@@ -20,10 +20,12 @@ import gc
 import itertools
 import json
 import os
+import pickle
 import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -34,8 +36,8 @@ import torch.distributed as dist
 from ..errors import ConfigError, ResourceError
 from .context import RankContext
 from .fingerprint import nodes_spanned
-from .pool import JobError, RankOutcome, failure_summary
-from .worker import resolve
+from .pool import JobError, RankOutcome, check_configs, failure_summary
+from .worker import job_name, resolve
 
 _POLL_S = 0.1  # rank 0 waiting for replies
 _JOB_POLL_S = 0.5  # followers waiting for the next job: every rank of the launch polls the store
@@ -56,14 +58,23 @@ class Launch:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | os._Environ = os.environ) -> Launch:
-        missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                               "MASTER_PORT") if k not in environ]
+        missing = [
+            k
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+            if k not in environ
+        ]
         if missing:
-            raise ConfigError(f"distbench launch runs in every process of a torchrun job ({', '.join(missing)} "
-                              "unset): torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d "
-                              "--rdzv-endpoint HOST:PORT -m distbench.cli launch -- RUN-ARGS")
-        return cls(int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ["LOCAL_RANK"]),
-                   int(environ["LOCAL_WORLD_SIZE"]))
+            raise ConfigError(
+                f"distbench launch runs in every process of a torchrun job ({', '.join(missing)} "
+                "unset): torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d "
+                "--rdzv-endpoint HOST:PORT -m distbench.cli launch -- RUN-ARGS"
+            )
+        return cls(
+            int(environ["RANK"]),
+            int(environ["WORLD_SIZE"]),
+            int(environ["LOCAL_RANK"]),
+            int(environ["LOCAL_WORLD_SIZE"]),
+        )
 
     @property
     def nodes(self) -> int:
@@ -73,22 +84,30 @@ class Launch:
         """Nodes a job of `world_size` ranks spans; ResourceError when it is no subset this launch can form."""
         per_node = self.local_world_size
         if world_size > self.world_size:
-            raise ResourceError(f"world size {world_size} exceeds the {self.world_size} launched ranks "
-                                f"({self.nodes} node(s) x {per_node}); launch more or use --world-size "
-                                f"{self.world_size} or fewer")
+            raise ResourceError(
+                f"world size {world_size} exceeds the {self.world_size} launched ranks "
+                f"({self.nodes} node(s) x {per_node}); launch more or use --world-size "
+                f"{self.world_size} or fewer"
+            )
         if world_size > per_node and world_size % per_node:
-            raise ResourceError(f"world size {world_size} is not whole nodes of {per_node} ranks; use a "
-                                f"multiple of {per_node} (or at most {per_node})")
+            raise ResourceError(
+                f"world size {world_size} is not whole nodes of {per_node} ranks; use a "
+                f"multiple of {per_node} (or at most {per_node})"
+            )
         return nodes_spanned(world_size, per_node)
 
 
 def connect_store(launch: Launch, timeout_s: float) -> dist.Store:
     """torchrun's key-value store (the agent's, shared with its workers), under a prefix for this attempt."""
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          world_size=None if agent else launch.world_size,
-                          is_master=not agent and launch.rank == 0, timeout=timedelta(seconds=timeout_s),
-                          wait_for_workers=False)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size=None if agent else launch.world_size,
+        is_master=not agent and launch.rank == 0,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"distbench/attempt_{attempt}", store)
 
@@ -101,15 +120,22 @@ def local_device(launch: Launch, device_type: str) -> torch.device:
     return torch.device("cpu")
 
 
-def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int, spec: dict[str, Any]
-            ) -> dict[str, Any]:
+def run_job(
+    launch: Launch, store: dist.Store, device: torch.device, job_id: int, spec: dict[str, Any]
+) -> dict[str, Any]:
     """Join the job's world (the first n ranks) as the default group, run the job, leave; this rank's outcome."""
     n = spec["world_size"]
     backend = "nccl" if device.type == "cuda" else "gloo"
     try:
         kw: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend, store=dist.PrefixStore(f"pg/{job_id}", store), rank=launch.rank,
-                                world_size=n, timeout=timedelta(seconds=spec["timeout"]), **kw)
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(f"pg/{job_id}", store),
+            rank=launch.rank,
+            world_size=n,
+            timeout=timedelta(seconds=spec["timeout"]),
+            **kw,
+        )
         ctx = RankContext(launch.rank, n, launch.local_rank, device, backend, nodes=launch.job_nodes(n))
         return {"status": "ok", "reply": resolve(spec["target"])(ctx, **spec["kwargs"])}
     except BaseException as e:  # everything reaches the controller, KeyboardInterrupt included
@@ -126,9 +152,19 @@ def _encode(outcome: dict[str, Any], target: str) -> str:
     try:
         return json.dumps(outcome)
     except (TypeError, ValueError) as e:
-        return json.dumps({"status": "error", "exc_type": "TypeError",
-                           "text": f"{target} returned data that cannot travel as JSON to rank 0 ({e}); "
-                                   "return tensors from rank 0 only"})
+        return json.dumps(
+            {
+                "status": "error",
+                "exc_type": "TypeError",
+                "text": f"{target} returned data that cannot travel as JSON to rank 0 ({e}); "
+                "return tensors from rank 0 only",
+            }
+        )
+
+
+def _post(store: dist.Store, key: str, job: dict[str, Any]) -> None:
+    """Post a job for the followers, pickled: its arguments (RunConfigs too) arrive as they were sent."""
+    store.set(key, pickle.dumps(job))  # type: ignore[arg-type]  # the binding takes bytes; its stub says str
 
 
 def _wait_key(store: dist.Store, key: str, deadline: float | None, poll_s: float = _POLL_S) -> bool:
@@ -141,7 +177,7 @@ def _wait_key(store: dist.Store, key: str, deadline: float | None, poll_s: float
 
 
 class Cluster:
-    """The controller's view of the launched world, shaped like PoolManager (get/run/close_all)."""
+    """The controller's view of the launched world, shaped like PoolManager (pool_for/close_all)."""
 
     def __init__(self, launch: Launch, store: dist.Store, device: torch.device) -> None:
         self.launch, self.store, self.device = launch, store, device
@@ -152,13 +188,20 @@ class Cluster:
     def check_world_size(self, world_size: int) -> None:
         self.launch.job_nodes(world_size)
 
-    def get(self, world_size: int) -> ClusterPool:
+    def pool_for(self, world_size: int) -> ClusterPool:
         self.check_world_size(world_size)
         return ClusterPool(self, world_size)
 
-    def run(self, world_size: int, target: str, kwargs: dict[str, Any] | None = None,
-            timeout: float = 600.0) -> list[Any]:
-        """Run `target(ctx, **kwargs)` on the first `world_size` ranks; per-rank replies (index = rank)."""
+    def run_job(
+        self,
+        world_size: int,
+        job: Callable[..., Any],
+        kwargs: dict[str, Any] | None = None,
+        timeout: float = 600.0,
+    ) -> list[Any]:
+        """Run `job(ctx, **kwargs)` on the first `world_size` ranks; per-rank replies (index = rank)."""
+        target = job_name(job)
+        check_configs(kwargs, world_size)
         self.check_world_size(world_size)
         if self._broken:
             raise JobError(target, world_size, [], f"not run: {self._broken}")
@@ -167,7 +210,7 @@ class Cluster:
         # Ranks blocked in a collective when a peer failed report their own timeout error at `timeout`: wait a
         # little longer than that before calling them lost.
         deadline = time.monotonic() + timeout + min(_REPLY_GRACE_S, timeout / 4)
-        self.store.set(f"job/{job_id}", json.dumps(spec))
+        _post(self.store, f"job/{job_id}", spec)
         mine = run_job(self.launch, self.store, self.device, job_id, spec)
         outs: dict[int, dict[str, Any]] = {0: mine}
         for r in range(1, world_size):
@@ -180,7 +223,9 @@ class Cluster:
             stacks = self._abort(missing)
             for r in missing:
                 outs[r] = {"status": "timeout", "text": stacks.get(r, "(no stack captured)")}
-        outcomes = [RankOutcome(r, o["status"], o.get("exc_type"), o.get("text", "")) for r, o in sorted(outs.items())]
+        outcomes = [
+            RankOutcome(r, o["status"], o.get("exc_type"), o.get("text", "")) for r, o in sorted(outs.items())
+        ]
         if all(o.status == "ok" for o in outcomes):
             return [outs[r]["reply"] for r in range(world_size)]
         raise JobError(target, world_size, outcomes, failure_summary(outcomes, timeout))
@@ -190,8 +235,11 @@ class Cluster:
         arrive in time."""
         self.store.set("abort", "1")
         deadline = time.monotonic() + _STACK_WAIT_S
-        return {r: "Python stack at timeout:\n" + self.store.get(f"stack/{r}").decode()
-                for r in ranks if _wait_key(self.store, f"stack/{r}", deadline)}
+        return {
+            r: "Python stack at timeout:\n" + self.store.get(f"stack/{r}").decode()
+            for r in ranks
+            if _wait_key(self.store, f"stack/{r}", deadline)
+        }
 
     def close_all(self) -> None:
         """Nothing to close between matrices: each job forms and destroys its own process group."""
@@ -199,7 +247,7 @@ class Cluster:
     def release(self, status: int) -> None:
         """Let the followers go with the launch's exit status: every node's agent then sees the same outcome
         (torchrun's agents wait at an exit barrier for one another after a success, never after a failure)."""
-        self.store.set(f"job/{next(self._job_ids)}", json.dumps({**_STOP, "status": status}))
+        _post(self.store, f"job/{next(self._job_ids)}", {**_STOP, "status": status})
         self.store.set("released", "1")  # aborted followers, stuck in a job, exit on this
 
 
@@ -216,8 +264,10 @@ class ClusterPool:
     def device_type(self) -> str:
         return self.cluster.device_type
 
-    def run(self, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 600.0) -> list[Any]:
-        return self.cluster.run(self.world_size, target, kwargs, timeout)
+    def run(
+        self, job: Callable[..., Any], kwargs: dict[str, Any] | None = None, timeout: float = 600.0
+    ) -> list[Any]:
+        return self.cluster.run_job(self.world_size, job, kwargs, timeout)
 
     def close(self) -> None:
         """Nothing to close: each job forms and destroys its own process group."""
@@ -252,7 +302,7 @@ def follow(launch: Launch, store: dist.Store, device: torch.device) -> int:
         job_id = 0
         while True:
             _wait_key(store, f"job/{job_id}", None, _JOB_POLL_S)
-            spec = json.loads(store.get(f"job/{job_id}"))
+            spec = pickle.loads(store.get(f"job/{job_id}"))
             if spec.get("stop"):
                 return int(spec["status"])
             if launch.rank < spec["world_size"]:

@@ -15,15 +15,17 @@ import os
 import pickle
 import select
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ..errors import ResourceError
+from ..config import RunConfig
+from ..errors import ConfigError, ResourceError
 from .affinity import rank_cpus
 from .channel import MessageReader, write_message
-from .worker import STACK_SIGNAL, worker_main
+from .worker import STACK_SIGNAL, job_name, worker_main
 
 _EXIT_GRACE_S = 5.0
 #: How long hung ranks get to write their stacks after the stack-dump signal.
@@ -92,7 +94,9 @@ class RankPool:
         error_grace: float = 10.0,
     ) -> None:
         if start_timeout <= 0 or error_grace < 0:
-            raise ValueError(f"start_timeout must be > 0 and error_grace >= 0, not {start_timeout}, {error_grace}")
+            raise ValueError(
+                f"start_timeout must be > 0 and error_grace >= 0, not {start_timeout}, {error_grace}"
+            )
         self.world_size = world_size
         self.device_type = device_type
         self.start_timeout = start_timeout
@@ -128,8 +132,18 @@ class RankPool:
             stack_r, stack_w = ctx.Pipe(duplex=False)
             p = ctx.Process(
                 target=worker_main,
-                args=(r, self.world_size, self.device_type, os.getpid(), self._store.port, env, task_r, reply_w,
-                      stack_w, cpus[r]),
+                args=(
+                    r,
+                    self.world_size,
+                    self.device_type,
+                    os.getpid(),
+                    self._store.port,
+                    env,
+                    task_r,
+                    reply_w,
+                    stack_w,
+                    cpus[r],
+                ),
                 name=f"distbench-ws{self.world_size}-rank{r}",
                 daemon=False,  # ranks may start their own subprocesses (compile workers)
             )
@@ -145,15 +159,24 @@ class RankPool:
         outcomes = self._collect_or_kill(-1, time.monotonic() + limit)
         if any(o.status != "ok" for o in outcomes):
             self.close(grace=0.0)
-            raise JobError("<process group start>", self.world_size, outcomes,
-                           "ranks could not join the process group: " + failure_summary(outcomes, limit))
+            raise JobError(
+                "<process group start>",
+                self.world_size,
+                outcomes,
+                "ranks could not join the process group: " + failure_summary(outcomes, limit),
+            )
 
     def _fail_dead_idle_ranks(self) -> None:
         """A rank that died between jobs (OOM killer, a signal) fails the job that finds it, so the death is
         reported rather than papered over by a silent restart; the next job starts a new pool."""
-        outcomes = [RankOutcome(r, "ok", None, "alive, idle") if p.is_alive() else
-                    RankOutcome(r, "crashed", None, f"process exited with code {p.exitcode} while idle between jobs")
-                    for r, p in enumerate(self._procs)]
+        outcomes = [
+            RankOutcome(r, "ok", None, "alive, idle")
+            if p.is_alive()
+            else RankOutcome(
+                r, "crashed", None, f"process exited with code {p.exitcode} while idle between jobs"
+            )
+            for r, p in enumerate(self._procs)
+        ]
         self.close(grace=0.0)
         raise JobError("<idle pool>", self.world_size, outcomes, "a rank died between jobs")
 
@@ -176,8 +199,12 @@ class RankPool:
         self._procs, self._tasks, self._replies, self._stacks, self._store = [], [], [], [], None
 
     # --- jobs ----------------------------------------------------------------------------------------
-    def run(self, target: str, kwargs: dict[str, Any] | None = None, timeout: float = 600.0) -> list[Any]:
-        """Run `target(ctx, **kwargs)` in every rank; return the per-rank results (index = rank)."""
+    def run(
+        self, job: Callable[..., Any], kwargs: dict[str, Any] | None = None, timeout: float = 600.0
+    ) -> list[Any]:
+        """Run `job(ctx, **kwargs)` in every rank; return the per-rank results (index = rank)."""
+        target = job_name(job)
+        check_configs(kwargs, self.world_size)
         t0, was_alive = time.perf_counter(), self.alive
         self.start(timeout)
         self.last_start_s = 0.0 if was_alive else time.perf_counter() - t0
@@ -218,7 +245,9 @@ class RankPool:
                     if jid != job_id:
                         continue  # a late reply to an abandoned job
                     ok = status == "ok"
-                    replies[rank] = RankOutcome(rank, status, exc_type, "" if ok else payload, payload if ok else None)
+                    replies[rank] = RankOutcome(
+                        rank, status, exc_type, "" if ok else payload, payload if ok else None
+                    )
                     if status != "ok":
                         first_failure = first_failure or now
                 p = self._procs[r]
@@ -257,8 +286,10 @@ class RankPool:
                 if got := self._stacks[r].read_text():
                     text[r] += got
                     last[r] = time.monotonic()
-        return {r: "Python stack at timeout:\n" + text[r] if text[r].strip() else _no_stack_reason(r, states[r])
-                for r in ranks}
+        return {
+            r: "Python stack at timeout:\n" + text[r] if text[r].strip() else _no_stack_reason(r, states[r])
+            for r in ranks
+        }
 
 
 _STOPPED = ("T", "t")
@@ -276,17 +307,36 @@ def _proc_state(pid: int | None) -> str:
 def _no_stack_reason(rank: int, state: str) -> str:
     """Why rank `rank` wrote no stack, from its /proc state."""
     if state in _STOPPED:
-        return (f"(rank {rank} is stopped (state {state}: SIGSTOP or a debugger), so it could not answer the "
-                "stack-dump signal)")
-    return (f"(rank {rank} did not answer the stack-dump signal {STACK_SIGNAL.name} in {STACK_WAIT_S:.0f}s: "
-            "its handler for it was replaced, or the signal is blocked, or it is blocked in native code "
-            "with a Python handler)")
+        return (
+            f"(rank {rank} is stopped (state {state}: SIGSTOP or a debugger), so it could not answer the "
+            "stack-dump signal)"
+        )
+    return (
+        f"(rank {rank} did not answer the stack-dump signal {STACK_SIGNAL.name} in {STACK_WAIT_S:.0f}s: "
+        "its handler for it was replaced, or the signal is blocked, or it is blocked in native code "
+        "with a Python handler)"
+    )
+
+
+def check_configs(kwargs: dict[str, Any] | None, world_size: int) -> None:
+    """Refuse a RunConfig sent to ranks of another world size: a configuration for 4 ranks run by a pool of 2
+    would train on half of each global batch and report it as the whole."""
+    for cfg in (kwargs or {}).values():
+        if isinstance(cfg, RunConfig) and cfg.world_size != world_size:
+            raise ConfigError(
+                f"a configuration for world size {cfg.world_size} was sent to a pool of "
+                f"{world_size} rank(s); run it in the pool of its own world size"
+            )
 
 
 def failure_summary(outcomes: list[RankOutcome], timeout: float) -> str:
     bad = [o for o in outcomes if o.status != "ok"]
     parts = []
-    for status, label in (("error", "raised"), ("crashed", "crashed"), ("timeout", f"did not finish in {timeout:.0f}s")):
+    for status, label in (
+        ("error", "raised"),
+        ("crashed", "crashed"),
+        ("timeout", f"did not finish in {timeout:.0f}s"),
+    ):
         ranks = [str(o.rank) for o in bad if o.status == status]
         if ranks:
             kinds = {o.exc_type for o in bad if o.status == status and o.exc_type}
@@ -329,21 +379,18 @@ class PoolManager:
                     f"use --world-size {n} or fewer"
                 )
 
-    def get(self, world_size: int) -> RankPool:
+    def pool_for(self, world_size: int) -> RankPool:
         self.check_world_size(world_size)
-        pool = self._pools.pop(world_size, None) or RankPool(world_size, self.device_type, **self.pool_options)
+        pool = self._pools.pop(world_size, None) or RankPool(
+            world_size, self.device_type, **self.pool_options
+        )
         self._pools[world_size] = pool  # most recently used last
         while len([p for p in self._pools.values() if p.alive]) > self.max_alive:
             oldest = next(ws for ws, p in self._pools.items() if p.alive)
             self._pools.pop(oldest).close()
         return pool
 
-    def run(self, world_size: int, target: str, kwargs: dict[str, Any] | None = None,
-            timeout: float = 600.0) -> list[Any]:
-        return self.get(world_size).run(target, kwargs, timeout)
-
     def close_all(self) -> None:
         for p in self._pools.values():
             p.close()
         self._pools.clear()
-

@@ -1,6 +1,7 @@
 """The loop each rank process runs: join the process group once, then execute jobs until told to stop.
 
-Jobs are named "package.module:function" and called as function(ctx, **kwargs) in every rank. Results
+Jobs are module-level functions, sent by name ("package.module:function", see job_name) and called as
+function(ctx, **kwargs) in every rank; their arguments arrive unpickled as they were sent. Results
 travel back pickled to bytes with the plain pickler, so tensors are copied by value rather than through
 torch's shared-memory reductions (which leak file descriptors across many jobs).
 """
@@ -16,10 +17,12 @@ import pickle
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from .channel import read_message, write_message
+from .context import RankContext
 
 #: State that outlives one job inside this rank process (e.g. a trainer kept between benchmark rounds).
 STATE: dict[str, Any] = {}
@@ -39,7 +42,19 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def resolve(target: str):
+def job_name(job: Callable[..., Any]) -> str:
+    """The name a job travels under, "module:function": every rank imports the module and calls the function."""
+    module, qualname = getattr(job, "__module__", None), getattr(job, "__qualname__", "")
+    if not callable(job) or not module or not qualname.isidentifier():
+        raise TypeError(
+            f"a job must be a module-level function that ranks can import by name, not {job!r} "
+            "(a lambda, a nested function or a method has no such name): define it at the top "
+            "of a module"
+        )
+    return f"{module}:{qualname}"
+
+
+def resolve(target: str) -> Callable[..., Any]:
     module_name, _, fn_name = target.partition(":")
     return getattr(importlib.import_module(module_name), fn_name)
 
@@ -65,56 +80,72 @@ def worker_main(
         os.sched_setaffinity(0, cpus)  # before torch starts its thread pools: they inherit it
     os.environ.update(env)
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(store_port),
     )
-
-    import torch
-    import torch.distributed as dist
-
-    from .context import RankContext
-
     try:
-        if device_type == "cuda":
-            torch.cuda.set_device(rank)
-            device = torch.device("cuda", rank)
-            backend = "nccl"
-        else:
-            device = torch.device("cpu")
-            backend = "gloo"
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-        kw: dict[str, Any] = {"device_id": device} if device_type == "cuda" else {}
-        store = dist.TCPStore("127.0.0.1", store_port, is_master=False)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **kw)
-        ctx = RankContext(rank, world_size, rank, device, backend)
+        ctx = _join_group(rank, world_size, device_type, store_port)
     except BaseException:
         write_message(replies.fileno(), (-1, rank, "error", "ProcessGroupInit", traceback.format_exc()))
         return
     write_message(replies.fileno(), (-1, rank, "ok", None, None))
-
     while (msg := read_message(tasks.fileno())) is not None:
-        job_id, target, kwargs = msg
-        try:
-            out = resolve(target)(ctx, **kwargs)
-            reply: tuple[Any, ...] = (job_id, rank, "ok", None, pickle.dumps(out))
-        except BaseException as e:  # report everything, including KeyboardInterrupt in a rank
-            reply = (job_id, rank, "error", type(e).__name__, traceback.format_exc())
-        finally:
-            out = kwargs = msg = None  # nothing of this job may be frozen below
-            gc.collect()
-            if not STATE:
-                # What survives a job is the process's own state (torch, transformers, DeepSpeed, ~400k
-                # objects). Frozen, full collections skip it: the ones strategies run at build and teardown
-                # (three in DeepSpeed's ZeRO-3 init, 0.47 s each on an H200 host) scan only the next job's.
-                gc.freeze()
-            if device_type == "cuda":
-                torch.cuda.empty_cache()
+        reply = _run(ctx, *msg)
+        msg = None  # nothing of this job may be frozen below
+        _between_jobs(ctx)
         sys.stdout.flush()
         sys.stderr.flush()
         if not write_message(replies.fileno(), reply):
             break
 
+    import torch.distributed as dist
+
     try:
         dist.destroy_process_group()
     except Exception:
         pass
+
+
+def _join_group(rank: int, world_size: int, device_type: str, store_port: int) -> RankContext:
+    """This rank's RankContext, once it joined the pool's process group (NCCL on its own GPU, or gloo)."""
+    import torch
+    import torch.distributed as dist
+
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    kw: dict[str, Any] = {"device_id": device} if device_type == "cuda" else {}
+    store = dist.TCPStore("127.0.0.1", store_port, is_master=False)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **kw)
+    return RankContext(rank, world_size, rank, device, backend)
+
+
+def _run(ctx: RankContext, job_id: int, target: str, kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Run one job; its reply: the pickled return value, or the exception's type and traceback."""
+    try:
+        return (job_id, ctx.rank, "ok", None, pickle.dumps(resolve(target)(ctx, **kwargs)))
+    except BaseException as e:  # report everything, including KeyboardInterrupt in a rank
+        return (job_id, ctx.rank, "error", type(e).__name__, traceback.format_exc())
+
+
+def _between_jobs(ctx: RankContext) -> None:
+    """Collect the job's garbage, freeze what survives the first job, give cached device memory back."""
+    gc.collect()
+    if not STATE:
+        # What survives a job is the process's own state (torch, transformers, DeepSpeed, ~400k
+        # objects). Frozen, full collections skip it: the ones strategies run at build and teardown
+        # (three in DeepSpeed's ZeRO-3 init, 0.47 s each on an H200 host) scan only the next job's.
+        gc.freeze()
+    if ctx.is_cuda:
+        import torch
+
+        torch.cuda.empty_cache()

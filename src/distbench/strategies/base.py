@@ -40,8 +40,11 @@ def model_logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 #: The torch.optim keyword arguments that select each implementation (fused, foreach, the per-parameter loop).
-IMPL_FLAGS: dict[str, dict[str, bool]] = {"fused": {"fused": True}, "foreach": {"foreach": True},
-                                          "forloop": {"foreach": False}}
+IMPL_FLAGS: dict[str, dict[str, bool]] = {
+    "fused": {"fused": True},
+    "foreach": {"foreach": True},
+    "forloop": {"foreach": False},
+}
 
 
 def optimizer_impl(cfg: RunConfig, device_type: str, *, offload: bool = False, fused_ok: bool = True) -> str:
@@ -62,9 +65,17 @@ def build_optimizer(params, cfg: RunConfig, impl: str = "foreach") -> torch.opti
     step time), which the harness-fidelity benchmark caught: it is there to compare, not to default to."""
     flags = IMPL_FLAGS[impl]
     if cfg.algorithm == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **flags)
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
-                             weight_decay=cfg.weight_decay, **flags)
+        return torch.optim.SGD(
+            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **flags
+        )
+    return torch.optim.AdamW(
+        params,
+        lr=cfg.lr,
+        betas=(cfg.betas[0], cfg.betas[1]),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        **flags,
+    )
 
 
 def build_scheduler(opt: torch.optim.Optimizer, cfg: RunConfig) -> torch.optim.lr_scheduler.LRScheduler:
@@ -99,8 +110,10 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
     elif older is not None:
         older(gradient_checkpointing_kwargs=kwargs)
     else:
-        raise ConfigError(f"activation checkpointing needs a transformers model (activation_checkpointing_enable); "
-                          f"{type(model).__name__} has none: checkpoint its blocks in the factory, or drop the option")
+        raise ConfigError(
+            f"activation checkpointing needs a transformers model (activation_checkpointing_enable); "
+            f"{type(model).__name__} has none: checkpoint its blocks in the factory, or drop the option"
+        )
 
 
 def maybe_compile(model: nn.Module, cfg: RunConfig) -> nn.Module:
@@ -151,15 +164,23 @@ class Trainer(ABC):
         FSDP2 too: unscale_ on DTensor gradients unscales the local shards and max-reduces the found-inf flag
         over the mesh (DTensor's handler of _amp_foreach_non_finite_check_and_unscale_), so every rank skips
         together. FSDP1 takes its ShardedGradScaler; DeepSpeed scales inside its engine (None)."""
-        return torch.amp.GradScaler(self.ctx.device_type, init_scale=2.0 ** self.cfg.loss_scale_power,
-                                    growth_factor=2.0, backoff_factor=0.5,
-                                    growth_interval=self.cfg.loss_scale_window)
+        return torch.amp.GradScaler(
+            self.ctx.device_type,
+            init_scale=2.0**self.cfg.loss_scale_power,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            growth_interval=self.cfg.loss_scale_window,
+        )
 
-    def make_optimizer(self, params, *, offload: bool = False, fused_ok: bool = True) -> torch.optim.Optimizer:
+    def make_optimizer(
+        self, params, *, offload: bool = False, fused_ok: bool = True
+    ) -> torch.optim.Optimizer:
         """The run's optimizer (cfg.algorithm) over the trainable ones of `params` (see `optimizer_impl`),
         remembering which implementation it is. Frozen parameters (LoRA's base weights) get no optimizer
         state, so checkpoints and ZeRO's partitions hold the adapters' alone."""
-        self.optimizer_impl = optimizer_impl(self.cfg, self.ctx.device_type, offload=offload, fused_ok=fused_ok)
+        self.optimizer_impl = optimizer_impl(
+            self.cfg, self.ctx.device_type, offload=offload, fused_ok=fused_ok
+        )
         return build_optimizer([p for p in params if p.requires_grad], self.cfg, self.optimizer_impl)
 
     # --- what each strategy provides -------------------------------------------------------------

@@ -31,8 +31,10 @@ class DCPCheckpointMixin(Trainer):
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=os.path.join(path, "dcp"))
         if self.ctx.rank == 0:
-            torch.save({"scheduler": self.scheduler.state_dict(), "world_size": self.ctx.world_size},
-                       os.path.join(path, "trainer.pt"))
+            torch.save(
+                {"scheduler": self.scheduler.state_dict(), "world_size": self.ctx.world_size},
+                os.path.join(path, "trainer.pt"),
+            )
         self.save_extra_state(path)
         self.seal_checkpoint(path)
 
@@ -50,7 +52,9 @@ class DCPCheckpointMixin(Trainer):
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
         dcp_dir = os.path.join(path, "dcp")
-        SafeFileSystemReader(dcp_dir).read_metadata()  # a refusal names the file; inside dcp.load it is wrapped
+        SafeFileSystemReader(
+            dcp_dir
+        ).read_metadata()  # a refusal names the file; inside dcp.load it is wrapped
         try:
             with weights_only_loads():
                 dcp.load(state, checkpoint_id=dcp_dir, storage_reader=SafeFileSystemReader(dcp_dir))
@@ -58,11 +62,17 @@ class DCPCheckpointMixin(Trainer):
             raise
         except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CheckpointError(f"cannot load DCP checkpoint {path}: {first} (missing, truncated, or saved "
-                                  "from a different model)") from e
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"],
-                       options=StateDictOptions(strict=True))
+            raise CheckpointError(
+                f"cannot load DCP checkpoint {path}: {first} (missing, truncated, or saved "
+                "from a different model)"
+            ) from e
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=StateDictOptions(strict=True),
+        )
         self.scheduler.load_state_dict(meta["scheduler"])
         if saved_ws == self.ctx.world_size:
             self.restore_extra_state(path)

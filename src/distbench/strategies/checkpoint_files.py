@@ -63,26 +63,36 @@ def verify_manifest(path: str | os.PathLike[str]) -> None:
     try:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
         files = manifest["files"]
-        if manifest.get("version") != _VERSION or not isinstance(files, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        if (
+            manifest.get("version") != _VERSION
+            or not isinstance(files, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+        ):
             raise ValueError("unexpected layout")
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {root} has no {MANIFEST}: it was not saved completely by distbench; "
-                              "re-save it") from None
+        raise CheckpointError(
+            f"checkpoint {root} has no {MANIFEST}: it was not saved completely by distbench; re-save it"
+        ) from None
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"checkpoint manifest {mpath} is malformed ({type(e).__name__}: {e}); re-save "
-                              "the checkpoint") from None
+        raise CheckpointError(
+            f"checkpoint manifest {mpath} is malformed ({type(e).__name__}: {e}); re-save the checkpoint"
+        ) from None
     present = set(_files(root))
     for name in sorted(set(files) - present):
-        raise CheckpointError(f"checkpoint file {root / name} is missing (listed in {MANIFEST}); re-save the "
-                              "checkpoint")
+        raise CheckpointError(
+            f"checkpoint file {root / name} is missing (listed in {MANIFEST}); re-save the checkpoint"
+        )
     for name in sorted(present - set(files)):
-        raise CheckpointError(f"checkpoint file {root / name} is not in {MANIFEST}: added after the save; "
-                              "remove it or re-save the checkpoint")
+        raise CheckpointError(
+            f"checkpoint file {root / name} is not in {MANIFEST}: added after the save; "
+            "remove it or re-save the checkpoint"
+        )
     for name, want in sorted(files.items()):
         if _digest(root / name) != want:
-            raise CheckpointError(f"checkpoint file {root / name} does not match its sha256 in {MANIFEST} "
-                                  "(corrupted or modified after the save); re-save the checkpoint")
+            raise CheckpointError(
+                f"checkpoint file {root / name} does not match its sha256 in {MANIFEST} "
+                "(corrupted or modified after the save); re-save the checkpoint"
+            )
 
 
 def _deepspeed_globals() -> list[Any]:
@@ -111,8 +121,10 @@ def weights_only_loads() -> Iterator[None]:
             return real_load(f, *args, **kwargs)
         except pickle.UnpicklingError as e:
             first = str(e).strip().splitlines()[-1] if str(e).strip() else ""
-            raise CheckpointError(f"checkpoint file {f} holds objects a weights-only load refuses ({first}); "
-                                  "it was not written by distbench's save: re-save the checkpoint") from None
+            raise CheckpointError(
+                f"checkpoint file {f} holds objects a weights-only load refuses ({first}); "
+                "it was not written by distbench's save: re-save the checkpoint"
+            ) from None
 
     os.environ[key] = "1"
     torch.load = load
@@ -132,12 +144,22 @@ def _metadata_globals() -> dict[tuple[str, str], Any]:
 
     from torch.distributed.checkpoint import filesystem, metadata
 
-    allowed: dict[tuple[str, str], Any] = {("pathlib", "PosixPath"): PosixPath, ("torch", "Size"): torch.Size,
-                                           ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
-                                           ("torch.distributed.checkpoint.filesystem", "_StorageInfo"):
-                                               filesystem._StorageInfo}
-    for name in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-                 "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING"):
+    allowed: dict[tuple[str, str], Any] = {
+        ("pathlib", "PosixPath"): PosixPath,
+        ("torch", "Size"): torch.Size,
+        ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): filesystem._StorageInfo,
+    }
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    ):
         allowed[("torch.distributed.checkpoint.metadata", name)] = getattr(metadata, name)
     return allowed
 

@@ -27,16 +27,27 @@ class DeepSpeedTrainer(Trainer):
 
     autocast_bf16 = False  # DeepSpeed's bf16 section owns the precision policy
 
-    def __init__(self, ctx: RankContext, cfg: RunConfig, model: nn.Module, stage: int, offload: bool = False,
-                 ds_config: dict | str | None = None) -> None:
+    def __init__(
+        self,
+        ctx: RankContext,
+        cfg: RunConfig,
+        model: nn.Module,
+        stage: int,
+        offload: bool = False,
+        ds_config: dict | str | None = None,
+    ) -> None:
         super().__init__(ctx, cfg, model)
         self.stage, self.offload = stage, offload
         deepspeed = _import_deepspeed(ctx)  # first: importing it picks the accelerator
-        self.ds_config = build_ds_config(cfg, stage, offload, ds_config,
-                                         n_params=sum(p.numel() for p in model.parameters()))
+        self.ds_config = build_ds_config(
+            cfg, stage, offload, ds_config, n_params=sum(p.numel() for p in model.parameters())
+        )
         opt = self.make_optimizer(model.parameters(), offload=offload)
         self.engine, _, _, _ = deepspeed.initialize(
-            model=model, optimizer=opt, lr_scheduler=build_scheduler(opt, cfg), config=self.ds_config,
+            model=model,
+            optimizer=opt,
+            lr_scheduler=build_scheduler(opt, cfg),
+            config=self.ds_config,
             dist_init_required=False,
         )
 
@@ -86,8 +97,11 @@ class DeepSpeedTrainer(Trainer):
         # Collective under ZeRO (the owners of each partition contribute), so every rank calls it for every
         # trainable param; frozen ones (LoRA's base) have no gradient. Under fp16 they are still multiplied by
         # the loss scale: DeepSpeed unscales inside its step.
-        return {n: safe_get_full_grad(p).detach().float().cpu().clone()
-                for n, p in self.engine.module.named_parameters() if p.requires_grad}
+        return {
+            n: safe_get_full_grad(p).detach().float().cpu().clone()
+            for n, p in self.engine.module.named_parameters()
+            if p.requires_grad
+        }
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         from deepspeed.utils import safe_get_full_fp32_param
@@ -112,7 +126,9 @@ class DeepSpeedTrainer(Trainer):
         self.engine.save_checkpoint(path)  # model, optimizer shards and the LR scheduler's state
         if self.ctx.rank == 0:
             with open(os.path.join(path, _META), "w") as f:
-                json.dump({"world_size": self.ctx.world_size, "stage": self.stage, "offload": self.offload}, f)
+                json.dump(
+                    {"world_size": self.ctx.world_size, "stage": self.stage, "offload": self.offload}, f
+                )
         self.save_extra_state(path)
         self.seal_checkpoint(path)  # complete on every rank when save returns on any
 
@@ -124,13 +140,15 @@ class DeepSpeedTrainer(Trainer):
         if (meta["stage"], meta["offload"]) != (self.stage, self.offload):
             raise CheckpointError(
                 f"DeepSpeed checkpoint {path} was saved with ZeRO stage {meta['stage']}, offload {meta['offload']}; "
-                f"this run has stage {self.stage}, offload {self.offload}: resume with the strategy that saved it")
+                f"this run has stage {self.stage}, offload {self.offload}: resume with the strategy that saved it"
+            )
         other_ws = meta["world_size"] != self.ctx.world_size
         if other_ws and not reshard:
             raise CheckpointError(
                 f"DeepSpeed checkpoint {path} was saved at world size {meta['world_size']}, this run has "
                 f"{self.ctx.world_size}; load it with resharding (load_checkpoint(path, reshard=True)), which "
-                "converts it to a DeepSpeed universal checkpoint")
+                "converts it to a DeepSpeed universal checkpoint"
+            )
         if other_ws:
             self._to_universal(path)
             # The engine reads this at load time; it is a config key only because DeepSpeed expects to know
@@ -138,14 +156,17 @@ class DeepSpeedTrainer(Trainer):
             self.engine._config.load_universal_checkpoint = True
         try:
             with weights_only_loads():
-                loaded, _ = self.engine.load_checkpoint(path, load_optimizer_states=True,
-                                                        load_lr_scheduler_states=True)
+                loaded, _ = self.engine.load_checkpoint(
+                    path, load_optimizer_states=True, load_lr_scheduler_states=True
+                )
         except Exception as e:  # DeepSpeed raises assorted errors for damaged files or another model
             raise CheckpointError(f"cannot load DeepSpeed checkpoint {path}: {type(e).__name__}: {e}") from e
         finally:
             self.engine._config.load_universal_checkpoint = False
         if loaded is None:
-            raise CheckpointError(f"DeepSpeed checkpoint {path} is incomplete: its 'latest' tag file is missing")
+            raise CheckpointError(
+                f"DeepSpeed checkpoint {path} is incomplete: its 'latest' tag file is missing"
+            )
         if other_ws:
             self.load_progress(torch_load(os.path.join(path, "extra_rank0.pt")))
         else:
@@ -156,22 +177,32 @@ class DeepSpeedTrainer(Trainer):
         `<tag>_universal/` and a `latest_universal` file, which is where engine.load_checkpoint looks."""
         latest = os.path.join(path, "latest")
         if not os.path.exists(latest):
-            raise CheckpointError(f"DeepSpeed checkpoint {path} is incomplete: its 'latest' tag file is missing")
+            raise CheckpointError(
+                f"DeepSpeed checkpoint {path} is incomplete: its 'latest' tag file is missing"
+            )
         with open(latest) as f:
             tag = f.read().strip()
         universal = f"{tag}_universal"
         if self.ctx.rank == 0 and not os.path.exists(os.path.join(path, "latest_universal")):
             from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
-            args = argparse.Namespace(input_folder=os.path.join(path, tag), output_folder=os.path.join(path, universal),
-                                      num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
-                                      strict=True, inject_missing_state=True)
+            args = argparse.Namespace(
+                input_folder=os.path.join(path, tag),
+                output_folder=os.path.join(path, universal),
+                num_extract_workers=1,
+                num_merge_workers=1,
+                keep_temp_folder=False,
+                strict=True,
+                inject_missing_state=True,
+            )
             try:
                 with weights_only_loads():
                     ds_to_universal(args)
             except Exception as e:
-                raise CheckpointError(f"cannot convert DeepSpeed checkpoint {path} to a universal checkpoint: "
-                                      f"{type(e).__name__}: {e}") from e
+                raise CheckpointError(
+                    f"cannot convert DeepSpeed checkpoint {path} to a universal checkpoint: "
+                    f"{type(e).__name__}: {e}"
+                ) from e
             with open(os.path.join(path, "latest_universal"), "w") as f:
                 f.write(universal)
             write_manifest(path)  # the conversion is part of the checkpoint from now on
@@ -202,14 +233,20 @@ def _read_meta(meta_file: str) -> dict[str, Any]:
         with open(meta_file, encoding="utf-8") as f:
             meta = json.load(f)
         world_size, stage, offload = meta["world_size"], meta["stage"], meta["offload"]
-        if not (type(world_size) is int and world_size >= 1 and stage in (1, 2, 3) and isinstance(offload, bool)):
+        if not (
+            type(world_size) is int and world_size >= 1 and stage in (1, 2, 3) and isinstance(offload, bool)
+        ):
             raise ValueError(f"unexpected values {meta!r}")
     except FileNotFoundError:
-        raise CheckpointError(f"DeepSpeed checkpoint file {meta_file} is missing; was the checkpoint saved "
-                              "completely, and by a DeepSpeed strategy?") from None
+        raise CheckpointError(
+            f"DeepSpeed checkpoint file {meta_file} is missing; was the checkpoint saved "
+            "completely, and by a DeepSpeed strategy?"
+        ) from None
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"DeepSpeed checkpoint file {meta_file} is malformed ({type(e).__name__}: {e}); "
-                              "re-save the checkpoint") from None
+        raise CheckpointError(
+            f"DeepSpeed checkpoint file {meta_file} is malformed ({type(e).__name__}: {e}); "
+            "re-save the checkpoint"
+        ) from None
     return meta
 
 
@@ -245,8 +282,10 @@ def _import_deepspeed(ctx: RankContext) -> Any:
 
     if get_accelerator().device_name() != ctx.device_type:
         if ctx.device_type != "cpu":
-            raise ConfigError(f"DeepSpeed's accelerator is {get_accelerator().device_name()!r} but this rank runs "
-                              f"on {ctx.device_type!r}; unset DS_ACCELERATOR")
+            raise ConfigError(
+                f"DeepSpeed's accelerator is {get_accelerator().device_name()!r} but this rank runs "
+                f"on {ctx.device_type!r}; unset DS_ACCELERATOR"
+            )
         from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
         set_accelerator(CPU_Accelerator())

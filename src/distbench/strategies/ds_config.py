@@ -25,17 +25,22 @@ _ADAMW_PARAMS = ("lr", "betas", "eps", "weight_decay")
 #: Top-level scalars DeepSpeed 0.19 reads without checking their type: a `"gradient_clipping": "x"` would
 #: otherwise pass its config class and fail inside every rank.
 _SCALARS: dict[str, Any] = {
-    "gradient_clipping": NonNegativeFloat, "gradient_predivide_factor": PositiveFloat,
-    "steps_per_print": PositiveInt, "prescale_gradients": bool, "wall_clock_breakdown": bool,
-    "memory_breakdown": bool, "dump_state": bool,
+    "gradient_clipping": NonNegativeFloat,
+    "gradient_predivide_factor": PositiveFloat,
+    "steps_per_print": PositiveInt,
+    "prescale_gradients": bool,
+    "wall_clock_breakdown": bool,
+    "memory_breakdown": bool,
+    "dump_state": bool,
 }
 
 #: DeepSpeed's default reduce/allgather bucket size in elements (deepspeed.runtime.zero.config).
 DS_DEFAULT_BUCKET = 500_000_000
 
 
-def build_ds_config(cfg: RunConfig, stage: int, offload: bool, user: dict | str | None,
-                    n_params: int | None = None) -> dict:
+def build_ds_config(
+    cfg: RunConfig, stage: int, offload: bool, user: dict | str | None, n_params: int | None = None
+) -> dict:
     """The config handed to deepspeed.initialize; raises ConfigError on a conflicting or malformed ds_config.
 
     `n_params`, the model's parameter count, caps the default bucket sizes (see harness_config).
@@ -104,23 +109,38 @@ def fp16_section(cfg: RunConfig) -> dict[str, Any]:
     run sees; from a loss_scale_window of 2 up), later ones in the same clean stretch come a step early. min_loss_scale stays DeepSpeed's 1."""
     if cfg.precision != "fp16":
         return {"enabled": False}
-    return {"enabled": True, "loss_scale": 0, "initial_scale_power": cfg.loss_scale_power,
-            "loss_scale_window": max(1, cfg.loss_scale_window - 1), "hysteresis": 1, "consecutive_hysteresis": False}
+    return {
+        "enabled": True,
+        "loss_scale": 0,
+        "initial_scale_power": cfg.loss_scale_power,
+        "loss_scale_window": max(1, cfg.loss_scale_window - 1),
+        "hysteresis": 1,
+        "consecutive_hysteresis": False,
+    }
 
 
 def _controlled(cfg: RunConfig, stage: int, offload: bool) -> dict[tuple[str, ...], tuple[Any, str]]:
     """Harness-owned leaves: path -> (harness value, how a user changes it instead)."""
     device = "cpu" if offload else "none"
-    off_fix = "use the zero3_offload strategy for CPU offload (NVMe offload is not supported), or remove the key"
+    off_fix = (
+        "use the zero3_offload strategy for CPU offload (NVMe offload is not supported), or remove the key"
+    )
     prec_fix = f"set RunConfig.precision (now {cfg.precision!r}) instead, or remove the key"
     scale_fix = "set RunConfig.loss_scale_power / loss_scale_window instead, or remove the key"
     return {
         ("train_batch_size",): (cfg.global_batch, "set RunConfig.global_batch instead, or remove the key"),
-        ("train_micro_batch_size_per_gpu",): (cfg.micro_batch, "set RunConfig.micro_batch instead, or remove the key"),
+        ("train_micro_batch_size_per_gpu",): (
+            cfg.micro_batch,
+            "set RunConfig.micro_batch instead, or remove the key",
+        ),
         ("gradient_accumulation_steps",): (
-            cfg.accum_steps, "it follows from global_batch / (world_size x micro_batch); remove the key"),
-        ("zero_optimization", "stage"): (stage, "the strategy sets the stage: pick zero1, zero2 or zero3 instead, "
-                                                "or remove the key"),
+            cfg.accum_steps,
+            "it follows from global_batch / (world_size x micro_batch); remove the key",
+        ),
+        ("zero_optimization", "stage"): (
+            stage,
+            "the strategy sets the stage: pick zero1, zero2 or zero3 instead, or remove the key",
+        ),
         ("zero_optimization", "offload_optimizer", "device"): (device, off_fix),
         ("zero_optimization", "offload_param", "device"): (device, off_fix),
         ("bf16", "enabled"): (cfg.precision == "bf16", prec_fix),
@@ -146,11 +166,15 @@ def _load_user(user: dict | str | os.PathLike | None) -> tuple[str, dict[str, An
     except FileNotFoundError:
         raise ConfigError(f"ds_config file {path} does not exist") from None
     except json.JSONDecodeError as e:
-        raise ConfigError(f"ds_config file {path} is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+        raise ConfigError(
+            f"ds_config file {path} is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}"
+        ) from None
     except (OSError, UnicodeDecodeError, ConfigError) as e:
         raise ConfigError(f"cannot read ds_config file {path}: {e}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"ds_config file {path} must hold a JSON object at the top level, got {type(data).__name__}")
+        raise ConfigError(
+            f"ds_config file {path} must hold a JSON object at the top level, got {type(data).__name__}"
+        )
     return path, data
 
 
@@ -164,7 +188,9 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _resolve_user(raw: dict[str, Any], cfg: RunConfig, stage: int, offload: bool, source: str) -> dict[str, Any]:
+def _resolve_user(
+    raw: dict[str, Any], cfg: RunConfig, stage: int, offload: bool, source: str
+) -> dict[str, Any]:
     """The user's config with conflicts refused, "auto" resolved and the optimizer/scheduler sections vetted."""
     user = copy.deepcopy(raw)
     if "bfloat16" in user:  # DeepSpeed's alias for "bf16"
@@ -181,8 +207,9 @@ def _resolve_user(raw: dict[str, Any], cfg: RunConfig, stage: int, offload: bool
         for part in path[:-1]:
             node = node.get(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"ds_config ({source}) key {'.'.join(path[:-1])!r} must be an object, "
-                                  f"got {node!r}")
+                raise ConfigError(
+                    f"ds_config ({source}) key {'.'.join(path[:-1])!r} must be an object, got {node!r}"
+                )
         theirs = node.get(path[-1], AUTO)
         if theirs != AUTO and not _same(theirs, ours):
             raise ConfigError(
@@ -197,23 +224,30 @@ def _check_optimizer(section: Any, cfg: RunConfig, source: str) -> None:
     if section is None:
         return
     if cfg.algorithm != "adamw":
-        raise ConfigError(f"ds_config ({source}) has an 'optimizer' section but the run's algorithm is "
-                          f"{cfg.algorithm!r}: distbench passes its own torch.optim optimizer; remove the section")
+        raise ConfigError(
+            f"ds_config ({source}) has an 'optimizer' section but the run's algorithm is "
+            f"{cfg.algorithm!r}: distbench passes its own torch.optim optimizer; remove the section"
+        )
     ours = {"lr": cfg.lr, "betas": list(cfg.betas), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
-    fix = ("distbench passes torch.optim.AdamW built from RunConfig (lr, betas, eps, weight_decay); set those "
-           "instead, or remove the 'optimizer' section")
+    fix = (
+        "distbench passes torch.optim.AdamW built from RunConfig (lr, betas, eps, weight_decay); set those "
+        "instead, or remove the 'optimizer' section"
+    )
     if not isinstance(section, dict):
         raise ConfigError(f"ds_config ({source}) key 'optimizer' must be an object, got {section!r}; {fix}")
     kind = section.get("type", AUTO)
     if not isinstance(kind, str) or kind.lower() not in ("adam", "adamw", AUTO):
-        raise ConfigError(f"ds_config ({source}) key 'optimizer.type' = {kind!r} conflicts with distbench's "
-                          f"'AdamW'; {fix}")
+        raise ConfigError(
+            f"ds_config ({source}) key 'optimizer.type' = {kind!r} conflicts with distbench's 'AdamW'; {fix}"
+        )
     for k, v in (section.get("params") or {}).items():
         if v == AUTO or (k in _ADAMW_PARAMS and _same(v, ours[k])):
             continue
         want = repr(ours[k]) if k in ours else "nothing (no such AdamW setting)"
-        raise ConfigError(f"ds_config ({source}) key 'optimizer.params.{k}' = {v!r} conflicts with distbench's "
-                          f"{want}; {fix}")
+        raise ConfigError(
+            f"ds_config ({source}) key 'optimizer.params.{k}' = {v!r} conflicts with distbench's "
+            f"{want}; {fix}"
+        )
 
 
 def _check_scheduler(section: Any, source: str) -> None:
@@ -225,7 +259,7 @@ def _check_scheduler(section: Any, source: str) -> None:
         raise ConfigError(
             f"ds_config ({source}) key 'scheduler' = {section!r} conflicts with distbench's LinearLR warm-up; "
             "set RunConfig.lr_warmup_steps instead, or remove the 'scheduler' section (one whose params are "
-            "all \"auto\" is accepted and ignored)"
+            'all "auto" is accepted and ignored)'
         )
 
 
@@ -286,13 +320,16 @@ def _validate(merged: dict[str, Any], user_keys: set[str], source: str) -> None:
         DeepSpeedConfig(probe)
     except Exception as e:  # DeepSpeedConfigError, pydantic.ValidationError, AssertionError, ValueError
         msg = " ".join(str(e).split())
-        raise ConfigError(f"DeepSpeed {deepspeed.__version__} rejects the ds_config ({source}): "
-                          f"{type(e).__name__}: {msg}") from None
+        raise ConfigError(
+            f"DeepSpeed {deepspeed.__version__} rejects the ds_config ({source}): {type(e).__name__}: {msg}"
+        ) from None
     unread = sorted(user_keys - probe.read - {"train_batch_size", "optimizer", "scheduler", "bfloat16"})
     if unread:
         hints = []
         for k in unread:
             close = difflib.get_close_matches(k, sorted(probe.read), n=1)
             hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ConfigError(f"ds_config ({source}) has top-level keys DeepSpeed {deepspeed.__version__} does not "
-                          f"know and would silently ignore: {', '.join(hints)}; fix or remove them")
+        raise ConfigError(
+            f"ds_config ({source}) has top-level keys DeepSpeed {deepspeed.__version__} does not "
+            f"know and would silently ignore: {', '.join(hints)}; fix or remove them"
+        )

@@ -41,18 +41,36 @@ def hybrid_shape(world_size: int, nodes: int = 1) -> tuple[int, int]:
 class FSDP2Trainer(DCPCheckpointMixin):
     autocast_bf16 = False  # MixedPrecisionPolicy owns the precision
 
-    def __init__(self, ctx: RankContext, cfg: RunConfig, model: nn.Module, *, reshard_after_forward: bool = True,
-                 hybrid: bool = False, offload: bool = False) -> None:
+    def __init__(
+        self,
+        ctx: RankContext,
+        cfg: RunConfig,
+        model: nn.Module,
+        *,
+        reshard_after_forward: bool = True,
+        hybrid: bool = False,
+        offload: bool = False,
+    ) -> None:
         super().__init__(ctx, cfg, model)
         if hybrid:
-            self.mesh = init_device_mesh(ctx.device_type, hybrid_shape(ctx.world_size, ctx.nodes),
-                                         mesh_dim_names=("replicate", "shard"))
+            self.mesh = init_device_mesh(
+                ctx.device_type,
+                hybrid_shape(ctx.world_size, ctx.nodes),
+                mesh_dim_names=("replicate", "shard"),
+            )
         else:
             self.mesh = init_device_mesh(ctx.device_type, (ctx.world_size,), mesh_dim_names=("shard",))
-        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if cfg.precision == "bf16" else MixedPrecisionPolicy())
-        kw: dict[str, Any] = {"mesh": self.mesh, "reshard_after_forward": reshard_after_forward, "mp_policy": mp,
-              "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
+        mp = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if cfg.precision == "bf16"
+            else MixedPrecisionPolicy()
+        )
+        kw: dict[str, Any] = {
+            "mesh": self.mesh,
+            "reshard_after_forward": reshard_after_forward,
+            "mp_policy": mp,
+            "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
+        }
         maybe_compile(model, cfg)
         for block in transformer_blocks(model):
             fully_shard(block, **kw)
@@ -82,7 +100,13 @@ class FSDP2Trainer(DCPCheckpointMixin):
         t = t.detach()
         if isinstance(t, DTensor):
             if t.device.type != self.ctx.device.type:
-                t = DTensor.from_local(t.to_local().to(self.ctx.device), t.device_mesh, t.placements,
-                                       run_check=False, shape=t.shape, stride=t.stride())
+                t = DTensor.from_local(
+                    t.to_local().to(self.ctx.device),
+                    t.device_mesh,
+                    t.placements,
+                    run_check=False,
+                    shape=t.shape,
+                    stride=t.stride(),
+                )
             t = t.full_tensor()
         return t.float().cpu().clone()

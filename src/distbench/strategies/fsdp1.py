@@ -25,9 +25,11 @@ from .checkpoint_dcp import DCPCheckpointMixin
 #: Measured on an H200 (torch 2.11): FSDP1 turns FULL_SHARD and SHARD_GRAD_OP into NO_SHARD on one rank, and
 #: NO_SHARD's use_orig_params reshard after the forward asserts ("as_params=True type(prim_param)=Tensor", on a
 #: shared weight) once LoRA has frozen part of a flat parameter. Refused before it wraps, with the way out.
-LORA_ONE_RANK_WHY = ("FSDP1 on one rank runs NO_SHARD, whose use_orig_params path fails on a model LoRA has "
-                     "partly frozen (torch asserts on a shared weight); use ddp or fsdp_full for LoRA on one GPU, "
-                     "or two or more ranks")
+LORA_ONE_RANK_WHY = (
+    "FSDP1 on one rank runs NO_SHARD, whose use_orig_params path fails on a model LoRA has "
+    "partly frozen (torch asserts on a shared weight); use ddp or fsdp_full for LoRA on one GPU, "
+    "or two or more ranks"
+)
 #: ShardedGradScaler hands a fused optimizer a found-inf flag of shape [1] where fused AdamW's step counters
 #: need a scalar ("output with shape [] doesn't match the broadcast shape [1]", torch 2.11 on an H200).
 FP16_FUSED_WHY = "FSDP1's ShardedGradScaler cannot drive the fused AdamW; use --optimizer foreach"
@@ -36,14 +38,21 @@ FP16_FUSED_WHY = "FSDP1's ShardedGradScaler cannot drive the fused AdamW; use --
 class FSDP1Trainer(DCPCheckpointMixin):
     autocast_bf16 = False  # FSDP1's MixedPrecision owns the precision
 
-    def __init__(self, ctx: RankContext, cfg: RunConfig, model: nn.Module, *, sharding: str = "FULL_SHARD") -> None:
+    def __init__(
+        self, ctx: RankContext, cfg: RunConfig, model: nn.Module, *, sharding: str = "FULL_SHARD"
+    ) -> None:
         super().__init__(ctx, cfg, model)
         if cfg.lora_rank and ctx.world_size == 1:
             raise ConfigError(f"{cfg.strategy} with LoRA at world size 1: {LORA_ONE_RANK_WHY}")
         if cfg.precision == "fp16" and cfg.optimizer == "fused":
             raise ConfigError(f"{cfg.strategy} with fp16: {FP16_FUSED_WHY}")
-        mp = (MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
-              if cfg.precision == "bf16" else None)
+        mp = (
+            MixedPrecision(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16
+            )
+            if cfg.precision == "bf16"
+            else None
+        )
         block_types = {type(b) for b in transformer_blocks(model)}
         maybe_compile(model, cfg)
         self.model = FSDP(
@@ -64,8 +73,13 @@ class FSDP1Trainer(DCPCheckpointMixin):
         flag must be all-reduced for every rank to skip the same steps (torch's GradScaler would not)."""
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        return ShardedGradScaler(self.ctx.device_type, init_scale=2.0 ** self.cfg.loss_scale_power,
-                                 growth_factor=2.0, backoff_factor=0.5, growth_interval=self.cfg.loss_scale_window)
+        return ShardedGradScaler(
+            self.ctx.device_type,
+            init_scale=2.0**self.cfg.loss_scale_power,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            growth_interval=self.cfg.loss_scale_window,
+        )
 
     def clip_gradients(self) -> torch.Tensor | None:
         """FSDP1's own clip_grad_norm_, which reduces the norm over its flat shards (torch's would not)."""
@@ -80,8 +94,11 @@ class FSDP1Trainer(DCPCheckpointMixin):
     def full_grads(self) -> dict[str, torch.Tensor]:
         # A frozen parameter (LoRA's base) has no gradient of its own, whatever its span of the flat gradient holds
         with FSDP.summon_full_params(self.model, with_grads=True, writeback=False):
-            return {n: p.grad.detach().float().cpu().clone()
-                    for n, p in self.model.named_parameters() if p.grad is not None and p.requires_grad}
+            return {
+                n: p.grad.detach().float().cpu().clone()
+                for n, p in self.model.named_parameters()
+                if p.grad is not None and p.requires_grad
+            }
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         cfg = FullStateDictConfig(offload_to_cpu=True, rank0_only=False)

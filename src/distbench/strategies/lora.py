@@ -31,15 +31,24 @@ def apply_lora(model: nn.Module, cfg: RunConfig) -> nn.Module:
     for t in targets:  # peft refuses only targets that all miss; one typo among several would go unnoticed
         if not any(n == t or n.endswith("." + t) for n in names):
             leaves = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if hasattr(m, "weight")})
-            raise ConfigError(f"model {cfg.model} has no module {t!r} for LoRA to adapt.{did_you_mean(t, leaves)} "
-                              f"Modules with weights: {', '.join(leaves)} (lora_targets, --lora-targets)")
-    config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=list(targets),
-                        lora_dropout=0.0, bias="none", fan_in_fan_out=spec.family == "gpt2")  # GPT-2's Conv1D
+            raise ConfigError(
+                f"model {cfg.model} has no module {t!r} for LoRA to adapt.{did_you_mean(t, leaves)} "
+                f"Modules with weights: {', '.join(leaves)} (lora_targets, --lora-targets)"
+            )
+    config = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        target_modules=list(targets),
+        lora_dropout=0.0,
+        bias="none",
+        fan_in_fan_out=spec.family == "gpt2",
+    )  # GPT-2's Conv1D
     try:
         peft_model = get_peft_model(model, config)
     except ValueError as e:  # peft's refusals, e.g. a target that is not a linear layer
-        raise ConfigError(f"LoRA targets {list(targets)} do not fit model {cfg.model}: {e} (lora_targets, "
-                          "--lora-targets)") from None
+        raise ConfigError(
+            f"LoRA targets {list(targets)} do not fit model {cfg.model}: {e} (lora_targets, --lora-targets)"
+        ) from None
     init_adapters(peft_model, cfg.seed)
     return peft_model
 

@@ -41,8 +41,11 @@ class SingleTrainer(Trainer):
         return {k: v.detach().float().cpu().clone() for k, v in self.module.state_dict().items()}
 
     def full_grads(self) -> dict[str, torch.Tensor]:
-        return {n: p.grad.detach().float().cpu().clone()
-                for n, p in self.module.named_parameters() if p.grad is not None}
+        return {
+            n: p.grad.detach().float().cpu().clone()
+            for n, p in self.module.named_parameters()
+            if p.grad is not None
+        }
 
     def save_checkpoint(self, path: str) -> None:
         """A plain torch state dict written by rank 0 (replicas are identical), plus per-rank RNG."""
@@ -65,15 +68,19 @@ class SingleTrainer(Trainer):
             from . import REGISTRY
 
             which = [s.name for s in REGISTRY.values() if s.checkpoint and s.checkpoint.reshards]
-            raise CheckpointError(f"checkpoint {path}: resharding is for sharded checkpoints ({', '.join(which)}); "
-                                  f"{self.cfg.strategy}'s replicas load as saved")
+            raise CheckpointError(
+                f"checkpoint {path}: resharding is for sharded checkpoints ({', '.join(which)}); "
+                f"{self.cfg.strategy}'s replicas load as saved"
+            )
         verify_manifest(path)
         state = torch_load(os.path.join(path, "checkpoint.pt"))
         try:
             self.module.load_state_dict(state["model"])
         except RuntimeError as e:
-            raise CheckpointError(f"checkpoint {path} does not match this model: {str(e).splitlines()[0]} "
-                                  f"(was it saved with another --model?)") from e
+            raise CheckpointError(
+                f"checkpoint {path} does not match this model: {str(e).splitlines()[0]} "
+                f"(was it saved with another --model?)"
+            ) from e
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.restore_extra_state(path)

@@ -57,8 +57,9 @@ class CheckpointFormat:
 
 TORCH_SAVE = CheckpointFormat("torch.save of the full state on rank 0", reshards=False, exporter=None)
 DCP = CheckpointFormat("torch.distributed.checkpoint (DCP)", reshards=True, exporter="dcp")
-DEEPSPEED = CheckpointFormat("DeepSpeed, resharded through its universal checkpoint", reshards=True,
-                             exporter="zero_to_fp32")
+DEEPSPEED = CheckpointFormat(
+    "DeepSpeed, resharded through its universal checkpoint", reshards=True, exporter="zero_to_fp32"
+)
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,9 @@ class StrategySpec:
         wrong = sorted(set(cfg.options) - set(names))
         if wrong:
             takes = f"it takes only {', '.join(names)}" if names else "it takes none"
-            raise ConfigError(f"strategy {self.name} has no option {wrong[0]!r} ({takes}); remove it from options")
+            raise ConfigError(
+                f"strategy {self.name} has no option {wrong[0]!r} ({takes}); remove it from options"
+            )
         for o in self.user_options:
             if o.name in cfg.options:
                 check_value(o.annotation, cfg.options[o.name], f"strategy {self.name} option {o.name!r}")
@@ -116,8 +119,9 @@ class StrategySpec:
             module_name, fn = self.config_check.split(":")
             getattr(importlib.import_module(module_name), fn)(cfg)
 
-    def unsupported_reason(self, device_type: str, world_size: int, device_count: int | None = None,
-                           precision: str = "fp32") -> str | None:
+    def unsupported_reason(
+        self, device_type: str, world_size: int, device_count: int | None = None, precision: str = "fp32"
+    ) -> str | None:
         """Why this strategy cannot run here (at this precision), or None if it can."""
         if device_type == "cpu" and not self.cpu:
             return f"{self.name} needs CUDA GPUs ({self.gpu_only_why})"

@@ -34,7 +34,9 @@ def sample_tokens(seed: int, step: int, index: int, seq_len: int, vocab_size: in
 
 def global_batch(cfg: RunConfig, step: int, seq_len: int, vocab_size: int) -> torch.Tensor:
     """All `cfg.global_batch` samples of `step` as a [B, seq_len + 1] tensor (for references and checks)."""
-    return torch.stack([sample_tokens(cfg.seed, step, i, seq_len, vocab_size) for i in range(cfg.global_batch)])
+    return torch.stack(
+        [sample_tokens(cfg.seed, step, i, seq_len, vocab_size) for i in range(cfg.global_batch)]
+    )
 
 
 def rank_micro_batches(
@@ -50,6 +52,11 @@ def rank_micro_batches(
         toks = torch.stack(
             [sample_tokens(cfg.seed, step, i, seq_len, vocab_size) for i in range(lo, lo + cfg.micro_batch)]
         ).to(device, non_blocking=True)
-        out.append({"input_ids": toks[:, :-1], "labels": toks[:, 1:],
-                    "sample_index": torch.arange(lo, lo + cfg.micro_batch)})
+        out.append(
+            {
+                "input_ids": toks[:, :-1],
+                "labels": toks[:, 1:],
+                "sample_index": torch.arange(lo, lo + cfg.micro_batch),
+            }
+        )
     return out

@@ -73,11 +73,15 @@ class SampleDropout(nn.Module):
             return x
         streams = _active
         if streams is None:
-            raise RuntimeError("SampleDropout ran outside sample_streams(): the code running the model must name "
-                               "the samples of each micro-batch, for forward and backward")
+            raise RuntimeError(
+                "SampleDropout ran outside sample_streams(): the code running the model must name "
+                "the samples of each micro-batch, for forward and backward"
+            )
         if x.size(0) != len(streams.indices):
-            raise RuntimeError(f"SampleDropout got a batch of {x.size(0)} rows for {len(streams.indices)} named "
-                               "samples: dropout must see the micro-batch's samples along dim 0")
+            raise RuntimeError(
+                f"SampleDropout got a batch of {x.size(0)} rows for {len(streams.indices)} named "
+                "samples: dropout must see the micro-batch's samples along dim 0"
+            )
         keep = torch.stack([self.keep_mask(streams, i, x) for i in streams.indices])
         return x * keep.to(x.dtype) * (1.0 / (1.0 - self.rate))
 
@@ -94,11 +98,17 @@ class SampleDropout(nn.Module):
 def apply_dropout(model: nn.Module, rate: float) -> int:
     """Replace every nn.Dropout in `model` by a SampleDropout of `rate`, numbered in module order (the same on
     every rank: all build the same model); returns how many. Before any wrapper, as activation checkpointing."""
-    slots = [(parent, name) for parent in model.modules()
-             for name, child in parent.named_children() if isinstance(child, nn.Dropout)]
+    slots = [
+        (parent, name)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Dropout)
+    ]
     if not slots:
-        raise ConfigError(f"dropout needs nn.Dropout modules to replace; {type(model).__name__} has none (Llama's "
-                          "only dropout is attention's, drawn inside SDPA from the global RNG): drop the option")
+        raise ConfigError(
+            f"dropout needs nn.Dropout modules to replace; {type(model).__name__} has none (Llama's "
+            "only dropout is attention's, drawn inside SDPA from the global RNG): drop the option"
+        )
     for index, (parent, name) in enumerate(slots):
         setattr(parent, name, SampleDropout(rate, index))
     return len(slots)

@@ -21,8 +21,10 @@ if TYPE_CHECKING:  # torch is imported where a model is built, so that names are
 
 #: The modules LoRA adapts by default, per family: GPT-2's attention projections and its MLP's output
 #: projection (every module named c_attn or c_proj), Llama's attention projections.
-LORA_TARGETS: dict[str, tuple[str, ...]] = {"gpt2": ("c_attn", "c_proj"),
-                                            "llama": ("q_proj", "k_proj", "v_proj", "o_proj")}
+LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    "gpt2": ("c_attn", "c_proj"),
+    "llama": ("q_proj", "k_proj", "v_proj", "o_proj"),
+}
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,10 @@ class ModelSpec:
         """The modules LoRA adapts: those `given`, else the family's defaults (a user's factory has none)."""
         targets = given or LORA_TARGETS.get(self.family, ())
         if not targets:
-            raise ConfigError(f"model {self.name} has no default LoRA targets; name the modules to adapt "
-                              "(lora_targets, --lora-targets)")
+            raise ConfigError(
+                f"model {self.name} has no default LoRA targets; name the modules to adapt "
+                "(lora_targets, --lora-targets)"
+            )
         return targets
 
     def hf_config(self):
@@ -86,35 +90,77 @@ class ModelSpec:
 
 def _gpt2(name: str, layers: int, hidden: int, heads: int, desc: str) -> ModelSpec:
     return ModelSpec(
-        name, "gpt2", desc,
+        name,
+        "gpt2",
+        desc,
         {"n_layer": layers, "n_embd": hidden, "n_head": heads, "vocab_size": 50257, "n_positions": 1024},
     )
 
 
 _MODELS = [
-    ModelSpec("gpt2-tiny", "gpt2", "2-layer, 64-wide GPT-2 for the CPU tier",
-              {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 64,
-               "bos_token_id": 0, "eos_token_id": 0},
-              seq_len=32),
+    ModelSpec(
+        "gpt2-tiny",
+        "gpt2",
+        "2-layer, 64-wide GPT-2 for the CPU tier",
+        {
+            "n_layer": 2,
+            "n_embd": 64,
+            "n_head": 4,
+            "vocab_size": 512,
+            "n_positions": 64,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+        },
+        seq_len=32,
+    ),
     _gpt2("gpt2-124m", 12, 768, 12, "GPT-2 small (124M)"),
     _gpt2("gpt2-355m", 24, 1024, 16, "GPT-2 medium (355M)"),
     _gpt2("gpt2-774m", 36, 1280, 20, "GPT-2 large (774M), the model of seed 004"),
     _gpt2("gpt2-1.5b", 48, 1600, 25, "GPT-2 XL (1.5B)"),
-    ModelSpec("llama-tiny", "llama", "2-layer, 64-wide Llama (GQA, RMSNorm, SwiGLU) for the CPU tier",
-              {"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4,
-               "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 64,
-               "bos_token_id": 0, "eos_token_id": 0},
-              seq_len=32),
-    ModelSpec("llama-1b", "llama", "Llama-3.2-1B shape (16 layers, 2048 wide, GQA 32/8, 128k vocab)",
-              {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-               "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-               "max_position_embeddings": 8192, "tie_word_embeddings": True, "rope_theta": 500000.0},
-              seq_len=1024),
+    ModelSpec(
+        "llama-tiny",
+        "llama",
+        "2-layer, 64-wide Llama (GQA, RMSNorm, SwiGLU) for the CPU tier",
+        {
+            "hidden_size": 64,
+            "intermediate_size": 176,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 512,
+            "max_position_embeddings": 64,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+        },
+        seq_len=32,
+    ),
+    ModelSpec(
+        "llama-1b",
+        "llama",
+        "Llama-3.2-1B shape (16 layers, 2048 wide, GQA 32/8, 128k vocab)",
+        {
+            "hidden_size": 2048,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "vocab_size": 128256,
+            "max_position_embeddings": 8192,
+            "tie_word_embeddings": True,
+            "rope_theta": 500000.0,
+        },
+        seq_len=1024,
+    ),
 ]
 
 MODELS: dict[str, ModelSpec] = {m.name: m for m in _MODELS}
-ALIASES = {"gpt2": "gpt2-124m", "gpt2-small": "gpt2-124m", "gpt2-medium": "gpt2-355m",
-           "gpt2-large": "gpt2-774m", "gpt2-xl": "gpt2-1.5b"}
+ALIASES = {
+    "gpt2": "gpt2-124m",
+    "gpt2-small": "gpt2-124m",
+    "gpt2-medium": "gpt2-355m",
+    "gpt2-large": "gpt2-774m",
+    "gpt2-xl": "gpt2-1.5b",
+}
 
 
 def get_model(name: str) -> ModelSpec:
@@ -155,8 +201,10 @@ def _custom(ref: str) -> ModelSpec:
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"cannot load model factory {ref!r}: {e}; is the module on PYTHONPATH?") from None
     except (Exception, SystemExit) as e:
-        raise ConfigError(f"importing {module_name!r} for model factory {ref!r} raised "
-                          f"{type(e).__name__}: {e}; fix the module") from None
+        raise ConfigError(
+            f"importing {module_name!r} for model factory {ref!r} raised "
+            f"{type(e).__name__}: {e}; fix the module"
+        ) from None
     torch.manual_seed(0)
     try:
         with torch.device("meta"):
@@ -166,12 +214,20 @@ def _custom(ref: str) -> ModelSpec:
     config = getattr(probe, "config", None)
     vocab = getattr(config, "vocab_size", None) or getattr(probe, "vocab_size", None)
     if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
-        raise ConfigError(f"model factory {ref!r} must expose config.vocab_size or vocab_size as a positive int")
+        raise ConfigError(
+            f"model factory {ref!r} must expose config.vocab_size or vocab_size as a positive int"
+        )
     positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
     seq = getattr(probe, "seq_len", None) or positions or 128
     extra = {"n_positions": int(positions)} if positions else {}
-    return ModelSpec(ref, "custom", f"user factory {ref}", {"vocab_size": int(vocab), **extra}, seq_len=int(seq),
-                     factory=fn)
+    return ModelSpec(
+        ref,
+        "custom",
+        f"user factory {ref}",
+        {"vocab_size": int(vocab), **extra},
+        seq_len=int(seq),
+        factory=fn,
+    )
 
 
 def count_params(model: nn.Module) -> int:

@@ -1,4 +1,5 @@
-"""Jobs the rank pool runs in every rank. Each takes (ctx, **kwargs) and returns plain picklable data."""
+"""The train job: the harness's training loop in every rank, and the pieces other jobs build on (numerics,
+a trainer from a configuration, steps from a given one)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ from typing import Any
 import torch
 
 from ..config import RunConfig
+from ..runtime.context import RankContext
+from ..runtime.phases import PhaseClock
 from ..strategies import build_trainer
 from ..strategies.base import Trainer
 from ..workloads import get_model
 from ..workloads.data import rank_micro_batches
-from .context import RankContext
-from .phases import PhaseClock
 
 
 def set_numerics(cfg: RunConfig) -> None:
@@ -44,8 +45,9 @@ def seq_len_of(cfg: RunConfig) -> int:
     return cfg.seq_len or get_model(cfg.model).seq_len
 
 
-def run_steps(ctx: RankContext, trainer: Trainer, cfg: RunConfig, until: int, capture_last_grads: bool = False
-              ) -> list[float]:
+def run_steps(
+    ctx: RankContext, trainer: Trainer, cfg: RunConfig, until: int, capture_last_grads: bool = False
+) -> list[float]:
     """Train from trainer.steps_done up to step `until`; the data of step s is a pure function of s."""
     spec = get_model(cfg.model)
     seq_len = seq_len_of(cfg)
@@ -59,7 +61,7 @@ def run_steps(ctx: RankContext, trainer: Trainer, cfg: RunConfig, until: int, ca
 
 def train(
     ctx: RankContext,
-    cfg: dict[str, Any],
+    cfg: RunConfig,
     *,
     save_at: int | None = None,
     checkpoint_dir: str | None = None,
@@ -75,10 +77,9 @@ def train(
     return_params: also return the gathered full parameters after the last step (CPU fp32).
     return_grads: also return the full gradients of the last step, taken before its optimizer step.
     """
-    rc = ctx.config(cfg)
     clock = PhaseClock()
     with clock("build and wrap"):
-        trainer = make_trainer(ctx, rc)
+        trainer = make_trainer(ctx, cfg)
     try:
         start = 0
         if resume_from:
@@ -88,14 +89,19 @@ def train(
         losses: list[float] = []
         if save_at is not None and start < save_at:
             with clock("training steps"):
-                losses += run_steps(ctx, trainer, rc, save_at)
+                losses += run_steps(ctx, trainer, cfg, save_at)
             with clock("checkpoint save"):
                 trainer.save_checkpoint(checkpoint_dir or "")
         with clock("training steps"):
-            losses += run_steps(ctx, trainer, rc, rc.steps, capture_last_grads=return_grads)
-        out: dict[str, Any] = {"rank": ctx.rank, "start_step": start, "losses": losses,
-                               "grad_norms": [float(n) for n in trainer.grad_norms],
-                               "loss_scales": trainer.loss_scales, "skipped_steps": trainer.skipped_steps}
+            losses += run_steps(ctx, trainer, cfg, cfg.steps, capture_last_grads=return_grads)
+        out: dict[str, Any] = {
+            "rank": ctx.rank,
+            "start_step": start,
+            "losses": losses,
+            "grad_norms": [float(n) for n in trainer.grad_norms],
+            "loss_scales": trainer.loss_scales,
+            "skipped_steps": trainer.skipped_steps,
+        }
         with clock("gather full state"):
             if return_params:
                 params = trainer.full_state_dict()  # collective: every rank gathers, rank 0 returns

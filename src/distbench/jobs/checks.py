@@ -1,0 +1,84 @@
+"""The jobs the correctness checks run in the ranks: the independent reference, collectives counted, the
+training state's memory. The checks' own rules and models stay in distbench/invariants."""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ..config import RunConfig
+from ..invariants.collectives import collectives_per_step
+from ..invariants.reference import reference_run
+from ..runtime.context import RankContext
+from ..workloads import count_params, get_model
+from .train import make_trainer, run_steps
+
+
+def reference_job(ctx: RankContext, cfg: RunConfig, with_tensors: bool = False) -> dict[str, Any]:
+    """The reference (world size 1) in a pool rank, so it runs on the same device type as the strategies."""
+    t0 = time.perf_counter()
+    out = reference_run(cfg, ctx.device)
+    out = (
+        out if with_tensors else {k: out[k] for k in ("losses", "grad_norms", "loss_scales", "skipped_steps")}
+    )
+    return {**out, "phases": {"reference run": time.perf_counter() - t0}}
+
+
+def count_collectives(ctx: RankContext, cfg: RunConfig, steps: int = 2) -> dict[str, float]:
+    """Collectives per optimizer step, by kind, over `steps` steps after one untimed step (see
+    invariants/collectives.py)."""
+    trainer = make_trainer(ctx, cfg)
+    try:
+        run_steps(ctx, trainer, cfg, 1)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            run_steps(ctx, trainer, cfg, 1 + steps)
+    finally:
+        trainer.close()
+    return collectives_per_step(prof.events(), steps, ctx.world_size)
+
+
+def state_memory(ctx: RankContext, cfg: RunConfig) -> dict[str, Any]:
+    """Allocator bytes of this rank's training state, measured around the optimizer step of step 2."""
+    if not ctx.is_cuda:
+        raise RuntimeError("state_memory reads the CUDA caching allocator: run it on the GPU tier")
+    gc.collect()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated(ctx.device)
+    trainer = make_trainer(ctx, cfg)
+    marks: dict[str, int] = {}
+    original = trainer.optimizer_step
+
+    def probed() -> None:
+        torch.cuda.synchronize(ctx.device)
+        marks["before_optimizer_step"] = torch.cuda.memory_allocated(ctx.device) - base
+        original()
+        torch.cuda.synchronize(ctx.device)
+        marks["after_optimizer_step"] = torch.cuda.memory_allocated(ctx.device) - base
+
+    trainer.optimizer_step = probed  # type: ignore[method-assign]
+    try:
+        run_steps(ctx, trainer, cfg, 2)  # step 1 creates the optimizer state; step 2 is measured
+    finally:
+        trainer.close()
+        original = None  # type: ignore[assignment]  # the probe's closure reaches the trainer through it
+        del trainer, probed  # a cycle through the probe: freed below
+    gc.collect()
+    torch.cuda.empty_cache()
+    end = torch.cuda.memory_allocated(ctx.device)
+    # Memory an earlier job left allocated and this one freed (on 4 H200s, after a DDP job: 0.55 GiB) was
+    # counted in `base` but not in the marks, so state looked 0.55 GiB smaller than it is. What is still
+    # allocated once this job's trainer is gone bounds the baseline from above.
+    if end < base:
+        marks = {k: v + base - end for k, v in marks.items()}
+    n = count_params(get_model(cfg.model).build(cfg.seed, "meta"))
+    return {
+        "rank": ctx.rank,
+        "n_params": n,
+        "baseline_bytes": base,
+        "left_after_close_bytes": max(0, end - base),
+        **marks,
+    }
