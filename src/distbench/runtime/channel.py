@@ -5,14 +5,21 @@ only what select() says is there, keeps a partial message in a buffer, and takes
 of the writer. Each pipe has one writer (one rank, or the pool), so a writer killed mid-message cannot
 corrupt or lock anyone else's channel, as it could on a multiprocessing.Queue shared by all ranks. Messages
 are pickled: both ends are processes of the same run, and nothing here is read from disk.
+
+Tensors travel as their raw bytes (see `dumps`): torch's own pickling writes each storage through
+torch.save into a buffer and reads it back through torch.load, 6 s for GPT-2 124M's 622 MiB of fp32
+parameters on a CPU-tier core against 1.4 s this way, and parity jobs send parameters and gradients back.
 """
 
 from __future__ import annotations
 
+import fcntl
+import io
 import os
 import pickle
 import select
 import struct
+import sys
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -21,10 +28,52 @@ _HEADER = struct.Struct("!Q")
 _CHUNK = 1 << 20
 
 
+#: Pipe capacity asked for (Linux's default is 64 KiB; unprivileged processes may raise it to
+#: /proc/sys/fs/pipe-max-size, 1 MiB by default): a large reply crosses in 16x fewer wake-ups.
+_PIPE_BYTES = 1 << 20
+
+
+def widen_pipe(fd: int) -> None:
+    """Ask for a 1 MiB pipe buffer; where the system refuses, the default works, only slower."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_BYTES)
+    except OSError:
+        pass
+
+
+def _tensor_from_buffer(data: bytearray, dtype: str, shape: tuple[int, ...]) -> Any:
+    import torch
+
+    flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    return flat.view(getattr(torch, dtype)).reshape(shape)
+
+
+class _Pickler(pickle.Pickler):
+    """Plain host tensors by their bytes; everything else as pickle does it. Aliasing between tensors is not
+    kept (every tensor arrives with storage of its own), which results never rely on."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")  # a process that never imported torch has no tensors to send
+        if torch is None or type(obj) is not torch.Tensor or obj.requires_grad:
+            return NotImplemented
+        if obj.device.type != "cpu" or obj.layout != torch.strided or obj.is_quantized:
+            return NotImplemented
+        flat = obj.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+        dtype = str(obj.dtype).removeprefix("torch.")
+        return _tensor_from_buffer, (pickle.PickleBuffer(flat.numpy()), dtype, tuple(obj.shape))
+
+
+def dumps(obj: Any) -> bytes:
+    """Pickle `obj` for the other end of a pipe, tensors by their raw bytes."""
+    out = io.BytesIO()
+    _Pickler(out, protocol=5).dump(obj)
+    return out.getvalue()
+
+
 def write_message(fd: int, obj: Any, deadline: float | None = None) -> bool:
     """Write one message; blocking when `deadline` is None (ranks), else bounded (the pool, on a
     non-blocking fd). False when the reader is gone or the deadline passed first."""
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    data = dumps(obj)
     for part in (_HEADER.pack(len(data)), data):
         view = memoryview(part)
         while view:
@@ -41,14 +90,16 @@ def write_message(fd: int, obj: Any, deadline: float | None = None) -> bool:
     return True
 
 
-def _read_exact(fd: int, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = os.read(fd, min(_CHUNK, n - len(buf)))
-        if not chunk:
+def _read_exact(fd: int, n: int) -> bytearray | None:
+    """n bytes from a blocking fd, read straight into their final buffer; None at end of file first."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])
+        if not k:
             return None
-        buf += chunk
-    return bytes(buf)
+        got += k
+    return buf
 
 
 def read_message(fd: int) -> Any | None:
@@ -59,39 +110,57 @@ def read_message(fd: int) -> Any | None:
 
 
 class MessageReader:
-    """The pool's end of one rank's pipe: `pump()` takes what is there without blocking."""
+    """The pool's end of one rank's pipe: `pump()` takes what is there without blocking.
+
+    A message's body is read into a buffer of its announced size: appending a 600 MiB reply to a growing
+    buffer re-copied it at every resize and held its transfer to ~200 MB/s on a CPU-tier core."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.fd = conn.fileno()
         os.set_blocking(self.fd, False)
         self.eof = False
-        self._buf = bytearray()
+        self._head = bytearray()
+        self._body: bytearray | None = None
+        self._got = 0
 
-    def _fill(self) -> None:
-        while not self.eof:
-            try:
-                chunk = os.read(self.fd, _CHUNK)
-            except BlockingIOError:
-                return
-            if not chunk:
-                self.eof = True
-            self._buf += chunk
+    def _read(self, into: memoryview) -> int:
+        """Bytes read into `into` (0 when the pipe is empty now); sets eof when the writer is gone."""
+        try:
+            k = os.readv(self.fd, [into])
+        except BlockingIOError:
+            return 0
+        if not k:
+            self.eof = True
+        return k
 
     def pump(self) -> list[Any]:
         """Read what the pipe holds now; return the messages it completed (a partial one stays buffered)."""
-        self._fill()
         out = []
-        while len(self._buf) >= _HEADER.size:
-            n = _HEADER.unpack_from(self._buf)[0]
-            if len(self._buf) < _HEADER.size + n:
-                break
-            out.append(pickle.loads(self._buf[_HEADER.size : _HEADER.size + n]))
-            del self._buf[: _HEADER.size + n]
+        while not self.eof:
+            if self._body is None:
+                head = bytearray(_HEADER.size - len(self._head))
+                k = self._read(memoryview(head))
+                self._head += head[:k]
+                if len(self._head) < _HEADER.size:
+                    break
+                self._body, self._got, self._head = bytearray(_HEADER.unpack(self._head)[0]), 0, bytearray()
+            if self._got < len(self._body):
+                k = self._read(memoryview(self._body)[self._got :])
+                self._got += k
+                if self._got < len(self._body):
+                    break
+            out.append(pickle.loads(self._body))
+            self._body = None
         return out
 
     def read_text(self) -> str:
         """Whatever the pipe holds now, unframed: faulthandler writes plain text."""
-        self._fill()
-        out, self._buf = self._buf.decode(errors="replace"), bytearray()
-        return out
+        out = bytearray()
+        while not self.eof:
+            chunk = bytearray(_CHUNK)
+            k = self._read(memoryview(chunk))
+            if not k:
+                break
+            out += chunk[:k]
+        return out.decode(errors="replace")

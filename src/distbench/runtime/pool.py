@@ -24,7 +24,7 @@ from typing import Any
 from ..config import RunConfig
 from ..errors import ConfigError, ResourceError
 from .affinity import rank_cpus
-from .channel import MessageReader, write_message
+from .channel import MessageReader, widen_pipe, write_message
 from .worker import STACK_SIGNAL, job_name, worker_main
 
 _EXIT_GRACE_S = 5.0
@@ -130,6 +130,7 @@ class RankPool:
             task_r, task_w = ctx.Pipe(duplex=False)
             reply_r, reply_w = ctx.Pipe(duplex=False)
             stack_r, stack_w = ctx.Pipe(duplex=False)
+            widen_pipe(reply_r.fileno())  # results may be a model's parameters and gradients
             p = ctx.Process(
                 target=worker_main,
                 args=(
