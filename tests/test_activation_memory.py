@@ -46,3 +46,23 @@ def test_activation_checkpointing_frees_the_blocks_activations(suite, strategy, 
         f"{strategy} ws{world_size}: activation checkpointing saved {saved / gib:.2f} GiB of peak memory, "
         f"autograd's account expects {expected / gib:.2f} GiB (allowed {BAND[0]}x to {BAND[1]}x)"
     )
+
+
+def test_autograd_account_sees_checkpointing_and_its_absence(monkeypatch):
+    """The account the GPU test expects its saving from (CPU tier, gpt2-tiny): checkpointed blocks keep far
+    less than plain ones, and checkpointing planted as a no-op shows no saving, which the GPU test's band
+    then fails."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import distbench.strategies.base as base
+    from distbench.config import RunConfig
+
+    cfg = RunConfig(strategy="single", world_size=1, model="gpt2-tiny", global_batch=2, micro_batch=2)
+    ctx = SimpleNamespace(rank=0, device=torch.device("cpu"), device_type="cpu")
+    account = saved_activation_bytes(ctx, cfg)
+    assert 0 < account["checkpointed"] < account["plain"] / 2, account
+    monkeypatch.setattr(base, "enable_activation_checkpointing", lambda model: None)
+    planted = saved_activation_bytes(ctx, cfg)
+    assert planted["checkpointed"] == planted["plain"], planted
