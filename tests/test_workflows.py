@@ -48,7 +48,25 @@ def test_read_only_by_default_and_timeouts_everywhere(path):
     wf = load(path)
     assert wf["permissions"] == {"contents": "read"}
     for name, job in wf["jobs"].items():
-        assert isinstance(job.get("timeout-minutes"), int), f"job {name} has no timeout-minutes"
+        assert job_timeouts(job), f"job {name} has no timeout-minutes"
+
+
+def job_timeouts(job: dict) -> list[int]:
+    """A job's timeout-minutes: a number, or `cond && N || M` (one for pull requests, one otherwise)."""
+    t = job.get("timeout-minutes")
+    if isinstance(t, int):
+        return [t]
+    m = re.fullmatch(r"\$\{\{ .+ && (\d+) \|\| (\d+) \}\}", str(t))
+    return [int(m[1]), int(m[2])] if m else []
+
+
+def test_a_pull_requests_gpu_job_fits_in_15_minutes():
+    """The pull-request job's whole limit, and its steps' limits, leave the runner within 15 minutes."""
+    job = load(GPU)["jobs"]["gpu"]
+    assert "pull_request" in job["timeout-minutes"] and job_timeouts(job)[0] == 15
+    pr_steps = [s for s in job["steps"] if s.get("if") == "github.event_name == 'pull_request'"]
+    assert pr_steps and all("timeout-minutes" in s for s in pr_steps), pr_steps
+    assert sum(s["timeout-minutes"] for s in pr_steps) <= 14  # a minute for checkout and install
 
 
 def test_only_the_pages_job_may_write():
