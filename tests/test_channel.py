@@ -4,13 +4,28 @@ dtype, shape or layout; framed messages survive being read a piece at a time."""
 from __future__ import annotations
 
 import os
-import pickle
 import select
 
 import pytest
 import torch
 
-from distbench.runtime.channel import MessageReader, dumps, widen_pipe, write_message
+from distbench.runtime.channel import MessageReader, encode, read_message, widen_pipe, write_message
+
+
+def roundtrip(obj):
+    """obj through a real pipe and back, as a message."""
+    r, w = os.pipe()
+    widen_pipe(r)
+    try:
+        assert write_message(w, obj)
+        os.close(w)
+        w = -1
+        return read_message(r)
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
 
 TENSORS = {
     "bf16": torch.arange(12, dtype=torch.float32).reshape(3, 4).to(torch.bfloat16),
@@ -27,23 +42,32 @@ TENSORS = {
 @pytest.mark.parametrize("name", TENSORS)
 def test_tensors_cross_as_equal_tensors(name: str) -> None:
     sent = TENSORS[name]
-    got = pickle.loads(dumps({"t": sent, "other": [1, "x"]}))
+    got = roundtrip({"t": sent, "other": [1, "x"]})
     assert got["other"] == [1, "x"]
     assert got["t"].dtype == sent.dtype and got["t"].shape == sent.shape
     assert torch.equal(got["t"], sent.resolve_conj()), (got["t"], sent)
 
 
-def test_tensors_cross_without_torch_save() -> None:
-    """The fast path is taken: torch's own reduction would leave its storage loader in the stream."""
-    data = dumps(torch.ones(4))
-    assert b"_load_from_bytes" not in data and b"_tensor_from_buffer" in data
+def test_tensors_cross_out_of_band() -> None:
+    """The fast path is taken: the tensor's bytes travel beside the stream, not through torch's pickling,
+    and arrive over the received bytes themselves."""
+    stream, *buffers = encode(torch.ones(4)).parts
+    assert b"_load_from_bytes" not in bytes(stream) and b"_tensor_from_buffer" in bytes(stream)
+    assert [b.nbytes for b in buffers] == [16]
 
 
 def test_tensors_that_need_their_own_reduction_keep_it() -> None:
     p = torch.nn.Parameter(torch.ones(2))
-    assert isinstance(pickle.loads(dumps(p)), torch.nn.Parameter)
+    assert isinstance(roundtrip(p), torch.nn.Parameter)
     grad = torch.ones(2, requires_grad=True)
-    assert pickle.loads(dumps(grad)).requires_grad
+    assert roundtrip(grad).requires_grad
+
+
+def test_an_encoded_result_inside_a_message_arrives_decoded() -> None:
+    """A rank's reply carries its result already encoded; the pool receives the result itself."""
+    reply = (7, 0, "ok", None, encode({"w": torch.arange(5.0)}))
+    got = roundtrip(reply)
+    assert got[:4] == (7, 0, "ok", None) and torch.equal(got[4]["w"], torch.arange(5.0))
 
 
 def test_a_large_message_read_a_piece_at_a_time() -> None:

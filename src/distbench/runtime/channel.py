@@ -6,7 +6,7 @@ of the writer. Each pipe has one writer (one rank, or the pool), so a writer kil
 corrupt or lock anyone else's channel, as it could on a multiprocessing.Queue shared by all ranks. Messages
 are pickled: both ends are processes of the same run, and nothing here is read from disk.
 
-Tensors travel as their raw bytes (see `dumps`): torch's own pickling writes each storage through
+Tensors travel as their raw bytes, out of band (see `encode`): torch's own pickling writes each storage through
 torch.save into a buffer and reads it back through torch.load, 6 s for GPT-2 124M's 622 MiB of fp32
 parameters on a CPU-tier core against 1.4 s this way, and parity jobs send parameters and gradients back.
 """
@@ -41,18 +41,34 @@ def widen_pipe(fd: int) -> None:
         pass
 
 
-def _tensor_from_buffer(data: bytearray, dtype: str, shape: tuple[int, ...]) -> Any:
+def _tensor_from_buffer(data: memoryview, dtype: str, shape: tuple[int, ...]) -> Any:
     import torch
 
-    flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    flat = torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
     return flat.view(getattr(torch, dtype)).reshape(shape)
 
 
+class Encoded:
+    """An object already pickled for the pipe (`encode`): its stream and its tensors' raw buffers. A rank
+    encodes its result inside the job's own error handling (a result that cannot be pickled is the job's
+    error), and the parts then go into the reply as they are: copied neither again on the way out nor on
+    the way in, where the result is rebuilt over the received bytes."""
+
+    def __init__(self, parts: list[memoryview]) -> None:
+        self.parts = parts
+
+
+def _decoded(*parts: memoryview) -> Any:
+    return pickle.loads(parts[0], buffers=parts[1:])
+
+
 class _Pickler(pickle.Pickler):
-    """Plain host tensors by their bytes; everything else as pickle does it. Aliasing between tensors is not
-    kept (every tensor arrives with storage of its own), which results never rely on."""
+    """Plain host tensors by their bytes, out of band; everything else as pickle does it. Aliasing between
+    tensors is not kept (every tensor arrives with storage of its own), which results never rely on."""
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is Encoded:
+            return _decoded, tuple(pickle.PickleBuffer(p) for p in obj.parts)
         torch = sys.modules.get("torch")  # a process that never imported torch has no tensors to send
         if torch is None or type(obj) is not torch.Tensor or obj.requires_grad:
             return NotImplemented
@@ -63,19 +79,39 @@ class _Pickler(pickle.Pickler):
         return _tensor_from_buffer, (pickle.PickleBuffer(flat.numpy()), dtype, tuple(obj.shape))
 
 
-def dumps(obj: Any) -> bytes:
-    """Pickle `obj` for the other end of a pipe, tensors by their raw bytes."""
+def encode(obj: Any) -> Encoded:
+    """Pickle `obj` for the other end of a pipe: the stream, then each tensor's raw bytes, uncopied."""
+    buffers: list[pickle.PickleBuffer] = []
     out = io.BytesIO()
-    _Pickler(out, protocol=5).dump(obj)
-    return out.getvalue()
+    _Pickler(out, protocol=5, buffer_callback=buffers.append).dump(obj)
+    return Encoded([out.getbuffer(), *(b.raw() for b in buffers)])
+
+
+def _frame(obj: Any) -> list[memoryview]:
+    """A message's frame: its length, its parts' count and lengths, then the parts."""
+    parts = encode(obj).parts
+    table = struct.pack(f"!Q{len(parts)}Q", len(parts), *(p.nbytes for p in parts))
+    total = len(table) + sum(p.nbytes for p in parts)
+    return [memoryview(_HEADER.pack(total)), memoryview(table), *parts]
+
+
+def _unframe(body: bytearray) -> Any:
+    """The object a frame's body holds, rebuilt over the body's own bytes."""
+    (n,) = _HEADER.unpack_from(body)
+    lengths = struct.unpack_from(f"!{n}Q", body, _HEADER.size)
+    view, at = memoryview(body), _HEADER.size * (n + 1)
+    parts = []
+    for length in lengths:
+        parts.append(view[at : at + length])
+        at += length
+    return _decoded(*parts)
 
 
 def write_message(fd: int, obj: Any, deadline: float | None = None) -> bool:
     """Write one message; blocking when `deadline` is None (ranks), else bounded (the pool, on a
     non-blocking fd). False when the reader is gone or the deadline passed first."""
-    data = dumps(obj)
-    for part in (_HEADER.pack(len(data)), data):
-        view = memoryview(part)
+    for part in _frame(obj):
+        view = part.cast("B")
         while view:
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -106,7 +142,7 @@ def read_message(fd: int) -> Any | None:
     """Block until one whole message arrives (ranks); None when the writer closed its end or died."""
     head = _read_exact(fd, _HEADER.size)
     body = None if head is None else _read_exact(fd, _HEADER.unpack(head)[0])
-    return None if body is None else pickle.loads(body)
+    return None if body is None else _unframe(body)
 
 
 class MessageReader:
@@ -150,7 +186,7 @@ class MessageReader:
                 self._got += k
                 if self._got < len(self._body):
                     break
-            out.append(pickle.loads(self._body))
+            out.append(_unframe(self._body))
             self._body = None
         return out
 

@@ -12,7 +12,6 @@ import atexit
 import itertools
 import multiprocessing as mp
 import os
-import pickle
 import select
 import time
 from collections.abc import Callable
@@ -40,7 +39,7 @@ class RankOutcome:
     status: str  # "ok", "error", "timeout" (no reply in time) or "crashed" (process died)
     exc_type: str | None = None
     text: str = ""  # traceback for "error", Python stack for "timeout", exit code for "crashed"
-    payload: bytes | None = None  # the job's pickled return value, for "ok"
+    payload: Any = None  # the job's return value, for "ok"
 
 
 class JobError(RuntimeError):
@@ -215,7 +214,7 @@ class RankPool:
             write_message(conn.fileno(), (job_id, target, kwargs or {}), deadline)  # missed: it times out
         outcomes = self._collect_or_kill(job_id, deadline)
         if all(o.status == "ok" for o in outcomes):
-            return [pickle.loads(o.payload or b"") for o in outcomes]
+            return [o.payload for o in outcomes]
         statuses = {o.status for o in outcomes}
         same_error = statuses == {"error"} and len({o.exc_type for o in outcomes}) == 1
         if not same_error:

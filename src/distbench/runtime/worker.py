@@ -2,7 +2,7 @@
 
 Jobs are module-level functions, sent by name ("package.module:function", see job_name) and called as
 function(ctx, **kwargs) in every rank; their arguments arrive unpickled as they were sent. Results
-travel back pickled to bytes (channel.dumps), so tensors are copied by value rather than through
+travel back encoded (channel.encode), so tensors are copied by value rather than through
 torch's shared-memory reductions (which leak file descriptors across many jobs).
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .channel import dumps, read_message, write_message
+from .channel import encode, read_message, write_message
 from .context import RankContext
 
 #: State that outlives one job inside this rank process (e.g. a trainer kept between benchmark rounds).
@@ -129,9 +129,9 @@ def _join_group(rank: int, world_size: int, device_type: str, store_port: int) -
 
 
 def _run(ctx: RankContext, job_id: int, target: str, kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """Run one job; its reply: the pickled return value, or the exception's type and traceback."""
+    """Run one job; its reply: the encoded return value, or the exception's type and traceback."""
     try:
-        return (job_id, ctx.rank, "ok", None, dumps(resolve(target)(ctx, **kwargs)))
+        return (job_id, ctx.rank, "ok", None, encode(resolve(target)(ctx, **kwargs)))
     except BaseException as e:  # report everything, including KeyboardInterrupt in a rank
         return (job_id, ctx.rank, "error", type(e).__name__, traceback.format_exc())
 
