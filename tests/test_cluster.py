@@ -275,3 +275,40 @@ def test_launch_topology_from_torchruns_environment(monkeypatch):
     monkeypatch.setattr("distbench.machine.gpu_names", lambda: ["NVIDIA H200"] * 2)
     monkeypatch.setattr("distbench.machine.nvlink_links", lambda: [18, 18])
     assert launch_topology({})["interconnect"]["intra_node"] == "nvlink"
+
+
+@pytest.mark.slow  # a second 2x2 launch: ~40 s on 2 cores
+def test_the_hybrid_mesh_spans_the_nodes_at_parity(tmp_path):
+    """fsdp_hybrid across two nodes: at world size 4 the mesh is (nodes x ranks per node), replicating across
+    the nodes and sharding within each, and the losses are the single-process reference's."""
+    out = tmp_path / "results"
+    agents = torchrun_agents(
+        out,
+        2,
+        2,
+        ["--parity"],
+        [
+            "-s",
+            "fsdp_hybrid",
+            "-n",
+            "2,4",
+            "-m",
+            "gpt2-tiny",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--timeout",
+            "60",
+        ],
+    )
+    try:
+        codes = [a.wait(timeout=BOUND_S) for a in agents]
+    finally:
+        for a in agents:
+            a.kill()
+    logs = "\n".join(p.read_text() for p in sorted(out.parent.glob("agent*.log")))
+    assert codes == [0, 0], logs[-3000:]
+    rows = json.loads((out / "parity.json").read_text())
+    assert {r["config"]["world_size"]: r["status"] for r in rows} == {2: "ok", 4: "ok"}, rows
+    assert "parity fsdp_hybrid ws4 gpt2-tiny (2 node(s)): ok" in logs
