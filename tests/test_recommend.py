@@ -308,3 +308,28 @@ def test_activation_checkpointing_is_a_candidate_only_for_models_with_the_switch
     ]
     assert main(argv) == 2
     assert "user_models:tiny_lm has no activation checkpointing switch" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-s", "ddp", "--ds-config", "ds.json"], "applies to zero1"),  # no candidate takes it
+        (["-s", "zero2", "--ds-config", "missing.json"], "ds_config file missing.json does not exist"),
+    ],
+)
+def test_strategy_options_are_checked_before_anything_runs(argv, message, capsys, monkeypatch, tmp_path):
+    import distbench.matrix
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds.json").write_text("{}")
+    monkeypatch.setattr(distbench.matrix, "run_matrix", lambda *a, **kw: pytest.fail("ran"))
+    assert main(["recommend", "-m", "gpt2-tiny", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_options_reach_only_the_strategies_that_take_them():
+    from distbench.commands.recommend import _for_strategy
+
+    base = {"steps": 2, "lora_rank": 4, "options": {"ds_config": '{"zero_optimization": {}}'}}
+    assert _for_strategy(base, "zero3")["options"] == base["options"]
+    assert _for_strategy(base, "ddp") == {"steps": 2, "lora_rank": 4, "options": {}}

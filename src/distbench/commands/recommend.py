@@ -102,6 +102,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=PRECISIONS, help="default: bf16 on GPUs, fp32 on CPU")
     p.add_argument("--seq-len", type=_typed(PositiveInt), help="default: the model's")
     p.add_argument(
+        "--lora-rank",
+        type=_typed(NonNegativeInt),
+        help="recommend for LoRA fine-tuning at this adapter rank (default 0: every weight trains)",
+    )
+    p.add_argument("--ds-config", help="DeepSpeed config JSON merged into the zero* candidates' config")
+    p.add_argument(
         "--max-micro-batch",
         type=_typed(PositiveInt),
         default=1024,
@@ -182,7 +188,11 @@ def run(args: argparse.Namespace) -> int:
         if (
             runnable
         ):  # the model loads, the sequence fits its positions, the fields are valid: before any rank
-            Matrix(runnable, [gpus], [args.model], [precision], base).configs(device, n_cuda or None)
+            configs, _ = Matrix(runnable, [gpus], [args.model], [precision], base).configs(
+                device, n_cuda or None
+            )
+            for cfg in configs:  # a strategy's own checks of what the user passed it (a --ds-config)
+                get_spec(cfg.strategy).check_config(cfg)
         ac_ok = _checkpointable(args.model, RunConfig().seed)
     except (DistbenchError, ValueError) as e:
         return _usage_error(" ".join(str(e).split()))
@@ -227,7 +237,19 @@ def _base(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.seq_len:
         base["seq_len"] = args.seq_len
+    if args.lora_rank:
+        base["lora_rank"] = args.lora_rank
+    if args.ds_config:
+        base["options"] = {"ds_config": args.ds_config}
     return base
+
+
+def _for_strategy(base: dict[str, Any], strategy: str) -> dict[str, Any]:
+    """`base` with only the options `strategy` takes (a --ds-config reaches the zero* candidates alone)."""
+    from ..strategies import get_spec
+
+    spec = get_spec(strategy)
+    return {**base, "options": {k: v for k, v in base.get("options", {}).items() if spec.takes(k)}}
 
 
 def _search_all(
@@ -251,7 +273,7 @@ def _search_all(
 
             def probe(mb: int, cand: Candidate = cand) -> dict[str, Any]:
                 cfg = {
-                    **base,
+                    **_for_strategy(base, cand.strategy),
                     "micro_batch": mb,
                     "global_batch": mb * gpus,
                     "activation_checkpointing": cand.activation_checkpointing,
