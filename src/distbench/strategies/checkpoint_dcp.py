@@ -27,9 +27,16 @@ class DCPCheckpointMixin(Trainer):
     scheduler: torch.optim.lr_scheduler.LRScheduler
 
     def save_checkpoint(self, path: str) -> None:
+        """DCP's files, without its fsync of each: the suite reads its checkpoints back in the same session
+        and never after a crash of the machine, and the fsyncs cost 0.2-1.6 s per 640 MiB on the CPU tier's
+        disk against 0.27 s for the write itself. The bytes written are the same."""
         Path(path).mkdir(parents=True, exist_ok=True)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=os.path.join(path, "dcp"))
+        dcp_dir = os.path.join(path, "dcp")
+        dcp.save(
+            {"model": model_sd, "optimizer": optim_sd},
+            storage_writer=dcp.FileSystemWriter(dcp_dir, sync_files=False),
+        )
         if self.ctx.rank == 0:
             torch.save(
                 {"scheduler": self.scheduler.state_dict(), "world_size": self.ctx.world_size},
