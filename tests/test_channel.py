@@ -56,6 +56,12 @@ def test_tensors_cross_out_of_band() -> None:
     assert [b.nbytes for b in buffers] == [16]
 
 
+def test_tensors_arrive_aligned() -> None:
+    """Rebuilt over the received bytes, yet aligned as torch's own allocations are, whatever precedes them."""
+    got = roundtrip({"odd": "x" * 13, "a": torch.ones(3, dtype=torch.float64), "b": torch.ones(5)})
+    assert got["a"].data_ptr() % 16 == 0 and got["b"].data_ptr() % 16 == 0
+
+
 def test_tensors_that_need_their_own_reduction_keep_it() -> None:
     p = torch.nn.Parameter(torch.ones(2))
     assert isinstance(roundtrip(p), torch.nn.Parameter)

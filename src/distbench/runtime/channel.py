@@ -87,12 +87,27 @@ def encode(obj: Any) -> Encoded:
     return Encoded([out.getbuffer(), *(b.raw() for b in buffers)])
 
 
+#: Each part of a frame starts at a multiple of this within the body, so a tensor rebuilt over the received
+#: bytes is as aligned as one torch allocates for itself (vectorized kernels and device copies expect it).
+_ALIGN = 64
+
+
+def _padding(at: int) -> int:
+    return -at % _ALIGN
+
+
 def _frame(obj: Any) -> list[memoryview]:
-    """A message's frame: its length, its parts' count and lengths, then the parts."""
+    """A message's frame: its length, its parts' count and lengths, then the parts, each aligned."""
     parts = encode(obj).parts
     table = struct.pack(f"!Q{len(parts)}Q", len(parts), *(p.nbytes for p in parts))
-    total = len(table) + sum(p.nbytes for p in parts)
-    return [memoryview(_HEADER.pack(total)), memoryview(table), *parts]
+    out, at = [memoryview(table)], len(table)
+    for part in parts:
+        if pad := _padding(at):
+            out.append(memoryview(bytes(pad)))
+            at += pad
+        out.append(part)
+        at += part.nbytes
+    return [memoryview(_HEADER.pack(at)), *out]
 
 
 def _unframe(body: bytearray) -> Any:
@@ -102,6 +117,7 @@ def _unframe(body: bytearray) -> Any:
     view, at = memoryview(body), _HEADER.size * (n + 1)
     parts = []
     for length in lengths:
+        at += _padding(at)
         parts.append(view[at : at + length])
         at += length
     return _decoded(*parts)
