@@ -22,6 +22,13 @@ from distbench.invariants.reference import reference_run
 LORA: dict[str, Any] = {"lora_rank": 4, "lora_alpha": 8, "steps": 4}
 
 
+def refuses_lora(strategy: str, world_size: int) -> bool:
+    """Where the strategy refuses LoRA (strategies/fsdp1.py LORA_ONE_RANK_WHY): FSDP1 on one rank."""
+    from distbench.strategies import get_spec
+
+    return get_spec(strategy).trainer_module == "fsdp1" and world_size == 1
+
+
 def train_counting_attention_forwards(ctx: Any, **kwargs: Any) -> dict[str, Any]:
     """jobs.train, plus how often each attention module ran forward (a global forward hook, so no trainer code
     is involved): once per micro-batch, and again in backward where activation checkpointing recomputes the
@@ -107,24 +114,23 @@ def saved_activation_bytes(ctx: Any, cfg: RunConfig) -> dict[str, int]:
     from distbench.workloads import get_model
     from distbench.workloads.data import rank_micro_batches
 
-    rc = cfg
-    spec = get_model(rc.model)
-    batch = rank_micro_batches(rc, 0, ctx.rank, jobs.seq_len_of(rc), spec.vocab_size, ctx.device)[0]
+    spec = get_model(cfg.model)
+    batch = rank_micro_batches(cfg, 0, ctx.rank, jobs.seq_len_of(cfg), spec.vocab_size, ctx.device)[0]
     out = {}
     for checkpointed in (False, True):
-        model = spec.build(rc.seed, ctx.device)
+        model = spec.build(cfg.seed, ctx.device)
         if checkpointed:
             enable_activation_checkpointing(model)
         model.train()
         kept: dict[tuple[int, int], int] = {}
 
         def pack(t: torch.Tensor, kept: dict[tuple[int, int], int] = kept) -> torch.Tensor:
-            if t.dim() >= 2 and t.shape[0] == rc.micro_batch:
+            if t.dim() >= 2 and t.shape[0] == cfg.micro_batch:
                 kept[(t.untyped_storage().data_ptr(), t.device.index or 0)] = t.untyped_storage().nbytes()
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with torch.autocast(ctx.device_type, dtype=torch.bfloat16, enabled=rc.precision == "bf16"):
+            with torch.autocast(ctx.device_type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
                 model_logits(model, batch["input_ids"])
         out["checkpointed" if checkpointed else "plain"] = sum(kept.values())
         del model

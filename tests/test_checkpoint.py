@@ -15,7 +15,7 @@ from distbench.invariants.export import full_state_dict_from_checkpoint
 from distbench.runtime.pool import JobError
 from distbench.strategies.checkpoint_files import MANIFEST, write_manifest
 from distbench.strategies.fsdp1 import LORA_ONE_RANK_WHY
-from recipe_jobs import LORA
+from recipe_jobs import LORA, refuses_lora
 
 
 def test_checkpoint_roundtrip(suite, strategy, world_size):
@@ -29,7 +29,7 @@ def test_lora_checkpoint_roundtrip(suite, strategy, world_size):
     """The same with LoRA: the adapters and their optimizer state come back exactly beside frozen base weights
     that have none (torch's state dict, DCP, DeepSpeed's engine checkpoint; ZeRO-2, saved and loaded by the same
     trainer code, is left out for the CPU tier's time). The run is the one the LoRA parity test checked."""
-    if strategy == "fsdp1_full" and world_size == 1:
+    if refuses_lora(strategy, world_size):
         pytest.skip(f"refused, as the LoRA parity test asserts: {LORA_ONE_RANK_WHY}")
     _assert_roundtrip(suite, strategy, world_size, **LORA)
 

@@ -88,7 +88,7 @@ class Matrix:
                 skipped.append(f"{strategy} ws{ws}: {reason}")
                 continue
             base = dict(self.base)
-            base["options"] = {k: v for k, v in base.get("options", {}).items() if spec.takes(k)}
+            base["options"] = spec.own_options(base.get("options", {}))
             if not base.get("global_batch"):
                 base["global_batch"] = base.get("micro_batch", 2) * max(self.world_sizes)
             out.append(RunConfig(strategy=strategy, world_size=ws, model=model, precision=precision, **base))

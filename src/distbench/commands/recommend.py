@@ -248,8 +248,7 @@ def _for_strategy(base: dict[str, Any], strategy: str) -> dict[str, Any]:
     """`base` with only the options `strategy` takes (a --ds-config reaches the zero* candidates alone)."""
     from ..strategies import get_spec
 
-    spec = get_spec(strategy)
-    return {**base, "options": {k: v for k, v in base.get("options", {}).items() if spec.takes(k)}}
+    return {**base, "options": get_spec(strategy).own_options(base.get("options", {}))}
 
 
 def _search_all(

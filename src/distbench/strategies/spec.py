@@ -99,6 +99,10 @@ class StrategySpec:
     def takes(self, option: str) -> bool:
         return any(o.name == option for o in self.user_options)
 
+    def own_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The user options of `options` this strategy takes (a --ds-config reaches zero*, not ddp)."""
+        return {k: v for k, v in options.items() if self.takes(k)}
+
     def options_for(self, cfg: RunConfig) -> dict[str, Any]:
         """The strategy's constructor options: its registry defaults plus the run's user options, type-checked."""
         names = [o.name for o in self.user_options]
