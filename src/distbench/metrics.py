@@ -122,6 +122,20 @@ _ENTRIES = [
     ),
     Metric("host_cpu_s", "lower", "s", "the training thread's CPU time per step", "ms", ab="gate-host-bound"),
     Metric(
+        "host_instructions",
+        "lower",
+        "instructions",
+        "user-mode instructions the training thread retired per step (CPU counters, where readable)",
+        ab="report",
+    ),
+    Metric(
+        "host_cycles",
+        "lower",
+        "cycles",
+        "user-mode CPU cycles of the training thread per step (CPU counters, where readable)",
+        ab="report",
+    ),
+    Metric(
         "mfu",
         "higher",
         "fraction",

@@ -263,7 +263,8 @@ def summarize_bench(
         "step_time_s": step_time,
     }
     device = _device_time(replies, step_time)
-    metrics.update(_host_and_device_metrics(replies, device))
+    host = _host_section(replies)
+    metrics.update(_host_and_device_metrics(host, device))
     efficiency, peak = _efficiency_and_memory(replies, metrics["tokens_per_s_per_gpu"])
     metrics.update(efficiency)
     nvml = _aggregate_nvml([r["nvml"] for r in replies])
@@ -292,18 +293,41 @@ def summarize_bench(
         gc=_aggregate_gc([r.get("gc") for r in replies]),
         device_time=device,
         regime=_regime_section(device),
+        host=host,
     )
 
 
-def _host_and_device_metrics(
-    replies: list[dict[str, Any]], device: dict[str, Any] | None
-) -> dict[str, float]:
-    """The host CPU time per step (median over steps of the slowest rank's) and the device-time sample's."""
+#: per-step host figures of a window (jobs/bench.py) -> the metric of their median over steps
+_HOST_METRICS = {"cpu_s": "host_cpu_s", "instructions": "host_instructions", "cycles": "host_cycles"}
+
+
+def _host_section(replies: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What issuing each timed step cost the host, the slowest rank's per step: the training thread's wall
+    clock (`host_s`) and CPU time while it issued the step, and its user-mode instructions and cycles where
+    the CPU's counters could be read (measure/hostcount.py; `counters_missing` says why not)."""
+    ranks = [r for r in replies if r.get("windows")]
+    if not ranks:
+        return None
+
+    def steps(get: Any) -> list[float] | None:
+        per_rank = [[x for w in r["windows"] for x in (get(w) or [])] for r in ranks]
+        return per_step_max(per_rank) if all(per_rank) else None
+
+    out: dict[str, Any] = {"cpu_s": steps(lambda w: w["host_cpu_s"]), "host_s": steps(lambda w: w.get("host_s"))}
+    for name in ("instructions", "cycles"):
+        out[name] = steps(lambda w, n=name: (w.get("counts") or {}).get(n))
+    counters = [r.get("counters") or {} for r in ranks]
+    out["counters_missing"] = next((c["missing"] for c in counters if c.get("missing")), None)
+    out["multiplexed"] = any(c.get("multiplexed") for c in counters)
+    return out
+
+
+def _host_and_device_metrics(host: dict[str, Any] | None, device: dict[str, Any] | None) -> dict[str, float]:
+    """The host figures per step (median over steps of the slowest rank's) and the device-time sample's."""
     metrics: dict[str, float] = {}
-    host = [r for r in replies if r.get("windows")]
-    if host:
-        cpu = per_step_max([[c for w in r["windows"] for c in w["host_cpu_s"]] for r in host])
-        metrics["host_cpu_s"] = statistics.median(cpu)
+    for key, metric in _HOST_METRICS.items():
+        if host and host.get(key):
+            metrics[metric] = float(statistics.median(host[key]))
     if device:
         metrics.update(
             device_compute_s=device["compute_s"],

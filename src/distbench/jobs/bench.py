@@ -33,6 +33,7 @@ from ..config import RunConfig
 from ..errors import ConfigError
 from ..measure import busbw
 from ..measure.devicetime import sample_device_time
+from ..measure.hostcount import ThreadCounters, try_open_counters
 from ..measure.memory import memory_stats, reset_peaks
 from ..measure.mfu import model_flops, peak_dtype
 from ..measure.nvml import NvmlSampler
@@ -67,6 +68,8 @@ class _Bench:
     nvml_summary: dict[str, Any] | None = None  # the sampler's summary, taken when the timed windows end
     sampler: NvmlSampler | None = None
     gc_watch: GcWatch | None = None
+    counters: ThreadCounters | None = None  # this thread's user-mode instructions and cycles, where allowed
+    counters_missing: str | None = None  # why there are none
 
 
 def _free(ctx: RankContext) -> None:
@@ -77,6 +80,8 @@ def _free(ctx: RankContext) -> None:
             b.sampler.stop()
         if b.gc_watch is not None:
             b.gc_watch.stop()  # the collector back on, whatever stopped the benchmark
+        if b.counters is not None:
+            b.counters.close()
         try:
             b.trainer.close()
         finally:
@@ -97,6 +102,7 @@ def _setup(ctx: RankContext, rc: RunConfig, nvml: bool) -> _Bench:
     b = _Bench(rc, build_trainer(ctx, rc, model), seq_len, spec.vocab_size, flops, n_params)
     del model
     worker.STATE[STATE_KEY] = b
+    b.counters, b.counters_missing = try_open_counters()
     if rc.warmup:
         w = time_window(ctx, rc.timing, _step_fns(ctx, b, rc.warmup))
         b.warmup_times, b.losses = w.step_s, _global_losses(ctx, w.losses)
@@ -145,7 +151,7 @@ def _timed_windows(ctx: RankContext, b: _Bench) -> None:
     for n in sizes:
         if ctx.world_size > 1:
             dist.barrier()  # every rank starts the window together
-        w = time_window(ctx, b.cfg.timing, _step_fns(ctx, b, n))
+        w = time_window(ctx, b.cfg.timing, _step_fns(ctx, b, n), b.counters)
         b.windows.append(w)
         b.times += w.step_s
         b.losses += _global_losses(ctx, w.losses)
@@ -184,8 +190,19 @@ def _finish(ctx: RankContext, b: _Bench) -> dict[str, Any]:
         "step_times_s": list(b.times),
         "warmup_step_times_s": list(b.warmup_times),
         "windows": [
-            {"wall_s": w.wall_s, "steps": len(w.step_s), "host_cpu_s": w.host_cpu_s} for w in b.windows
+            {
+                "wall_s": w.wall_s,
+                "steps": len(w.step_s),
+                "host_cpu_s": w.host_cpu_s,
+                "host_s": w.host_s,
+                "counts": w.counts,
+            }
+            for w in b.windows
         ],
+        "counters": {
+            "missing": b.counters_missing,
+            "multiplexed": bool(b.counters and b.counters.multiplexed),
+        },
         "device_time": b.device_time,
         "losses": list(b.losses),
         "memory": memory_stats(ctx, nv["mem_used_peak_bytes"] if nv else None),

@@ -16,10 +16,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..runtime.context import RankContext
+from .hostcount import ThreadCounters
 
 T = TypeVar("T")
 
@@ -41,10 +42,19 @@ class Window:
     step_s: list[float]  # per step: CUDA event time ("events" on GPU), else host time between syncs
     host_cpu_s: list[float]  # per step: CPU seconds of the training thread while it issued the step
     losses: list[Any]  # what each step returned, read only after the window
+    host_s: list[float] = field(default_factory=list)  # per step: host wall clock while it issued the step
+    #: per step, per counter of measure/hostcount.py (user-mode instructions, cycles): what issuing it took
+    counts: dict[str, list[int]] = field(default_factory=dict)
 
 
-def time_window(ctx: RankContext, timing: str, steps: Sequence[Callable[[], Any]]) -> Window:
-    """Run `steps` (each one optimizer step, returning its loss) as one timed window."""
+def time_window(
+    ctx: RankContext,
+    timing: str,
+    steps: Sequence[Callable[[], Any]],
+    counters: ThreadCounters | None = None,
+) -> Window:
+    """Run `steps` (each one optimizer step, returning its loss) as one timed window; `counters` (opened by
+    this thread) are read around each step, as the host clocks are."""
     import torch  # here: report and compare read this module's statistics without loading torch
 
     events = timing == "events" and ctx.is_cuda
@@ -54,6 +64,7 @@ def time_window(ctx: RankContext, timing: str, steps: Sequence[Callable[[], Any]
         else []
     )
     host, cpu, losses = [], [], []
+    deltas: list[tuple[int, ...]] = []
     ctx.synchronize()
     t0 = time.perf_counter()
     for i, fn in enumerate(steps):
@@ -62,17 +73,21 @@ def time_window(ctx: RankContext, timing: str, steps: Sequence[Callable[[], Any]
         elif timing == "sync":
             ctx.synchronize()
         h0, c0 = time.perf_counter(), time.thread_time()
+        k0 = counters.read() if counters else ()
         losses.append(fn())
+        k1 = counters.read() if counters else ()
         if timing == "sync":
             ctx.synchronize()
         cpu.append(time.thread_time() - c0)
         host.append(time.perf_counter() - h0)
+        deltas.append(tuple(b - a for a, b in zip(k0, k1, strict=True)))
         if events:
             marks[i][1].record()
     ctx.synchronize()
     wall = time.perf_counter() - t0
     step_s = [a.elapsed_time(b) / 1000.0 for a, b in marks] if events else host
-    return Window(wall, step_s, cpu, losses)
+    counts = {name: [d[j] for d in deltas] for j, name in enumerate(counters.names)} if counters else {}
+    return Window(wall, step_s, cpu, losses, list(host), counts)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
