@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Evidence for the A/B gate on a GPU machine: planted slowdowns it must flag, identical variants it must pass.
 # Usage: scripts/ab_evidence.sh OUT MODE...   MODE: device (2% extra device work, ddp/fsdp_grad/zero2/zero3 at
-# micro-batch 16), host (5% host busy loop, fsdp_grad at micro-batch 8), aa<N> (A/A of the four), fidelity.
+# micro-batch 16), host (5% host busy loop, fsdp_grad at micro-batch 8), host-sleep (the host sleeps 5% of
+# each step: wall time only, no CPU work), aa<N> (A/A of the four), fidelity.
 # Writes OUT/<mode>/ (every run's result, ab.json, ab.md) and OUT/<mode>.log; prints each verdict table.
 # BUDGET=SECONDS overrides each comparison's time budget (defaults: device 450, host 240, aa 420).
+# CONFIG="-s ddp -n 1 -m gpt2-124m --micro-batch 1" replaces a mode's configurations; AB="--max-pairs 8"
+# adds distbench ab flags; VARIANT=env.PYTHONHASHSEED=0 is added to both variants.
 set -uo pipefail
 out=${1:?usage: scripts/ab_evidence.sh OUT MODE...}; shift
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
 root=$(pwd)
+both=${VARIANT:-}
 planted() {  # a copy of this checkout's src with one plant applied
   local dir
   dir=$(mktemp -d "/tmp/distbench-plant-$1-XXXX")
@@ -16,18 +20,21 @@ planted() {  # a copy of this checkout's src with one plant applied
   (cd "$dir" && patch -sp1 < "$root/scripts/plants/$1.patch") || exit 1
   echo "$dir"
 }
-ab() {  # name, distbench ab args...
-  local name=$1; shift
-  python3 -m distbench.cli ab --bind-cpus -o "$out/$name" "$@" > "$out/$name.log" 2>&1
+ab() {  # name, default configuration, distbench ab args...
+  local name=$1 config=$2; shift 2
+  # shellcheck disable=SC2086  # CONFIG and AB are flag lists
+  python3 -m distbench.cli ab --bind-cpus -o "$out/$name" ${CONFIG:-$config} ${AB:-} "$@" > "$out/$name.log" 2>&1
   echo "== $name: exit $?"
   grep -E "^(distbench ab|base:|head:)|pair [0-9]|│|FAIL|PASS|UNDECIDED" "$out/$name.log" | cut -c1-200
 }
+four="-s ddp,fsdp_grad,zero2,zero3"
 for mode in "$@"; do
   case $mode in
-    device) ab device-2pct --head "tree=$(planted device-2pct)" -s ddp,fsdp_grad,zero2,zero3 --budget "${BUDGET:-450}" ;;
-    host) ab host-5pct --head "tree=$(planted host-5pct)" -s fsdp_grad --micro-batch 8 --budget "${BUDGET:-240}" ;;
-    aa*) ab "$mode" -s ddp,fsdp_grad,zero2,zero3 --budget "${BUDGET:-420}" ;;
-    fidelity) python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_benchmarks.py -k fidelity -s \
+    device) ab device-2pct "$four" --base "$both" --head "tree=$(planted device-2pct)${both:+,$both}" --budget "${BUDGET:-450}" ;;
+    host) ab host-5pct "-s fsdp_grad --micro-batch 8" --base "$both" --head "tree=$(planted host-5pct)${both:+,$both}" --budget "${BUDGET:-240}" ;;
+    host-sleep) ab host-sleep-5pct "-s fsdp_grad --micro-batch 8" --base "$both" --head "tree=$(planted host-sleep-5pct)${both:+,$both}" --budget "${BUDGET:-240}" ;;
+    aa*) ab "$mode" "$four" --base "$both" --head "$both" --budget "${BUDGET:-420}" ;;
+    fidelity) python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_benchmarks.py -k harness_overhead -s \
                 > "$out/fidelity.log" 2>&1; echo "== fidelity: exit $?"; tail -5 "$out/fidelity.log" ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac

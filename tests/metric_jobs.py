@@ -34,15 +34,15 @@ from distbench.workloads.data import rank_micro_batches
 from distbench.workloads.models import get_model
 from mutants import _mutate
 
-TimeWindow = Callable[[RankContext, str, Any], Window]
+TimeWindow = Callable[..., Window]  # (ctx, timing, steps, counters=None) -> Window
 
 
 # --- planted timer defects (here, not in the test module: the rank processes apply them too) ---------------
 def late_clock(real: TimeWindow) -> TimeWindow:
     """time_window whose window clock starts after the first step (that step runs, untimed)."""
 
-    def window(ctx: RankContext, mode: str, steps: Any) -> Window:
-        w = real(ctx, mode, steps)
+    def window(ctx: RankContext, mode: str, steps: Any, *rest: Any) -> Window:
+        w = real(ctx, mode, steps, *rest)
         return Window(w.wall_s - w.step_s[0], w.step_s, w.host_cpu_s, w.losses)
 
     return window
@@ -51,8 +51,8 @@ def late_clock(real: TimeWindow) -> TimeWindow:
 def cpu_clock(real: TimeWindow) -> TimeWindow:
     """time_window reporting CPU time as step time: a step that waits (on a device, a peer, a sleep) reads 0."""
 
-    def window(ctx: RankContext, mode: str, steps: Any) -> Window:
-        w = real(ctx, mode, steps)
+    def window(ctx: RankContext, mode: str, steps: Any, *rest: Any) -> Window:
+        w = real(ctx, mode, steps, *rest)
         return Window(w.wall_s, w.host_cpu_s, w.host_cpu_s, w.losses)
 
     return window
@@ -62,8 +62,8 @@ def extra_step(real: TimeWindow) -> TimeWindow:
     """time_window that miscounts its steps by one (the last counted twice): the window's wall clock is then
     divided over one step too many."""
 
-    def window(ctx: RankContext, mode: str, steps: Any) -> Window:
-        w = real(ctx, mode, steps)
+    def window(ctx: RankContext, mode: str, steps: Any, *rest: Any) -> Window:
+        w = real(ctx, mode, steps, *rest)
         return Window(w.wall_s, [*w.step_s, w.step_s[-1]], [*w.host_cpu_s, w.host_cpu_s[-1]], w.losses)
 
     return window
@@ -225,7 +225,7 @@ def known_allocation_bench(
     windows = [0]
     real_window = bm.time_window
 
-    def window(ctx_: RankContext, mode: str, steps: Any) -> Window:
+    def window(ctx_: RankContext, mode: str, steps: Any, *rest: Any) -> Window:
         windows[0] += 1
         if windows[0] == 2:  # bench's first timed window
             first = steps[0]
@@ -235,7 +235,7 @@ def known_allocation_bench(
                 return first()
 
             steps = [allocate_then_step, *steps[1:]]
-        return real_window(ctx_, mode, steps)
+        return real_window(ctx_, mode, steps, *rest)
 
     with contextlib.ExitStack() as stack:
         if plant == "no_peak_reset":
@@ -339,9 +339,9 @@ def counted_bench(ctx: RankContext, cfg: RunConfig, plant: str | None = None) ->
         model.register_forward_pre_hook(count, with_kwargs=True)
         return real_build(ctx_, rc, model)
 
-    def window(ctx_: RankContext, timing: str, steps: Any) -> Any:
+    def window(ctx_: RankContext, timing: str, steps: Any, *rest: Any) -> Any:
         before, t0 = seen[0], time.perf_counter()
-        w = real_window(ctx_, timing, steps)
+        w = real_window(ctx_, timing, steps, *rest)
         windows.append({"tokens": seen[0] - before, "seconds": time.perf_counter() - t0})
         return w
 

@@ -319,6 +319,8 @@ def _host_section(replies: list[dict[str, Any]]) -> dict[str, Any] | None:
     counters = [r.get("counters") or {} for r in ranks]
     out["counters_missing"] = next((c["missing"] for c in counters if c.get("missing")), None)
     out["multiplexed"] = any(c.get("multiplexed") for c in counters)
+    # per rank, per window: the host's speed around it (measure/hostspeed.py)
+    out["speed"] = [[w.get("host_speed") for w in r["windows"]] for r in ranks]
     return out
 
 

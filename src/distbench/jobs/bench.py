@@ -34,6 +34,7 @@ from ..errors import ConfigError
 from ..measure import busbw
 from ..measure.devicetime import sample_device_time
 from ..measure.hostcount import ThreadCounters, try_open_counters
+from ..measure.hostspeed import ThreadTimes, cpu_stat, reference_s, steal_share
 from ..measure.memory import memory_stats, reset_peaks
 from ..measure.mfu import model_flops, peak_dtype
 from ..measure.nvml import NvmlSampler
@@ -149,9 +150,17 @@ def _timed_windows(ctx: RankContext, b: _Bench) -> None:
     """The run's timed steps as cfg.windows windows, then the device-time sample outside them."""
     sizes = [len(part) for part in np.array_split(np.arange(b.cfg.steps), b.cfg.windows)]
     for n in sizes:
+        fns = _step_fns(ctx, b, n)
+        ref = reference_s(ctx)  # the host's speed just before and after the window (measure/hostspeed.py)
         if ctx.world_size > 1:
             dist.barrier()  # every rank starts the window together
-        w = time_window(ctx, b.cfg.timing, _step_fns(ctx, b, n), b.counters)
+        threads, stat = ThreadTimes().start(), cpu_stat()
+        w = time_window(ctx, b.cfg.timing, fns, b.counters)
+        w.host_speed = {
+            "threads": threads.stop(),
+            "steal": steal_share(stat, cpu_stat()),
+            "ref_s": [ref, reference_s(ctx)],
+        }
         b.windows.append(w)
         b.times += w.step_s
         b.losses += _global_losses(ctx, w.losses)
@@ -196,6 +205,7 @@ def _finish(ctx: RankContext, b: _Bench) -> dict[str, Any]:
                 "host_cpu_s": w.host_cpu_s,
                 "host_s": w.host_s,
                 "counts": w.counts,
+                "host_speed": w.host_speed,
             }
             for w in b.windows
         ],

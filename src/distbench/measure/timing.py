@@ -45,6 +45,8 @@ class Window:
     host_s: list[float] = field(default_factory=list)  # per step: host wall clock while it issued the step
     #: per step, per counter of measure/hostcount.py (user-mode instructions, cycles): what issuing it took
     counts: dict[str, list[int]] = field(default_factory=dict)
+    #: the host's speed around the window, filled by the caller (measure/hostspeed.py)
+    host_speed: dict[str, Any] = field(default_factory=dict)
 
 
 def time_window(
