@@ -136,3 +136,27 @@ def replace_stack_handler_and_hang(ctx: Any, rank: int) -> None:
         signal.signal(STACK_SIGNAL, lambda *_: None)
         planted_hang()
     dist.barrier()
+
+
+def optimizer_over_dtensors(ctx: Any, algorithm: str, optimizer: str) -> str:
+    """The implementation Trainer.make_optimizer picks for FSDP2-style DTensor parameters as if on a GPU,
+    or the ConfigError it raises."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from distbench.config import RunConfig
+    from distbench.errors import ConfigError
+    from distbench.strategies.base import Trainer
+
+    mesh = init_device_mesh("cpu", (ctx.world_size,))
+    param = torch.nn.Parameter(distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]))
+    cfg = RunConfig(strategy="fsdp_grad", world_size=ctx.world_size, algorithm=algorithm, optimizer=optimizer)
+    trainer = SimpleNamespace(cfg=cfg, ctx=SimpleNamespace(device_type="cuda"))
+    try:
+        Trainer.make_optimizer(trainer, [param])  # type: ignore[arg-type]
+    except ConfigError as e:
+        return f"ConfigError: {e}"
+    return trainer.optimizer_impl

@@ -46,6 +46,11 @@ def _clipped(suite, strategy: str, world_size: int):
 #: shard of the gradient instead of all of it is off by tens of percent, which both tolerances catch.
 NORM_RTOL = 1e-5
 HOST_NORM_RTOL = 2e-3
+#: The last step's gradients are taken at parameters that carry that error: on an H200, fsdp_offload's
+#: (GPT-2 124M, five clipped steps) differed from the reference's by up to 8.4e-5 of the largest gradient
+#: (1.4e-5 on the embedding), over the 1e-5 the device strategies hold. A gradient off by a missing
+#: 1/world_size average is off by half of itself.
+HOST_GRAD_ATOL_OF_MAX = 5e-4
 
 
 def test_clipping_by_the_global_norm_matches_the_reference(suite, strategy, world_size):
@@ -60,7 +65,13 @@ def test_clipping_by_the_global_norm_matches_the_reference(suite, strategy, worl
     # the clip coefficient carries the norm's error into every update: 1.2e-5 on one of GPT-2's 38.6M embedding
     # weights after five steps of fsdp_offload on an H200, over the device strategies' lr / 100 floor
     assert_params_and_grads_match(
-        run, ref, cfg.lr, what, update_rtol=rel if on_host else 0.0, steps=cfg.steps
+        run,
+        ref,
+        cfg.lr,
+        what,
+        update_rtol=rel if on_host else 0.0,
+        steps=cfg.steps,
+        grad_atol_of_max=HOST_GRAD_ATOL_OF_MAX if on_host else 1e-5,
     )
 
 

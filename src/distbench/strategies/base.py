@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
@@ -47,16 +48,20 @@ IMPL_FLAGS: dict[str, dict[str, bool]] = {
 }
 
 
-def optimizer_impl(cfg: RunConfig, device_type: str, *, offload: bool = False, fused_ok: bool = True) -> str:
-    """The AdamW implementation a run uses: cfg.optimizer, with "auto" resolved to what users pick.
+def optimizer_impl(
+    cfg: RunConfig, device_type: str, *, offload: bool = False, no_fused: str | None = None
+) -> str:
+    """The optimizer implementation a run uses: cfg.optimizer, with "auto" resolved to what users pick.
 
-    Fused on CUDA (one kernel for the whole update: the usual GPU choice, and FSDP2's DTensors support it),
-    foreach where parameters or optimizer state live on the host (CPU tier, offload) or where the strategy
-    says fused cannot run (`fused_ok`).
+    Fused on CUDA (one kernel for the whole update: the usual GPU choice, and FSDP2's DTensors support it
+    for AdamW), foreach where parameters or optimizer state live on the host (CPU tier, offload) or where
+    fused cannot run (`no_fused` says why); asking for fused there is a ConfigError naming the reason.
     """
+    if cfg.optimizer == "fused" and no_fused:
+        raise ConfigError(f"--optimizer fused cannot run here: {no_fused}; use auto or foreach")
     if cfg.optimizer != "auto":
         return cfg.optimizer
-    return "fused" if device_type == "cuda" and not offload and fused_ok else "foreach"
+    return "fused" if device_type == "cuda" and not offload and not no_fused else "foreach"
 
 
 def build_optimizer(params, cfg: RunConfig, impl: str = "foreach") -> torch.optim.Optimizer:
@@ -173,15 +178,18 @@ class Trainer(ABC):
         )
 
     def make_optimizer(
-        self, params, *, offload: bool = False, fused_ok: bool = True
+        self, params, *, offload: bool = False, no_fused: str | None = None
     ) -> torch.optim.Optimizer:
-        """The run's optimizer (cfg.algorithm) over the trainable ones of `params` (see `optimizer_impl`),
-        remembering which implementation it is. Frozen parameters (LoRA's base weights) get no optimizer
-        state, so checkpoints and ZeRO's partitions hold the adapters' alone."""
-        self.optimizer_impl = optimizer_impl(
-            self.cfg, self.ctx.device_type, offload=offload, fused_ok=fused_ok
-        )
-        return build_optimizer([p for p in params if p.requires_grad], self.cfg, self.optimizer_impl)
+        """The run's optimizer (cfg.algorithm) over the trainable ones of `params` (see `optimizer_impl`;
+        `no_fused` is the strategy's reason fused cannot run), remembering which implementation it is.
+        Frozen parameters (LoRA's base weights) get no optimizer state, so checkpoints and ZeRO's partitions
+        hold the adapters' alone."""
+        trainable = [p for p in params if p.requires_grad]
+        if no_fused is None and self.cfg.algorithm == "sgd" and any(isinstance(p, DTensor) for p in trainable):
+            # torch 2.11 registers no DTensor sharding rule for aten._fused_sgd_ (found on an H200)
+            no_fused = "torch's fused SGD has no DTensor (FSDP2) support"
+        self.optimizer_impl = optimizer_impl(self.cfg, self.ctx.device_type, offload=offload, no_fused=no_fused)
+        return build_optimizer(trainable, self.cfg, self.optimizer_impl)
 
     # --- what each strategy provides -------------------------------------------------------------
     @abstractmethod

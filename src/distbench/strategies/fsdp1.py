@@ -65,7 +65,12 @@ class FSDP1Trainer(DCPCheckpointMixin):
         )
         if mp is not None:
             _allow_low_precision_grads(self.model)
-        self.optimizer = self.make_optimizer(self.model.parameters(), fused_ok=cfg.precision != "fp16")
+        self.optimizer = self.make_optimizer(
+            self.model.parameters(),
+            no_fused="ShardedGradScaler's [1]-shaped found-inf flag breaks fused AdamW"
+            if cfg.precision == "fp16"
+            else None,
+        )
         self.scheduler = build_scheduler(self.optimizer, cfg)
 
     def make_grad_scaler(self) -> torch.amp.GradScaler | None:
