@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Evidence for the A/B gate on a GPU machine: planted slowdowns it must flag, identical variants it must pass.
 # Usage: scripts/ab_evidence.sh OUT MODE...   MODE: device (2% extra device work, ddp/fsdp_grad/zero2/zero3 at
-# micro-batch 16), host (5% host busy loop, fsdp_grad at micro-batch 8), aa<N> (A/A of the four), fidelity.
+# micro-batch 16), host (5% host busy loop, fsdp_grad at micro-batch 8), aa<N> (A/A of the four), fidelity
+# (test_harness_overhead_at_most_1_percent: the harness against bare single/ddp/fsdp_grad/zero2/zero3 loops).
 # Writes OUT/<mode>/ (every run's result, ab.json, ab.md) and OUT/<mode>.log; prints each verdict table.
 # BUDGET=SECONDS overrides each comparison's time budget (defaults: device 450, host 240, aa 420).
 set -uo pipefail
@@ -27,7 +28,7 @@ for mode in "$@"; do
     device) ab device-2pct --head "tree=$(planted device-2pct)" -s ddp,fsdp_grad,zero2,zero3 --budget "${BUDGET:-450}" ;;
     host) ab host-5pct --head "tree=$(planted host-5pct)" -s fsdp_grad --micro-batch 8 --budget "${BUDGET:-240}" ;;
     aa*) ab "$mode" -s ddp,fsdp_grad,zero2,zero3 --budget "${BUDGET:-420}" ;;
-    fidelity) python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_benchmarks.py -k fidelity -s \
+    fidelity) python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_benchmarks.py -k harness_overhead -s \
                 > "$out/fidelity.log" 2>&1; echo "== fidelity: exit $?"; tail -5 "$out/fidelity.log" ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
