@@ -2,7 +2,8 @@
 # Evidence for the A/B gate on a GPU machine: planted slowdowns it must flag, identical variants it must pass.
 # Usage: scripts/ab_evidence.sh OUT MODE...   MODE: device (2% extra device work, ddp/fsdp_grad/zero2/zero3 at
 # micro-batch 16), host (5% host busy loop, fsdp_grad at micro-batch 8), host-sleep (the host sleeps 5% of
-# each step: wall time only, no CPU work), aa<N> (A/A of the four), fidelity.
+# each step: wall time only, no CPU work), aa<N> (A/A of the four), fidelity
+# (test_harness_overhead_at_most_1_percent: the harness against bare single/ddp/fsdp_grad/zero2/zero3 loops).
 # Writes OUT/<mode>/ (every run's result, ab.json, ab.md) and OUT/<mode>.log; prints each verdict table.
 # BUDGET=SECONDS overrides each comparison's time budget (defaults: device 450, host 240, aa 420).
 # CONFIG="-s ddp -n 1 -m gpt2-124m --micro-batch 1" replaces a mode's configurations; AB="--max-pairs 8"

@@ -12,7 +12,8 @@ import math
 
 import pytest
 
-from distbench.jobs.bench import bench_finish, bench_setup, bench_step, collective_bandwidth, harness_overhead
+from distbench.jobs.bench import bench_finish, bench_setup, bench_step, collective_bandwidth
+from distbench.jobs.fidelity import harness_overhead
 from distbench.matrix import run_benchmark, sweep_micro_batch
 from distbench.results import summarize_bench
 from distbench.runtime.fingerprint import environment_fingerprint
@@ -66,14 +67,26 @@ def test_pool_overhead_per_configuration(suite, strategy, world_size):
     assert overhead <= 3.0, f"{strategy} ws{world_size}: {overhead:.2f}s of overhead per configuration"
 
 
+#: How far apart the first-step losses of the harness and its bare loop may be under bf16: the same kernels on
+#: the same weights and data, but non-deterministic ones (atomics) and bf16's 2**-8 rounding.
+BF16_FIRST_LOSS_RTOL = 1e-2
+
+
 @pytest.mark.gpu
-def test_harness_overhead_at_most_1_percent(suite):
-    """The harness's timed loop against a bare hand-written loop doing the same work, same process."""
-    cfg = suite.bench_config("single", 1, model="gpt2-355m", global_batch=8)
-    out = suite.run_job(1, harness_overhead, cfg=cfg, steps=10, rounds=7)[0]
+@pytest.mark.strategies("single", "ddp", "fsdp_grad", "zero2", "zero3")
+def test_harness_overhead_at_most_1_percent(suite, strategy, world_size):
+    """The harness's timed loop against a bare loop of the same strategy doing the same work, same ranks: 8
+    samples of 1024 tokens per rank a step in 2 micro-batches, so the skipped gradient syncs are timed too."""
+    cfg = suite.bench_config(
+        strategy, world_size, model="gpt2-355m", micro_batch=4, global_batch=8 * world_size
+    )
+    out = suite.run_job(world_size, harness_overhead, cfg=cfg, steps=10, rounds=7)[0]
     print(out)
-    assert out["first_step_loss"]["bare"] == pytest.approx(out["first_step_loss"]["harness"], rel=1e-2)
-    assert out["overhead"] <= 0.01, f"harness costs {out['overhead']:.2%} throughput: {out['rounds']}"
+    first = out["first_step_loss"]
+    assert first["bare"] == pytest.approx(first["harness"], rel=BF16_FIRST_LOSS_RTOL), first
+    assert out["overhead"] <= 0.01, (
+        f"{strategy} ws{world_size}: the harness costs {out['overhead']:.2%} throughput: {out['rounds']}"
+    )
 
 
 def test_collective_bandwidth(suite, world_size):

@@ -20,7 +20,6 @@ import torch.distributed as dist
 from torch import nn
 
 from distbench.config import RunConfig
-from distbench.errors import ConfigError
 from distbench.jobs import bench as bm
 from distbench.matrix import run_benchmark, sweep_micro_batch
 from distbench.measure import busbw, mfu, nvml
@@ -378,20 +377,6 @@ def test_split_jobs_train_like_the_one_shot_job(bench_reply):
     assert out["losses"] == bench_reply["losses"]  # deterministic fp32: same steps, same losses
     with pytest.raises(RuntimeError, match="bench_setup first"):
         bm.bench_step(CPU)
-
-
-def test_harness_overhead_job():
-    out = bm.harness_overhead(CPU, RunConfig.from_dict(TINY), steps=2, rounds=2, warmup=1)
-    assert len(out["rounds"]) == 2
-    assert out["bare_tokens_per_s"] > 0 and out["harness_tokens_per_s"] > 0
-    ratios = sorted(r["harness_s"] / r["bare_s"] for r in out["rounds"])
-    assert out["overhead"] == pytest.approx((ratios[0] + ratios[1]) / 2 - 1)  # median of per-round ratios
-    first = out["first_step_loss"]
-    assert first["bare"] == pytest.approx(first["harness"], rel=1e-5)  # both loops do the same work
-    with pytest.raises(ConfigError, match="world size 1"):
-        bm.harness_overhead(
-            RankContext(0, 2, 0, torch.device("cpu"), "gloo"), RunConfig.from_dict(TINY), steps=1
-        )
 
 
 class FakePool:

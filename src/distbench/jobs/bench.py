@@ -7,7 +7,6 @@ distbench/matrix.py runs them in a pool.
   worker's STATE between jobs, so pytest-benchmark's `benchmark.pedantic` can time one step per round
   from the pytest process (bench_step is one synchronized step: a round trip per step is sync anyway).
 * trace(ctx, cfg, out_dir): build, warm up, profile a few steps into chrome traces (measure/trace.py).
-* harness_overhead(ctx, cfg, steps): the harness's `single` trainer against a hand-written loop.
 * collective_bandwidth(ctx, ...): the collectives' bus bandwidth (measure/busbw.py).
 
 Windows are timed as measure/timing.py describes (no host sync inside one by default); the reported step time
@@ -17,9 +16,7 @@ kept. Memory peaks cover the timed steps (peaks are reset after warm-up). `losse
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,10 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ..config import RunConfig
-from ..errors import ConfigError
 from ..measure import busbw
 from ..measure.devicetime import sample_device_time
 from ..measure.hostcount import ThreadCounters, try_open_counters
@@ -44,7 +39,7 @@ from ..measure.trace import profile_steps
 from ..runtime import worker
 from ..runtime.context import RankContext
 from ..strategies import build_trainer
-from ..strategies.base import IMPL_FLAGS, Trainer, global_mean
+from ..strategies.base import Trainer, global_mean
 from ..workloads.data import rank_micro_batches
 from ..workloads.models import count_params, get_model
 from .train import set_numerics
@@ -267,98 +262,6 @@ def bench(ctx: RankContext, cfg: RunConfig, nvml: bool = True) -> dict[str, Any]
         return _finish(ctx, b)
     finally:
         _free(ctx)
-
-
-def harness_overhead(
-    ctx: RankContext, cfg: RunConfig, steps: int, rounds: int = 3, warmup: int = 2
-) -> dict[str, Any]:
-    """Throughput of the `single` Trainer.step loop against a hand-written loop, same process, same data.
-
-    The bare loop is what a user writes: forward, token-mean cross-entropy, backward (scaled for
-    accumulation), torch.optim.AdamW of the implementation the harness resolved (fused on GPU), zero_grad;
-    neither loop synchronizes inside its timed loop. Both train their own
-    copy of the same model on the same `steps` steps of data, in `rounds` rounds whose order alternates
-    (bare first, then harness first, ...) so clock and thermal drift cancel. overhead = median over rounds
-    of harness time / bare time in that round, minus 1 (positive: the harness is slower); pairing within a
-    round keeps slow drift out of the ratio. `first_step_loss` must agree between the two (same weights,
-    same data): it shows both loops do the same work.
-    """
-    if ctx.world_size != 1:
-        raise ConfigError("harness_overhead compares one process with a bare loop: run it at world size 1")
-    rc = cfg.replace(strategy="single", world_size=1)
-    set_numerics(rc)
-    spec = get_model(rc.model)
-    seq_len = rc.seq_len or spec.seq_len
-    data = [rank_micro_batches(rc, s, 0, seq_len, spec.vocab_size, ctx.device) for s in range(steps)]
-
-    bare = spec.build(rc.seed, ctx.device)
-    trainer = build_trainer(ctx, rc, spec.build(rc.seed, ctx.device))
-    bare_step = _bare_loop(ctx, rc, bare, trainer.optimizer_impl)
-    loops = {
-        "bare": lambda: [bare_step(mbs) for mbs in data],
-        "harness": lambda: [trainer.step_async(mbs) for mbs in data],
-    }
-    try:
-        first = {"bare": float(bare_step(data[0])), "harness": trainer.step(data[0])}
-        for mbs in data[1:warmup]:
-            bare_step(mbs)
-            trainer.step(mbs)
-        times: dict[str, list[float]] = {"bare": [], "harness": []}
-        for r in range(rounds):
-            for name in ("bare", "harness") if r % 2 == 0 else ("harness", "bare"):
-                times[name].append(timed(ctx, loops[name])[1])
-    finally:
-        trainer.close()  # memory goes back when the job returns (the worker collects after every job)
-
-    tokens = steps * rc.global_batch * seq_len
-    med = {k: statistics.median(v) for k, v in times.items()}
-    return {
-        "steps": steps,
-        "rounds": [
-            {"bare_s": b, "harness_s": h} for b, h in zip(times["bare"], times["harness"], strict=True)
-        ],
-        "bare_step_time_s": med["bare"] / steps,
-        "harness_step_time_s": med["harness"] / steps,
-        "bare_tokens_per_s": tokens / med["bare"],
-        "harness_tokens_per_s": tokens / med["harness"],
-        "overhead": statistics.median(h / b for b, h in zip(times["bare"], times["harness"], strict=True))
-        - 1.0,
-        "first_step_loss": first,
-    }
-
-
-def _bare_loop(
-    ctx: RankContext, rc: RunConfig, bare: torch.nn.Module, optimizer_impl: str
-) -> Callable[[list[dict[str, torch.Tensor]]], torch.Tensor]:
-    """One optimizer step of `bare` as a user writes it: forward, token-mean cross-entropy, backward scaled for
-    accumulation, AdamW of the harness's implementation, zero_grad."""
-    opt = torch.optim.AdamW(
-        bare.parameters(),
-        lr=rc.lr,
-        betas=rc.betas,
-        eps=rc.eps,
-        weight_decay=rc.weight_decay,
-        **IMPL_FLAGS[optimizer_impl],
-    )
-
-    def amp() -> contextlib.AbstractContextManager:
-        bf16 = rc.precision == "bf16"
-        return torch.autocast(ctx.device_type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-
-    def bare_step(mbs: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-        total = torch.zeros((), device=ctx.device)
-        for mb in mbs:
-            with amp():
-                out = bare(input_ids=mb["input_ids"])
-            logits = out.logits if hasattr(out, "logits") else out
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), mb["labels"].reshape(-1))
-            (loss / len(mbs)).backward()
-            total += loss.detach()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return total / len(mbs)
-
-    return bare_step
 
 
 def trace(ctx: RankContext, cfg: RunConfig, out_dir: str, steps: int = 3) -> dict[str, Any]:

@@ -212,11 +212,17 @@ class DeepSpeedTrainer(Trainer):
     def close(self) -> None:
         engine = getattr(self, "engine", None)
         if engine is not None:
-            if hasattr(engine, "destroy"):  # releases ZeRO hooks and buffers; absent in old DeepSpeed
-                engine.destroy()
-            _forget_zero3_module(engine.module)
+            destroy_engine(engine)
             del self.engine, engine
         gc.collect()
+
+
+def destroy_engine(engine: Any) -> None:
+    """What giving a DeepSpeed engine back takes: its destroy() (ZeRO hooks and buffers; absent in old
+    DeepSpeed), then the references DeepSpeed itself keeps to a ZeRO-3 model (see _forget_zero3_module)."""
+    if hasattr(engine, "destroy"):
+        engine.destroy()
+    _forget_zero3_module(engine.module)
 
 
 def _gathered(p: nn.Parameter) -> torch.Tensor:
