@@ -4,8 +4,10 @@ and every run's result on disk; bad variants are usage errors."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,33 +16,25 @@ from distbench.errors import ConfigError
 from distbench.gate.variants import parse_variant
 
 
-@pytest.mark.slow  # two variant servers, three pairs, fresh ranks each round: ~40 s on 2 cores
-def test_ab_smoke_on_gloo(tmp_path):
+def _protocol_1_tree(tmp_path) -> str:
+    """A copy of this distbench whose server announces protocol 1, as one from before runs came in pieces."""
+    tree = tmp_path / "old"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "src", tree / "src")
+    serve = tree / "src" / "distbench" / "gate" / "serve.py"
+    serve.write_text(serve.read_text().replace("PROTOCOL = 2", "PROTOCOL = 1"))
+    return str(tree)
+
+
+@pytest.mark.slow  # two variant servers, three pairs, fresh ranks each round: ~35 s on 2 cores, per case
+@pytest.mark.parametrize("head", ["env", "protocol-1"])
+def test_ab_smoke_on_gloo(tmp_path, head):
     out = tmp_path / "ab"
-    # Two trivially different variants: the head's ranks see one more environment variable.
+    # Two trivially different variants: the head's ranks see one more environment variable, or the head is a
+    # distbench whose server runs whole runs only (then the runs alternate instead of their windows).
+    spec = "env.DISTBENCH_AB_SMOKE=1" if head == "env" else f"tree={_protocol_1_tree(tmp_path)}"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "distbench.cli",
-            "ab",
-            "--device",
-            "cpu",
-            "-s",
-            "ddp",
-            "-n",
-            "2",
-            "--steps",
-            "3",
-            "--head",
-            "env.DISTBENCH_AB_SMOKE=1",
-            "--min-pairs",
-            "3",
-            "--max-pairs",
-            "3",
-            "-o",
-            str(out),
-        ],
+        [sys.executable, "-m", "distbench.cli", "ab", "--device", "cpu", "-s", "ddp", "-n", "2"]
+        + ["--steps", "3", "--head", spec, "--min-pairs", "3", "--max-pairs", "3", "-o", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -48,8 +42,14 @@ def test_ab_smoke_on_gloo(tmp_path):
     assert proc.returncode in (0, 1, 3), proc.stdout + proc.stderr  # CPU timings decide nothing here
     report = json.loads((out / "ab.json").read_text())
     (cfg,) = report["configs"]
-    assert cfg["orders"] == ["AB", "BA", "AB"] and cfg["gated"] == ["step_time_s", "host_cpu_s"]
-    assert report["head"] == "this checkout, env.DISTBENCH_AB_SMOKE=1"
+    assert cfg["orders"] == ["AB", "BA", "AB"] and cfg["gated"] == ["step_time_s"]
+    if head == "env":
+        assert report["head"] == "this checkout, env.DISTBENCH_AB_SMOKE=1"
+        # the runs' timed windows were interleaved: one log ratio per pair of adjacent windows, 3 windows a run
+        assert cfg["interleave"] == "windows" and [len(w) for w in cfg["window_log_ratios"]] == [3, 3, 3]
+    else:
+        assert "runs alternate" in proc.stdout and cfg["interleave"] == "runs"
+        assert cfg["window_log_ratios"] == [None, None, None]
     for side in ("base", "head"):
         saved = {p.stem for p in (out / side).glob("*.json")}
         assert set(cfg[f"{side}_ids"]) <= saved
@@ -99,7 +99,7 @@ def test_usage_errors_exit_2(args, tmp_path, capsys):
 
 
 def test_a_run_the_variant_cannot_do_is_a_failed_run_not_a_dead_server():
-    from distbench.gate.serve import handle
+    from distbench.gate.serve import Server
 
     class Pools:
         device_type = "cpu"
@@ -107,7 +107,7 @@ def test_a_run_the_variant_cannot_do_is_a_failed_run_not_a_dead_server():
         def pool_for(self, world_size: int):
             raise RuntimeError("no pool for this world size here")
 
-    out = handle(Pools(), {"cfg": {"strategy": "ddp", "world_size": 2}, "timeout": 5})
+    out = Server(Pools()).handle({"cfg": {"strategy": "ddp", "world_size": 2}, "timeout": 5})
     assert out["status"] == "error" and "no pool for this world size here" in out["error"]
-    bad = handle(Pools(), {"cfg": {"strategy": "ddp", "steps": "five"}, "timeout": 5})
+    bad = Server(Pools()).handle({"cfg": {"strategy": "ddp", "steps": "five"}, "timeout": 5})
     assert bad["status"] == "error" and "steps" in bad["error"]

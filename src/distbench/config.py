@@ -126,6 +126,12 @@ class RunConfig:
         return self.global_batch // (self.world_size * self.micro_batch)
 
     @property
+    def window_steps(self) -> list[int]:
+        """Steps per timed window: `steps` split as evenly as possible over `windows`, longer ones first."""
+        q, r = divmod(self.steps, self.windows)
+        return [q + 1] * r + [q] * (self.windows - r)
+
+    @property
     def per_rank_batch(self) -> int:
         return self.global_batch // self.world_size
 

@@ -20,7 +20,7 @@ from pydantic import Field
 from . import scaling
 from .config import Name, PositiveInt, Precision, RunConfig, check_field, check_fields, check_keys, from_json
 from .errors import ConfigError
-from .jobs.bench import bench, trace
+from .jobs.bench import bench, bench_finish, bench_setup, bench_window, trace
 from .metrics import names
 from .plausibility import annotate
 from .results import failure_result, is_oom, save_result, summarize_bench
@@ -182,6 +182,47 @@ def run_benchmark(
     result["wall_s"] = wall
     result["metrics"]["config_overhead_s"] = wall - steps_s
     return result
+
+
+def _failed(pool: Any, cfg: RunConfig, e: JobError) -> dict[str, Any]:
+    """A failed configuration's result; after an out-of-memory at world size > 1 the pool is closed, as in
+    run_benchmark."""
+    if is_oom(e) and cfg.world_size > 1:
+        pool.close()
+    return failure_result(cfg, getattr(pool, "device_type", None), e, environment_fingerprint())
+
+
+@dataclass
+class SteppedRun:
+    """One benchmark run in pieces, for the A/B gate's window interleaving: `setup` builds and warms up,
+    each `window` times some steps and gives their wall clock per step (the slowest rank's), `finish` makes
+    the run's result of every window so far, as run_benchmark's. A piece that fails gives the failure
+    result (status "oom" or "error"); the pool has then freed the trainer."""
+
+    pool: Any
+    cfg: RunConfig
+    timeout: float = 1800
+
+    def setup(self) -> dict[str, Any] | None:
+        try:
+            self.pool.run(bench_setup, {"cfg": self.cfg}, self.timeout)
+        except JobError as e:
+            return _failed(self.pool, self.cfg, e)
+        return None
+
+    def window(self, steps: int) -> float | dict[str, Any]:
+        try:
+            replies = self.pool.run(bench_window, {"steps": steps}, self.timeout)
+        except JobError as e:
+            return _failed(self.pool, self.cfg, e)
+        return max(r["wall_s"] for r in replies) / steps
+
+    def finish(self) -> dict[str, Any]:
+        try:
+            replies = self.pool.run(bench_finish, {}, self.timeout)
+        except JobError as e:
+            return _failed(self.pool, self.cfg, e)
+        return summarize_bench(self.cfg, replies, env=environment_fingerprint())
 
 
 def sweep_micro_batch(pool: Any, cfg: RunConfig, sizes: list[int], **kwargs: Any) -> list[dict[str, Any]]:

@@ -120,13 +120,17 @@ _ENTRIES = [
         "ms",
         ab="gate",
     ),
-    Metric("host_cpu_s", "lower", "s", "the training thread's CPU time per step", "ms", ab="gate-host-bound"),
+    # Reported, not gated: on one H200 machine its run-to-run spread in a host-bound step was 10-20% (as the
+    # wall's), and it misses backward, which autograd runs in a thread of its own.
+    Metric("host_cpu_s", "lower", "s", "the training thread's CPU time per step", "ms", ab="report"),
+    # Gated where the CPU's counters can be read (none on the H200 virtual machines this suite was measured
+    # on): the host work of a step as a count, which the host's speed does not move.
     Metric(
         "host_instructions",
         "lower",
         "instructions",
         "user-mode instructions the training thread retired per step (CPU counters, where readable)",
-        ab="report",
+        ab="gate-host-bound",
     ),
     Metric(
         "host_cycles",

@@ -313,7 +313,10 @@ def _host_section(replies: list[dict[str, Any]]) -> dict[str, Any] | None:
         per_rank = [[x for w in r["windows"] for x in (get(w) or [])] for r in ranks]
         return per_step_max(per_rank) if all(per_rank) else None
 
-    out: dict[str, Any] = {"cpu_s": steps(lambda w: w["host_cpu_s"]), "host_s": steps(lambda w: w.get("host_s"))}
+    out: dict[str, Any] = {
+        "cpu_s": steps(lambda w: w["host_cpu_s"]),
+        "host_s": steps(lambda w: w.get("host_s")),
+    }
     for name in ("instructions", "cycles"):
         out[name] = steps(lambda w, n=name: (w.get("counts") or {}).get(n))
     counters = [r.get("counters") or {} for r in ranks]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,17 +17,18 @@ if TYPE_CHECKING:
     from ..gate.ab import ABReport, ConfigOutcome, Pair
     from ..gate.variants import Variant
 
-#: Per-tier defaults: GPUs as seed 004 measures (bf16, sequence 1024) at a device-bound micro-batch; three
-#: windows a run, so one stalled window costs the run's median nothing (with two, the median is their mean:
-#: on synthetic runs with a stalled window in 50, a 2% slowdown was found 54 times in 100 instead of 90+).
+#: Per-tier defaults: GPUs as seed 004 measures (bf16, sequence 1024) at a device-bound micro-batch; at least
+#: three windows a run, so one stalled window costs the run's median nothing (with two, the median is their
+#: mean: on synthetic runs with a stalled window in 50, a 2% slowdown was found 54 times in 100 instead of
+#: 90+), and on GPUs six of two steps, so that interleaved windows follow the host's speed closely.
 DEFAULTS: dict[str, dict[str, Any]] = {
     "cuda": {
         "model": "gpt2-large",
         "precision": "bf16",
         "seq_len": 1024,
         "micro_batch": 16,
-        "steps": 9,
-        "windows": 3,
+        "steps": 12,
+        "windows": 6,
         "warmup": 2,
         "device_time_steps": 3,
     },
@@ -92,6 +95,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-pairs", type=int, default=6, help="pairs before the first decision (default 6)")
     p.add_argument("--max-pairs", type=int, default=12, help="most pairs per configuration (default 12)")
     p.add_argument("--look-every", type=int, default=3, help="pairs between decisions (default 3)")
+    p.add_argument(
+        "--interleave",
+        choices=["windows", "runs"],
+        default="windows",
+        help="windows (default): each pair of runs alternates its timed windows, both variants built at "
+        "once, so host and clock drift cancel window by window; runs: whole runs alternate (a "
+        "configuration that does not fit twice in device memory falls back to this by itself)",
+    )
     p.add_argument("--budget", type=float, default=600.0, help="seconds of comparison (default 600)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before one run counts as hung")
     p.add_argument("--bind-cpus", action="store_true", help="bind each rank to its own slice of the CPUs")
@@ -245,19 +256,49 @@ def _alternate(
             for server in servers.values():
                 server.recycle()
 
+        class Interleaved:
+            """Both servers as gate/ab.py's window interleaving drives them; finished runs are saved."""
+
+            def __init__(self) -> None:
+                self.sent: dict[str, bool] = {}
+
+            def post(self, side: str, request: dict[str, Any]) -> None:
+                self.sent[side] = servers[side].send({**request, "timeout": args.timeout})
+
+            def reply(self, side: str) -> dict[str, Any]:
+                got = servers[side].receive(args.timeout) if self.sent.get(side) else None
+                if got is None:
+                    return {
+                        "status": "error",
+                        "error": f"the {side} variant died or hung (log: {servers[side].log})",
+                    }
+                if "schema" in got:
+                    save_result(got, args.output / side)
+                return got
+
         def progress(o: ConfigOutcome, pair: Pair) -> None:
             b, h = pair.base["metrics"]["step_time_s"], pair.head["metrics"]["step_time_s"]
+            w = pair.window_log_ratios
+            windows = f"; windows {math.expm1(statistics.median(w)):+.2%}" if w else ""
             console.print(
                 f"  {o.label} pair {len(o.pairs)} ({pair.order}): base {b * 1000:.2f} ms, "
-                f"head {h * 1000:.2f} ms ({h / b - 1:+.2%})"
+                f"head {h * 1000:.2f} ms ({h / b - 1:+.2%}{windows})"
+                + (f" [whole runs: {o.note}]" if o.note else "")
             )
 
         try:
             for server in servers.values():
                 server.start()
+            interleave = args.interleave
+            old = [label for label, server in servers.items() if server.protocol < 2]
+            if interleave == "windows" and old:
+                interleave = "runs"
+                console.print(
+                    f"note: the {' and '.join(old)} variant's distbench runs whole runs only: runs alternate"
+                )
             console.print(
                 f"distbench ab: {len(configs)} configuration(s) on {device}; base {base_v.describe()} "
-                f"vs head {head_v.describe()}; budget {args.budget:.0f} s"
+                f"vs head {head_v.describe()}; {interleave} interleaved; budget {args.budget:.0f} s"
             )
             return run_ab(
                 configs,
@@ -272,6 +313,7 @@ def _alternate(
                 budget_s=args.budget,
                 on_pair=progress,
                 between_rounds=recycle_all,
+                servers=Interleaved() if interleave == "windows" else None,
             )
         finally:
             for server in servers.values():

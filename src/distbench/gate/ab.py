@@ -24,15 +24,19 @@ device_comm_s and busy_ratio.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..config import RunConfig
 from ..metrics import METRICS, names
 from . import stats
+
+#: The metric whose pairs come from interleaved windows (the window wall clock per step).
+WINDOWED = "step_time_s"
 
 
 @dataclass
@@ -40,6 +44,18 @@ class Pair:
     order: str  # "AB" or "BA"
     base: dict[str, Any]
     head: dict[str, Any]
+    #: interleaved windows: ln(head / base) of each pair of adjacent windows' wall clock per step
+    window_log_ratios: list[float] | None = None
+
+
+class Servers(Protocol):
+    """The two variants' servers as the window interleaving drives them (gate/serve.py's requests)."""
+
+    def post(self, side: str, request: dict[str, Any]) -> None:
+        """Send `request` to the "base" or "head" server without waiting."""
+
+    def reply(self, side: str) -> dict[str, Any]:
+        """That server's reply; a failure is {"status": "error" or "oom", "error": ...}."""
 
 
 @dataclass
@@ -62,6 +78,8 @@ class ConfigOutcome:
     regime: dict[str, Any] | None = None
     rows: list[Row] = field(default_factory=list)
     error: str | None = None
+    interleave: str = "runs"  # "windows" or "runs": how its pairs were played
+    note: str | None = None  # why it fell back from windows to runs
 
     @property
     def verdict(self) -> str:
@@ -102,8 +120,12 @@ def judge(outcome: ConfigOutcome, *, alpha: float, threshold: float, min_effect:
             continue
         gated = metric in outcome.gated
         row = Row(outcome.label, metric, gated, base, head, stats.UNDECIDED)
+        windows = [p.window_log_ratios for p in outcome.pairs]
         if len(base) >= stats.MIN_RUNS:
-            row.effect = stats.paired_effect(base, head, alpha)
+            if metric == WINDOWED and all(windows):
+                row.effect = stats.interleaved_effect([w for w in windows if w], alpha)
+            else:
+                row.effect = stats.paired_effect(base, head, alpha)
             row.verdict = stats.verdict(
                 row.effect, METRICS[metric].direction, threshold=threshold, min_effect=min_effect
             )
@@ -121,16 +143,63 @@ def _play_pair(
     r1 = first(o.cfg)
     r2 = second(o.cfg) if r1.get("status") == "ok" else r1
     base, head = (r1, r2) if order == "AB" else (r2, r1)
-    bad = [(side, r) for side, r in (("base", base), ("head", head)) if r.get("status") != "ok"]
+    return _record(o, Pair(order, base, head))
+
+
+def _failed(o: ConfigOutcome, side: str, r: dict[str, Any]) -> None:
+    o.error = f"{side} run failed ({r.get('status')}): {(r.get('error') or '').splitlines()[:1]}"
+
+
+def _play_interleaved(o: ConfigOutcome, order: str, servers: Servers) -> Pair | None:
+    """One pair of runs whose timed windows alternate: both variants build and warm up at once, then time
+    their windows in turn (ABBA...: adjacent windows of the two share the host's and the GPU's state of
+    that moment), then finish. None and `o.error` when a run failed; a configuration whose two runs do not
+    fit in device memory at once (either setup out of memory) is played as whole runs from then on."""
+    sides = ("base", "head") if order == "AB" else ("head", "base")
+    for side in sides:
+        servers.post(side, {"op": "setup", "cfg": o.cfg.to_dict()})
+    setup = {side: servers.reply(side) for side in sides}
+    bad = [side for side in sides if setup[side].get("status") != "ok"]
     if bad:
-        side, r = bad[0]
-        o.error = f"{side} run failed ({r.get('status')}): {(r.get('error') or '').splitlines()[:1]}"
+        for side in sides:
+            if side not in bad:
+                servers.post(side, {"op": "finish"})
+                servers.reply(side)
+        if any(setup[side].get("status") == "oom" for side in bad):
+            o.interleave, o.note = "runs", "the two runs do not fit in device memory at once"
+            return None
+        _failed(o, bad[0], setup[bad[0]])
         return None
-    pair = Pair(order, base, head)
+    walls: dict[str, list[float]] = {"base": [], "head": []}
+    for k, n in enumerate(o.cfg.window_steps):
+        for side in sides if k % 2 == 0 else sides[::-1]:
+            servers.post(side, {"op": "window", "steps": n})
+            r = servers.reply(side)
+            if r.get("status") != "ok":
+                other = "head" if side == "base" else "base"
+                servers.post(other, {"op": "finish"})
+                servers.reply(other)
+                _failed(o, side, r)
+                return None
+            walls[side].append(float(r["step_s"]))
+    results = {}
+    for side in sides:
+        servers.post(side, {"op": "finish"})
+        results[side] = servers.reply(side)
+    ratios = [math.log(h / b) for b, h in zip(walls["base"], walls["head"], strict=True)]
+    return _record(o, Pair(order, results["base"], results["head"], ratios))
+
+
+def _record(o: ConfigOutcome, pair: Pair) -> Pair | None:
+    """Keep a played pair in `o`, or record its failure."""
+    bad = [(side, r) for side, r in (("base", pair.base), ("head", pair.head)) if r.get("status") != "ok"]
+    if bad:
+        _failed(o, *bad[0])
+        return None
     o.pairs.append(pair)
     if not o.gated:
-        o.gated = gated_metrics(base)
-        o.regime = base.get("regime")
+        o.gated = gated_metrics(pair.base)
+        o.regime = pair.base.get("regime")
     return pair
 
 
@@ -175,17 +244,20 @@ def run_ab(
     on_pair: Callable[[ConfigOutcome, Pair], None] | None = None,
     between_rounds: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    servers: Servers | None = None,
 ) -> ABReport:
     """Alternate base and head over `configs` until decided or out of budget (see the module doc).
 
     run_base / run_head run one configuration once in that variant and return its result (status "ok", or
-    anything else for a failure, which ends that configuration's comparison as undecided).
+    anything else for a failure, which ends that configuration's comparison as undecided). With `servers`,
+    each pair's timed windows are interleaved instead (_play_interleaved), falling back to whole runs for a
+    configuration whose two runs do not fit in device memory at once.
     `between_rounds` runs after every round but the last (the runner recycles the variants' rank processes).
     """
     if min_pairs < stats.MIN_RUNS or max_pairs < min_pairs:
         raise ValueError(f"need {stats.MIN_RUNS} <= min_pairs <= max_pairs, got {min_pairs}, {max_pairs}")
     schedule = looks(min_pairs, max_pairs, look_every)
-    outcomes = [ConfigOutcome(c, label_of(c)) for c in configs]
+    outcomes = [ConfigOutcome(c, label_of(c), interleave="windows" if servers else "runs") for c in configs]
     start = clock()
     open_ = list(outcomes)
     per_test = alpha
@@ -199,7 +271,14 @@ def run_ab(
             break
         t0 = clock()
         for o in list(open_):
-            pair = _play_pair(o, "AB" if rnd % 2 == 0 else "BA", run_base, run_head)
+            order = "AB" if rnd % 2 == 0 else "BA"
+            if servers is not None and o.interleave == "windows":
+                pair = _play_interleaved(o, order, servers)
+                if pair is None and o.interleave == "runs" and not o.error:
+                    between_rounds and between_rounds()  # free the device before whole runs
+                    pair = _play_pair(o, order, run_base, run_head)
+            else:
+                pair = _play_pair(o, order, run_base, run_head)
             if pair is None:
                 open_.remove(o)
             elif on_pair:

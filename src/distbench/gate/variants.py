@@ -146,22 +146,40 @@ class VariantProcess:
             )
         self.info = hello
 
-    def run(self, cfg: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-        """The result of one benchmark run of `cfg`, or None when the server died or did not answer in time
-        (it is then killed with its ranks and restarted on the next call)."""
+    @property
+    def protocol(self) -> int:
+        """What the server can do (gate/serve.py): 2 runs in pieces, 1 (older distbench) whole runs only."""
+        return int(self.info.get("protocol", 1))
+
+    def send(self, request: dict[str, Any]) -> bool:
+        """Post one request (serve.py's forms); False when the server is gone (it is closed, and restarted by
+        the next send)."""
         if self._proc is None or self._proc.poll() is not None:
             self.start()
         assert self._requests is not None
         try:
-            self._requests.write(json.dumps({"cfg": cfg, "timeout": timeout}) + "\n")
+            self._requests.write(json.dumps(request) + "\n")
             self._requests.flush()
         except BrokenPipeError:
             self.close()
-            return None
-        reply = self._reply(timeout + REPLY_MARGIN_S)
+            return False
+        return True
+
+    def receive(self, timeout: float) -> dict[str, Any] | None:
+        """The reply to the request sent last, or None when the server died or did not answer within
+        `timeout` plus the reply margin (it is then killed with its ranks)."""
+        reply = self._reply(timeout + REPLY_MARGIN_S) if self._reply_fd is not None else None
         if reply is None:
             self.close()
         return reply
+
+    def request(self, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        return self.receive(timeout) if self.send({**request, "timeout": timeout}) else None
+
+    def run(self, cfg: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """The result of one benchmark run of `cfg`, or None when the server died or did not answer in time
+        (it is then killed with its ranks and restarted on the next call)."""
+        return self.request({"cfg": cfg}, timeout)
 
     def recycle(self) -> None:
         """Fresh rank processes for the next run (see serve.py); a server that does not answer is restarted."""

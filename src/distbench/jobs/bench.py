@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -141,29 +140,39 @@ def _global_losses(ctx: RankContext, local: list[torch.Tensor]) -> list[float]:
     return [float(x) for x in global_mean(ctx, torch.stack(local).to(ctx.device)).tolist()]
 
 
-def _timed_windows(ctx: RankContext, b: _Bench) -> None:
-    """The run's timed steps as cfg.windows windows, then the device-time sample outside them."""
-    sizes = [len(part) for part in np.array_split(np.arange(b.cfg.steps), b.cfg.windows)]
-    for n in sizes:
-        fns = _step_fns(ctx, b, n)
-        ref = reference_s(ctx)  # the host's speed just before and after the window (measure/hostspeed.py)
-        if ctx.world_size > 1:
-            dist.barrier()  # every rank starts the window together
-        threads, stat = ThreadTimes().start(), cpu_stat()
-        w = time_window(ctx, b.cfg.timing, fns, b.counters)
-        w.host_speed = {
-            "threads": threads.stop(),
-            "steal": steal_share(stat, cpu_stat()),
-            "ref_s": [ref, reference_s(ctx)],
-        }
-        b.windows.append(w)
-        b.times += w.step_s
-        b.losses += _global_losses(ctx, w.losses)
+def _window(ctx: RankContext, b: _Bench, n: int) -> Window:
+    """One timed window of `n` steps, with the host's speed around it (measure/hostspeed.py), kept in `b`."""
+    fns = _step_fns(ctx, b, n)
+    ref = reference_s(ctx)
+    if ctx.world_size > 1:
+        dist.barrier()  # every rank starts the window together
+    threads, stat = ThreadTimes().start(), cpu_stat()
+    w = time_window(ctx, b.cfg.timing, fns, b.counters)
+    w.host_speed = {
+        "threads": threads.stop(),
+        "steal": steal_share(stat, cpu_stat()),
+        "ref_s": [ref, reference_s(ctx)],
+    }
+    b.windows.append(w)
+    b.times += w.step_s
+    b.losses += _global_losses(ctx, w.losses)
+    return w
+
+
+def _close_windows(ctx: RankContext, b: _Bench) -> None:
+    """After the last timed window: the NVML summary of the windows, then the device-time sample."""
     if b.sampler is not None:  # utilisation and clocks of the timed windows only
         b.nvml_summary = b.sampler.stop()
         b.sampler = None
-    if b.cfg.device_time_steps:
+    if b.cfg.device_time_steps and b.device_time is None:
         b.device_time = sample_device_time(ctx, _step_fns(ctx, b, b.cfg.device_time_steps))
+
+
+def _timed_windows(ctx: RankContext, b: _Bench) -> None:
+    """The run's timed steps as cfg.windows windows, then the device-time sample outside them."""
+    for n in b.cfg.window_steps:
+        _window(ctx, b, n)
+    _close_windows(ctx, b)
 
 
 def _step(ctx: RankContext, b: _Bench) -> tuple[float, float]:
@@ -242,12 +251,29 @@ def bench_step(ctx: RankContext) -> dict[str, float]:
     return {"loss": loss, "step_time_s": dt}
 
 
+def bench_window(ctx: RankContext, steps: int) -> dict[str, Any]:
+    """One timed window of `steps` steps of the trainer bench_setup built (the A/B gate interleaves two
+    variants' windows this way); this rank's window wall clock."""
+    b = worker.STATE.get(STATE_KEY)
+    if b is None:
+        raise RuntimeError("bench_window without a benchmark: run bench_setup first")
+    try:
+        w = _window(ctx, b, steps)
+    except BaseException:
+        _free(ctx)
+        raise
+    return {"rank": ctx.rank, "wall_s": w.wall_s, "steps": len(w.step_s)}
+
+
 def bench_finish(ctx: RankContext) -> dict[str, Any]:
-    """This rank's measurements since bench_setup; frees the trainer."""
+    """This rank's measurements since bench_setup (after windows from bench_window, the device-time sample
+    too); frees the trainer."""
     b = worker.STATE.get(STATE_KEY)
     if b is None:
         raise RuntimeError("bench_finish without a benchmark: run bench_setup first")
     try:
+        if b.windows:
+            _close_windows(ctx, b)
         return _finish(ctx, b)
     finally:
         _free(ctx)

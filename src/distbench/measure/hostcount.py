@@ -98,7 +98,9 @@ def open_counters(events: dict[str, tuple[int, int]] | None = None) -> ThreadCou
     events = HARDWARE if events is None else events
     number = _SYSCALL.get(platform.machine())
     if os.name != "posix" or number is None:
-        raise CountersUnavailable(errno.ENOSYS, f"no perf_event_open on {platform.system()} {platform.machine()}")
+        raise CountersUnavailable(
+            errno.ENOSYS, f"no perf_event_open on {platform.system()} {platform.machine()}"
+        )
     libc = ctypes.CDLL(None, use_errno=True)
     fds: list[int] = []
     try:

@@ -28,9 +28,9 @@ from typing import Any
 
 from ..runtime.context import RankContext
 
-#: tiny kernels launched per reference repeat: about 5-10 ms of host work on a GPU host
-REF_LAUNCHES = 1000
-REF_REPEATS = 5
+#: tiny kernels launched per reference repeat: 3-5 ms of host work on an H200 host
+REF_LAUNCHES = 500
+REF_REPEATS = 3
 
 
 def reference_s(ctx: RankContext) -> float:
@@ -96,7 +96,11 @@ class ThreadTimes:
         for tid, (run, wait) in t1.items():
             run0, wait0 = self._t0.get(tid, (0, 0))
             group = (
-                "main" if tid == self.main_tid else "autograd" if _comm(tid).startswith("pt_autograd") else "other"
+                "main"
+                if tid == self.main_tid
+                else "autograd"
+                if _comm(tid).startswith("pt_autograd")
+                else "other"
             )
             out[f"{group}_cpu_s"] += (run - run0) * 1e-9
             out[f"{group}_wait_s"] += (wait - wait0) * 1e-9

@@ -85,8 +85,16 @@ def summary(report: ABReport) -> str:
 
 
 def criteria(report: ABReport) -> str:
+    windows = any(o.interleave == "windows" for o in report.outcomes)
+    how = (
+        "Paired runs alternating AB/BA, fresh processes each round, their timed windows interleaved "
+        "(ABBA); step_time_s's effect per round = the 20%-trimmed mean of the adjacent windows' log "
+        "ratios, other metrics' = the log ratio of the runs; a Student-t interval over rounds at "
+        if windows
+        else "Paired runs alternating AB/BA; effect = mean log ratio per pair with a Student-t interval at "
+    )
     return (
-        f"Paired runs alternating AB/BA; effect = mean log ratio per pair with a Student-t interval at "
+        f"{how}"
         f"{1 - report.per_test_alpha:.4%} (family-wise alpha {report.alpha} over configurations, gated "
         f"metrics and looks); regression when the interval excludes 0 and the effect is at least "
         f"{report.min_effect:.1%}; unchanged when a regression of {report.threshold:.1%} is ruled out; "
@@ -162,7 +170,10 @@ def to_json(report: ABReport) -> dict[str, Any]:
                 "error": o.error,
                 "regime": o.regime,
                 "gated": list(o.gated),
+                "interleave": o.interleave,
+                "note": o.note,
                 "orders": [p.order for p in o.pairs],
+                "window_log_ratios": [p.window_log_ratios for p in o.pairs],
                 "base_ids": [p.base["id"] for p in o.pairs],
                 "head_ids": [p.head["id"] for p in o.pairs],
                 "rows": [row(r) for r in o.rows],

@@ -185,10 +185,16 @@ class Trainer(ABC):
         Frozen parameters (LoRA's base weights) get no optimizer state, so checkpoints and ZeRO's partitions
         hold the adapters' alone."""
         trainable = [p for p in params if p.requires_grad]
-        if no_fused is None and self.cfg.algorithm == "sgd" and any(isinstance(p, DTensor) for p in trainable):
+        if (
+            no_fused is None
+            and self.cfg.algorithm == "sgd"
+            and any(isinstance(p, DTensor) for p in trainable)
+        ):
             # torch 2.11 registers no DTensor sharding rule for aten._fused_sgd_ (found on an H200)
             no_fused = "torch's fused SGD has no DTensor (FSDP2) support"
-        self.optimizer_impl = optimizer_impl(self.cfg, self.ctx.device_type, offload=offload, no_fused=no_fused)
+        self.optimizer_impl = optimizer_impl(
+            self.cfg, self.ctx.device_type, offload=offload, no_fused=no_fused
+        )
         return build_optimizer(trainable, self.cfg, self.optimizer_impl)
 
     # --- what each strategy provides -------------------------------------------------------------
