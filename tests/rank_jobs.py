@@ -160,3 +160,37 @@ def optimizer_over_dtensors(ctx: Any, algorithm: str, optimizer: str) -> str:
     except ConfigError as e:
         return f"ConfigError: {e}"
     return trainer.optimizer_impl
+
+
+def pinned_threads(ctx: Any) -> dict[str, Any]:
+    """pin_training_threads with a thread named as torch names autograd's (pt_autograd_0) and one not: the
+    CPUs each may use afterwards."""
+    import ctypes
+    import threading
+
+    from distbench.runtime.affinity import pin_training_threads
+
+    started, stop = threading.Barrier(3), threading.Event()
+    tids: dict[str, int] = {}
+
+    def idle(name: str) -> None:
+        ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME: the name /proc shows
+        tids[name] = threading.get_native_id()
+        started.wait()
+        stop.wait()
+
+    threads = [threading.Thread(target=idle, args=(n,)) for n in ("pt_autograd_0", "other")]
+    for t in threads:
+        t.start()
+    started.wait()
+    try:
+        cpu = pin_training_threads()
+        return {
+            "cpu": cpu,
+            "main": sorted(os.sched_getaffinity(0)),
+            **{name: sorted(os.sched_getaffinity(tid)) for name, tid in tids.items()},
+        }
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()

@@ -60,6 +60,23 @@ def test_bind_cpus_gives_each_rank_its_own_slice(monkeypatch):
     assert got == [allowed[:k], allowed[k : 2 * k]]  # disjoint, equal, within what the parent may use
 
 
+def test_pinned_binding_puts_the_training_threads_of_a_rank_on_one_cpu(monkeypatch):
+    """`distbench ab` interleaves two variants' windows; with their training threads on one core per rank,
+    both run on the very same core (runtime/affinity.py)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv("DISTBENCH_BIND_CPUS", "pinned")
+    p = RankPool(2, "cpu")
+    try:
+        got = p.run(rank_jobs.pinned_threads)
+    finally:
+        p.close()
+    k = len(allowed) // 2
+    for rank, r in enumerate(got):
+        mine = allowed[rank * k : (rank + 1) * k]
+        assert r["cpu"] == mine[0] and r["main"] == r["pt_autograd_0"] == [mine[0]], r
+        assert r["other"] == mine  # threads of NCCL, the sampler and the like keep the slice
+
+
 @pytest.mark.parametrize(
     ("mode", "ranks", "message"),
     [("spread", 2, "not a binding mode"), ("exclusive", 4096, "needs a CPU per rank")],

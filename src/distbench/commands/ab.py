@@ -105,7 +105,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--budget", type=float, default=600.0, help="seconds of comparison (default 600)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before one run counts as hung")
-    p.add_argument("--bind-cpus", action="store_true", help="bind each rank to its own slice of the CPUs")
+    p.add_argument(
+        "--bind-cpus",
+        action="store_true",
+        help="bind each rank to its own slice of the CPUs; with --interleave windows, both variants' training "
+        "threads of a rank on that slice's first CPU",
+    )
     p.add_argument(
         "--output",
         "-o",
@@ -206,8 +211,8 @@ def run(args: argparse.Namespace) -> int:
     except DistbenchError as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         return 2
-    if args.bind_cpus:
-        os.environ["DISTBENCH_BIND_CPUS"] = "exclusive"
+    if args.bind_cpus:  # windows that take turns share their cores too (runtime/affinity.py)
+        os.environ["DISTBENCH_BIND_CPUS"] = "pinned" if args.interleave == "windows" else "exclusive"
     args.output.mkdir(parents=True, exist_ok=True)
     try:
         report = _alternate(args, configs, device, (base_v, head_v), console)
@@ -296,6 +301,11 @@ def _alternate(
                 console.print(
                     f"note: the {' and '.join(old)} variant's distbench runs whole runs only: runs alternate"
                 )
+                if os.environ.get("DISTBENCH_BIND_CPUS") == "pinned":  # a mode older servers refuse
+                    os.environ["DISTBENCH_BIND_CPUS"] = "exclusive"
+                    for server in servers.values():
+                        server.close()
+                        server.start()
             console.print(
                 f"distbench ab: {len(configs)} configuration(s) on {device}; base {base_v.describe()} "
                 f"vs head {head_v.describe()}; {interleave} interleaved; budget {args.budget:.0f} s"

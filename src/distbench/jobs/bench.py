@@ -36,6 +36,7 @@ from ..measure.pygc import GcWatch
 from ..measure.timing import Window, time_window, timed
 from ..measure.trace import profile_steps
 from ..runtime import worker
+from ..runtime.affinity import pin_training_threads
 from ..runtime.context import RankContext
 from ..strategies import build_trainer
 from ..strategies.base import Trainer, global_mean
@@ -105,6 +106,7 @@ def _setup(ctx: RankContext, rc: RunConfig, nvml: bool) -> _Bench:
     # would land in the first timed step's first collective (on 4x H200 DDP's first timed step was a median
     # 13% over the run's median with this order); before it, every rank starts timing together.
     b.gc_watch = GcWatch(rc.gc_during_steps).start()
+    pin_training_threads()  # after the warm-up's backward started autograd's threads
     reset_peaks(ctx)
     if ctx.world_size > 1:
         dist.barrier()

@@ -15,7 +15,12 @@ from collections.abc import Collection
 from ..errors import ConfigError
 
 ENV = "DISTBENCH_BIND_CPUS"
-MODES = ("exclusive",)
+#: exclusive: each rank its slice of the CPUs. pinned: the same, and the training threads (the rank's main
+#: thread and autograd's device threads, which run backward) on the slice's first CPU, so that two variants
+#: whose windows take turns (`distbench ab`) run their host work on the very same core: on one H200 virtual
+#: machine the vCPUs' speeds differed by up to x1.7 at the same moment and changed within seconds, and two
+#: processes on different cores differed by 10-35% window after window.
+MODES = ("exclusive", "pinned")
 
 
 def rank_cpus(rank: int, world_size: int, allowed: Collection[int] | None = None) -> list[int] | None:
@@ -36,3 +41,21 @@ def rank_cpus(rank: int, world_size: int, allowed: Collection[int] | None = None
         )
     per_rank = len(cpus) // world_size
     return cpus[rank * per_rank : (rank + 1) * per_rank]
+
+
+def pin_training_threads() -> int | None:
+    """Under DISTBENCH_BIND_CPUS=pinned, move this thread and torch's autograd threads (pt_autograd_*) to the
+    first CPU this process is bound to; that CPU, or None when the mode is another. Call it after the first
+    backward (autograd starts its device threads then)."""
+    if os.environ.get(ENV) != "pinned" or not hasattr(os, "sched_setaffinity"):
+        return None
+    cpu = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith("pt_autograd"):
+                    os.sched_setaffinity(int(tid), {cpu})
+        except OSError:  # the thread ended meanwhile
+            continue
+    return cpu
