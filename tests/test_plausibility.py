@@ -130,6 +130,25 @@ def test_a_spread_wider_than_the_median():
     assert any(w.startswith("step times spread wider than their median") for w in flagged(results, "ddp", 2))
 
 
+def test_a_host_that_changed_speed_under_a_host_bound_step():
+    results = clean()
+
+    def with_refs(r: dict[str, Any], refs: list[float], regime: str) -> dict[str, Any]:
+        r["host"] = {"speed": [[{"ref_s": refs[i : i + 2]} for i in range(0, len(refs), 2)]]}
+        r["regime"] = {"regime": regime, "busy_ratio": 0.2 if regime == "host-bound" else 0.95}
+        return r
+
+    # one H200 VM: the reference took 7.0 ms or 10.3 ms depending on the vCPU's state
+    results[6] = with_refs(run("ddp", 2, 1800), [0.0070, 0.0071, 0.0103, 0.0101], "host-bound")
+    (w,) = [w for w in flagged(results, "ddp", 2) if w.startswith("the host ran at different speeds")]
+    assert "7.00-10.30 ms (x1.47)" in w and "distbench ab --bind-cpus" in w
+    steady = with_refs(run("ddp", 2, 1800), [0.0070, 0.0072, 0.0071, 0.0073], "host-bound")
+    device = with_refs(run("ddp", 2, 1800), [0.0070, 0.0103], "device-bound")  # the device sets the pace
+    for r in (steady, device):
+        results[6] = r
+        assert not [w for w in flagged(results, "ddp", 2) if w.startswith("the host ran")]
+
+
 def test_failed_runs_and_other_workloads_are_left_alone():
     results = clean()
     failed = make_result({"strategy": "ddp", "world_size": 2, **WORKLOAD}, status="error", error="boom")

@@ -12,7 +12,10 @@ result a report loads) and returns, per result id, one warning per implausibilit
 - a run far below its repeats: tokens/s below the median of the other runs of its configuration by more
   than their spread (at least 10%); named as a cold start when it is the first run of the set, and as an
   inflating reference when it runs on 1 rank;
-- a step-time spread (p10-p90, or the standard deviation) wider than the median step time.
+- a step-time spread (p10-p90, or the standard deviation) wider than the median step time;
+- a host that ran at different speeds: the reference launch work timed around the windows
+  (measure/hostspeed.py) varied by more than HOST_SPEED_RATIO, in a step that is not device-bound, whose
+  time then moves with the host (one H200 virtual machine's vCPUs ran at two speeds, x1.7 apart).
 
 Noise is the relative p10-p90 width of a run's step times, (p90 - p10) / median.
 """
@@ -27,6 +30,8 @@ from .scaling import baseline_runs, tokens_per_s
 
 #: a run must fall this far below the median of its repeats to be flagged, whatever their spread
 MIN_GAP = 0.10
+#: slowest / fastest reference launch time within one run beyond which the host's speed is called unsteady
+HOST_SPEED_RATIO = 1.25
 
 
 def rel_spread(result: dict[str, Any]) -> float:
@@ -94,6 +99,21 @@ def _spread(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def _host_speed(result: dict[str, Any]) -> list[str]:
+    if (result.get("regime") or {}).get("regime") == "device-bound":
+        return []
+    speed = (result.get("host") or {}).get("speed") or []
+    refs = [x for rank in speed for w in rank if w for x in w.get("ref_s") or []]
+    if len(refs) < 2 or min(refs) <= 0 or max(refs) / min(refs) <= HOST_SPEED_RATIO:
+        return []
+    return [
+        f"the host ran at different speeds: the same launch work took {min(refs) * 1000:.2f}-"
+        f"{max(refs) * 1000:.2f} ms (x{max(refs) / min(refs):.2f}) around this run's windows, and a step that "
+        "is not device-bound moves with it; compare such runs with `distbench ab --bind-cpus` (interleaved "
+        "windows on one core), not as separate runs"
+    ]
+
+
 def check(results: list[dict[str, Any]]) -> dict[str, list[str]]:
     """{result id: [warning, ...]} for every ok result with something implausible; others are absent."""
     ok = [r for r in results if r.get("status") == "ok" and tokens_per_s(r)]
@@ -105,7 +125,7 @@ def check(results: list[dict[str, Any]]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for r in ok:
         c = r["config"]
-        found = _spread(r)
+        found = _spread(r) + _host_speed(r)
         others = [o for o in groups[config_key(r)] if o is not r]
         if others:
             found += _below_repeats(r, others, first=r is first)
