@@ -244,6 +244,7 @@ class SharedHost:
         self.windows: dict[str, list[float]] = {}
         self.pending: dict[str, dict] = {}
         self.oom_setup: set[str] = set()
+        self.oom_window: set[str] = set()
         self.setups = self.finishes = 0
 
     def _speed(self) -> float:
@@ -285,7 +286,8 @@ class SharedHost:
         elif op == "window":
             wall = self._steps(side, request["steps"])
             self.windows[side].append(wall)
-            self.pending[side] = {"status": "ok", "step_s": wall}
+            oom = {"status": "oom", "error": "OutOfMemoryError"}
+            self.pending[side] = oom if side in self.oom_window else {"status": "ok", "step_s": wall}
         elif op == "finish":
             self.finishes += 1
             self.pending[side] = self._result(side, self.windows.pop(side, []) or [1.0])
@@ -337,16 +339,20 @@ def test_interleaved_windows_stay_quiet_on_identical_variants():
     assert verdicts.count(stats.REGRESSION) + verdicts.count(stats.IMPROVEMENT) <= 2, verdicts
 
 
-def test_configurations_that_do_not_fit_twice_fall_back_to_whole_runs():
+@pytest.mark.parametrize(("where", "note"), [("setup", "do not fit"), ("window", "ran out of device memory")])
+def test_configurations_that_do_not_fit_twice_fall_back_to_whole_runs(where, note):
     host = SharedHost(np.random.default_rng(3), 0.0)
-    host.oom_setup = {"head"}
+    if where == "setup":
+        host.oom_setup = {"head"}
+    else:
+        host.oom_window = {"head"}
     report = run_ab(
         [HOST_BOUND], lambda c: host.run("base"), lambda c: host.run("head"), servers=host, max_pairs=6
     )
     (o,) = report.outcomes
-    assert o.interleave == "runs" and "do not fit" in (o.note or "") and not o.error
+    assert o.interleave == "runs" and note in (o.note or "") and not o.error
     assert len(o.pairs) == 6 and all(p.window_log_ratios is None for p in o.pairs)
-    assert host.setups == 2 and host.finishes == 1  # the base that fitted was finished, nothing left built
+    assert host.setups == 2 and host.finishes == 1  # the base was finished, nothing left built
 
 
 def test_interleaved_effect_is_the_t_interval_over_rounds_of_trimmed_window_means():

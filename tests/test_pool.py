@@ -48,14 +48,19 @@ def test_between_jobs_garbage_is_collected_then_the_rest_frozen(pool):
         assert not r["cycle_alive"] and r["frozen"] > 10_000
 
 
-def test_bind_cpus_gives_each_rank_its_own_slice(monkeypatch):
-    allowed = sorted(os.sched_getaffinity(0))
-    monkeypatch.setenv("DISTBENCH_BIND_CPUS", "exclusive")
+def _bound_pool_run(monkeypatch, mode: str, job) -> list:
+    """`job` in a fresh 2-rank pool under DISTBENCH_BIND_CPUS=mode."""
+    monkeypatch.setenv("DISTBENCH_BIND_CPUS", mode)
     p = RankPool(2, "cpu")
     try:
-        got = p.run(rank_jobs.cpus)
+        return p.run(job)
     finally:
         p.close()
+
+
+def test_bind_cpus_gives_each_rank_its_own_slice(monkeypatch):
+    allowed = sorted(os.sched_getaffinity(0))
+    got = _bound_pool_run(monkeypatch, "exclusive", rank_jobs.cpus)
     k = len(allowed) // 2
     assert got == [allowed[:k], allowed[k : 2 * k]]  # disjoint, equal, within what the parent may use
 
@@ -64,12 +69,7 @@ def test_pinned_binding_puts_the_training_threads_of_a_rank_on_one_cpu(monkeypat
     """`distbench ab` interleaves two variants' windows; with their training threads on one core per rank,
     both run on the very same core (runtime/affinity.py)."""
     allowed = sorted(os.sched_getaffinity(0))
-    monkeypatch.setenv("DISTBENCH_BIND_CPUS", "pinned")
-    p = RankPool(2, "cpu")
-    try:
-        got = p.run(rank_jobs.pinned_threads)
-    finally:
-        p.close()
+    got = _bound_pool_run(monkeypatch, "pinned", rank_jobs.pinned_threads)
     k = len(allowed) // 2
     for rank, r in enumerate(got):
         mine = allowed[rank * k : (rank + 1) * k]

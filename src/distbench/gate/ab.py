@@ -154,7 +154,7 @@ def _play_interleaved(o: ConfigOutcome, order: str, servers: Servers) -> Pair | 
     """One pair of runs whose timed windows alternate: both variants build and warm up at once, then time
     their windows in turn (ABBA...: adjacent windows of the two share the host's and the GPU's state of
     that moment), then finish. None and `o.error` when a run failed; a configuration whose two runs do not
-    fit in device memory at once (either setup out of memory) is played as whole runs from then on."""
+    fit in device memory at once (a setup or a window out of memory) is played as whole runs from then on."""
     sides = ("base", "head") if order == "AB" else ("head", "base")
     for side in sides:
         servers.post(side, {"op": "setup", "cfg": o.cfg.to_dict()})
@@ -179,7 +179,10 @@ def _play_interleaved(o: ConfigOutcome, order: str, servers: Servers) -> Pair | 
                 other = "head" if side == "base" else "base"
                 servers.post(other, {"op": "finish"})
                 servers.reply(other)
-                _failed(o, side, r)
+                if r.get("status") == "oom":
+                    o.interleave, o.note = "runs", "the two runs ran out of device memory side by side"
+                else:
+                    _failed(o, side, r)
                 return None
             walls[side].append(float(r["step_s"]))
     results = {}
