@@ -48,8 +48,8 @@ CANDIDATES: dict[str, Any] = {
     "host issue / reference": lambda r: statistics.median(r["host"]["host_s"]) / _ref(r),
     "main+autograd CPU": _threads_cpu,
     "main+autograd CPU / ref": lambda r: _threads_cpu(r) / _ref(r),
-    "run-queue wait (main)": lambda r: sum(w["threads"]["main_wait_s"] for w in _speed(r)) + 1e-9,
-    "steal share": lambda r: statistics.mean(w["steal"] for w in _speed(r)) + 1e-9,
+    "run-queue wait (main)": lambda r: sum(w["threads"]["main_wait_s"] for w in _speed(r)),
+    "steal share": lambda r: statistics.mean(w["steal"] for w in _speed(r)),
     "wall (step_time_s)": lambda r: r["metrics"]["step_time_s"],
     "wall, fastest window": lambda r: min(r["step_time_s"]["windows"]),
     "host issue, median": lambda r: statistics.median(r["host"]["host_s"]),
@@ -97,11 +97,12 @@ def main(dirs: list[str]) -> None:
             print(f"  {'figure':24} {'base median':>12} {'base CV':>8} {'head CV':>8} {'head/base':>10}")
             for name, read in CANDIDATES.items():
                 b, h = values(b_rs, read), values(h_rs, read)
-                if not b or len(b) < 2:
+                if not b or len(b) < 2 or statistics.mean(b) == 0:
+                    print(f"  {name:24} {'(none)' if not b else statistics.median(b):>12}")
                     continue
                 cv_b = statistics.stdev(b) / statistics.mean(b)
                 line = f"  {name:24} {statistics.median(b):12.5g} {cv_b:8.2%}"
-                if h and len(h) >= 2:
+                if h and len(h) >= 2 and statistics.median(b) > 0:
                     cv_h = statistics.stdev(h) / statistics.mean(h)
                     line += f" {cv_h:8.2%} {statistics.median(h) / statistics.median(b) - 1:+10.2%}"
                 print(line)
