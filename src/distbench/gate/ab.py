@@ -1,25 +1,31 @@
-"""The interleaved A/B gate: base and head alternate run by run on the same GPUs until each configuration
-is decided or the time budget runs out.
+"""The interleaved A/B gate: base and head alternate on the same GPUs until each configuration is decided or
+the time budget runs out.
 
-Each configuration gets pairs of runs, one of each variant, in alternating order (AB, BA, AB, ...), so slow
-drift (SM clocks moved 1665-1875 MHz under load on H200) and order effects cancel within pairs. Rounds go
-over every undecided configuration; after `min_pairs` rounds, and every `look_every` rounds after that, each
-configuration is judged (gate/stats.py) and leaves the rotation once every gated metric is decided.
-Between rounds both variants get fresh rank processes, so a bias of one process is noise across pairs
-rather than a difference between the variants (an A/A run on one pair of long-lived pools flagged a 30%
-difference in host CPU time per step). The
-family-wise false-alarm rate `alpha` is divided over configurations, gated metrics and the looks the
-schedule allows.
+Each round plays one pair of runs per configuration, one of each variant, in alternating order (AB, BA, ...),
+so slow drift (SM clocks moved 1665-1875 MHz under load on H200) and order effects cancel within pairs.
+With `servers` (the default of `distbench ab`) the pair's timed windows interleave too: both variants build
+and warm up at once, then take turns window by window (ABBA), and the round's step-time effect is the
+trimmed mean of the adjacent windows' log ratios (stats.interleaved_effect). On one H200 virtual machine the
+host's speed flipped by x1.7 within seconds, so whole runs of a host-bound step spread 10-20% while windows
+that take turns on one core (runtime/affinity.py, "pinned") agreed within a few percent. A configuration
+whose two runs do not fit in device memory at once falls back to whole runs.
+
+Rounds go over every undecided configuration; after `min_pairs` rounds, and every `look_every` rounds after
+that, each configuration is judged (gate/stats.py) and leaves the rotation once every gated metric is
+decided. Between rounds both variants get fresh rank processes, so a bias of one process is noise across
+pairs rather than a difference between the variants (an A/A run on one pair of long-lived pools flagged a
+30% difference in host CPU time per step). The family-wise false-alarm rate `alpha` is divided over
+configurations, gated metrics and the looks the schedule allows.
 
 Gated metrics follow the configuration's regime, read from the base's first run (the roles are each metric's
 `ab` in distbench/metrics.py):
-    always                 step_time_s (the window wall clock per step: what users get)
-    with a device sample   device_compute_s (kernels other than NCCL: the quiet device-side figure)
-    host-bound             host_cpu_s (the training thread's CPU time per step)
-    on GPUs                mem_allocated_peak_bytes (nearly exact from run to run, so any change of at least
-                           min_effect is found in the first look)
-Reported beside them, not gated: tokens_per_s, step_gcycles (cycles per step, where NVML read the clock),
-device_comm_s and busy_ratio.
+    always                       step_time_s (the window wall clock per step: what users get)
+    with a device sample         device_compute_s (kernels other than NCCL: the quiet device-side figure)
+    host-bound, with counters    host_instructions (user-mode instructions of the training thread per step)
+    on GPUs                      mem_allocated_peak_bytes (nearly exact from run to run, so any change of at
+                                 least min_effect is found in the first look)
+Reported beside them, not gated: tokens_per_s, host_cpu_s, step_gcycles (cycles per step, where NVML read
+the clock), device_comm_s and busy_ratio.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ throughput) reach the same verdict, and an effect is reported as the relative ch
   variation (a fresh build per run) and within-run variation (what is left in each run's median).
   A whole run that stalled inflates that spread and the verdict turns UNDECIDED, never a false alarm.
   The Wilcoxon signed-rank p-value (scipy.stats.wilcoxon) is reported beside it as a rank-based check.
+* Interleaved (the A/B runner's windows mode: each pair's timed windows take turns): one value per round,
+  the trimmed mean of ln(B_w / A_w) over its adjacent windows, then the same t interval over rounds, which
+  thus carries the process-to-process bias and what is left of the window noise.
 * Unpaired (`distbench compare` of two result directories): Welch's t on ln values
   (scipy.stats.ttest_ind), with the Mann-Whitney U p-value reported beside it.
 
