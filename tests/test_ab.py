@@ -111,3 +111,23 @@ def test_a_run_the_variant_cannot_do_is_a_failed_run_not_a_dead_server():
     assert out["status"] == "error" and "no pool for this world size here" in out["error"]
     bad = Server(Pools()).handle({"cfg": {"strategy": "ddp", "steps": "five"}, "timeout": 5})
     assert bad["status"] == "error" and "steps" in bad["error"]
+
+
+@pytest.mark.parametrize(("interleave", "mode"), [("windows", "pinned"), ("runs", "exclusive")])
+def test_bind_cpus_pins_the_training_threads_when_windows_take_turns(monkeypatch, tmp_path, interleave, mode):
+    import os
+
+    from distbench.commands import ab as command
+    from distbench.gate.ab import ABReport
+
+    seen = {}
+
+    def alternate(args, configs, device, variants, console):
+        seen["mode"] = os.environ.get("DISTBENCH_BIND_CPUS")
+        return ABReport([], 0.05, 0.05, 0.02, 0.01, 0.0, False, "", "")
+
+    monkeypatch.setenv("DISTBENCH_BIND_CPUS", "")  # registered, so what run() sets is undone after the test
+    monkeypatch.setattr(command, "_alternate", alternate)
+    args = ["ab", "--device", "cpu", "--bind-cpus", "--interleave", interleave, "-o", str(tmp_path)]
+    assert main(args) == 3  # nothing compared: undecided, never a pass
+    assert seen["mode"] == mode
