@@ -6,6 +6,8 @@ distbench/matrix.py runs them in a pool.
 * bench_setup / bench_step / bench_finish: the same split in three, with the trainer kept alive in the
   worker's STATE between jobs, so pytest-benchmark's `benchmark.pedantic` can time one step per round
   from the pytest process (bench_step is one synchronized step: a round trip per step is sync anyway).
+* bench_window: between bench_setup and bench_finish, one timed window as `bench` times them, so that the
+  A/B gate can interleave two variants' windows (matrix.SteppedRun, gate/ab.py).
 * trace(ctx, cfg, out_dir): build, warm up, profile a few steps into chrome traces (measure/trace.py).
 * collective_bandwidth(ctx, ...): the collectives' bus bandwidth (measure/busbw.py).
 
