@@ -131,3 +131,26 @@ def test_bind_cpus_pins_the_training_threads_when_windows_take_turns(monkeypatch
     args = ["ab", "--device", "cpu", "--bind-cpus", "--interleave", interleave, "-o", str(tmp_path)]
     assert main(args) == 3  # nothing compared: undecided, never a pass
     assert seen["mode"] == mode
+
+
+def test_a_run_in_pieces_is_a_whole_run_of_the_windows_asked_for():
+    """serve.py's protocol 2 through real rank pools: setup, windows on request, finish into one result."""
+    from distbench.gate.serve import Server
+    from distbench.runtime.pool import PoolManager
+
+    cfg = {"strategy": "ddp", "world_size": 1, "model": "gpt2-tiny", "micro_batch": 2, "global_batch": 2}
+    cfg |= {"steps": 4, "windows": 2, "warmup": 1, "deterministic": False}
+    pools = PoolManager("cpu")
+    try:
+        server = Server(pools)
+        early = server.handle({"op": "window", "steps": 2, "timeout": 60})
+        assert early["status"] == "error" and "send setup first" in early["error"]
+        assert server.handle({"op": "setup", "cfg": cfg, "timeout": 120}) == {"status": "ok"}
+        walls = [server.handle({"op": "window", "steps": n, "timeout": 60}) for n in (2, 1, 3)]
+        assert all(w["status"] == "ok" and w["step_s"] > 0 for w in walls)
+        result = server.handle({"op": "finish", "timeout": 60})
+    finally:
+        pools.close_all()
+    assert result["status"] == "ok" and result["step_time_s"]["n"] == 6  # every window asked for, not cfg's 4
+    assert len(result["step_time_s"]["windows"]) == 3 and len(result["losses"]) == 1 + 6
+    assert server.stepped is None
