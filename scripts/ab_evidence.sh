@@ -14,12 +14,13 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
 root=$(pwd)
 both=${VARIANT:-}
-planted() {  # a copy of this checkout's src with one plant applied
-  local dir
-  dir=$(mktemp -d "/tmp/distbench-plant-$1-XXXX")
-  cp -r "$root/src" "$dir/src"
-  (cd "$dir" && patch -sp1 < "$root/scripts/plants/$1.patch") || exit 1
-  echo "$dir"
+plants=()
+trap 'rm -rf ${plants[@]+"${plants[@]}"}' EXIT  # the planted copies go with the script
+planted() {  # sets $tree: a copy of this checkout's src with one plant applied
+  tree=$(mktemp -d "/tmp/distbench-plant-$1-XXXX")
+  plants+=("$tree")
+  cp -r "$root/src" "$tree/src"
+  (cd "$tree" && patch -sp1 < "$root/scripts/plants/$1.patch") || exit 1
 }
 ab() {  # name, default configuration, distbench ab args...
   local name=$1 config=$2; shift 2
@@ -31,9 +32,12 @@ ab() {  # name, default configuration, distbench ab args...
 four="-s ddp,fsdp_grad,zero2,zero3"
 for mode in "$@"; do
   case $mode in
-    device) ab device-2pct "$four" --base "$both" --head "tree=$(planted device-2pct)${both:+,$both}" --budget "${BUDGET:-450}" ;;
-    host) ab host-5pct "-s fsdp_grad --micro-batch 8" --base "$both" --head "tree=$(planted host-5pct)${both:+,$both}" --budget "${BUDGET:-240}" ;;
-    host-sleep) ab host-sleep-5pct "-s fsdp_grad --micro-batch 8" --base "$both" --head "tree=$(planted host-sleep-5pct)${both:+,$both}" --budget "${BUDGET:-240}" ;;
+    device) planted device-2pct
+            ab device-2pct "$four" --base "$both" --head "tree=$tree${both:+,$both}" --budget "${BUDGET:-450}" ;;
+    host) planted host-5pct
+          ab host-5pct "-s fsdp_grad --micro-batch 8" --base "$both" --head "tree=$tree${both:+,$both}" --budget "${BUDGET:-240}" ;;
+    host-sleep) planted host-sleep-5pct
+                ab host-sleep-5pct "-s fsdp_grad --micro-batch 8" --base "$both" --head "tree=$tree${both:+,$both}" --budget "${BUDGET:-240}" ;;
     aa*) ab "$mode" "$four" --base "$both" --head "$both" --budget "${BUDGET:-420}" ;;
     fidelity) python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_benchmarks.py -k harness_overhead -s \
                 > "$out/fidelity.log" 2>&1; echo "== fidelity: exit $?"; tail -5 "$out/fidelity.log" ;;
