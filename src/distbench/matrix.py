@@ -147,6 +147,15 @@ def load_matrix(path: str | Path) -> Matrix:
         raise ConfigError(f"matrix file {path}: {e}") from None
 
 
+def _failed(pool: Any, cfg: RunConfig, e: JobError, env: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A failed configuration's result. After an out-of-memory at world size > 1 the pool is closed (RankPool.run
+    restarts it): ranks may have stopped at different collectives, leaving work queued that would desynchronise
+    the next job."""
+    if is_oom(e) and cfg.world_size > 1:
+        pool.close()
+    return failure_result(cfg, getattr(pool, "device_type", None), e, env or environment_fingerprint())
+
+
 def run_benchmark(
     pool: Any,
     cfg: RunConfig,
@@ -156,9 +165,7 @@ def run_benchmark(
 ) -> dict[str, Any]:
     """Run `bench` on every rank of `pool` (a RankPool of cfg.world_size) and return one result.
 
-    Out of memory on any rank gives a result with status "oom"; other failures raise JobError. After an
-    OOM at world size > 1 the pool is closed (RankPool.run restarts it): ranks may have stopped at
-    different collectives, leaving work queued that would desynchronise the next job.
+    Out of memory on any rank gives a result with status "oom" (see _failed); other failures raise JobError.
     """
     env = environment_fingerprint()
     t0 = time.perf_counter()
@@ -167,9 +174,7 @@ def run_benchmark(
     except JobError as e:
         if not is_oom(e):
             raise
-        if cfg.world_size > 1:
-            pool.close()
-        return failure_result(cfg, getattr(pool, "device_type", None), e, env)
+        return _failed(pool, cfg, e, env)
     wall = time.perf_counter() - t0
     result = summarize_bench(cfg, replies, env=env)
     # What a configuration costs beyond its training steps in a warm pool: build, wrap, teardown, IPC.
@@ -182,14 +187,6 @@ def run_benchmark(
     result["wall_s"] = wall
     result["metrics"]["config_overhead_s"] = wall - steps_s
     return result
-
-
-def _failed(pool: Any, cfg: RunConfig, e: JobError) -> dict[str, Any]:
-    """A failed configuration's result; after an out-of-memory at world size > 1 the pool is closed, as in
-    run_benchmark."""
-    if is_oom(e) and cfg.world_size > 1:
-        pool.close()
-    return failure_result(cfg, getattr(pool, "device_type", None), e, environment_fingerprint())
 
 
 @dataclass

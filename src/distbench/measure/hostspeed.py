@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..runtime.affinity import is_autograd_thread
 from ..runtime.context import RankContext
 
 #: tiny kernels launched per reference repeat: 3-5 ms of host work on an H200 host
@@ -59,13 +60,6 @@ def _schedstat(tid: int) -> tuple[int, int] | None:
         return None
 
 
-def _comm(tid: int) -> str:
-    try:
-        return Path(f"/proc/self/task/{tid}/comm").read_text().strip()
-    except OSError:
-        return "?"
-
-
 @dataclass
 class ThreadTimes:
     """CPU and run-queue wait seconds per thread group between `start()` and `stop()`: "main" (the thread
@@ -95,13 +89,7 @@ class ThreadTimes:
         out = {f"{g}_{k}": 0.0 for g in ("main", "autograd", "other") for k in ("cpu_s", "wait_s")}
         for tid, (run, wait) in t1.items():
             run0, wait0 = self._t0.get(tid, (0, 0))
-            group = (
-                "main"
-                if tid == self.main_tid
-                else "autograd"
-                if _comm(tid).startswith("pt_autograd")
-                else "other"
-            )
+            group = "main" if tid == self.main_tid else "autograd" if is_autograd_thread(tid) else "other"
             out[f"{group}_cpu_s"] += (run - run0) * 1e-9
             out[f"{group}_wait_s"] += (wait - wait0) * 1e-9
         return out

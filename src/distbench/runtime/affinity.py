@@ -52,10 +52,19 @@ def pin_training_threads() -> int | None:
     cpu = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpu})
     for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().startswith("pt_autograd"):
-                    os.sched_setaffinity(int(tid), {cpu})
-        except OSError:  # the thread ended meanwhile
-            continue
+        if is_autograd_thread(int(tid)):
+            try:
+                os.sched_setaffinity(int(tid), {cpu})
+            except OSError:  # the thread ended meanwhile
+                continue
     return cpu
+
+
+def is_autograd_thread(tid: int) -> bool:
+    """Whether thread `tid` of this process is one of torch's autograd device threads (named pt_autograd_*),
+    which run backward; False for a thread that has ended."""
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().startswith("pt_autograd")
+    except OSError:
+        return False
