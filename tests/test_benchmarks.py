@@ -77,8 +77,9 @@ BF16_FIRST_LOSS_RTOL = 1e-2
 def test_harness_overhead_at_most_1_percent(suite, strategy, world_size):
     """The harness's timed loop against a bare loop of the same strategy doing the same work, same ranks: 16
     samples of 1024 tokens of GPT-2 Large per rank a step in 2 micro-batches, so the skipped gradient syncs
-    are timed too. The step must be device-bound for a 1% bound to mean anything: GPT-2 355M at micro-batch
-    4 on one H200 was host-bound, and its rounds' harness/bare ratios spread from -12% to +19% (zero3)."""
+    are timed too. The bound holds only where the overhead's 95% interval lies under 1%: a noisy step fails
+    as undecided rather than passing on a lucky median (fsdp_grad at world size 1 on one H200: rounds of
+    2.3-3.0 s, median ratio +3.4%)."""
     cfg = suite.bench_config(
         strategy, world_size, model="gpt2-large", micro_batch=8, global_batch=16 * world_size
     )
@@ -86,8 +87,11 @@ def test_harness_overhead_at_most_1_percent(suite, strategy, world_size):
     print(out)
     first = out["first_step_loss"]
     assert first["bare"] == pytest.approx(first["harness"], rel=BF16_FIRST_LOSS_RTOL), first
-    assert out["overhead"] <= 0.01, (
-        f"{strategy} ws{world_size}: the harness costs {out['overhead']:.2%} throughput: {out['rounds']}"
+    effect = f"{out['overhead']:+.2%} [{out['overhead_low']:+.2%}, {out['overhead_high']:+.2%}]"
+    assert out["overhead_low"] <= 0.01, f"{strategy} ws{world_size}: the harness costs {effect} throughput"
+    assert out["overhead_high"] <= 0.01, (
+        f"{strategy} ws{world_size}: UNDECIDED, the overhead {effect} may exceed 1%: the rounds are too noisy "
+        f"to bound it (is the step host-bound here?): {out['rounds']}"
     )
 
 

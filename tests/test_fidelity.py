@@ -4,6 +4,7 @@ Whether the overhead holds within 1% is the GPU tier's question (tests/test_benc
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -27,7 +28,7 @@ def test_harness_and_bare_loop_do_the_same_work(suite, strategy, world_size):
         pytest.skip("the multi-rank loops run at world size 2 (the CPU tier's budget)")
     cfg = suite.bench_config(strategy, world_size)
     assert cfg.accum_steps > 1  # the loops' skipped gradient syncs are exercised
-    outs = suite.run_job(world_size, harness_overhead, cfg=cfg, steps=2, rounds=2, warmup=1)
+    outs = suite.run_job(world_size, harness_overhead, cfg=cfg, steps=2, rounds=3, warmup=1)
     out = outs[0]
     assert (out["strategy"], out["world_size"]) == (strategy, world_size)
     assert all(o["rounds"] == out["rounds"] for o in outs)  # every rank reports the slowest rank's rounds
@@ -38,7 +39,8 @@ def test_harness_and_bare_loop_do_the_same_work(suite, strategy, world_size):
 
 def test_overhead_sees_a_cost_planted_in_the_harness(monkeypatch):
     """A sleep added to every harness step (and nowhere in the bare loop) shows as overhead: the benchmark can
-    fail. The overhead is the median over rounds of harness / bare time, minus 1."""
+    fail. The overhead is the geometric mean over rounds of harness / bare time, minus 1, and its interval
+    excludes zero."""
     delay_s = 0.05
     step_async = SingleTrainer.step_async
 
@@ -48,8 +50,9 @@ def test_overhead_sees_a_cost_planted_in_the_harness(monkeypatch):
 
     monkeypatch.setattr(SingleTrainer, "step_async", slow)
     out = harness_overhead(CPU, TINY, steps=2, rounds=3, warmup=1)
-    ratios = sorted(r["harness_s"] / r["bare_s"] for r in out["rounds"])
-    assert out["overhead"] == pytest.approx(ratios[1] - 1)
+    ratios = [r["harness_s"] / r["bare_s"] for r in out["rounds"]]
+    assert out["overhead"] == pytest.approx(statistics.geometric_mean(ratios) - 1)
+    assert 0 < out["overhead_low"] < out["overhead"] < out["overhead_high"], out
     planted = delay_s / out["bare_step_time_s"]
     assert out["overhead"] >= 0.5 * planted, (out["overhead"], planted, out["rounds"])
 
@@ -66,3 +69,8 @@ def test_overhead_sees_a_cost_planted_in_the_harness(monkeypatch):
 def test_configurations_without_a_bare_twin_are_refused(changes, match):
     with pytest.raises(ConfigError, match=match):
         harness_overhead(CPU, TINY.replace(**changes), steps=1)
+
+
+def test_fewer_rounds_than_an_interval_needs_are_refused():
+    with pytest.raises(ConfigError, match="at least 3 rounds"):
+        harness_overhead(CPU, TINY, steps=1, rounds=2)
