@@ -189,7 +189,7 @@ def test_collective_bandwidth_two_gloo_ranks():
 def test_nvml_sampler_and_memory_are_none_on_cpu():
     s = nvml.NvmlSampler(torch.device("cpu"), interval_s=0.01).start()
     assert s.stop() is None
-    assert nvml.device_memory_used(torch.device("cpu")) is None
+    assert nvml.device_memory(torch.device("cpu")) is None
     reset_peaks(CPU)
     assert set(memory_stats(CPU).values()) == {None}
 

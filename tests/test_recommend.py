@@ -132,6 +132,19 @@ def test_a_fit_leaving_less_than_the_headroom_counts_as_out_of_memory():
     )  # CPU: no memory known
 
 
+def test_nvmls_peak_is_held_against_nvmls_total():
+    """NVML's used counts the driver's reservation, torch's total leaves it out: a probe that ran on an H200
+    read 150,382,444,544 bytes used against torch's 150,109,880,320 and NVML's 150,755,328,000. It fits, with
+    NVML's total minus NVML's peak left; torch's total stands in only where NVML's was not kept."""
+    r = _result(53, tokens_per_s=1.0)
+    r["metrics"]["nvml_mem_used_peak_bytes"] = 150_382_444_544
+    r["per_rank"][0].update(mem_total_bytes=150_109_880_320, nvml_mem_total_bytes=150_755_328_000)
+    assert recommend.misfit(r, Headroom()) is None
+    assert recommend.headroom_bytes(r) == 150_755_328_000 - 150_382_444_544
+    del r["per_rank"][0]["nvml_mem_total_bytes"]  # a result written before NVML's total was kept
+    assert recommend.total_bytes(r) == 150_109_880_320
+
+
 def test_a_probe_that_fails_otherwise_rules_the_candidate_out_with_its_exception():
     error = (
         "job distbench.jobs.bench:bench failed at world size 2: rank 0 raised ValueError\n"
@@ -258,7 +271,8 @@ def test_recommend_finds_the_real_edge_and_recommends_the_fastest_fit_by_its_evi
         f"{winner['metrics']['tokens_per_s']:,.0f} tokens/s" in line
     )
     saved = json.loads((tmp_path / "recommendation.json").read_text())
-    assert saved["recommendation"]["evidence"] == str(tmp_path / f"{winner['id']}.json")
+    assert saved["recommendation"]["evidence"] == f"{winner['id']}.json"  # beside it: the folder moves whole
+    assert all((tmp_path / p["file"]).is_file() for row in saved["ranked"] for p in row["probes"])
     assert [r["strategy"] for r in saved["ranked"]][2:] == ["single", "fsdp_offload"]
 
 

@@ -77,9 +77,16 @@ def peak_bytes(result: dict[str, Any]) -> int | None:
 
 
 def total_bytes(result: dict[str, Any]) -> int | None:
-    """The smallest GPU's memory among the result's ranks, None on CPU."""
-    totals = [r["mem_total_bytes"] for r in result.get("per_rank") or [] if r.get("mem_total_bytes")]
-    return min(totals) if totals else None
+    """The smallest GPU's memory among the result's ranks, on the scale peak_bytes uses: NVML's total beside
+    NVML's peak (its "used" counts the driver's reservation, which torch's total leaves out: on an H200 a
+    probe that ran read 140.05 GiB used of torch's 139.8), torch's beside the allocator's; None on CPU."""
+    nvml = bool((result.get("metrics") or {}).get("nvml_mem_used_peak_bytes"))
+    ranks = result.get("per_rank") or []
+    totals = [r.get("nvml_mem_total_bytes") for r in ranks] if nvml else []
+    if not totals or not all(totals):  # results from before NVML's total was kept: torch's
+        totals = [r.get("mem_total_bytes") for r in ranks]
+    known = [t for t in totals if t]
+    return min(known) if known else None
 
 
 def headroom_bytes(result: dict[str, Any]) -> int | None:

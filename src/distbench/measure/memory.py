@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..runtime.context import RankContext
-from .nvml import device_memory_used
+from .nvml import device_memory
 
 
 def reset_peaks(ctx: RankContext) -> None:
@@ -31,8 +31,9 @@ def memory_stats(ctx: RankContext, nvml_peak_bytes: int | None = None) -> dict[s
             "nvml_mem_used_peak_bytes": None,
             "mem_allocated_bytes": None,
             "mem_total_bytes": None,
+            "nvml_mem_total_bytes": None,
         }
-    now = device_memory_used(ctx.device)
+    now, nvml_total = device_memory(ctx.device) or (None, None)
     nvml_peak = max((v for v in (now, nvml_peak_bytes) if v is not None), default=None)
     return {
         "mem_allocated_peak_bytes": int(torch.cuda.max_memory_allocated(ctx.device)),
@@ -40,4 +41,6 @@ def memory_stats(ctx: RankContext, nvml_peak_bytes: int | None = None) -> dict[s
         "nvml_mem_used_peak_bytes": nvml_peak,
         "mem_allocated_bytes": int(torch.cuda.memory_allocated(ctx.device)),
         "mem_total_bytes": int(torch.cuda.get_device_properties(ctx.device).total_memory),
+        # what NVML's used counts against: a headroom from NVML's peak must be taken from this total
+        "nvml_mem_total_bytes": nvml_total,
     }

@@ -73,13 +73,16 @@ def device_handle(device: torch.device | None) -> Any | None:
     return None
 
 
-def device_memory_used(device: torch.device | None) -> int | None:
-    """Bytes in use on the whole GPU as NVML sees it (CUDA context and NCCL buffers included); None on CPU."""
+def device_memory(device: torch.device | None) -> tuple[int, int] | None:
+    """(used, total) bytes of the whole GPU as NVML sees it (CUDA context, NCCL buffers and the driver's
+    reservation included in used, and in total, which is larger than torch's total_memory by that
+    reservation); None on CPU or without NVML."""
     h, nv = device_handle(device), nvml()
     if h is None or nv is None:
         return None
     try:
-        return int(nv.nvmlDeviceGetMemoryInfo(h).used)
+        info = nv.nvmlDeviceGetMemoryInfo(h)
+        return int(info.used), int(info.total)
     except Exception:
         return None
 
