@@ -148,3 +148,8 @@ def _between_jobs(ctx: RankContext) -> None:
         import torch
 
         torch.cuda.empty_cache()
+        if not STATE:
+            # The allocator's counts (OOMs, retries) start again with the next configuration: DeepSpeed's
+            # ZeRO-3 warns of "allocator cache flushes" from the process's count, and in a pool that had
+            # run out of memory on an earlier probe it warned on every later one, at micro-batch 1 too.
+            torch.cuda.reset_accumulated_memory_stats(ctx.device)
