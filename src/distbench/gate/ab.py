@@ -23,7 +23,8 @@ Gated metrics follow the configuration's regime, read from the base's first run 
     with a device sample         device_compute_s (kernels other than NCCL: the quiet device-side figure)
     host-bound, with counters    host_instructions (user-mode instructions of the training thread per step)
     on GPUs                      mem_allocated_peak_bytes (nearly exact from run to run, so any change of at
-                                 least min_effect is found in the first look)
+                                 least min_effect is found in the first look; its interval is trimmed,
+                                 stats.trimmed_paired_effect, as a run in six may jump by a buffer)
 Reported beside them, not gated: tokens_per_s, host_cpu_s, step_gcycles (cycles per step, where NVML read
 the clock), device_comm_s and busy_ratio.
 """
@@ -130,6 +131,8 @@ def judge(outcome: ConfigOutcome, *, alpha: float, threshold: float, min_effect:
         if len(base) >= stats.MIN_RUNS:
             if metric == WINDOWED and all(windows):
                 row.effect = stats.interleaved_effect([w for w in windows if w], alpha)
+            elif METRICS[metric].unit == "bytes":  # memory: exact repeats and the odd jump
+                row.effect = stats.trimmed_paired_effect(base, head, alpha)
             else:
                 row.effect = stats.paired_effect(base, head, alpha)
             row.verdict = stats.verdict(
