@@ -12,6 +12,7 @@ import torch
 
 from distbench.config import RunConfig
 from distbench.errors import ConfigError
+from distbench.gate.stats import paired_effect
 from distbench.jobs.fidelity import harness_overhead
 from distbench.runtime.context import RankContext
 from distbench.strategies.single import SingleTrainer
@@ -28,7 +29,7 @@ def test_harness_and_bare_loop_do_the_same_work(suite, strategy, world_size):
         pytest.skip("the multi-rank loops run at world size 2 (the CPU tier's budget)")
     cfg = suite.bench_config(strategy, world_size)
     assert cfg.accum_steps > 1  # the loops' skipped gradient syncs are exercised
-    outs = suite.run_job(world_size, harness_overhead, cfg=cfg, steps=2, rounds=3, warmup=1)
+    outs = suite.run_job(world_size, harness_overhead, cfg=cfg, steps=2, rounds=2, warmup=1)
     out = outs[0]
     assert (out["strategy"], out["world_size"]) == (strategy, world_size)
     assert all(o["rounds"] == out["rounds"] for o in outs)  # every rank reports the slowest rank's rounds
@@ -52,7 +53,8 @@ def test_overhead_sees_a_cost_planted_in_the_harness(monkeypatch):
     out = harness_overhead(CPU, TINY, steps=2, rounds=3, warmup=1)
     ratios = [r["harness_s"] / r["bare_s"] for r in out["rounds"]]
     assert out["overhead"] == pytest.approx(statistics.geometric_mean(ratios) - 1)
-    assert 0 < out["overhead_low"] < out["overhead"] < out["overhead_high"], out
+    bare, harness = ([r[k] for r in out["rounds"]] for k in ("bare_s", "harness_s"))
+    assert paired_effect(bare, harness, 0.05).low > 0, out  # the interval the GPU tier's bound reads
     planted = delay_s / out["bare_step_time_s"]
     assert out["overhead"] >= 0.5 * planted, (out["overhead"], planted, out["rounds"])
 
@@ -69,8 +71,3 @@ def test_overhead_sees_a_cost_planted_in_the_harness(monkeypatch):
 def test_configurations_without_a_bare_twin_are_refused(changes, match):
     with pytest.raises(ConfigError, match=match):
         harness_overhead(CPU, TINY.replace(**changes), steps=1)
-
-
-def test_fewer_rounds_than_an_interval_needs_are_refused():
-    with pytest.raises(ConfigError, match="at least 3 rounds"):
-        harness_overhead(CPU, TINY, steps=1, rounds=2)
