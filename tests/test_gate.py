@@ -136,6 +136,9 @@ def test_pairs_stop_once_decided_and_budget_ends_the_rest():
     assert ddp.verdict == stats.REGRESSION and len(ddp.pairs) <= 5  # decided early, then left the rotation
     assert report.budget_exhausted and len(ddp.pairs) < len(fsdp.pairs) < 30
     assert [p.order for p in ddp.pairs][:3] == ["AB", "BA", "AB"]
+    # the family's false-alarm rate covers 2 configurations x 2 gated metrics at 28 scheduled looks (3..30)
+    # and the final judgement, which the exhausted budget made at a pair count off the schedule
+    assert report.per_test_alpha == pytest.approx(0.05 / 4 / (28 + 1))
 
 
 def test_a_failed_run_ends_its_configuration_undecided():

@@ -15,7 +15,8 @@ that, each configuration is judged (gate/stats.py) and leaves the rotation once 
 decided. Between rounds both variants get fresh rank processes, so a bias of one process is noise across
 pairs rather than a difference between the variants (an A/A run on one pair of long-lived pools flagged a
 30% difference in host CPU time per step). The family-wise false-alarm rate `alpha` is divided over
-configurations, gated metrics and the looks the schedule allows.
+configurations, gated metrics and the looks the schedule allows, plus the final judgement of a configuration
+whose budget ran out between looks.
 
 Gated metrics follow the configuration's regime, read from the base's first run (the roles are each metric's
 `ab` in distbench/metrics.py):
@@ -301,7 +302,8 @@ def run_ab(
         n = rnd + 1
         if n == 1:  # every configuration's gated metrics are known now: fix the per-test alpha
             tests = sum(len(o.gated) for o in outcomes) or 1
-            per_test = stats.family_alpha(alpha, tests, len(schedule))
+            # the scheduled looks, and the last judgement where the budget ends between two of them
+            per_test = stats.family_alpha(alpha, tests, len(schedule) + 1)
         if n in schedule:
             for o in list(open_):
                 judge(o, alpha=per_test, threshold=threshold, min_effect=min_effect)
