@@ -86,6 +86,58 @@ def test_the_search_bisects_after_doubling_and_never_probes_twice():
     assert [mb for mb, _ in out.probes] == calls
 
 
+def _device(peak_gib: Callable[[int], float], total_gib: float = 40.0, calls: list[int] | None = None):
+    """A probe on a GPU of `total_gib` whose peak at micro-batch mb is peak_gib(mb): out of memory above it."""
+
+    def probe(mb: int) -> dict[str, Any]:
+        if calls is not None:
+            calls.append(mb)
+        peak = peak_gib(mb)
+        if peak > total_gib:
+            return _result(mb, "oom")
+        return _result(mb, tokens_per_s=100.0 * mb, peak_gib=peak, total_gib=total_gib)
+
+    return probe
+
+
+def _edge(peak_gib: Callable[[int], float], total_gib: float = 40.0) -> int:
+    return max(mb for mb in range(1, 5000) if peak_gib(mb) <= total_gib)
+
+
+@pytest.mark.parametrize(
+    "peak_gib, total_gib, most",
+    [
+        (lambda mb: 2 + 1.0 * mb, 40, 6),  # linear: doubling and bisecting take 12
+        (lambda mb: 6 + 4.1 * mb, 140, 5),  # GPT-2 Large under DDP on an H200, roughly: 12
+        (lambda mb: 20 + 0.05 * mb, 40, 7),  # a far edge (400): 18
+        (lambda mb: 2 + 0.02 * mb**2, 40, 8),  # grows faster than linear, the guesses overshoot: 12
+        (lambda mb: 2 + 6 * mb**0.5, 40, 13),  # grows slower, they undershoot: 12, one more at worst
+        (lambda mb: 2 + 1.0 * mb + (8 if mb > 20 else 0), 40, 10),  # a step the line cannot see: 10
+    ],
+)
+def test_measured_peaks_guide_the_search_to_the_exact_edge(peak_gib, total_gib, most):
+    """With device memory measured, the guesses only choose where to probe: the answer is the exact edge
+    whatever the memory does, in far fewer probes where it grows about linearly with the micro-batch, and
+    at worst about what doubling and bisecting take."""
+    calls: list[int] = []
+    out = search(DDP, _device(peak_gib, total_gib, calls), max_micro_batch=4096, max_probes=32)
+    assert out.micro_batch == _edge(peak_gib, total_gib) and not out.capped
+    assert len(calls) <= most, calls
+    assert len(set(calls)) == len(calls)  # never the same micro-batch twice
+
+
+def test_the_headroom_is_part_of_the_guess():
+    calls: list[int] = []
+    out = search(
+        DDP,
+        _device(lambda mb: 2 + 1.0 * mb, calls=calls),
+        max_micro_batch=4096,
+        max_probes=32,
+        headroom=Headroom(bytes=10 * GIB),
+    )
+    assert out.micro_batch == 28 and calls == [1, 2, 8, 28, 29]
+
+
 @pytest.mark.parametrize(
     "start, limit, probes",
     [(4, 9, [4, 8, 16, 12, 10, 9]), (4, 2, [4, 2, 3]), (4, 0, [4, 2, 1]), (2000, 5000, [1024])],
