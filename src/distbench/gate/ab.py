@@ -25,7 +25,7 @@ Gated metrics follow the configuration's regime, read from the base's first run 
     host-bound, with counters    host_instructions (user-mode instructions of the training thread per step)
     on GPUs                      mem_allocated_peak_bytes (nearly exact from run to run, so any change of at
                                  least min_effect is found in the first look; its interval is trimmed,
-                                 stats.trimmed_paired_effect, as a run in six may jump by a buffer)
+                                 stats.trimmed_log_ratio_effect, as a run in six may jump by a buffer)
 Reported beside them, not gated: tokens_per_s, host_cpu_s, step_gcycles (cycles per step, where NVML read
 the clock), device_comm_s and busy_ratio.
 """
@@ -38,6 +38,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import numpy as np
 
 from ..config import RunConfig
 from ..metrics import METRICS, names
@@ -113,6 +115,12 @@ def gated_metrics(first_base: dict[str, Any]) -> tuple[str, ...]:
     return tuple(k for k, metric in METRICS.items() if metric.ab in roles and m.get(k))
 
 
+def effect_of(metric: str) -> Callable[[np.ndarray, float], stats.Effect]:
+    """How the pairs' log ratios of a metric become its effect: memory's trimmed (its peaks repeat to the
+    byte but for the odd run that holds one more buffer), every other metric's Student-t on the mean."""
+    return stats.trimmed_log_ratio_effect if METRICS[metric].unit == "bytes" else stats.log_ratio_effect
+
+
 def looks(min_pairs: int, max_pairs: int, look_every: int) -> list[int]:
     """The pair counts at which configurations are judged."""
     return sorted({*range(min_pairs, max_pairs + 1, look_every), max_pairs})
@@ -132,10 +140,8 @@ def judge(outcome: ConfigOutcome, *, alpha: float, threshold: float, min_effect:
         if len(base) >= stats.MIN_RUNS:
             if metric == WINDOWED and all(windows):
                 row.effect = stats.interleaved_effect([w for w in windows if w], alpha)
-            elif METRICS[metric].unit == "bytes":  # memory: exact repeats and the odd jump
-                row.effect = stats.trimmed_paired_effect(base, head, alpha)
             else:
-                row.effect = stats.paired_effect(base, head, alpha)
+                row.effect = effect_of(metric)(stats.log_ratios(base, head), alpha)
             row.verdict = stats.verdict(
                 row.effect, METRICS[metric].direction, threshold=threshold, min_effect=min_effect
             )
@@ -227,6 +233,7 @@ class ABReport:
     budget_exhausted: bool
     base_desc: str
     head_desc: str
+    looks: tuple[int, ...] = ()  # the pair counts at which configurations were judged
 
     @property
     def status(self) -> str:
@@ -312,4 +319,7 @@ def run_ab(
     for o in outcomes:
         if not o.error:
             judge(o, alpha=per_test, threshold=threshold, min_effect=min_effect)
-    return ABReport(outcomes, alpha, per_test, threshold, min_effect, clock() - start, exhausted, "", "")
+    elapsed = clock() - start
+    return ABReport(
+        outcomes, alpha, per_test, threshold, min_effect, elapsed, exhausted, "", "", tuple(schedule)
+    )

@@ -89,11 +89,16 @@ def _reach(se: float, df: int, alpha: float) -> float:
     return float((t.ppf(1 - alpha / 2, df) + t.ppf(POWER, df)) * se)
 
 
-def paired_effect(base: Sequence[float], head: Sequence[float], alpha: float) -> Effect:
-    """Effect of head over base from pairs run side by side (base[i] with head[i])."""
+def log_ratios(base: Sequence[float], head: Sequence[float]) -> np.ndarray:
+    """ln(head[i] / base[i]) of pairs run side by side."""
     if len(base) != len(head):
         raise ValueError(f"paired effect needs as many base as head values, got {len(base)} and {len(head)}")
-    return log_ratio_effect(_logs(head) - _logs(base), alpha)
+    return _logs(head) - _logs(base)
+
+
+def paired_effect(base: Sequence[float], head: Sequence[float], alpha: float) -> Effect:
+    """Effect of head over base from pairs run side by side (base[i] with head[i])."""
+    return log_ratio_effect(log_ratios(base, head), alpha)
 
 
 #: Share of a round's window log ratios trimmed from each end before averaging: a window in three stalled
@@ -139,17 +144,14 @@ def log_ratio_effect(d: np.ndarray, alpha: float) -> Effect:
 PAIR_TRIM = 0.2
 
 
-def trimmed_paired_effect(base: Sequence[float], head: Sequence[float], alpha: float) -> Effect:
-    """Effect of head over base for values that repeat to the byte but for an occasional jump: the
-    trimmed mean of the pairs' log ratios with its Tukey-McLaughlin interval (scipy.stats.mstats,
-    winsorized spread, PAIR_TRIM each side). On one H200, DDP's peak allocated memory at GPT-2 124M was
-    one fp32 copy of the parameters (+474 MiB) higher in one run of six on either side, in A/A runs too:
-    a plain t interval then stayed undecided at every look, and no such configuration could pass."""
+def trimmed_log_ratio_effect(d: np.ndarray, alpha: float) -> Effect:
+    """Effect from paired log ratios of values that repeat to the byte but for an occasional jump: their
+    PAIR_TRIM-trimmed mean with the Tukey-McLaughlin interval (scipy.stats.mstats: winsorized spread, t with
+    the kept count less one degrees of freedom). On one H200, DDP's peak allocated memory at GPT-2 124M was
+    one fp32 copy of the parameters (+474 MiB) higher in one run of six on either side, in A/A runs too: a
+    plain t interval then stayed undecided at every look, and no such configuration could pass."""
     from scipy.stats import mstats, wilcoxon
 
-    if len(base) != len(head):
-        raise ValueError(f"paired effect needs as many base as head values, got {len(base)} and {len(head)}")
-    d = _logs(head) - _logs(base)
     if d.size < MIN_RUNS:
         raise ValueError(f"a paired effect needs at least {MIN_RUNS} pairs, got {d.size}")
     limits = (PAIR_TRIM, PAIR_TRIM)
@@ -163,6 +165,38 @@ def trimmed_paired_effect(base: Sequence[float], head: Sequence[float], alpha: f
     p = float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
     noise = float(np.std(mstats.winsorize(d, limits=limits), ddof=1))
     return Effect(d.size, _rel(mean), _rel(lo), _rel(hi), 1 - alpha, _rel(_reach(se, df, alpha)), p, noise)
+
+
+def intervals(d: np.ndarray, alpha: float, *, trimmed: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(estimate, low, high) as relative changes for each row of log ratios `d` (rows x pairs) at once: the
+    mean's Student-t interval (log_ratio_effect's), or the trimmed mean's Tukey-McLaughlin interval
+    (trimmed_log_ratio_effect's). For replaying the gate's rule thousands of times (gate/calibrate.py);
+    tests/test_calibrate.py holds both to the scalar functions."""
+    from scipy.stats import t
+
+    n = d.shape[1]
+    g = int(PAIR_TRIM * n) if trimmed else 0
+    s = np.sort(d, axis=1)
+    kept = s[:, g : n - g]
+    mean = kept.mean(axis=1)
+    wins = np.concatenate([np.repeat(s[:, [g]], g, 1), kept, np.repeat(s[:, [n - g - 1]], g, 1)], axis=1)
+    share = 2 * PAIR_TRIM if trimmed else 0.0  # the nominal share, as scipy.stats.mstats.trimmed_stde takes
+    se = wins.std(axis=1, ddof=1) / ((1 - share) * math.sqrt(n))
+    half = t.ppf(1 - alpha / 2, kept.shape[1] - 1) * se
+    return np.expm1(mean), np.expm1(mean - half), np.expm1(mean + half)
+
+
+def verdicts(
+    est: np.ndarray, lo: np.ndarray, hi: np.ndarray, direction: int, *, threshold: float, min_effect: float
+) -> np.ndarray:
+    """verdict() of each (estimate, low, high), as an array of its strings."""
+    if direction > 0:
+        est, lo, hi = -est, -hi, -lo
+    return np.select(
+        [(lo > 0) & (est >= min_effect), (hi < 0) & (-est >= min_effect), hi < threshold],
+        [REGRESSION, IMPROVEMENT, UNCHANGED],
+        UNDECIDED,
+    )
 
 
 def unpaired_effect(base: Sequence[float], head: Sequence[float], alpha: float) -> Effect:

@@ -160,6 +160,7 @@ def to_json(report: ABReport) -> dict[str, Any]:
         "min_effect": report.min_effect,
         "elapsed_s": report.elapsed_s,
         "budget_exhausted": report.budget_exhausted,
+        "looks": list(report.looks),
         "base": report.base_desc,
         "head": report.head_desc,
         "configs": [
