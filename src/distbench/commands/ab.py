@@ -47,6 +47,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """`distbench ab`'s flags: long, one add_argument per flag, read best in one place."""
+    from ..gate.ab import LOOK_EVERY, MAX_PAIRS, MIN_PAIRS
+
     p = sub.add_parser(
         "ab",
         help="A/B gate: alternate two variants run by run on the same GPUs until decided",
@@ -92,9 +94,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="smallest significant change reported as a regression (default 0.01)",
     )
     p.add_argument("--alpha", type=float, default=0.05, help="family-wise false-alarm rate (default 0.05)")
-    p.add_argument("--min-pairs", type=int, default=6, help="pairs before the first decision (default 6)")
-    p.add_argument("--max-pairs", type=int, default=12, help="most pairs per configuration (default 12)")
-    p.add_argument("--look-every", type=int, default=3, help="pairs between decisions (default 3)")
+    p.add_argument(
+        "--min-pairs",
+        type=int,
+        default=MIN_PAIRS,
+        help=f"pairs before the first decision (default {MIN_PAIRS})",
+    )
+    p.add_argument(
+        "--max-pairs", type=int, default=MAX_PAIRS, help=f"most pairs per configuration (default {MAX_PAIRS})"
+    )
+    p.add_argument(
+        "--look-every", type=int, default=LOOK_EVERY, help=f"pairs between decisions (default {LOOK_EVERY})"
+    )
     p.add_argument(
         "--interleave",
         choices=["windows", "runs"],

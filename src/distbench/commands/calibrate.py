@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from ..gate import calibrate as cal
-    from ..gate.ab import looks
+    from ..gate.ab import LOOK_EVERY, MAX_PAIRS, MIN_PAIRS, looks
 
     console = Console(width=None if Console().is_terminal else 140)
     if args.resamples < 100:
@@ -60,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
     for f, report in reports:
         try:
             got = cal.calibrate(
-                report, resamples=args.resamples, seed=args.seed, default_looks=looks(6, 12, 3)
+                report,
+                resamples=args.resamples,
+                seed=args.seed,
+                default_looks=looks(MIN_PAIRS, MAX_PAIRS, LOOK_EVERY),
             )
         except ValueError as e:
             console.print(f"skipped {f}: {e}", highlight=False)

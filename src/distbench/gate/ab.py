@@ -48,6 +48,9 @@ from . import stats
 #: The metric whose pairs come from interleaved windows (the window wall clock per step).
 WINDOWED = "step_time_s"
 
+#: Pairs before the first judgement, most pairs, pairs between judgements (`distbench ab`'s defaults).
+MIN_PAIRS, MAX_PAIRS, LOOK_EVERY = 6, 12, 3
+
 
 @dataclass
 class Pair:
@@ -115,10 +118,15 @@ def gated_metrics(first_base: dict[str, Any]) -> tuple[str, ...]:
     return tuple(k for k, metric in METRICS.items() if metric.ab in roles and m.get(k))
 
 
+def trimmed(metric: str) -> bool:
+    """Whether a metric's pairs are judged by their trimmed mean: memory's peaks repeat to the byte but for
+    the odd run that holds one more buffer; every other metric's by Student's t on the mean."""
+    return METRICS[metric].unit == "bytes"
+
+
 def effect_of(metric: str) -> Callable[[np.ndarray, float], stats.Effect]:
-    """How the pairs' log ratios of a metric become its effect: memory's trimmed (its peaks repeat to the
-    byte but for the odd run that holds one more buffer), every other metric's Student-t on the mean."""
-    return stats.trimmed_log_ratio_effect if METRICS[metric].unit == "bytes" else stats.log_ratio_effect
+    """How the pairs' log ratios of a metric become its effect (see `trimmed`)."""
+    return stats.trimmed_log_ratio_effect if trimmed(metric) else stats.log_ratio_effect
 
 
 def looks(min_pairs: int, max_pairs: int, look_every: int) -> list[int]:
@@ -257,9 +265,9 @@ def run_ab(
     alpha: float = 0.05,
     threshold: float = 0.02,
     min_effect: float = 0.01,
-    min_pairs: int = 6,
-    max_pairs: int = 12,
-    look_every: int = 3,
+    min_pairs: int = MIN_PAIRS,
+    max_pairs: int = MAX_PAIRS,
+    look_every: int = LOOK_EVERY,
     budget_s: float = 600.0,
     on_pair: Callable[[ConfigOutcome, Pair], None] | None = None,
     between_rounds: Callable[[], None] | None = None,

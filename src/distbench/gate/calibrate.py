@@ -19,7 +19,7 @@ import numpy as np
 
 from ..metrics import METRICS
 from . import stats
-from .ab import WINDOWED, effect_of
+from .ab import WINDOWED, trimmed
 
 #: Replays per configuration and metric (the simulated rate's standard error is under 1.2% at 2000).
 RESAMPLES = 2000
@@ -44,9 +44,7 @@ def pair_log_ratios(config: dict[str, Any], row: dict[str, Any]) -> np.ndarray:
     means of their window ratios for the windowed step time, else ln(head / base) of each pair of runs."""
     windows = config.get("window_log_ratios") or []
     if row["metric"] == WINDOWED and windows and all(windows):
-        from scipy.stats import trim_mean
-
-        return np.array([float(trim_mean(w, stats.WINDOW_TRIM)) for w in windows])
+        return stats.round_log_ratios(windows)
     return stats.log_ratios(row["base"], row["head"])
 
 
@@ -69,11 +67,10 @@ def replay(
     bandwidth = 1.06 * float(centred.std(ddof=1)) * len(d) ** -0.2
     draws = rng.choice(centred, size=(resamples, looks[-1]), replace=True)
     draws += rng.normal(0.0, bandwidth, size=draws.shape)
-    trimmed = effect_of(metric) is stats.trimmed_log_ratio_effect
     open_ = np.ones(resamples, dtype=bool)
     alarms = 0
     for n in looks:
-        est, lo, hi = stats.intervals(draws[:, :n], per_test_alpha, trimmed=trimmed)
+        est, lo, hi = stats.intervals(draws[:, :n], per_test_alpha, trimmed=trimmed(metric))
         with np.errstate(invalid="ignore"):  # rows of identical draws: a zero-width interval
             v = stats.verdicts(
                 est, lo, hi, METRICS[metric].direction, threshold=threshold, min_effect=min_effect

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -66,9 +67,13 @@ class Effect:
     def worse(self, direction: int) -> tuple[float, float, float]:
         """(estimate, low, high) on the 'worse' axis: positive means worse for a metric of `direction`
         (+1 higher is better, -1 lower is better)."""
-        if direction > 0:
-            return -self.estimate, -self.high, -self.low
-        return self.estimate, self.low, self.high
+        return worse_axis(direction, self.estimate, self.low, self.high)
+
+
+def worse_axis(direction: int, est: Any, lo: Any, hi: Any) -> tuple[Any, Any, Any]:
+    """(estimate, low, high), scalars or arrays alike, turned so that positive means worse for a metric of
+    `direction`: a metric where higher is better has its sign and its interval's ends swapped."""
+    return (-est, -hi, -lo) if direction > 0 else (est, lo, hi)
 
 
 def _rel(x: float) -> float:
@@ -112,11 +117,16 @@ def interleaved_effect(rounds: Sequence[Sequence[float]], alpha: float) -> Effec
     mean of its window ratios (scipy.stats.trim_mean), and the interval is Student's t over rounds: the
     rounds' spread holds both the process-to-process bias and what is left of the window noise, and the
     windows' interleaving cancels whatever drifts slower than a window (host speed, clocks)."""
+    return log_ratio_effect(round_log_ratios(rounds), alpha)
+
+
+def round_log_ratios(rounds: Sequence[Sequence[float]]) -> np.ndarray:
+    """One log ratio per round of interleaved windows: the WINDOW_TRIM-trimmed mean of its windows' ratios."""
     from scipy.stats import trim_mean
 
     if any(len(r) == 0 for r in rounds):
         raise ValueError("every round needs at least one pair of windows")
-    return log_ratio_effect(np.array([float(trim_mean(r, WINDOW_TRIM)) for r in rounds]), alpha)
+    return np.array([float(trim_mean(r, WINDOW_TRIM)) for r in rounds])
 
 
 def log_ratio_effect(d: np.ndarray, alpha: float) -> Effect:
@@ -189,9 +199,10 @@ def intervals(d: np.ndarray, alpha: float, *, trimmed: bool) -> tuple[np.ndarray
 def verdicts(
     est: np.ndarray, lo: np.ndarray, hi: np.ndarray, direction: int, *, threshold: float, min_effect: float
 ) -> np.ndarray:
-    """verdict() of each (estimate, low, high), as an array of its strings."""
-    if direction > 0:
-        est, lo, hi = -est, -hi, -lo
+    """The verdict of each (estimate, low, high), as an array of its strings: REGRESSION where the interval
+    excludes no change on the worse side and the estimate is at least `min_effect`, IMPROVEMENT the same on
+    the better side, UNCHANGED where a regression of `threshold` is ruled out, else UNDECIDED."""
+    est, lo, hi = worse_axis(direction, est, lo, hi)
     return np.select(
         [(lo > 0) & (est >= min_effect), (hi < 0) & (-est >= min_effect), hi < threshold],
         [REGRESSION, IMPROVEMENT, UNCHANGED],
@@ -236,14 +247,8 @@ def unpaired_effect(base: Sequence[float], head: Sequence[float], alpha: float) 
 
 def verdict(effect: Effect, direction: int, *, threshold: float, min_effect: float) -> str:
     """regression / improvement / unchanged / undecided (see the module doc)."""
-    est, lo, hi = effect.worse(direction)
-    if lo > 0 and est >= min_effect:
-        return REGRESSION
-    if hi < 0 and -est >= min_effect:
-        return IMPROVEMENT
-    if hi < threshold:
-        return UNCHANGED
-    return UNDECIDED
+    est, lo, hi = (np.array([x]) for x in (effect.estimate, effect.low, effect.high))
+    return str(verdicts(est, lo, hi, direction, threshold=threshold, min_effect=min_effect)[0])
 
 
 def family_alpha(alpha: float, tests: int, looks: int = 1) -> float:
