@@ -7,8 +7,9 @@ exact largest fitting micro-batch unless the probe budget runs out first (then i
 `capped` says so). Where the probes measured device memory, up to GUIDED_PROBES of them go where the peaks
 of the two largest probes that ran, extended linearly, put the edge: on one H200 a doubling search spent 8-9
 probes a candidate and was still cut short at GPT-2 Large's edge; the guesses only choose where to look, so
-the answer stays exact whatever the memory does. A probe that fails for any other reason rules the candidate out. The largest fit's own
-result is the candidate's evidence: its tokens/s and peak memory are what the ranking uses.
+the answer stays exact whatever the memory does. A probe that fails for any other reason rules the candidate
+out. The largest fit's own result is the candidate's evidence: its tokens/s and peak memory are what the
+ranking uses.
 
 No CLI and no training here: the search takes a `probe` callable (micro-batch -> result dict, the schema
 results.py writes), so tests drive it with a made-up memory limit; commands/recommend.py supplies probes
@@ -174,7 +175,7 @@ def search(
             mb = (fit + miss) // 2
         else:
             break
-        # a guess needs a peak it has not used yet (the last probe ran); while doubling, at most 4x the fit
+        # a guess needs a peak it has not used yet (the last probe ran); while doubling, GUIDED_REACH x the fit
         fresh = out.probes and out.probes[-1][1]["status"] == "ok" and guided < GUIDED_PROBES
         guess = predicted_edge(out.probes, headroom) if fresh else None
         if guess is not None:
