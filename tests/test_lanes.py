@@ -162,12 +162,12 @@ def test_world_size_1_runs_in_two_lanes_at_once(concurrent):
     assert runs["one_a"]["pid"] != runs["two_a"]["pid"]
 
 
-def test_world_size_2_runs_after_the_lanes_on_every_slot(concurrent):
+def test_world_size_2_runs_in_a_lane_on_both_slots_once_they_are_free(concurrent):
     _, runs = concurrent
     lanes_end = max(runs[n]["end"] for n in ("one_a", "one_b", "two_a", "two_b"))
     for name in ("whole_a", "whole_b"):
-        assert runs[name]["start"] >= lanes_end, f"{name} started while a lane ran"
-        assert runs[name]["lane"] is None, "world size 2 needs both slots: the session itself runs it"
+        assert runs[name]["start"] >= lanes_end, f"{name} started while a lane held one of its slots"
+        assert runs[name]["lane"] == "0,1", "world size 2 takes a seat on each of the two slots"
 
 
 def test_an_exclusive_test_runs_with_nothing_else_running(concurrent):
@@ -181,9 +181,75 @@ def test_an_exclusive_test_runs_with_nothing_else_running(concurrent):
 def test_the_session_reports_every_lane_test_and_merges_the_phase_tables(concurrent):
     out, _ = concurrent
     assert "7 passed" in out.stdout
-    assert "distbench lanes on 2 slots" in out.stdout
+    assert "distbench lanes on 2 slot(s), up to 1 per device" in out.stdout
+    assert "tests at once:" in out.stdout and "lanes: 3 started on 2 slot(s)" in out.stdout
     table = out.stdout.split("distbench: time in rank jobs by phase")[1]
     assert "training steps" in table and "test_two.py::test_two_a" in table
+
+
+SHARED = {
+    "record.py": RECORD,
+    "test_one.py": """
+from record import record
+def test_one_a(): record("one_a", 0.2, wait_for="two_a")
+""",
+    "test_two.py": """
+from record import record
+def test_two_a(): record("two_a", 0.2, wait_for="one_a")
+""",
+}
+
+#: Two modules, so two units: two lanes, each with its own 2-rank pool
+POOLS = {
+    f"test_pool_{me}.py": f"""
+import pytest
+from record import record
+from distbench.jobs.train import train
+@pytest.mark.world_size(2)
+def test_pool_{me}(suite):
+    record("pool_{me}", 0.0, wait_for="pool_{other}")
+    losses = suite.run_job(2, train, cfg=suite.config("ddp", 2, steps=2))[0]["losses"]
+    record("pool_{me}_trained", 0.0, wait_for="pool_{other}_trained")
+    assert len(losses) == 2
+"""
+    for me, other in (("a", "b"), ("b", "a"))
+}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Lanes sharing device slots: two world-size-1 lanes on one slot, then two world-size-2 lanes whose own
+    2-rank pools train at once on the same two slots."""
+    tmp = tmp_path_factory.mktemp("lanes")
+    one = session(tmp, SHARED, "--lanes", "1", "--lanes-per-device", "2", LANES_LOG=str(tmp / "one.jsonl"))
+    assert one.returncode == 0, one.stdout[-4000:] + one.stderr[-2000:]
+    (tmp / "test_one.py").unlink()
+    (tmp / "test_two.py").unlink()
+    two = session(
+        tmp,
+        POOLS,
+        "--lanes",
+        "2",
+        "--lanes-per-device",
+        "2",
+        LANES_LOG=str(tmp / "two.jsonl"),
+    )
+    assert two.returncode == 0, two.stdout[-4000:] + two.stderr[-2000:]
+    assert "up to 2 per device" in one.stdout and "up to 2 per device" in two.stdout
+    return {**intervals(tmp / "one.jsonl"), **intervals(tmp / "two.jsonl")}
+
+
+def test_two_lanes_share_one_slot_at_once(shared):
+    assert overlap(shared["one_a"], shared["two_a"])
+    assert shared["one_a"]["lane"] == shared["two_a"]["lane"] == "0"
+    assert shared["one_a"]["pid"] != shared["two_a"]["pid"]
+
+
+def test_two_world_size_2_pools_train_on_the_same_two_slots_at_once(shared):
+    a, b = shared["pool_a_trained"], shared["pool_b_trained"]
+    assert a["lane"] == b["lane"] == "0,1" and a["pid"] != b["pid"]
+    # each waited for the other before and after training: both pools were up at the same time
+    assert shared["pool_a"]["start"] < b["end"] and shared["pool_b"]["start"] < a["end"]
 
 
 @pytest.fixture(scope="module")
@@ -256,33 +322,35 @@ def test_cpu():
 """
 
 
-def test_auto_turns_lanes_on_with_two_gpus_and_two_lanes(pytester, monkeypatch):
+def test_auto_turns_lanes_on_when_two_lanes_would_run_at_once(pytester, monkeypatch):
     import distbench.pytest_plugin as plugin
 
     gpus = {"n": 4}
     monkeypatch.setattr(plugin, "cuda_device_count", lambda: gpus["n"])
+    monkeypatch.setattr(plugin, "_gpu_memory_bytes", lambda: 141 * 2**30)
+    monkeypatch.setattr(plugin.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     pytester.makeconftest("pytest_plugins = ['distbench.pytest_plugin']")
     pytester.makepyfile(test_cases=GPU_CASES, test_more="def test_other():\n    pass\n")
     items, _ = pytester.inline_genitems("-m", "gpu or not gpu", "--world-sizes", "1,2")
     gpu_items = [it for it in items if "gpu" in it.nodeid]
     config = items[0].config
 
-    def lanes(n: int, selected: list[pytest.Item], mode: str | int = "auto") -> list[tuple[int, int]] | None:
+    def lanes(n: int, selected: list[pytest.Item], mode: str | int = "auto", per: str | int = "auto") -> Any:
         gpus["n"] = n
         monkeypatch.setitem(config.stash[plugin.OPTIONS], "lanes", mode)
+        monkeypatch.setitem(config.stash[plugin.OPTIONS], "lanes_per_device", per)
         decision = plugin._lane_plan(SimpleNamespace(items=selected, config=config))  # type: ignore[arg-type]
-        return (
-            None if decision is None else [(lane.world_size, len(lane.nodeids)) for lane in decision[0].lanes]
-        )
+        return None if decision is None else (decision[0].seats, decision[0].lanes_at_once)
 
-    assert lanes(2, gpu_items) == [(1, 1), (1, 1)]  # ws1 in two lanes (a strategy each); ws2 needs both GPUs
-    assert lanes(4, gpu_items) == [(1, 1), (1, 1), (2, 1), (2, 1)]
-    assert lanes(1, gpu_items) is None  # one GPU: nothing to share
-    assert lanes(2, [it for it in gpu_items if "ddp" in it.nodeid]) is None  # one lane is not worth a process
-    assert lanes(2, [it for it in gpu_items if "ws2" in it.nodeid]) is None  # every case needs every GPU
+    # GPT-2 124M ranks fit many times in an H200's memory; 16 host cores allow 8 ranks in all
+    assert lanes(1, gpu_items) == (8, 2)  # one GPU: the two ws1 units share it; ws2 cannot run
+    assert lanes(2, gpu_items) == (4, 2)
+    assert lanes(4, gpu_items, per=1) == (1, 2)
+    assert lanes(2, [it for it in gpu_items if "ddp" in it.nodeid and "ws1" in it.nodeid]) is None
+    assert lanes(1, gpu_items, per=1) is None  # one seat on one GPU: nothing runs beside anything
     assert lanes(2, gpu_items, "off") is None
     with pytest.raises(pytest.exit.Exception, match="this machine has 2 CUDA devices"):
         lanes(2, gpu_items, 3)
     cpu_items = [it for it in items if "gpu" not in it.nodeid]
     assert lanes(2, cpu_items) is None  # the CPU tier: off unless asked for (README: measured slower)...
-    assert lanes(0, cpu_items, 2) == [(1, 1), (1, 1)]  # ...on 2 CPU slots when asked
+    assert lanes(0, cpu_items, 2) == (1, 2)  # ...on 2 CPU slots when asked, one lane per slot

@@ -17,8 +17,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: Lowest first. A module belongs to the layer of the longest prefix listed here.
 LAYERS: list[tuple[str, list[str]]] = [
     (
-        "base: errors, the run configuration, the machine",
-        ["distbench", "distbench.errors", "distbench.config", "distbench.machine"],
+        "base: errors, the run configuration, the machine, claims about time",
+        ["distbench", "distbench.errors", "distbench.config", "distbench.machine", "distbench.claims"],
     ),
     ("process: rank pools, workers, launches", ["distbench.runtime"]),
     (
@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "distbench.suite",
             "distbench.lanes",
             "distbench.lane_child",
+            "distbench.lane_watch",
             "distbench.schedule",
             "distbench.gate",
             "distbench.doctor",

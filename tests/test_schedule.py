@@ -1,34 +1,45 @@
-"""The lane plan (distbench.schedule): small world sizes packed onto disjoint slots, a group kept in one lane,
-cases that need every slot after the lanes, exclusive ones alone and last, skipped ones first."""
+"""The lane plan (distbench.schedule): units of work, largest first; seats that let lanes share devices, sized
+by memory and host cores; exclusive cases alone and last, skipped ones first. Pure planning, for any number of
+devices and world sizes: what `pytest -m gpu` does on N GPUs is shown here without them."""
 
 from __future__ import annotations
 
-from distbench.schedule import Case, Lane, next_start, plan
+import random
+
+from distbench.schedule import (
+    Case,
+    Plan,
+    Seats,
+    Unit,
+    next_world_size,
+    plan,
+    seats_per_device,
+    take_unit,
+)
+
+GIB = 2**30
 
 
-def cases(spec: str, ws: int, n: int, **kw: bool) -> list[Case]:
-    return [Case(f"t.py::{spec}{i}-ws{ws}", ws, spec, **kw) for i in range(n)]
+def cases(group: str, ws: int, n: int, module: str = "t.py", cost: float = 1.0, **kw: bool) -> list[Case]:
+    return [Case(f"{module}::{group}{i}-ws{ws}", ws, group, cost=cost, **kw) for i in range(n)]
 
 
-def test_small_world_sizes_fill_floor_n_over_w_lanes_and_a_group_stays_in_one():
-    ws1 = cases("ddp", 1, 3) + cases("zero3", 1, 2) + cases("fsdp", 1, 2) + cases("single", 1, 1)
-    ws2 = cases("ddp", 2, 2) + cases("zero3", 2, 1)
-    p = plan(ws1 + ws2 + cases("ddp", 4, 2), slots=4)
-    assert [lane.world_size for lane in p.lanes] == [1, 1, 1, 1, 2, 2]
-    for group in ("ddp", "zero3", "fsdp", "single"):
-        holding = [
-            lane for lane in p.lanes if any(f"::{group}" in n for n in lane.nodeids) and lane.world_size == 1
-        ]
-        assert len(holding) == 1, f"group {group} split over {len(holding)} lanes"
-    assert sorted(n for lane in p.lanes for n in lane.nodeids) == sorted(c.nodeid for c in ws1 + ws2)
-    assert p.whole == [c.nodeid for c in cases("ddp", 4, 2)]
-    assert p.worth_it
-
-
-def test_a_lane_keeps_collection_order():
-    mixed = [Case("a::1", 1, "x"), Case("a::2", 1, "y"), Case("a::3", 1, "x"), Case("a::4", 1, "y")]
-    p = plan(mixed, slots=1 + 1)
-    assert sorted(lane.nodeids for lane in p.lanes) == [["a::1", "a::3"], ["a::2", "a::4"]]
+def test_a_unit_is_one_groups_cases_of_one_world_size_and_module_and_the_costliest_go_first():
+    p = plan(
+        cases("ddp", 1, 3)
+        + cases("zero3", 1, 2, cost=5.0)
+        + cases("zero3", 1, 1, module="u.py", cost=5.0)
+        + cases("ddp", 2, 2),
+        devices=2,
+        seats=2,
+    )
+    assert [(u.world_size, len(u.nodeids), u.cost) for u in p.units] == [
+        (1, 2, 10.0),
+        (1, 1, 5.0),
+        (1, 3, 3.0),
+        (2, 2, 2.0),
+    ]
+    assert p.units[0].nodeids == ["t.py::zero30-ws1", "t.py::zero31-ws1"]  # collection order within a unit
 
 
 def test_exclusive_cases_run_alone_last_and_skipped_ones_first():
@@ -39,21 +50,88 @@ def test_exclusive_cases_run_alone_last_and_skipped_ones_first():
             Case("s::skip", 1, "g", inert=True),
             *cases("ddp", 1, 2),
         ],
-        slots=2,
+        devices=1,
+        seats=4,
     )
     assert p.alone == ["b::ws1", "b::ws2"]  # world size 1 first: each world size's pool is built once
     assert p.first == ["s::skip"]
-    assert all("b::" not in n and "s::" not in n for lane in p.lanes for n in lane.nodeids)
+    assert all("b::" not in n and "s::" not in n for u in p.units for n in u.nodeids)
 
 
-def test_one_lane_is_not_worth_a_process():
-    assert not plan(cases("ddp", 1, 5), slots=2).worth_it  # one group: one lane
-    assert not plan(cases("ddp", 2, 5) + cases("zero3", 2, 5), slots=2).worth_it  # every slot: no lane
-    assert plan(cases("ddp", 1, 1) + cases("zero3", 1, 1), slots=2).worth_it
+def test_lanes_at_once_count_seats_and_world_sizes():
+    two_units = cases("ddp", 1, 1) + cases("zero3", 1, 1)
+    assert plan(two_units, devices=1, seats=1).lanes_at_once == 1
+    assert not plan(two_units, devices=1, seats=1).worth_it  # one GPU, one seat: run it here
+    assert plan(two_units, devices=1, seats=8).lanes_at_once == 2  # no more lanes than units
+    assert plan(two_units, devices=1, seats=8).worth_it
+    ws2 = cases("ddp", 2, 1) + cases("zero3", 2, 1) + cases("fsdp", 2, 1)
+    assert plan(ws2, devices=2, seats=2).lanes_at_once == 2  # two world-size-2 lanes on the same two GPUs
+    assert plan(ws2, devices=4, seats=1).lanes_at_once == 2
+    assert plan(cases("ddp", 4, 3), devices=2, seats=8).lanes_at_once == 0  # needs more GPUs than there are
 
 
-def test_a_lane_starts_when_its_slots_are_free_and_smaller_ones_overtake_it():
-    pending = [Lane(2, ["x"]), Lane(1, ["y"])]
-    assert next_start(pending, [3]) == (1, [3])
-    assert next_start(pending, [3, 0, 2]) == (0, [0, 2])
-    assert next_start([Lane(4, ["z"])], [0, 1, 2]) is None
+def test_seats_spread_lanes_over_the_emptiest_devices_and_world_size_2_takes_two_distinct_ones():
+    s = Seats.of(devices=2, seats=2)
+    assert s.take(1) == [0] and s.take(1) == [1]  # the emptiest device first
+    assert s.take(2) == [0, 1]  # one seat on each of two distinct devices
+    assert s.take(2) is None and s.take(1) is None
+    s.give([0, 1])
+    assert s.take(2) == [0, 1]
+
+
+def test_next_world_size_starts_lanes_while_seats_are_free_and_units_wait():
+    pending = [Unit(1, ["a"], 5.0), Unit(2, ["b"], 3.0), Unit(1, ["c"], 1.0)]
+    seats = Seats.of(devices=2, seats=1)
+    assert next_world_size(pending, {}, seats) == 1  # the most pending cost first
+    assert next_world_size(pending, {1: 2}, seats) == 2  # two ws1 lanes already wait for the two ws1 units
+    seats.take(1)
+    assert next_world_size(pending, {1: 2}, seats) is None  # ws2 needs two devices with a free seat
+    assert take_unit(pending, 1) == Unit(1, ["a"], 5.0) and take_unit(pending, 4) is None
+
+
+def test_seats_per_device_is_bounded_by_memory_and_by_host_cores():
+    # one H200 (141 GiB) of 16 host cores: GPT-2 124M ranks (~5 GiB) fit 22 times, the cores allow 8
+    assert seats_per_device(1, 141 * GIB, 5 * GIB, cores=16) == 8
+    # GPT-2 XL ranks (~38 GiB): memory allows 2 on an H200, 1 on an H100 (80 GiB)
+    assert seats_per_device(1, 141 * GIB, 38 * GIB, cores=16) == 2
+    assert seats_per_device(1, 80 * GIB, 38 * GIB, cores=16) == 1
+    assert seats_per_device(8, 141 * GIB, 5 * GIB, cores=128) == 8
+    assert seats_per_device(2, None, None, cores=2) == 1  # never below one
+
+
+def _simulate(p: Plan, durations: dict[str, float]) -> tuple[float, int]:
+    """Makespan and the most lanes at once when lanes take units as lanes.py hands them out."""
+    pending, seats, t, running = list(p.units), Seats.of(p.devices, p.seats), 0.0, []
+    most = 0
+    while pending or running:
+        while (ws := next_world_size(pending, {}, seats)) is not None:
+            unit = take_unit(pending, ws)
+            assert unit is not None
+            running.append((t + sum(durations[n] for n in unit.nodeids), seats.take(ws), unit))
+        most = max(most, len(running))
+        running.sort(key=lambda r: r[0])
+        t, slots, _ = running.pop(0)
+        seats.give(slots)
+    return t, most
+
+
+def test_a_plan_keeps_every_seat_busy_and_finishes_near_the_ideal():
+    rng = random.Random(0)
+    cs = [
+        c
+        for g in range(12)
+        for c in cases(f"s{g}", 1, rng.randint(5, 20), module=f"m{g % 4}.py", cost=rng.uniform(0.5, 3))
+    ]
+    durations = {c.nodeid: c.cost for c in cs}
+    p = plan(cs, devices=1, seats=8)
+    makespan, most = _simulate(p, durations)
+    ideal = sum(durations.values()) / 8
+    longest = max(u.cost for u in p.units)
+    assert most == 8
+    assert makespan <= ideal + longest  # list scheduling's bound, largest units first
+    # N GPUs, world sizes 1 and 2 sharing them: every case runs once, within the same bound
+    cs2 = cs + [c for g in range(4) for c in cases(f"w{g}", 2, 5, cost=2.0)]
+    p2 = plan(cs2, devices=2, seats=4)
+    makespan2, most2 = _simulate(p2, {c.nodeid: c.cost for c in cs2})
+    assert sorted(n for u in p2.units for n in u.nodeids) == sorted(c.nodeid for c in cs2)
+    assert most2 == 8 and makespan2 <= sum(c.cost for c in cs2) / 4 + max(u.cost for u in p2.units)

@@ -1,18 +1,21 @@
-"""The lane side of lanes.py: a child pytest process runs the tests its parent gave it and tells it about each.
+"""The lane side of lanes.py: a child pytest process runs the tests its parent hands it and tells it about each.
 
-The parent writes the lane's test ids to `items.json` in the lane's directory and starts the child with
-`--distbench-lane DIR`; the child runs exactly those, in that order, and appends one JSON line per event to
-`events.jsonl` (a test starting, each of its reports through pytest's own report serialization hook, its
-phase table so far, a test finishing, a collection error). The parent replays them into its own session.
-A line is written whole and flushed before the next step, so a child killed at any moment leaves at most
-one partial last line, which the parent ignores.
+The parent writes the test ids the lane may be given to `items.json` in the lane's directory and starts the
+child with `--distbench-lane DIR` and the read end of a pipe (its descriptor in DISTBENCH_LANE_FD). The child
+asks for work (a `want` event) and reads the answer from the pipe: the next unit's test ids, or an empty list
+when there is no more work for it; it asks again once a unit is done, keeping its session's fixtures (the
+Suite and its rank pools) from one unit to the next. It appends one JSON line per event to `events.jsonl` (a test starting, each of its reports through pytest's own
+report serialization hook, its phase table so far, a test finishing, a collection error, a request for work).
+The parent replays them into its own session. A line is written whole and flushed before the next step, so a
+child killed at any moment leaves at most one partial last line, which the parent ignores.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -21,6 +24,7 @@ from .runtime.phases import PhaseLog
 ITEMS = "items.json"
 EVENTS = "events.jsonl"
 OUTPUT = "output.log"
+WORK_FD_ENV = "DISTBENCH_LANE_FD"
 
 
 class LaneReporter:
@@ -32,6 +36,8 @@ class LaneReporter:
         self.phases = phases
         self._sent: dict[str, dict[str, float]] = {}
         self._out = open(lane_dir / EVENTS, "a", encoding="utf-8")  # noqa: SIM115 (closed at unconfigure)
+        self._work = os.fdopen(int(os.environ[WORK_FD_ENV]), "r", encoding="utf-8")
+        self._items: dict[str, pytest.Item] = {}
 
     def send(self, **event: Any) -> None:
         self._out.write(json.dumps(event, default=repr) + "\n")
@@ -39,13 +45,36 @@ class LaneReporter:
 
     def close(self) -> None:
         self._out.close()
+        self._work.close()
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """Run exactly the lane's tests in the parent's order (the arguments named whole modules)."""
-        order = {nodeid: i for i, nodeid in enumerate(self.nodeids)}
-        config.hook.pytest_deselected(items=[it for it in items if it.nodeid not in order])
-        items[:] = sorted((it for it in items if it.nodeid in order), key=lambda it: order[it.nodeid])
+        """Keep the tests the lane may be given (the arguments named whole modules)."""
+        mine = set(self.nodeids)
+        config.hook.pytest_deselected(items=[it for it in items if it.nodeid not in mine])
+        items[:] = [it for it in items if it.nodeid in mine]
+        self._items = {it.nodeid: it for it in items}
+
+    def _request(self) -> list[str]:
+        """The next unit's test ids from the parent; [] when it has no more work for this lane (or is gone)."""
+        self.send(event="want")
+        line = self._work.readline()
+        return [n for n in json.loads(line) if n in self._items] if line.strip() else []
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        """Run units as the parent hands them out, until it has none left. After a unit's last test pytest is
+        told the session comes next, so module fixtures are torn down and session ones (the Suite and its
+        rank pools) are kept for the next unit; pytest's session finish tears those down."""
+        while unit := self._request():
+            for i, nodeid in enumerate(unit):
+                nextitem = self._items[unit[i + 1]] if i + 1 < len(unit) else cast(pytest.Item, session)
+                self._items[nodeid].config.hook.pytest_runtest_protocol(
+                    item=self._items[nodeid], nextitem=nextitem
+                )
+                if session.shouldfail or session.shouldstop:
+                    return True
+        return True
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:

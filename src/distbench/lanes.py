@@ -1,13 +1,16 @@
-"""Run a session's plan (schedule.py): lanes as child pytest processes on disjoint device slots, the rest here.
+"""Run a session's plan (schedule.py): lanes as child pytest processes sharing the devices' seats, the rest here.
 
-Each lane is `python -m pytest` on the lane's modules, told its tests and its directory with
+Each lane is `python -m pytest` on the modules it may be given, told its candidate tests and its directory with
 `--distbench-lane` (lane_child.py), its devices with CUDA_VISIBLE_DEVICES (GPU slots) and its slots with
-DISTBENCH_LANE. Its tests are replayed into this session as they finish, through pytest's report
-serialization hooks (as pytest-xdist does), so the terminal, -x/--maxfail, --junitxml, --durations, the exit
-status and the phase table read as if this process had run them. A lane process that dies or outlives
---lane-timeout on one test fails that test with its output, and a fresh process runs the rest of its lane.
-Every lane process is its own process group, killed with its ranks on Ctrl-C or -x; the lanes' directory
-(test ids, events, output, the lane's basetemp) is removed at the end.
+DISTBENCH_LANE. It asks for units of work and gets them through a pipe, costliest first, until none of its
+world size is left; lanes start while seats are free and units wait. Its tests are replayed into this
+session as they finish, through pytest's report serialization hooks (as pytest-xdist does), so the terminal,
+-x/--maxfail, --junitxml, --durations, the exit status and the phase table read as if this process had run
+them. A lane process that dies or outlives --lane-timeout on one test fails that test with its output, and
+the rest of its work goes back to the queue. Every lane process is its own process group and session,
+killed with its ranks on Ctrl-C or -x; the lanes' directory (test ids, events, output, the lane's basetemp)
+is removed at the end. While lanes run, a unit is handed out only while the devices have memory to spare
+(GpuWatch), and each test is charged the device memory its lane held (the next session's seats read it).
 """
 
 from __future__ import annotations
@@ -29,15 +32,19 @@ from typing import Any
 
 import pytest
 
-from .lane_child import EVENTS, ITEMS, OUTPUT
+from .lane_child import EVENTS, ITEMS, OUTPUT, WORK_FD_ENV
+from .lane_watch import GpuWatch, Occupancy, session_of
 from .runtime.phases import PhaseLog
-from .schedule import Lane, Plan, next_start
+from .runtime.worker import THREADS_ENV
+from .schedule import CORES_PER_RANK, Plan, Seats, Unit, next_world_size, take_unit
 
 LANE_ENV = "DISTBENCH_LANE"
 WHEN = ("setup", "call", "teardown")
 _OUTPUT_TAIL = 6000  # characters of a dead lane's output quoted in each test it fails
 _POLL_S = 0.05
 _STACK_WAIT_S = 2.0  # for a hung lane to write its stack before it is killed
+#: A unit waits while a device of the lane is fuller than this (another lane's peak may still come).
+_MEMORY_TIGHT = 0.9
 
 
 def _die_with_parent_and_bind(cpus: list[int] | None) -> Callable[[], None]:
@@ -55,19 +62,22 @@ def _die_with_parent_and_bind(cpus: list[int] | None) -> Callable[[], None]:
     return preexec
 
 
-def lane_cpus(slots: Sequence[int], n_slots: int) -> list[int] | None:
-    """This lane's equal share of the CPUs, by slot, when ranks are bound to CPUs; else None."""
+def lane_cpus(slices: Sequence[int], n_slices: int) -> list[int] | None:
+    """This lane's share of the CPUs, `slices` of `n_slices` equal ones, when ranks are bound to CPUs;
+    else None."""
     if not os.environ.get("DISTBENCH_BIND_CPUS") or not hasattr(os, "sched_getaffinity"):
         return None
     cpus = sorted(os.sched_getaffinity(0))
-    per_slot = len(cpus) // n_slots
-    if per_slot == 0:
+    per_slice = len(cpus) // n_slices
+    if per_slice == 0:
         return None
-    return [c for s in slots for c in cpus[s * per_slot : (s + 1) * per_slot]]
+    return [c for s in slices for c in cpus[s * per_slice : (s + 1) * per_slice]]
 
 
-def lane_env(slots: Sequence[int], gpus: bool) -> dict[str, str]:
-    """The environment of a lane process: its slots, and on GPUs only its GPUs (renumbered from 0 for it)."""
+def lane_env(slots: Sequence[int], gpus: bool, shared: bool = False) -> dict[str, str]:
+    """The environment of a lane process: its slots, on GPUs only its GPUs (renumbered from 0 for it), and
+    when it shares them with other lanes, CORES_PER_RANK host threads per rank (torch's and OpenMP's pools,
+    which DeepSpeed's CPU Adam uses, would otherwise each take every core)."""
     env = {**os.environ, LANE_ENV: ",".join(map(str, slots))}
     env.pop(
         "PYTEST_ADDOPTS", None
@@ -78,6 +88,8 @@ def lane_env(slots: Sequence[int], gpus: bool) -> dict[str, str]:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         ids = visible.split(",") if visible else [str(i) for i in range(max(slots) + 1)]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[s] for s in slots)
+    if shared:
+        env[THREADS_ENV] = env["OMP_NUM_THREADS"] = str(CORES_PER_RANK)
     return env
 
 
@@ -117,17 +129,36 @@ def forwarded_args(config: pytest.Config) -> list[str]:
 class LaneRun:
     """One lane process: what it was given, what it has reported, and the test it is in."""
 
-    lane: Lane
+    world_size: int
     slots: list[int]
+    cpu_slices: list[int]
     dir: Path
     proc: subprocess.Popen[bytes]
-    remaining: list[str]
+    work: Any  # the write end of the lane's work pipe (a text file)
+    remaining: list[str] = field(default_factory=list)  # handed to it, not yet finished
+    costs: dict[str, float] = field(default_factory=dict)
+    asked: bool = False  # it asked for work and waits for the answer
+    units: int = 0  # units handed to it so far
     current: str | None = None
     current_since: float = 0.0
     reports: list[pytest.TestReport] = field(default_factory=list)
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
     killed_why: str = ""
     _offset: int = 0
+
+    def hand(self, unit: Unit | None) -> None:
+        """Answer the lane's request: a unit's test ids, or none left."""
+        nodeids = unit.nodeids if unit else []
+        if unit:
+            self.remaining += unit.nodeids
+            self.costs.update({n: unit.cost / len(unit.nodeids) for n in unit.nodeids})
+            self.units += 1
+        self.asked = False
+        try:
+            self.work.write(json.dumps(nodeids) + "\n")
+            self.work.flush()
+        except (BrokenPipeError, ValueError):  # it died meanwhile: _ended gives the unit back
+            pass
 
     def events(self) -> list[dict[str, Any]]:
         """Whole event lines written since the last call (a partial last line waits for its end)."""
@@ -140,6 +171,12 @@ class LaneRun:
         whole = data[: data.rfind(b"\n") + 1]
         self._offset += len(whole)
         return [json.loads(line) for line in whole.splitlines() if line.strip()]
+
+    def close_work(self) -> None:
+        try:
+            self.work.close()
+        except (BrokenPipeError, OSError):
+            pass
 
     def kill(self, why: str, stack: bool = False) -> None:
         """SIGKILL the lane's process group (the lane and its ranks); `why` goes into its failures. With
@@ -178,46 +215,68 @@ class LaneRun:
         )
 
 
+@dataclass
+class LaneStats:
+    """What the lanes did, for the session summary: the plan's shape and every lane started."""
+
+    devices: int
+    seats: int
+    gpus: bool
+    started: int = 0
+    peak_bytes: dict[str, int] = field(default_factory=dict)  # test -> most device memory its lane held
+
+
 class LaneRunner:
-    """Runs a Plan: lanes side by side on disjoint slots, then the rest of the session here."""
+    """Runs a Plan: lanes on the devices' seats while units wait, then the rest of the session here."""
 
     def __init__(
         self,
         session: pytest.Session,
         plan: Plan,
-        slots: int,
         gpus: bool,
         lane_timeout: float,
         phases: PhaseLog,
+        occupancy: Occupancy,
+        watch: GpuWatch,
     ) -> None:
         self.session, self.config = session, session.config
-        self.plan, self.slots, self.gpus = plan, slots, gpus
+        self.plan, self.gpus = plan, gpus
         self.lane_timeout = lane_timeout
         self.phases = phases
+        self.occupancy = occupancy
+        self.watch = watch
+        self.stats = LaneStats(plan.devices, plan.seats, gpus)
         self.items = {it.nodeid: it for it in session.items}
-        self.pending = list(plan.lanes)
-        self.free = list(range(slots))
+        self.pending = list(plan.units)
+        self.seats = Seats.of(plan.devices, plan.seats)
+        self.free_slices = list(range(plan.devices * plan.seats))
         self.running: list[LaneRun] = []
-        self._starts = 0
         self._root = Path(tempfile.mkdtemp(prefix="distbench-lanes-"))
+        watch.on_sample = self._charge_memory
 
     # --- the session -----------------------------------------------------------------------------------
     def run(self) -> None:
-        here = [self.items[n] for n in (*self.plan.first, *self.plan.whole, *self.plan.alone)]
+        here = [self.items[n] for n in (*self.plan.first, *self.plan.alone)]
         nxt = {it.nodeid: (here[i + 1] if i + 1 < len(here) else None) for i, it in enumerate(here)}
         try:
             self._run_here(self.plan.first, nxt)
             self._run_lanes()
-            self._run_here(self.plan.whole + self.plan.alone, nxt)
+            self._run_here(self.plan.alone, nxt)
         finally:
+            self.watch.on_sample = None
             for run in self.running:
                 run.kill("was stopped")
+                run.close_work()
             shutil.rmtree(self._root, ignore_errors=True)
 
     def _run_here(self, nodeids: list[str], nxt: dict[str, pytest.Item | None]) -> None:
         for nodeid in nodeids:
             item = self.items[nodeid]
-            item.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt[nodeid])
+            self.occupancy.start(nodeid)
+            try:
+                item.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt[nodeid])
+            finally:
+                self.occupancy.finish(nodeid)
             self._check_stop()
 
     def _check_stop(self) -> None:
@@ -229,14 +288,20 @@ class LaneRunner:
     # --- lanes ------------------------------------------------------------------------------------------
     def _run_lanes(self) -> None:
         while self.pending or self.running:
-            while (pick := next_start(self.pending, self.free)) is not None:
-                i, slots = pick
-                self._start(self.pending.pop(i), slots)
+            waiting: dict[int, int] = {}
+            for run in self.running:
+                if run.units == 0:
+                    waiting[run.world_size] = waiting.get(run.world_size, 0) + 1
+            while (ws := next_world_size(self.pending, waiting, self.seats)) is not None:
+                self._start(ws)
+                waiting[ws] = waiting.get(ws, 0) + 1
             for run in list(self.running):
                 ended = run.proc.poll() is not None  # before reading: every event it wrote is then on disk
                 for event in run.events():
                     self._on_event(run, event)
                     self._check_stop()
+                if run.asked and not ended and not self._memory_tight(run):
+                    run.hand(take_unit(self.pending, run.world_size))
                 if ended:
                     self._ended(run)
                 elif run.current and time.monotonic() - run.current_since > self.lane_timeout:
@@ -247,12 +312,24 @@ class LaneRunner:
                     )
             time.sleep(_POLL_S)
 
-    def _start(self, lane: Lane, slots: list[int]) -> None:
-        self._starts += 1
-        d = self._root / f"lane{self._starts}"
+    def _memory_tight(self, run: LaneRun) -> bool:
+        """Whether one of the lane's GPUs is fuller than _MEMORY_TIGHT while other lanes run (they may free
+        it); never when the lane is the only one running, which could wait for nothing."""
+        if not self.watch.used_bytes or len(self.running) < 2:
+            return False
+        used, total = self.watch.used_bytes[-1], self.watch.total_bytes
+        return any(used[d] > _MEMORY_TIGHT * total[d] for d in run.slots if d < len(used))
+
+    def _start(self, world_size: int) -> None:
+        slots = self.seats.take(world_size)
+        assert slots is not None, "next_world_size chose a world size without free seats"
+        slices, self.free_slices = self.free_slices[:world_size], self.free_slices[world_size:]
+        self.stats.started += 1
+        d = self._root / f"lane{self.stats.started}"
         d.mkdir()
-        (d / ITEMS).write_text(json.dumps(lane.nodeids))
-        paths = list(dict.fromkeys(str(self.items[n].path) for n in lane.nodeids))
+        candidates = [n for u in self.pending if u.world_size == world_size for n in u.nodeids]
+        (d / ITEMS).write_text(json.dumps(candidates))
+        paths = list(dict.fromkeys(str(self.items[n].path) for n in candidates))
         cmd = [
             sys.executable,
             "-m",
@@ -278,43 +355,59 @@ class LaneRunner:
             str(d),
             *paths,
         ]
-        with open(d / OUTPUT, "wb") as out:
-            proc = subprocess.Popen(
-                cmd,
-                cwd=self.config.invocation_params.dir,
-                env=lane_env(slots, self.gpus),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches this process, which kills it
-                preexec_fn=_die_with_parent_and_bind(lane_cpus(slots, self.slots)),
-            )
-        self.free = [s for s in self.free if s not in slots]
-        self.running.append(LaneRun(lane, slots, d, proc, list(lane.nodeids)))
+        read_end, write_end = os.pipe()
+        env = lane_env(slots, self.gpus, shared=self.plan.seats > 1)
+        env[WORK_FD_ENV] = str(read_end)
+        try:
+            with open(d / OUTPUT, "wb") as out:
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=self.config.invocation_params.dir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(read_end,),
+                    start_new_session=True,  # Ctrl-C reaches this process, which kills it
+                    preexec_fn=_die_with_parent_and_bind(
+                        lane_cpus(slices, self.plan.devices * self.plan.seats)
+                    ),
+                )
+        finally:
+            os.close(read_end)
+        work = os.fdopen(write_end, "w", encoding="utf-8")
+        self.running.append(LaneRun(world_size, slots, slices, d, proc, work))
 
     def _on_event(self, run: LaneRun, event: dict[str, Any]) -> None:
         kind = event["event"]
         if kind == "start":
             run.current, run.current_since, run.reports = event["nodeid"], time.monotonic(), []
+            self.occupancy.start(event["nodeid"])
         elif kind == "report":
             run.reports.append(self._report(event["data"]))
         elif kind == "phases":
             run.phases.update(event["by_test"])
         elif kind == "finish":
+            self.occupancy.finish(event["nodeid"])
             self._replay(event["nodeid"], run.reports)
             run.remaining.remove(event["nodeid"])
             run.current, run.reports = None, []
+        elif kind == "want":
+            run.asked = True
         elif kind == "collect":
             self.config.hook.pytest_collectreport(report=self._report(event["data"]))
 
     def _ended(self, run: LaneRun) -> None:
-        """Account for a lane process that exited: blame the test it was in, rerun or fail the rest."""
+        """Account for a lane process that exited: blame the test it was in, give the rest of its work back."""
         self.running.remove(run)
-        self.free += run.slots
+        run.close_work()
+        self.seats.give(run.slots)
+        self.free_slices += run.cpu_slices
         for test, phases in run.phases.items():
             self.phases.add(test, phases)
         rest = run.remaining
         if run.current is not None:
+            self.occupancy.finish(run.current)
             done = {r.when for r in run.reports}
             when = next((w for w in WHEN if w not in done), None)
             reports = list(run.reports)
@@ -323,13 +416,22 @@ class LaneRunner:
             self._replay(run.current, reports)
             rest = [n for n in rest if n != run.current]
             if rest:  # the process died in a test it is blamed for: a fresh one runs the rest
-                self.pending.insert(0, Lane(run.lane.world_size, rest))
+                self.pending.insert(0, Unit(run.world_size, rest, sum(run.costs.get(n, 1.0) for n in rest)))
             return
-        for (
-            nodeid
-        ) in rest:  # it stopped between tests or never started one: nothing to blame, nothing to rerun
+        for nodeid in rest:  # it stopped between tests: nothing to blame, nothing to rerun
             self._replay(nodeid, [self._failure(nodeid, "setup", run.story("before running this test"))])
             self._check_stop()
+
+    def _charge_memory(self, by_pid: dict[int, int]) -> None:
+        """From GpuWatch's thread: charge each lane's device memory (its ranks' processes) to its test."""
+        sessions = session_of(list(by_pid))
+        for run in list(self.running):
+            test = run.current
+            if test is None:
+                continue
+            held = sum(b for pid, b in by_pid.items() if sessions.get(pid) == run.proc.pid)
+            if held > self.stats.peak_bytes.get(test, 0):
+                self.stats.peak_bytes[test] = held
 
     # --- reports ----------------------------------------------------------------------------------------
     def _report(self, data: dict[str, Any]) -> Any:

@@ -4,25 +4,30 @@ A test that takes `strategy` and/or `world_size` arguments is generated for both
 `test_loss_parity[zero3-ws2]` runs on CPU with gloo and a tiny model; `test_loss_parity[zero3-ws2-gpu]` is
 marked `gpu` and runs on CUDA with NCCL and a GPU-size model. Plain `pytest` deselects the gpu tier
 (addopts `-m 'not gpu'`); `pytest -m gpu` selects it. Cases that cannot run here skip with the reason.
-On 2+ GPUs the session runs in lanes (schedule.py plans them, lanes.py runs them): small world sizes side by
-side on disjoint GPUs, `exclusive` tests alone last.
+With GPUs the session runs in lanes (schedule.py plans them, lanes.py runs them): child pytest processes side
+by side, several on each GPU as memory and host cores allow, `exclusive` tests alone last. A claim about time
+that the machine's noise cannot decide ends as UNDECIDED (claims.py): reported with its interval and reason,
+never a failure and never a pass.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .claims import UNDECIDED_KEY, Undecided
 from .config import PositiveFloat, PositiveInt, parse_list, parse_value
 from .errors import ConfigError
+from .lane_watch import GpuWatch, Occupancy
 from .runtime.phases import PhaseLog
 from .runtime.pool import cuda_device_count
-from .schedule import Case, Plan, plan
+from .schedule import Case, Plan, plan, seats_per_device
 from .strategies import REGISTRY, get_spec
 from .suite import TIER_DEFAULTS, Suite
 from .workloads.models import check_model_name
@@ -30,6 +35,10 @@ from .workloads.models import check_model_name
 TIERS = (("cpu", ""), ("cuda", "-gpu"))
 OPTIONS = pytest.StashKey[dict[str, Any]]()
 PHASES = pytest.StashKey[PhaseLog]()  # the session's phase table, shared by both tiers' suites
+WATCH = pytest.StashKey["SessionWatch"]()
+#: pytest cache keys: each test's seconds and its lane's device memory per rank in the last session, which
+#: order the next session's units and size its seats
+DURATIONS_KEY, PEAKS_KEY = "distbench/durations", "distbench/rank_peak_bytes"
 
 
 def _parse_options(config: pytest.Config) -> dict[str, Any]:
@@ -53,6 +62,7 @@ def _parse_options(config: pytest.Config) -> dict[str, Any]:
         "steps": parse_value(PositiveInt, config.getoption("--steps"), "--steps"),
         "job_timeout": parse_value(PositiveFloat, config.getoption("--job-timeout"), "--job-timeout"),
         "lanes": _parse_lanes(config.getoption("--lanes")),
+        "lanes_per_device": _parse_lanes_per_device(config.getoption("--lanes-per-device")),
         "lane_timeout": None
         if config.getoption("--lane-timeout") is None
         else parse_value(PositiveFloat, config.getoption("--lane-timeout"), "--lane-timeout"),
@@ -65,6 +75,15 @@ def _parse_lanes(text: str) -> str | int:
         return text
     if not text.isdigit() or int(text) < 1:
         raise ConfigError(f"--lanes {text!r}: use auto, off, or a number of device slots (1 or more)")
+    return int(text)
+
+
+def _parse_lanes_per_device(text: str) -> str | int:
+    """auto, or how many lanes may share one device slot."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"--lanes-per-device {text!r}: use auto, or a number of lanes (1 or more)")
     return int(text)
 
 
@@ -90,9 +109,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption(
         "--lanes",
         default="auto",
-        help="run tests of world sizes smaller than the GPU count side by side "
-        "on disjoint GPUs, each lane a pytest process, `exclusive` tests alone last: auto (on with 2+ "
-        "GPUs when 2+ lanes would exist), off, or N device slots (without GPUs: N CPU slots)",
+        help="run the session's tests in lanes, child pytest processes side by side on the GPUs "
+        "(several per GPU, --lanes-per-device), `exclusive` tests alone last: auto (on with GPUs when 2+ "
+        "lanes would run at once), off, or N device slots (the first N GPUs; without GPUs: N CPU slots)",
+    )
+    g.addoption(
+        "--lanes-per-device",
+        default="auto",
+        help="how many lanes may share one device slot: auto (on a GPU as many as fit in 80%% of its "
+        "memory at the tests' measured or estimated peak per rank, with 2 host cores per rank; on a "
+        "CPU slot 1), or N",
     )
     g.addoption(
         "--lane-timeout",
@@ -218,9 +244,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-def _case(item: pytest.Item) -> Case:
+def _cache_get(config: pytest.Config, key: str) -> dict[str, float]:
+    """A dict of numbers the last session left in pytest's cache; {} without a cache or with a damaged one."""
+    cache = getattr(config, "cache", None)
+    value = cache.get(key, {}) if cache is not None else {}
+    if not isinstance(value, dict):
+        return {}
+    return {k: float(v) for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _case(item: pytest.Item, durations: dict[str, float]) -> Case:
     """An item as the scheduler sees it; its group is its strategy (a strategy's cases share the session's
-    cached checkpointed runs, so they go to one lane) or else its module (module fixtures)."""
+    cached checkpointed runs) or else its module (module fixtures); its cost, its last duration when known."""
     params = _params(item)
     group = params.get("strategy") or params.get("strategy_name") or item.nodeid.split("::")[0]
     return Case(
@@ -229,28 +264,113 @@ def _case(item: pytest.Item) -> Case:
         str(group),
         exclusive=bool(item.get_closest_marker("exclusive")),
         inert=bool(item.get_closest_marker("skip")),
+        cost=durations.get(item.nodeid, 1.0),
     )
 
 
-def _lane_plan(session: pytest.Session) -> tuple[Plan, int, bool] | None:
-    """The session's lane plan, its number of device slots and whether they are GPUs; None to run here."""
-    mode = session.config.stash[OPTIONS]["lanes"]
+def _rank_peak_estimate(config: pytest.Config, cases: list[Case], peaks: dict[str, float]) -> float:
+    """Device bytes a rank of the lanes' cases may hold at its peak: the largest measured in the last session,
+    else 16 bytes per parameter of the tier's largest model (fp32 weights, gradients and Adam's two moments)
+    times 1.5 for activations and buffers, plus 2 GiB for the CUDA context and NCCL."""
+    measured = [peaks[c.nodeid] for c in cases if c.nodeid in peaks]
+    if measured and len(measured) == len(cases):
+        return max(measured)
+    from .workloads import count_params, get_model
+
+    models = config.stash[OPTIONS]["models"] or TIER_DEFAULTS["cuda"]["models"]
+    n = max(count_params(get_model(m).build(0, "meta")) for m in models)
+    return max([16 * n * 1.5 + 2 * 2**30, *measured])
+
+
+def _gpu_memory_bytes() -> int | None:
+    """The smallest visible GPU's memory, from NVML; None without it."""
+    from .lane_watch import visible_handles
+    from .machine import nvml
+
+    nv = nvml()
+    if nv is None:
+        return None
+    handles = visible_handles(nv)
+    try:
+        return min(int(nv.nvmlDeviceGetMemoryInfo(h).total) for h in handles) if handles else None
+    except Exception:
+        return None
+
+
+def _lane_plan(session: pytest.Session) -> tuple[Plan, bool] | None:
+    """The session's lane plan and whether its devices are GPUs; None to run everything here."""
+    cfg = session.config
+    opts = cfg.stash[OPTIONS]
+    mode = opts["lanes"]
     if mode == "off":
         return None
-    cases = [_case(it) for it in session.items]
+    durations = _cache_get(cfg, DURATIONS_KEY)
+    cases = [_case(it, durations) for it in session.items]
     gpus = any(
         item_device_type(it) == "cuda" for it, c in zip(session.items, cases, strict=True) if not c.inert
     )
     if mode == "auto":
         if not gpus:  # the CPU tier: lanes cost more than they give on 2 cores (README, GPU tier)
             return None
-        slots = cuda_device_count()
+        devices = cuda_device_count()
     else:
-        slots = int(mode)
-        if gpus and slots > cuda_device_count():
-            pytest.exit(f"--lanes {slots}: this machine has {cuda_device_count()} CUDA devices", returncode=4)
-    p = plan(cases, slots)
-    return (p, slots, gpus) if slots >= 2 and p.worth_it else None
+        devices = int(mode)
+        if gpus and devices > cuda_device_count():
+            pytest.exit(f"--lanes {devices}: this machine has {cuda_device_count()} CUDA devices", returncode=4)
+    seats = opts["lanes_per_device"] if opts["lanes_per_device"] != "auto" else 1
+    if gpus and opts["lanes_per_device"] == "auto":
+        shared = [c for c in cases if not (c.inert or c.exclusive)]
+        peak = _rank_peak_estimate(cfg, shared, _cache_get(cfg, PEAKS_KEY)) if shared else None
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        seats = seats_per_device(devices, _gpu_memory_bytes(), peak, cores)
+    p = plan(cases, devices, seats)
+    return (p, gpus) if p.worth_it else None
+
+
+class SessionWatch:
+    """The session's occupancy (tests at once), its GPUs' busy ratio and memory, and what its lanes did."""
+
+    def __init__(self) -> None:
+        self.occupancy = Occupancy()
+        self.gpu = GpuWatch()
+        self.lanes: Any = None  # lanes.LaneStats when the session ran lanes
+        self.durations: dict[str, float] = {}  # test -> seconds of setup, call and teardown
+        self.undecided: dict[str, str] = {}  # test -> its interval and reason
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Every test's reports, whether this process or a lane ran it."""
+        self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
+        why = _undecided(report)
+        if why is not None:
+            self.undecided[report.nodeid] = why
+
+    def lines(self) -> list[str]:
+        """The summary's lines; none for a session that ran no lanes and sampled no GPU."""
+        if self.lanes is None and self.gpu.summary() is None:
+            return []
+        out = []
+        if self.lanes is not None:
+            ls = self.lanes
+            out.append(
+                f"lanes: {ls.started} started on {ls.devices} {'GPU' if ls.gpus else 'slot'}(s), "
+                f"up to {ls.seats} per device"
+            )
+        occ = self.occupancy.summary()
+        if occ:
+            out.append(
+                f"tests at once: {occ['mean']:.1f} on average, {occ['max']:.0f} at most, over "
+                f"{occ['span_s']:.0f} s of tests"
+            )
+        gpu = self.gpu.summary()
+        if gpu:
+            out.append(
+                f"GPU busy {gpu['busy']:.0%} of the session ({gpu['samples']} NVML samples); device memory "
+                f"in use at most {gpu['peak_used_bytes'] / 2**30:.1f} of {gpu['total_bytes'] / 2**30:.1f} GiB"
+            )
+        if self.lanes is not None and self.lanes.peak_bytes:
+            test, b = max(self.lanes.peak_bytes.items(), key=lambda x: x[1])
+            out.append(f"most device memory a lane held: {b / 2**30:.1f} GiB, in {test}")
+        return out
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -263,30 +383,97 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         or (session.testsfailed and not cfg.option.continue_on_collection_errors)
     ):
         return None
+    watch = cfg.stash[WATCH] = SessionWatch()
+    cfg.pluginmanager.register(watch, "distbench-session-watch")
+    if any(item_device_type(it) == "cuda" for it in session.items):
+        watch.gpu.start()
     decision = _lane_plan(session)
     if decision is None:
         return None
     from .lanes import LaneRunner
 
-    p, slots, gpus = decision
+    p, gpus = decision
     reporter = cfg.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        lanes = ", ".join(f"ws{lane.world_size} x{len(lane.nodeids)}" for lane in p.lanes)
         reporter.write_line(
-            f"distbench lanes on {slots} {'GPUs' if gpus else 'slots'}: {len(p.first)} skipped "
-            f"here, then {len(p.lanes)} lanes side by side ({lanes}), then {len(p.whole)} on every "
-            f"slot here, then {len(p.alone)} exclusive alone"
+            f"distbench lanes on {p.devices} {'GPU' if gpus else 'slot'}(s), up to {p.seats} per device: "
+            f"{len(p.first)} skipped here, then {len(p.units)} units of work in up to {p.lanes_at_once} "
+            f"lanes at once, then {len(p.alone)} exclusive alone"
         )
     opts = cfg.stash[OPTIONS]
-    LaneRunner(
+    runner = LaneRunner(
         session,
         p,
-        slots,
         gpus,
         opts["lane_timeout"] or 3 * opts["job_timeout"],
         cfg.stash.setdefault(PHASES, PhaseLog()),
-    ).run()
+        watch.occupancy,
+        watch.gpu,
+    )
+    watch.lanes = runner.stats
+    runner.run()
     return True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Tests this process runs itself count in the session's occupancy (lanes' tests are counted from their
+    events; their reports are replayed here without this hook)."""
+    watch = item.config.stash.get(WATCH, None)
+    if watch is None or item.config.getoption("--distbench-lane"):
+        return (yield)
+    lanes_run_it = watch.lanes is not None  # LaneRunner._run_here counts its own
+    if not lanes_run_it:
+        watch.occupancy.start(item.nodeid)
+    try:
+        return (yield)
+    finally:
+        if not lanes_run_it:
+            watch.occupancy.finish(item.nodeid)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A claim the machine could not decide (claims.Undecided) is reported as UNDECIDED: skipped in junit
+    with its interval and reason, counted apart in the summary, and it does not fail the session."""
+    rep = yield
+    if call.excinfo is not None and call.excinfo.errisinstance(Undecided):
+        why = str(call.excinfo.value)
+        path, lineno, _ = item.reportinfo()
+        rep.outcome = "skipped"
+        rep.longrepr = (str(path), (lineno or 0) + 1, f"UNDECIDED: {why}")
+        rep.user_properties.append((UNDECIDED_KEY, why))
+    return rep
+
+
+def _undecided(report: Any) -> str | None:
+    return next((str(v) for k, v in getattr(report, "user_properties", ()) if k == UNDECIDED_KEY), None)
+
+
+def pytest_report_teststatus(report: Any, config: pytest.Config) -> tuple[str, str, str] | None:
+    if _undecided(report) is not None and report.when == "call":
+        return "undecided", "U", "UNDECIDED"
+    return None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the GPU watch; leave each test's seconds and its lane's device memory per rank to the next
+    session's plan (pytest's cache)."""
+    cfg = session.config
+    watch = cfg.stash.get(WATCH, None)
+    if watch is None or cfg.getoption("--distbench-lane"):
+        return
+    watch.gpu.stop()
+    cache = getattr(cfg, "cache", None)
+    if cache is None:
+        return
+    if watch.durations:
+        cache.set(DURATIONS_KEY, {**_cache_get(cfg, DURATIONS_KEY), **watch.durations})
+    if watch.lanes is not None and watch.lanes.peak_bytes:
+        sizes = {it.nodeid: item_world_size(it) for it in session.items}
+        per_rank = {t: b / sizes.get(t, 1) for t, b in watch.lanes.peak_bytes.items()}
+        cache.set(PEAKS_KEY, {**_cache_get(cfg, PEAKS_KEY), **per_rank})
 
 
 @pytest.fixture(scope="session")
@@ -330,8 +517,10 @@ def suite(_suites, device_type: str, request: pytest.FixtureRequest) -> Suite:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    """Where the session's time went, by phase (runtime/phases.py): the suite's own slowdowns show here."""
+    """Where the session's time went, by phase (runtime/phases.py), what the lanes and the GPUs did, and the
+    claims the machine left undecided: the suite's own slowdowns and its noise show here."""
     log = config.stash.get(PHASES, PhaseLog())
+    watch = config.stash.get(WATCH, None)
     out = config.getoption("--phases-json")
     if out:
         Path(out).write_text(json.dumps(log.by_test, indent=1, sort_keys=True) + "\n")
@@ -340,6 +529,17 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_sep("-", "distbench: time in rank jobs by phase")
         for line in lines:
             terminalreporter.write_line(line)
+    if watch is None or config.getoption("--distbench-lane"):
+        return
+    session_lines = watch.lines()
+    if session_lines:
+        terminalreporter.write_sep("-", "distbench: lanes and devices")
+        for line in session_lines:
+            terminalreporter.write_line(line)
+    if watch.undecided:
+        terminalreporter.write_sep("-", f"distbench: {len(watch.undecided)} claim(s) this machine left undecided")
+        for test, why in sorted(watch.undecided.items()):
+            terminalreporter.write_line(f"UNDECIDED {test}: {why}")
 
 
 @pytest.fixture

@@ -1,17 +1,29 @@
 """Which tests of a session run where, so that every device of the machine is busy and no timing shares it.
 
-A session's cases are split four ways (`plan`): cases skipped at collection run first in the pytest process
-(there is nothing to place); cases of world size w smaller than the machine's N device slots are packed onto
-floor(N/w) lanes, each a child pytest process on w slots of its own, lanes running side by side on disjoint
-slots; cases that need every slot then run in the pytest process; cases marked `exclusive` (they measure
-time or memory of the machine) run last, alone. Pure planning: no pytest and no processes here (lanes.py
-runs a plan).
+A session's cases are split three ways (`plan`): cases skipped at collection run first in the pytest process
+(there is nothing to place); the other cases are cut into units of work (one group's cases of one world size
+and one test module, largest first) that lanes take one at a time; cases marked `exclusive` (they measure
+time or memory of the machine) run last, alone, in the pytest process.
+
+A lane is a child pytest process whose ranks sit on `world_size` distinct devices. Lanes may share devices:
+each device has `seats` seats and a lane takes one seat on each of its devices, so on one GPU of 16 host
+cores eight world-size-1 lanes run at once, and two world-size-2 lanes may share the same two GPUs (within one
+NCCL communicator each rank has a GPU of its own; two communicators on the same GPUs are legal). How many
+seats a device has comes from the cases' measured (or estimated) peak device memory per rank and the host's
+cores (`seats_per_device`). Pure planning: no pytest and no processes here (lanes.py runs a plan).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+#: Host cores a rank keeps busy: its Python thread and autograd's device thread (DESIGN.md: small models'
+#: steps wait on one host thread).
+CORES_PER_RANK = 2
+#: Share of a device's memory the lanes may plan to fill; the rest absorbs estimates that run short.
+MEMORY_HEADROOM = 0.8
 
 
 @dataclass(frozen=True)
@@ -20,61 +32,132 @@ class Case:
 
     nodeid: str
     world_size: int
-    group: str  # cases of one group share one lane: the session's cached runs and references stay warm
+    group: str  # a strategy, or a module: what a lane's cached runs and references are shared by
     exclusive: bool = False  # measures time or memory of the machine: runs alone, last
     inert: bool = False  # skipped at collection: runs first, here
+    cost: float = 1.0  # expected seconds (the last session's, when known)
+
+    @property
+    def module(self) -> str:
+        return self.nodeid.split("::")[0]
 
 
 @dataclass
-class Lane:
-    """Cases run one after another by one child process on `world_size` slots of its own."""
+class Unit:
+    """Cases a lane runs one after another without asking again: one group, world size and module."""
 
     world_size: int
-    nodeids: list[str] = field(default_factory=list)
+    nodeids: list[str]
+    cost: float
 
 
 @dataclass
 class Plan:
     first: list[str]  # here, before any lane: skipped at collection
-    lanes: list[Lane]  # child processes, side by side on disjoint slots, smaller world sizes first
-    whole: list[str]  # here, after the lanes: cases that need every slot (or more)
+    units: list[Unit]  # taken by lanes, largest first
     alone: list[str]  # here, last, with nothing else running
+    devices: int
+    seats: int
+
+    @property
+    def lanes_at_once(self) -> int:
+        """The most lanes that can run side by side on this plan's units."""
+        per_ws: dict[int, int] = {}
+        for u in self.units:
+            per_ws[u.world_size] = per_ws.get(u.world_size, 0) + 1
+        return max(
+            (min(n, (self.devices // ws) * self.seats) for ws, n in per_ws.items() if ws <= self.devices),
+            default=0,
+        )
 
     @property
     def worth_it(self) -> bool:
-        """Lanes pay for their process starts only when at least two of them exist."""
-        return len(self.lanes) >= 2
+        """Lanes pay for their process starts only when at least two of them run at once."""
+        return self.lanes_at_once >= 2
 
 
-def plan(cases: Sequence[Case], slots: int) -> Plan:
-    """Place `cases` on a machine of `slots` device slots. Cases of one group and world size go to one lane;
-    groups are spread over floor(slots / w) lanes by size, largest first (each to the emptiest lane); a lane
-    runs its cases in collection order."""
+def plan(cases: Sequence[Case], devices: int, seats: int = 1) -> Plan:
+    """Place `cases` on `devices` device slots of `seats` seats each. Units are one group's cases of one world
+    size and module, in collection order, ordered by cost, largest first (a lane takes the next one when it is
+    done: the longest work starts first, so no lane is left with it at the end)."""
     first = [c.nodeid for c in cases if c.inert]
     alone = [
         c.nodeid
         for c in sorted((c for c in cases if c.exclusive and not c.inert), key=lambda c: c.world_size)
     ]
-    rest = [c for c in cases if not c.inert and not c.exclusive]
-    whole = [c.nodeid for c in rest if c.world_size >= slots]
-    lanes: list[Lane] = []
-    for ws in sorted({c.world_size for c in rest if c.world_size < slots}):
-        mine = [c for c in rest if c.world_size == ws]
-        groups: dict[str, list[Case]] = {}
-        for c in mine:
-            groups.setdefault(c.group, []).append(c)
-        bins: list[list[Case]] = [[] for _ in range(slots // ws)]
-        for group in sorted(groups.values(), key=len, reverse=True):  # stable: ties keep collection order
-            min(bins, key=len).extend(group)
-        order = {c.nodeid: i for i, c in enumerate(mine)}
-        lanes += [Lane(ws, sorted((c.nodeid for c in b), key=order.__getitem__)) for b in bins if b]
-    return Plan(first, lanes, whole, alone)
+    units: dict[tuple[int, str, str], Unit] = {}
+    for c in cases:
+        if c.inert or c.exclusive:
+            continue
+        u = units.setdefault((c.world_size, c.group, c.module), Unit(c.world_size, [], 0.0))
+        u.nodeids.append(c.nodeid)
+        u.cost += c.cost
+    ordered = sorted(units.values(), key=lambda u: -u.cost)  # stable: ties keep collection order
+    return Plan(first, ordered, alone, devices, seats)
 
 
-def next_start(pending: Sequence[Lane], free: Sequence[int]) -> tuple[int, list[int]] | None:
-    """The first pending lane that fits on the free slots, and the lowest free slots it gets; None when none
-    fits. Later lanes may overtake one that waits for more slots than are free."""
-    for i, lane in enumerate(pending):
-        if lane.world_size <= len(free):
-            return i, sorted(free)[: lane.world_size]
+@dataclass
+class Seats:
+    """Free seats per device: a lane of world size w takes one seat on each of w distinct devices."""
+
+    free: list[int]
+    taken: dict[int, int] = field(default_factory=dict)  # lanes holding a seat, per device
+
+    @classmethod
+    def of(cls, devices: int, seats: int) -> Seats:
+        return cls([seats] * devices)
+
+    def take(self, world_size: int) -> list[int] | None:
+        """The `world_size` devices with the most free seats (lowest index first on ties), their seats taken;
+        None when fewer devices than that have one free."""
+        open_ = sorted((d for d, n in enumerate(self.free) if n > 0), key=lambda d: (-self.free[d], d))
+        if len(open_) < world_size:
+            return None
+        mine = sorted(open_[:world_size])
+        for d in mine:
+            self.free[d] -= 1
+        return mine
+
+    def give(self, devices: Iterable[int]) -> None:
+        for d in devices:
+            self.free[d] += 1
+
+
+def next_world_size(pending: Sequence[Unit], running: dict[int, int], seats: Seats) -> int | None:
+    """The world size a new lane should serve: among those with more pending units than lanes already
+    serving them, the one with the most pending cost whose seats are free; None when no lane should start."""
+    cost: dict[int, float] = {}
+    count: dict[int, int] = {}
+    for u in pending:
+        cost[u.world_size] = cost.get(u.world_size, 0.0) + u.cost
+        count[u.world_size] = count.get(u.world_size, 0) + 1
+    for ws in sorted(cost, key=lambda w: -cost[w]):
+        if count[ws] > running.get(ws, 0) and sum(n > 0 for n in seats.free) >= ws:
+            return ws
     return None
+
+
+def take_unit(pending: list[Unit], world_size: int) -> Unit | None:
+    """The next unit a lane of `world_size` runs (the costliest left), removed from `pending`."""
+    for i, u in enumerate(pending):
+        if u.world_size == world_size:
+            return pending.pop(i)
+    return None
+
+
+def seats_per_device(
+    devices: int,
+    memory_bytes: int | None,
+    rank_peak_bytes: float | None,
+    cores: int,
+    cores_per_rank: int = CORES_PER_RANK,
+) -> int:
+    """How many lanes may share one device: as many ranks as fit in MEMORY_HEADROOM of its memory at the
+    cases' peak per rank, and no more ranks on the whole machine than its cores can keep busy. At least 1."""
+    by_cores = cores // (cores_per_rank * max(1, devices))
+    by_memory = (
+        math.floor(MEMORY_HEADROOM * memory_bytes / rank_peak_bytes)
+        if memory_bytes and rank_peak_bytes
+        else by_cores
+    )
+    return max(1, min(by_cores, by_memory))

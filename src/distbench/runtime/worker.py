@@ -27,6 +27,8 @@ from .context import RankContext
 STATE: dict[str, Any] = {}
 
 STACK_SIGNAL = signal.SIGUSR1
+#: Host threads per rank, set by a lane that shares its devices with other lanes (lanes.py)
+THREADS_ENV = "DISTBENCH_RANK_THREADS"
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -122,6 +124,8 @@ def _join_group(rank: int, world_size: int, device_type: str, store_port: int) -
         device = torch.device("cpu")
         backend = "gloo"
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    if os.environ.get(THREADS_ENV):  # a lane sharing its devices: this rank's share of the host's cores
+        torch.set_num_threads(int(os.environ[THREADS_ENV]))
     kw: dict[str, Any] = {"device_id": device} if device_type == "cuda" else {}
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **kw)

@@ -1,0 +1,105 @@
+"""Claims about time that a noisy machine may leave undecided.
+
+A bound on a figure measured with noise (an overhead of at most 1%, a counter within 2% of a clock) holds
+where the figure's interval lies inside it, fails where the interval lies wholly outside, and is undecided
+where the interval straddles its edge: more samples, a quieter machine or a lower-noise figure are needed.
+Undecided is not a defect of the code under test, so it does not fail a test session: a test raises
+`Undecided` and the pytest plugin reports it as UNDECIDED, with the interval and the reason, in the test's
+report and the session's summary. A planted defect of the size the claim is about must still fail, so a
+claim takes samples until it is decided or its budget runs out (`decide`), and each look spends a share of
+its error rate (Bonferroni), so looking again does not make a false failure likelier.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+#: user_properties key of an undecided test's report (the plugin's, and the lanes' replay's)
+UNDECIDED_KEY = "distbench_undecided"
+#: A claim's chance of failing on noise alone, over all its looks. A session holds a few dozen claims.
+ALPHA = 1e-3
+
+HOLDS, FAILS, UNDECIDED = "holds", "fails", "undecided"
+
+
+class Undecided(Exception):
+    """The machine's noise leaves the claim undecided: reported, neither a failure nor a pass."""
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An estimate with its confidence interval (in the claim's own unit)."""
+
+    estimate: float
+    low: float
+    high: float
+    n: int
+
+    def __str__(self) -> str:
+        return f"{self.estimate:.4g} [{self.low:.4g}, {self.high:.4g}] (n={self.n})"
+
+
+def mean_interval(samples: Sequence[float], alpha: float) -> Interval:
+    """Student's t interval of the samples' mean at level 1 - alpha; at least 2 samples."""
+    from scipy.stats import t
+
+    n = len(samples)
+    if n < 2:
+        raise ValueError("an interval needs at least 2 samples")
+    mean = statistics.fmean(samples)
+    half = t.ppf(1 - alpha / 2, n - 1) * statistics.stdev(samples) / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n)
+
+
+def within(iv: Interval, low: float = -math.inf, high: float = math.inf) -> str:
+    """HOLDS where the interval lies inside [low, high], FAILS where it lies wholly outside, else UNDECIDED."""
+    if low <= iv.low and iv.high <= high:
+        return HOLDS
+    if iv.high < low or iv.low > high:
+        return FAILS
+    return UNDECIDED
+
+
+def settle(verdict: str, what: str, iv: object, why: str = "") -> None:
+    """Turn a verdict into the test's outcome: nothing when it holds, AssertionError when it fails,
+    Undecided (with the interval and `why`) when the noise leaves it open."""
+    if verdict == FAILS:
+        raise AssertionError(f"{what}: {iv}")
+    if verdict == UNDECIDED:
+        raise Undecided(f"{what}: {iv}" + (f"; {why}" if why else ""))
+
+
+@dataclass
+class Decision:
+    verdict: str
+    interval: Interval
+    samples: list[float]
+    seconds: float
+
+
+def decide(
+    draw: Callable[[], float],
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    first: int = 4,
+    most: int = 16,
+    budget_s: float = 60.0,
+    alpha: float = ALPHA,
+) -> Decision:
+    """Draw samples of a figure until the interval of its mean is decided against [low, high]: a look after
+    `first` samples, then after each new one, up to `most` samples or `budget_s` seconds (at least `first`
+    are drawn). Each of the at most most - first + 1 looks is judged at alpha / looks."""
+    looks = most - first + 1
+    t0 = time.monotonic()
+    samples = [draw() for _ in range(first)]
+    while True:
+        iv = mean_interval(samples, alpha / looks)
+        verdict = within(iv, low, high)
+        if verdict != UNDECIDED or len(samples) >= most or time.monotonic() - t0 >= budget_s:
+            return Decision(verdict, iv, samples, time.monotonic() - t0)
+        samples.append(draw())
