@@ -21,6 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import distbench.jobs.bench as bm
 import distbench.results as results
 import metric_jobs
+from distbench.claims import decide, settle
 from distbench.config import RunConfig
 from distbench.measure import busbw, devicetime, mfu
 from distbench.measure.timing import time_window
@@ -46,17 +47,30 @@ DURATIONS_S = (0.01, 0.03, 0.02)
 SLACK_S = 0.01
 
 
+def excess_at_most(draw: Callable[[], float], slack: float, what: str) -> None:
+    """A measurement's excess over a known length stays within `slack`: drawn again until the interval of
+    its mean decides (claims.decide). A sleep never ends early (each draw asserts that outright), but a
+    loaded host wakes late: on a 2-core VM shared with other jobs 50 ms sleeps ran up to 1 s, so one draw
+    against a fixed slack fails on noise; a late clock, a lost step or a dropped sync still fails."""
+    d = decide(draw, high=slack, first=3, most=12, budget_s=10)
+    settle(d.verdict, what, d.interval, "the host wakes too late to tell")
+
+
 def assert_window_times_known_steps(measure: TimeWindow, mode: str) -> None:
     """Steps that sleep known durations read as those durations: no less (a sleep never ends early), and
     at most SLACK_S more; the window's wall clock holds all of them."""
-    w = measure(CPU, mode, [lambda d=d: time.sleep(d) for d in DURATIONS_S])
-    assert len(w.step_s) == len(DURATIONS_S)
-    for got, want in zip(w.step_s, DURATIONS_S, strict=True):
-        assert want <= got <= want + SLACK_S, (mode, w.step_s)
-    assert sum(DURATIONS_S) <= w.wall_s <= sum(DURATIONS_S) + len(DURATIONS_S) * SLACK_S, (mode, w.wall_s)
+
+    def excess() -> float:
+        w = measure(CPU, mode, [lambda d=d: time.sleep(d) for d in DURATIONS_S])
+        assert len(w.step_s) == len(DURATIONS_S)
+        assert all(want <= got for got, want in zip(w.step_s, DURATIONS_S, strict=True)), (mode, w.step_s)
+        assert sum(DURATIONS_S) <= w.wall_s, (mode, w.wall_s)
+        per_step = [got - want for got, want in zip(w.step_s, DURATIONS_S, strict=True)]
+        return max(*per_step, (w.wall_s - sum(DURATIONS_S)) / len(DURATIONS_S))
+
+    excess_at_most(excess, SLACK_S, f"{mode}: seconds a step reads over its sleep")
 
 
-@pytest.mark.exclusive  # 10 ms of slack: a neighbour on the cores would eat it
 @pytest.mark.parametrize("mode", ["events", "sync"])
 def test_time_window_measures_steps_of_known_duration(mode: str) -> None:
     assert_window_times_known_steps(time_window, mode)
@@ -109,14 +123,18 @@ def assert_bench_step_time_is_the_known_workload(mode: str) -> None:
     """`bench` with steps of known length: the reported step time, and every per-step time, is at least
     that length (a sleep never ends early); the reported one, and the median step, at most 30% over."""
     cfg = RunConfig.from_dict({**KNOWN, "timing": mode})
-    result = results.summarize_bench(cfg, [bm.bench(CPU, cfg, nvml=False)])
     known = cfg.accum_steps * MICRO_BATCH_S
-    steps = result["step_time_s"]["steps"]
-    assert known <= result["metrics"]["step_time_s"] <= 1.3 * known, (mode, result["metrics"]["step_time_s"])
-    assert all(known <= s for s in steps) and statistics.median(steps) <= 1.3 * known, (mode, steps)
+
+    def excess() -> float:
+        result = results.summarize_bench(cfg, [bm.bench(CPU, cfg, nvml=False)])
+        steps = result["step_time_s"]["steps"]
+        step_time = result["metrics"]["step_time_s"]
+        assert known <= step_time and all(known <= s for s in steps), (mode, step_time, steps)
+        return max(step_time, statistics.median(steps)) / known - 1
+
+    excess_at_most(excess, 0.3, f"{mode}: share a step reads over its known length")
 
 
-@pytest.mark.exclusive
 @pytest.mark.parametrize("mode", ["events", "sync"])
 @pytest.mark.usefixtures("known_steps")
 def test_bench_step_time_matches_a_known_workload(mode: str) -> None:
@@ -149,19 +167,25 @@ def assert_window_waits_for_launched_work(measure: TimeWindow, mode: str) -> Non
     clock is at least the work's length and at most SLACK_S a step more. In sync mode every step's time is
     its own work too; in events mode on CPU per-step times are host times, which see the launch only (on
     GPUs CUDA events time them: test_step_time_of_a_device_spin)."""
-    stream = HostStream()
-    try:
-        w = measure(
-            StreamContext(0, 1, 0, torch.device("cpu"), "gloo", stream=stream),
-            mode,
-            launching(stream, DURATIONS_S),
-        )
-    finally:
-        stream.close()
-    assert sum(DURATIONS_S) <= w.wall_s <= sum(DURATIONS_S) + len(DURATIONS_S) * SLACK_S, (mode, w.wall_s)
-    if mode == "sync":
-        for got, want in zip(w.step_s, DURATIONS_S, strict=True):
-            assert want <= got <= want + SLACK_S, (mode, w.step_s)
+
+    def excess() -> float:
+        stream = HostStream()
+        try:
+            w = measure(
+                StreamContext(0, 1, 0, torch.device("cpu"), "gloo", stream=stream),
+                mode,
+                launching(stream, DURATIONS_S),
+            )
+        finally:
+            stream.close()
+        assert sum(DURATIONS_S) <= w.wall_s, (mode, w.wall_s)
+        out = [(w.wall_s - sum(DURATIONS_S)) / len(DURATIONS_S)]
+        if mode == "sync":
+            assert all(want <= got for got, want in zip(w.step_s, DURATIONS_S, strict=True)), (mode, w.step_s)
+            out += [got - want for got, want in zip(w.step_s, DURATIONS_S, strict=True)]
+        return max(out)
+
+    excess_at_most(excess, SLACK_S, f"{mode}: seconds a window of launched work reads over it")
 
 
 @pytest.mark.parametrize("mode", ["events", "sync"])
@@ -196,9 +220,14 @@ def assert_bench_holds_the_launched_work(ctx: StreamContext) -> None:
     """`bench` (events timing) over steps whose work runs behind the host: step_time_s at least the work's
     length, at most 30% over it."""
     cfg = RunConfig.from_dict({**KNOWN, "timing": "events"})
-    step_time = results.summarize_bench(cfg, [bm.bench(ctx, cfg, nvml=False)])["metrics"]["step_time_s"]
     known = cfg.accum_steps * MICRO_BATCH_S
-    assert known <= step_time <= 1.3 * known, step_time
+
+    def excess() -> float:
+        step_time = results.summarize_bench(cfg, [bm.bench(ctx, cfg, nvml=False)])["metrics"]["step_time_s"]
+        assert known <= step_time, step_time
+        return float(step_time / known - 1)
+
+    excess_at_most(excess, 0.3, "share a step of launched work reads over it")
 
 
 def test_bench_step_time_holds_work_still_running(launched_steps: StreamContext) -> None:
@@ -259,6 +288,7 @@ def spin_result(
 
 
 @pytest.mark.gpu
+@pytest.mark.exclusive  # times the device: no other lane on it
 @pytest.mark.parametrize("mode", ["events", "sync"])
 def test_step_time_of_a_device_spin(suite: Any, world_size: int, mode: str) -> None:
     """GPU: steps that are nothing but torch.cuda._sleep spins read as the spins' length, by the host clock."""
@@ -266,6 +296,7 @@ def test_step_time_of_a_device_spin(suite: Any, world_size: int, mode: str) -> N
 
 
 @pytest.mark.gpu
+@pytest.mark.exclusive  # times the device: no other lane on it
 @pytest.mark.parametrize("plant", ["late_clock", "extra_step"])
 def test_device_spin_check_catches_timer_defects(suite: Any, plant: str) -> None:
     """GPU: a window clock started after its first step, or one step too many counted, fails the spin check
@@ -447,11 +478,13 @@ def assert_mfu_is_the_matmul_benchmarks(run: dict[str, Any]) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.exclusive  # times the device: no other lane on it
 def test_mfu_matches_a_bf16_matmul_benchmark_of_the_same_shapes(suite: Any) -> None:
     assert_mfu_is_the_matmul_benchmarks(mfu_run(suite))
 
 
 @pytest.mark.gpu
+@pytest.mark.exclusive  # times the device: no other lane on it
 @pytest.mark.parametrize(
     "plant, value",
     [

@@ -238,13 +238,16 @@ class LaneRunner:
         phases: PhaseLog,
         occupancy: Occupancy,
         watch: GpuWatch,
+        env: dict[str, str],
     ) -> None:
+        """`env`: what every lane's environment adds (the session's shared facts)."""
         self.session, self.config = session, session.config
         self.plan, self.gpus = plan, gpus
         self.lane_timeout = lane_timeout
         self.phases = phases
         self.occupancy = occupancy
         self.watch = watch
+        self.env = env
         self.stats = LaneStats(plan.devices, plan.seats, gpus)
         self.items = {it.nodeid: it for it in session.items}
         self.pending = list(plan.units)
@@ -356,8 +359,11 @@ class LaneRunner:
             *paths,
         ]
         read_end, write_end = os.pipe()
-        env = lane_env(slots, self.gpus, shared=self.plan.seats > 1)
-        env[WORK_FD_ENV] = str(read_end)
+        env = {
+            **lane_env(slots, self.gpus, shared=self.plan.seats > 1),
+            **self.env,
+            WORK_FD_ENV: str(read_end),
+        }
         try:
             with open(d / OUTPUT, "wb") as out:
                 proc = subprocess.Popen(

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +28,20 @@ from .errors import ConfigError
 from .lane_watch import GpuWatch, Occupancy
 from .runtime.phases import PhaseLog
 from .runtime.pool import cuda_device_count
+from .runtime.shelf import Shelf
 from .schedule import Case, Plan, plan, seats_per_device
 from .strategies import REGISTRY, get_spec
-from .suite import TIER_DEFAULTS, Suite
+from .suite import TIER_DEFAULTS, Suite, tier_global_batch
 from .workloads.models import check_model_name
 
 TIERS = (("cpu", ""), ("cuda", "-gpu"))
 OPTIONS = pytest.StashKey[dict[str, Any]]()
 PHASES = pytest.StashKey[PhaseLog]()  # the session's phase table, shared by both tiers' suites
 WATCH = pytest.StashKey["SessionWatch"]()
+SESSION = pytest.StashKey[dict[str, Any]]()  # session_facts
+SESSION_ENV = "DISTBENCH_SESSION"  # session_facts, as a lane receives them
+#: /dev/shm holds the session's shelf when this much of it is free
+SHM_ROOM_BYTES = 32 * 2**30
 #: pytest cache keys: each test's seconds and its lane's device memory per rank in the last session, which
 #: order the next session's units and size its seats
 DURATIONS_KEY, PEAKS_KEY = "distbench/durations", "distbench/rank_peak_bytes"
@@ -316,7 +322,9 @@ def _lane_plan(session: pytest.Session) -> tuple[Plan, bool] | None:
     else:
         devices = int(mode)
         if gpus and devices > cuda_device_count():
-            pytest.exit(f"--lanes {devices}: this machine has {cuda_device_count()} CUDA devices", returncode=4)
+            pytest.exit(
+                f"--lanes {devices}: this machine has {cuda_device_count()} CUDA devices", returncode=4
+            )
     seats = opts["lanes_per_device"] if opts["lanes_per_device"] != "auto" else 1
     if gpus and opts["lanes_per_device"] == "auto":
         shared = [c for c in cases if not (c.inert or c.exclusive)]
@@ -401,6 +409,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
             f"lanes at once, then {len(p.alone)} exclusive alone"
         )
     opts = cfg.stash[OPTIONS]
+    facts = {k: v for k, v in session_facts(cfg).items() if k != "owner"}
     runner = LaneRunner(
         session,
         p,
@@ -409,6 +418,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         cfg.stash.setdefault(PHASES, PhaseLog()),
         watch.occupancy,
         watch.gpu,
+        {SESSION_ENV: json.dumps(facts)},
     )
     watch.lanes = runner.stats
     runner.run()
@@ -477,19 +487,24 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def _suites(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+def _suites(request: pytest.FixtureRequest):
     cfg = request.config
     suites: dict[str, Suite] = {}
 
     def get(device_type: str) -> Suite:
         if device_type not in suites:
             opts = cfg.stash[OPTIONS]
+            facts = session_facts(cfg)
+            sizes = _tier_world_sizes(cfg, device_type)
+            if device_type == "cuda":  # the world sizes this session can run: the batch need not serve more
+                sizes = [w for w in sizes if w <= facts["gpus"]] or [1]
             suites[device_type] = Suite(
                 device_type,
                 steps=opts["steps"],
                 timeout=opts["job_timeout"],
                 models=opts["models"] or [],
-                workdir=tmp_path_factory.mktemp(f"distbench-{device_type}"),
+                global_batch=tier_global_batch(device_type, sizes),
+                shelf=Shelf(Path(facts["shelf"]) / device_type),
                 phases=cfg.stash.setdefault(PHASES, PhaseLog()),
             )
         return suites[device_type]
@@ -497,8 +512,40 @@ def _suites(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     yield get
     for s in suites.values():
         s.close()
-        if s.workdir is not None:  # session checkpoints: gigabytes on the GPU tier, ours to remove
-            shutil.rmtree(s.workdir, ignore_errors=True)
+
+
+def _roomy_tmp() -> str | None:
+    """/dev/shm when it has room for a GPU tier's checkpoints (memory-backed: saves and loads at memory
+    speed), else the default temp directory (None)."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return "/dev/shm" if st.f_bavail * st.f_frsize >= SHM_ROOM_BYTES else None
+
+
+def session_facts(config: pytest.Config) -> dict[str, Any]:
+    """What every process of the session shares: the shelf directory (runs and checkpoints every lane reads;
+    removed at the session's end) and the session's GPU count. A lane reads them from its parent."""
+    facts = config.stash.get(SESSION, None)
+    if facts is None:
+        if config.getoption("--distbench-lane"):
+            facts = json.loads(os.environ[SESSION_ENV])
+        else:
+            facts = {
+                "shelf": tempfile.mkdtemp(prefix="distbench-session-", dir=_roomy_tmp()),
+                "gpus": cuda_device_count(),
+                "owner": True,
+            }
+        config.stash[SESSION] = facts
+    return facts
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the session's shelf (gigabytes of checkpoints on the GPU tier) in the process that made it."""
+    facts = config.stash.get(SESSION, None)
+    if facts and facts.get("owner"):
+        shutil.rmtree(facts["shelf"], ignore_errors=True)
 
 
 @pytest.fixture
@@ -537,7 +584,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for line in session_lines:
             terminalreporter.write_line(line)
     if watch.undecided:
-        terminalreporter.write_sep("-", f"distbench: {len(watch.undecided)} claim(s) this machine left undecided")
+        terminalreporter.write_sep(
+            "-", f"distbench: {len(watch.undecided)} claim(s) this machine left undecided"
+        )
         for test, why in sorted(watch.undecided.items()):
             terminalreporter.write_line(f"UNDECIDED {test}: {why}")
 

@@ -1,11 +1,14 @@
-"""What tests use to run jobs: the tier's defaults, the pools, and cached references.
+"""What tests use to run jobs: the tier's defaults, the pools, and the session's shared runs.
 
-One Suite per device type (cpu tier: gloo + tiny models; gpu tier: NCCL + GPU-size models), shared by
-every test of a pytest session so rank pools and reference runs are built once.
+One Suite per device type (cpu tier: gloo + tiny models; gpu tier: NCCL + GPU-size models) per process,
+shared by every test it runs, so rank pools are built once per process; reference runs and checkpointed
+runs are computed once per session and kept on a Shelf (runtime/shelf.py) that every lane reads.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,25 +18,32 @@ from typing import Any
 from .config import RunConfig
 from .runtime.phases import PhaseLog, job_phases
 from .runtime.pool import PoolManager
+from .runtime.shelf import TENSORS, Shelf, entry_key
 
-#: Per-tier defaults: small enough for 2 CPU cores, real enough on GPUs. The global batch makes every
-#: world size of the tier accumulate at least 2 micro-batches, so the parity runs exercise accumulation too.
+#: Per-tier defaults: small enough for 2 CPU cores, real enough on GPUs. The global batch (tier_global_batch)
+#: makes every world size of the session accumulate at least 2 micro-batches, so the parity runs exercise
+#: accumulation too.
 TIER_DEFAULTS: dict[str, dict[str, Any]] = {
     "cpu": {
         "models": ["gpt2-tiny"],
         "world_sizes": [1, 2],
-        "global_batch": 8,
         "micro_batch": 2,
         "seq_len": 0,
     },
     "cuda": {
         "models": ["gpt2-124m"],
         "world_sizes": [1, 2, 4],
-        "global_batch": 16,
         "micro_batch": 2,
         "seq_len": 256,
     },
 }
+
+
+def tier_global_batch(device_type: str, world_sizes: list[int]) -> int:
+    """Two micro-batches per rank at the largest world size the session runs: every world size accumulates,
+    and no step is longer than that needs (on one GPU, 2 micro-batches a step instead of the 8 that world size
+    4 would need; small models' steps wait on the host, so a step's micro-batches are its cost)."""
+    return 2 * TIER_DEFAULTS[device_type]["micro_batch"] * max(world_sizes)
 
 #: Benchmark workloads per tier: bf16 as users run it on GPUs (seed 004's sequence and micro-batch).
 BENCH_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -48,20 +58,24 @@ class Suite:
     steps: int = 5
     timeout: float = 600.0
     models: list[str] = field(default_factory=list)
-    pools: PoolManager | None = None
-    workdir: Path | None = None  # where session-wide checkpoints go
+    global_batch: int = 0  # 0: tier_global_batch of the tier's default world sizes
+    pools: PoolManager | None = None  # given (a launch's Cluster): its owner closes it; else made here
+    shelf: Shelf | None = None  # the session's shared runs and checkpoints (every lane's)
     phases: PhaseLog = field(default_factory=PhaseLog)  # where the session's time went, per test
     current_test: str = ""  # set by the `suite` fixture: whose jobs the phases are charged to
-    _references: dict[str, dict[str, Any]] = field(default_factory=dict)
-    _runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _own_shelf: bool = False
+    _own_pools: bool = False
 
     def __post_init__(self) -> None:
-        self.models = self.models or list(TIER_DEFAULTS[self.device_type]["models"])
+        d = TIER_DEFAULTS[self.device_type]
+        self.models = self.models or list(d["models"])
+        self.global_batch = self.global_batch or tier_global_batch(self.device_type, d["world_sizes"])
 
     @property
     def pool_manager(self) -> PoolManager:
         if self.pools is None:
             self.pools = PoolManager(self.device_type)
+            self._own_pools = True
         return self.pools
 
     def config(
@@ -72,7 +86,7 @@ class Suite:
             "strategy": strategy,
             "world_size": world_size,
             "model": model or self.models[0],
-            "global_batch": d["global_batch"],
+            "global_batch": self.global_batch,
             "micro_batch": d["micro_batch"],
             "seq_len": d["seq_len"],
             "steps": self.steps,
@@ -107,37 +121,52 @@ class Suite:
 
         return self.run_job(cfg.world_size, train, cfg=cfg, **kwargs)
 
+    def _shelved(self, kind: str, cfg: RunConfig, compute: Any) -> dict[str, Any]:
+        if self.shelf is None:  # no session to share with: a shelf of this Suite's own, removed by close()
+            self.shelf = Shelf(tempfile.mkdtemp(prefix="distbench-suite-"))
+            self._own_shelf = True
+        return self.shelf.get(entry_key(f"{kind}-{self.device_type}", cfg.to_dict()), compute)
+
     def reference(self, cfg: RunConfig) -> dict[str, Any]:
         """The independent single-process reference for cfg's workload (losses, final params, last
         gradients), computed once per session."""
         ref_cfg = cfg.replace(strategy="single", world_size=1, options={})
-        key = repr(sorted(ref_cfg.to_dict().items()))
-        if key not in self._references:
-            from .jobs.checks import reference_job  # torch: see train
+        from .jobs.checks import reference_job  # torch: see train
 
-            self._references[key] = self.run_job(1, reference_job, cfg=ref_cfg, with_tensors=True)[0]
-        return self._references[key]
+        def compute(entry: Path) -> dict[str, Any]:
+            out = self.run_job(1, reference_job, cfg=ref_cfg, keep_tensors_at=str(entry / TENSORS))[0]
+            return {k: v for k, v in out.items() if k != "phases"}
+
+        return self._shelved("reference", ref_cfg, compute)
 
     def checkpointed_run(self, cfg: RunConfig) -> dict[str, Any]:
         """One uninterrupted run of cfg, computed once per session and shared by the invariants: losses,
         final full parameters and last-step gradients (rank 0), and a checkpoint saved after step
         `save_at` (half-way) in the strategy's native format at `checkpoint`."""
-        key = repr(sorted(cfg.to_dict().items()))
-        if key not in self._runs:
-            assert self.workdir is not None, "Suite.workdir must be set for checkpointed runs"
-            ckpt = self.workdir / f"ckpt-{len(self._runs)}-{cfg.strategy}-ws{cfg.world_size}"
-            save_at = max(1, cfg.steps // 2)
+        save_at = max(1, cfg.steps // 2)
+
+        def compute(entry: Path) -> dict[str, Any]:
+            ckpt = entry / "checkpoint"
             outs = self.train(
-                cfg, save_at=save_at, checkpoint_dir=str(ckpt), return_params=True, return_grads=True
+                cfg,
+                save_at=save_at,
+                checkpoint_dir=str(ckpt),
+                return_params=True,
+                return_grads=True,
+                keep_tensors_at=str(entry / TENSORS),
             )
-            self._runs[key] = {
-                **outs[0],
+            return {
+                **{k: v for k, v in outs[0].items() if k != "phases"},
                 "per_rank_losses": [o["losses"] for o in outs],
                 "checkpoint": str(ckpt),
                 "save_at": save_at,
             }
-        return self._runs[key]
+
+        return self._shelved("run", cfg, compute)
 
     def close(self) -> None:
-        if self.pools is not None:
+        """Close what this Suite made: its pools and its own shelf."""
+        if self._own_pools and self.pools is not None:
             self.pools.close_all()
+        if self._own_shelf and self.shelf is not None:
+            shutil.rmtree(self.shelf.root, ignore_errors=True)

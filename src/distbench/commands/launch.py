@@ -84,7 +84,7 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
     )
     cases = list(dict.fromkeys((c.model, c.strategy, c.world_size) for c in configs))
     suite = Suite(cluster.device_type, pools=cluster, timeout=run_args.timeout, steps=run_args.steps or 4)
-    micro, global_batch = (TIER_DEFAULTS[cluster.device_type][k] for k in ("micro_batch", "global_batch"))
+    micro, global_batch = TIER_DEFAULTS[cluster.device_type]["micro_batch"], suite.global_batch
     rows = []
     for model, strategy, ws in cases:
         unit = micro * ws  # the tier's global batch, rounded up to whole micro-batches on every rank
@@ -100,5 +100,6 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
             row = {"config": cfg.to_dict(), "status": "error", "losses": None, "error": str(e)}
         print(f"parity {what}: {row['status']}" + (f"\n{row['error']}" if row["error"] else ""), flush=True)
         rows.append(row)
+    suite.close()  # its shelf of references; the cluster's processes are the launch's to close
     write_json_atomic(Path(run_args.output) / "parity.json", rows)
     return 0 if all(r["status"] == "ok" for r in rows) else 1

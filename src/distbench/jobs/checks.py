@@ -14,17 +14,20 @@ from ..config import RunConfig
 from ..invariants.collectives import collectives_per_step
 from ..invariants.reference import reference_run
 from ..runtime.context import RankContext
+from ..runtime.shelf import save_tensors
 from ..workloads import count_params, get_model
 from .train import make_trainer, run_steps
 
 
-def reference_job(ctx: RankContext, cfg: RunConfig, with_tensors: bool = False) -> dict[str, Any]:
-    """The reference (world size 1) in a pool rank, so it runs on the same device type as the strategies."""
+def reference_job(ctx: RankContext, cfg: RunConfig, keep_tensors_at: str | None = None) -> dict[str, Any]:
+    """The reference (world size 1) in a pool rank, so it runs on the same device type as the strategies.
+    With `keep_tensors_at` its tensors (parameters, gradients, LoRA's initial and merged weights) go to that
+    safetensors file (runtime/shelf.py) instead of through the pipe."""
     t0 = time.perf_counter()
     out = reference_run(cfg, ctx.device)
-    out = (
-        out if with_tensors else {k: out[k] for k in ("losses", "grad_norms", "loss_scales", "skipped_steps")}
-    )
+    if keep_tensors_at:
+        save_tensors(keep_tensors_at, {k: v for k, v in out.items() if isinstance(v, dict)})
+        out = {k: v for k, v in out.items() if not isinstance(v, dict)}
     return {**out, "phases": {"reference run": time.perf_counter() - t0}}
 
 

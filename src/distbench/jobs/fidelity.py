@@ -39,6 +39,7 @@ from torch import nn
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..measure.timing import timed
+from ..runtime import worker
 from ..runtime.context import RankContext
 from ..strategies import build_trainer
 from ..strategies.base import IMPL_FLAGS, Trainer
@@ -48,6 +49,7 @@ from .train import set_numerics
 
 Batch = dict[str, torch.Tensor]
 
+STATE_KEY = "fidelity"
 #: DeepSpeed's default bucket size in elements; the harness caps it at the model's size (see _zero).
 DS_DEFAULT_BUCKET = 500_000_000
 
@@ -60,6 +62,99 @@ class BareLoop:
     close: Callable[[], None] = lambda: None
 
 
+@dataclass
+class Fidelity:
+    """A harness Trainer and its bare loop built side by side in one rank, on the same weights and the same
+    `steps` steps of this rank's data, timed in rounds of alternating order (bare first in even rounds)."""
+
+    ctx: RankContext
+    cfg: RunConfig
+    trainer: Trainer
+    bare: BareLoop
+    data: list[list[Batch]]
+    tokens: int  # per round and side, over every rank
+    first_step_loss: dict[str, float]
+    done: int = 0  # rounds run so far
+
+    @classmethod
+    def build(cls, ctx: RankContext, cfg: RunConfig, steps: int, warmup: int = 2) -> Fidelity:
+        """Both loops built and warmed up; their first step's global-batch losses must agree (the same work)."""
+        make_bare = _bare_loop_for(cfg)
+        if cfg.world_size != ctx.world_size:
+            raise ConfigError(
+                f"harness_overhead of a world-size-{cfg.world_size} configuration ran in {ctx.world_size} "
+                f"rank(s): run it in a pool of {cfg.world_size}"
+            )
+        set_numerics(cfg)
+        spec = get_model(cfg.model)
+        seq_len = cfg.seq_len or spec.seq_len
+        data = [
+            rank_micro_batches(cfg, s, ctx.rank, seq_len, spec.vocab_size, ctx.device) for s in range(steps)
+        ]
+        # The harness first: building it also points DeepSpeed at the rank's device (its CPU accelerator here).
+        trainer = build_trainer(ctx, cfg, spec.build(cfg.seed, ctx.device))
+        try:
+            bare = make_bare(ctx, cfg, spec.build(cfg.seed, ctx.device), trainer.optimizer_impl)
+        except BaseException:
+            trainer.close()
+            raise
+        f = cls(ctx, cfg, trainer, bare, data, steps * cfg.global_batch * seq_len, {})
+        try:
+            f.first_step_loss = {
+                "bare": float(_global_mean(ctx, bare.step(data[0]))),
+                "harness": trainer.step(data[0]),
+            }
+            for mbs in data[1:warmup]:
+                bare.step(mbs)
+                trainer.step_async(mbs)
+        except BaseException:
+            f.close()
+            raise
+        return f
+
+    def rounds(self, n: int) -> list[dict[str, float]]:
+        """`n` more rounds: each loop's seconds for the `steps` steps, on the slowest rank."""
+        loops = {
+            "bare": lambda: [self.bare.step(mbs) for mbs in self.data],
+            "harness": lambda: [self.trainer.step_async(mbs) for mbs in self.data],
+        }
+        times: dict[str, list[float]] = {"bare": [], "harness": []}
+        for r in range(self.done, self.done + n):
+            for name in ("bare", "harness") if r % 2 == 0 else ("harness", "bare"):
+                if self.ctx.world_size > 1:
+                    dist.barrier()  # every rank starts the round together
+                times[name].append(timed(self.ctx, loops[name])[1])
+        self.done += n
+        slow = {k: _slowest(self.ctx, v) for k, v in times.items()}
+        return [{"bare_s": b, "harness_s": h} for b, h in zip(slow["bare"], slow["harness"], strict=True)]
+
+    def close(self) -> None:
+        try:
+            self.bare.close()
+        finally:
+            self.trainer.close()  # after the bare loop's: DDP's close frees both wrappers' finished all-reduces
+            gc.collect()
+            if self.ctx.is_cuda:
+                torch.cuda.empty_cache()
+
+    def summary(self, rounds: list[dict[str, float]]) -> dict[str, Any]:
+        """The rounds, their medians as step times and throughputs, and the geometric-mean overhead."""
+        steps = len(self.data)
+        med = {k: statistics.median(r[f"{k}_s"] for r in rounds) for k in ("bare", "harness")}
+        return {
+            "strategy": self.cfg.strategy,
+            "world_size": self.cfg.world_size,
+            "steps": steps,
+            "rounds": rounds,
+            "bare_step_time_s": med["bare"] / steps,
+            "harness_step_time_s": med["harness"] / steps,
+            "bare_tokens_per_s": self.tokens / med["bare"],
+            "harness_tokens_per_s": self.tokens / med["harness"],
+            "overhead": statistics.geometric_mean(r["harness_s"] / r["bare_s"] for r in rounds) - 1.0,
+            "first_step_loss": self.first_step_loss,
+        }
+
+
 def harness_overhead(
     ctx: RankContext, cfg: RunConfig, steps: int, rounds: int = 3, warmup: int = 2
 ) -> dict[str, Any]:
@@ -70,71 +165,36 @@ def harness_overhead(
     rounds whose order alternates (bare first, then harness first, ...) so clock and thermal drift cancel. A
     round lasts as long as its slowest rank. overhead = the geometric mean over rounds of harness time / bare
     time in that round, minus 1 (positive: the harness is slower); `rounds` holds every round's pair, from
-    which a caller takes the overhead's interval (gate.stats.paired_effect), since a bound holds only where
-    the interval's top is under it. `first_step_loss` (global-batch means) must agree between the two: it shows both do the same work.
+    which a caller takes the overhead's interval, since a bound holds only where the interval's top is under
+    it. `first_step_loss` (global-batch means) must agree between the two: it shows both do the same work.
+    To add rounds until a claim is decided, keep the pair in the ranks: fidelity_setup, fidelity_rounds,
+    fidelity_finish.
     """
-    make_bare = _bare_loop_for(cfg)
-    if cfg.world_size != ctx.world_size:
-        raise ConfigError(
-            f"harness_overhead of a world-size-{cfg.world_size} configuration ran in {ctx.world_size} "
-            f"rank(s): run it in a pool of {cfg.world_size}"
-        )
-    set_numerics(cfg)
-    spec = get_model(cfg.model)
-    seq_len = cfg.seq_len or spec.seq_len
-    data = [rank_micro_batches(cfg, s, ctx.rank, seq_len, spec.vocab_size, ctx.device) for s in range(steps)]
-
-    # The harness first: building it also points DeepSpeed at the rank's device (its CPU accelerator here).
-    trainer = build_trainer(ctx, cfg, spec.build(cfg.seed, ctx.device))
+    f = Fidelity.build(ctx, cfg, steps, warmup)
     try:
-        bare = make_bare(ctx, cfg, spec.build(cfg.seed, ctx.device), trainer.optimizer_impl)
-        try:
-            first, times = _compare(ctx, trainer, bare, data, rounds, warmup)
-        finally:
-            bare.close()
-            del bare
-            gc.collect()
+        return f.summary(f.rounds(rounds))
     finally:
-        trainer.close()  # after the bare loop's: DDP's close frees both wrappers' finished all-reduces
-        if ctx.is_cuda:
-            torch.cuda.empty_cache()
-
-    tokens = steps * cfg.global_batch * seq_len
-    med = {k: statistics.median(v) for k, v in times.items()}
-    pairs = list(zip(times["bare"], times["harness"], strict=True))
-    return {
-        "strategy": cfg.strategy,
-        "world_size": cfg.world_size,
-        "steps": steps,
-        "rounds": [{"bare_s": b, "harness_s": h} for b, h in pairs],
-        "bare_step_time_s": med["bare"] / steps,
-        "harness_step_time_s": med["harness"] / steps,
-        "bare_tokens_per_s": tokens / med["bare"],
-        "harness_tokens_per_s": tokens / med["harness"],
-        "overhead": statistics.geometric_mean(h / b for b, h in pairs) - 1.0,
-        "first_step_loss": first,
-    }
+        f.close()
 
 
-def _compare(
-    ctx: RankContext, trainer: Trainer, bare: BareLoop, data: list[list[Batch]], rounds: int, warmup: int
-) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """(first-step global losses, each round's seconds on the slowest rank) of the harness and the bare loop."""
-    loops = {
-        "bare": lambda: [bare.step(mbs) for mbs in data],
-        "harness": lambda: [trainer.step_async(mbs) for mbs in data],
-    }
-    first = {"bare": float(_global_mean(ctx, bare.step(data[0]))), "harness": trainer.step(data[0])}
-    for mbs in data[1:warmup]:
-        bare.step(mbs)
-        trainer.step_async(mbs)
-    times: dict[str, list[float]] = {"bare": [], "harness": []}
-    for r in range(rounds):
-        for name in ("bare", "harness") if r % 2 == 0 else ("harness", "bare"):
-            if ctx.world_size > 1:
-                dist.barrier()  # every rank starts the round together
-            times[name].append(timed(ctx, loops[name])[1])
-    return first, {k: _slowest(ctx, v) for k, v in times.items()}
+def fidelity_setup(ctx: RankContext, cfg: RunConfig, steps: int, warmup: int = 2) -> dict[str, Any]:
+    """Build the pair and keep it in the rank (worker.STATE) for fidelity_rounds; the first step's losses."""
+    fidelity_finish(ctx)  # a pair an interrupted test left
+    f = worker.STATE[STATE_KEY] = Fidelity.build(ctx, cfg, steps, warmup)
+    return {"first_step_loss": f.first_step_loss}
+
+
+def fidelity_rounds(ctx: RankContext, rounds: int = 1) -> dict[str, Any]:
+    """`rounds` more rounds of the kept pair, and the summary of these rounds."""
+    f: Fidelity = worker.STATE[STATE_KEY]
+    return f.summary(f.rounds(rounds))
+
+
+def fidelity_finish(ctx: RankContext) -> None:
+    """Close the kept pair, if any."""
+    f = worker.STATE.pop(STATE_KEY, None)
+    if f is not None:
+        f.close()
 
 
 def _bare_loop_for(cfg: RunConfig) -> Callable[[RankContext, RunConfig, nn.Module, str], BareLoop]:

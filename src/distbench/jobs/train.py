@@ -10,6 +10,7 @@ import torch
 from ..config import RunConfig
 from ..runtime.context import RankContext
 from ..runtime.phases import PhaseClock
+from ..runtime.shelf import save_tensors
 from ..strategies import build_trainer
 from ..strategies.base import Trainer
 from ..workloads import get_model
@@ -69,6 +70,7 @@ def train(
     reshard: bool = False,
     return_params: bool = False,
     return_grads: bool = False,
+    keep_tensors_at: str | None = None,
 ) -> dict[str, Any]:
     """Train cfg.steps optimizer steps and return the per-step global-batch losses.
 
@@ -76,6 +78,8 @@ def train(
     resume_from: load that checkpoint first and continue from its step; `reshard` allows another world size.
     return_params: also return the gathered full parameters after the last step (CPU fp32).
     return_grads: also return the full gradients of the last step, taken before its optimizer step.
+    keep_tensors_at: rank 0 writes those parameters and gradients to this safetensors file (runtime/shelf.py)
+    instead of returning them through its pipe.
     """
     clock = PhaseClock()
     with clock("build and wrap"):
@@ -103,12 +107,17 @@ def train(
             "skipped_steps": trainer.skipped_steps,
         }
         with clock("gather full state"):
+            tensors: dict[str, dict[str, torch.Tensor]] = {}
             if return_params:
                 params = trainer.full_state_dict()  # collective: every rank gathers, rank 0 returns
                 if ctx.rank == 0:
-                    out["params"] = params
+                    tensors["params"] = params
             if return_grads and ctx.rank == 0:
-                out["grads"] = trainer.last_grads
+                tensors["grads"] = trainer.last_grads
+            if keep_tensors_at and tensors:
+                save_tensors(keep_tensors_at, tensors)
+            else:
+                out.update(tensors)
     finally:
         with clock("teardown"):
             trainer.close()

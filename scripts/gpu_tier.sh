@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GPU tier as a user types it, with its evidence: scripts/gpu_tier.sh OUT [pytest args...]
+# Writes OUT/pytest.log (the whole session: its phase table, lanes and devices, undecided claims),
+# OUT/junit.xml, OUT/phases.json and OUT/wall.txt (the command's wall seconds, the machine), and prints the
+# session's last lines.
+set -uo pipefail
+out=${1:?usage: scripts/gpu_tier.sh OUT [pytest args...]}; shift
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/machine.txt" 2>&1
+echo "vCPUs: $(nproc)" >> "$out/machine.txt"
+start=$(date +%s.%N)
+python3 -m pytest -m gpu -rfEs --durations=30 --junitxml "$out/junit.xml" --phases-json "$out/phases.json" \
+  "$@" 2>&1 | tee "$out/pytest.log" | grep -E "^(FAILED|ERROR|UNDECIDED)|passed|failed|distbench lanes" 
+status=${PIPESTATUS[0]}
+end=$(date +%s.%N)
+python3 -c "print(f'wall {float($end) - float($start):.1f} s, exit {$status}')" | tee "$out/wall.txt"
+cat "$out/machine.txt" >> "$out/wall.txt"
+sed -n '/distbench: time in rank jobs by phase/,$p' "$out/pytest.log" | head -60
+exit "$status"

@@ -1,0 +1,97 @@
+"""Results of rank jobs kept on disk for the whole test session: every lane process, and the session's own.
+
+A reference run or a checkpointed run of one configuration is computed once per session, by whichever process
+asks first; the others wait for it (an exclusive file lock per entry) and read it. An entry is a directory:
+`tensors.safetensors` (dicts of tensors, written by rank 0 itself, so a model's full parameters never travel
+through the ranks' pipes), `result.json` (everything else), and whatever the job writes beside them (its
+checkpoint). safetensors and JSON run no code when read. A process that dies while computing releases its
+lock, and the next one computes the entry again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+TENSORS = "tensors.safetensors"
+RESULT = "result.json"
+_SEP = "/"
+
+
+def save_tensors(path: str | Path, groups: dict[str, dict[str, Any]]) -> None:
+    """Write dicts of tensors (`{"params": {...}, "grads": {...}}`) to one safetensors file, atomically. Tensors
+    that share storage (tied weights) are written as copies."""
+    from safetensors.torch import save_file
+
+    flat, seen = {}, set()
+    for group, tensors in groups.items():
+        for name, t in tensors.items():
+            key = f"{group}{_SEP}{name}"
+            t = t.detach().cpu().contiguous()
+            if t.untyped_storage().data_ptr() in seen:
+                t = t.clone()
+            seen.add(t.untyped_storage().data_ptr())
+            flat[key] = t
+    tmp = Path(f"{path}.tmp-{os.getpid()}")
+    save_file(flat, str(tmp))
+    os.replace(tmp, path)
+
+
+def load_tensors(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The dicts of tensors save_tensors wrote."""
+    from safetensors.torch import load_file
+
+    out: dict[str, dict[str, Any]] = {}
+    for key, t in load_file(str(path)).items():
+        group, _, name = key.partition(_SEP)
+        out.setdefault(group, {})[name] = t
+    return out
+
+
+def entry_key(kind: str, identity: dict[str, Any]) -> str:
+    """A stable directory name for a result of `kind` computed from `identity` (a configuration's fields)."""
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return f"{kind}-{digest}"
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class Shelf:
+    """Session-wide results under `root`, each computed once by whichever process asks first."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def get(self, key: str, compute: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+        """The entry `key`: `compute(entry_dir)` runs once per session (it may write TENSORS and files into the
+        directory and returns the JSON-able rest); every later call reads it. Tensors are read again each
+        time, so no process keeps every run's parameters in memory."""
+        entry = self.root / key
+        with _locked(self.root / f"{key}.lock"):
+            if not (entry / RESULT).exists():
+                shutil.rmtree(entry, ignore_errors=True)  # what a process that died computing it left
+                entry.mkdir()
+                result = compute(entry)
+                tmp = entry / f"{RESULT}.tmp"
+                tmp.write_text(json.dumps(result))
+                os.replace(tmp, entry / RESULT)
+        out: dict[str, Any] = json.loads((entry / RESULT).read_text())
+        if (entry / TENSORS).exists():
+            out.update(load_tensors(entry / TENSORS))
+        return out
