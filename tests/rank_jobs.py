@@ -194,3 +194,24 @@ def pinned_threads(ctx: Any) -> dict[str, Any]:
         stop.set()
         for t in threads:
             t.join()
+
+
+#: A trainer build planted past test_benchmarks' CONFIG_OVERHEAD_BOUND_S (3 s).
+SLOW_BUILD_S = 4.0
+
+
+def bench_with_a_slow_build(ctx: Any, cfg: Any, nvml: bool) -> dict[str, Any]:
+    """jobs.bench.bench whose trainer build sleeps SLOW_BUILD_S first: a configuration overhead past the bound."""
+    import distbench.jobs.bench as bm
+
+    real = bm.build_trainer
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(SLOW_BUILD_S)
+        return real(*args, **kwargs)
+
+    bm.build_trainer = slow
+    try:
+        return bm.bench(ctx, cfg, nvml=nvml)
+    finally:
+        bm.build_trainer = real

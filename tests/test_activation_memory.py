@@ -20,8 +20,7 @@ from recipe_jobs import saved_activation_bytes
 BAND = (0.7, 1.6)
 
 
-@pytest.mark.gpu
-@pytest.mark.exclusive  # it reads peak memory: nothing else on the device
+@pytest.mark.gpu  # not exclusive: torch's allocator counts this process's tensors alone, whoever shares the GPU
 @pytest.mark.strategies("ddp", "fsdp_full", "zero3")
 def test_activation_checkpointing_frees_the_blocks_activations(suite, strategy, world_size):
     cfg = suite.bench_config(strategy, world_size, steps=2, warmup=1)

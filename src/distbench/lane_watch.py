@@ -103,19 +103,20 @@ class GpuWatch:
 
     def _loop(self, nv: Any) -> None:
         while not self._stop.wait(self.period_s):
+            on_sample = self.on_sample  # processes are read only while someone charges them (lanes run)
             try:
                 util = [nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0 for h in self._handles]
                 used = [int(nv.nvmlDeviceGetMemoryInfo(h).used) for h in self._handles]
                 procs: dict[int, int] = {}
-                for h in self._handles:
+                for h in self._handles if on_sample is not None else ():
                     for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
                         procs[p.pid] = procs.get(p.pid, 0) + int(p.usedGpuMemory or 0)
             except Exception:
                 continue  # a device read failed this once: skip the sample
             self.utilization.append(util)
             self.used_bytes.append(used)
-            if self.on_sample is not None:
-                self.on_sample(procs)
+            if on_sample is not None:
+                on_sample(procs)
 
     def stop(self) -> None:
         self._stop.set()

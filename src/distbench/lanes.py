@@ -264,6 +264,7 @@ class LaneRunner:
         try:
             self._run_here(self.plan.first, nxt)
             self._run_lanes()
+            self.watch.on_sample = None  # the exclusive tests run alone: no lane memory to charge
             self._run_here(self.plan.alone, nxt)
         finally:
             self.watch.on_sample = None

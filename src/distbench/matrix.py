@@ -162,15 +162,17 @@ def run_benchmark(
     *,
     timeout: float = 1800,
     nvml: bool = True,
+    job: Callable[..., Any] = bench,
 ) -> dict[str, Any]:
-    """Run `bench` on every rank of `pool` (a RankPool of cfg.world_size) and return one result.
+    """Run `bench` (or a `job` that stands for it, taking its arguments) on every rank of `pool` (a RankPool
+    of cfg.world_size) and return one result.
 
     Out of memory on any rank gives a result with status "oom" (see _failed); other failures raise JobError.
     """
     env = environment_fingerprint()
     t0 = time.perf_counter()
     try:
-        replies = pool.run(bench, {"cfg": cfg, "nvml": nvml}, timeout)
+        replies = pool.run(job, {"cfg": cfg, "nvml": nvml}, timeout)
     except JobError as e:
         if not is_oom(e):
             raise

@@ -104,7 +104,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="comma-separated models for the tier being run (default: cpu gpt2-tiny; gpu gpt2-124m)",
     )
-    g.addoption("--steps", default="5", help="optimizer steps per training job (default 5)")
+    g.addoption("--steps", default="4", help="optimizer steps per training job (default 4)")
     g.addoption("--job-timeout", default="600", help="seconds before a hung job fails (default 600)")
     g.addoption("--results-dir", default=None, help="also write each benchmark test's result JSON here")
     g.addoption(

@@ -18,7 +18,7 @@ from typing import Any
 from .config import RunConfig
 from .runtime.phases import PhaseLog, job_phases
 from .runtime.pool import PoolManager
-from .runtime.shelf import TENSORS, Shelf, entry_key
+from .runtime.shelf import TENSORS, Shelf, entry_key, load_tensors
 
 #: Per-tier defaults: small enough for 2 CPU cores, real enough on GPUs. The global batch (tier_global_batch)
 #: makes every world size of the session accumulate at least 2 micro-batches, so the parity runs exercise
@@ -55,7 +55,7 @@ BENCH_DEFAULTS: dict[str, dict[str, Any]] = {
 @dataclass
 class Suite:
     device_type: str
-    steps: int = 5
+    steps: int = 4
     timeout: float = 600.0
     models: list[str] = field(default_factory=list)
     global_batch: int = 0  # 0: tier_global_batch of the tier's default world sizes
@@ -115,11 +115,24 @@ class Suite:
         return outs
 
     def train(self, cfg: RunConfig, **kwargs: Any) -> list[dict[str, Any]]:
-        """Run the train job at cfg.world_size; per-rank outputs (see jobs.train.train)."""
+        """Run the train job at cfg.world_size; per-rank outputs (see jobs.train.train). Full parameters and
+        gradients (return_params, return_grads) come back through a safetensors file rank 0 writes, not its
+        pipe: a GPU-tier model's are a gigabyte, which pickling and unpickling cost seconds a test."""
         # Imported here: torch and the strategies, and the plugin loads this module in every session.
         from .jobs.train import train
 
-        return self.run_job(cfg.world_size, train, cfg=cfg, **kwargs)
+        if not (kwargs.get("return_params") or kwargs.get("return_grads")) or "keep_tensors_at" in kwargs:
+            return self.run_job(cfg.world_size, train, cfg=cfg, **kwargs)
+        with tempfile.TemporaryDirectory(prefix="distbench-tensors-", dir=self._scratch()) as d:
+            path = Path(d) / TENSORS
+            outs = self.run_job(cfg.world_size, train, cfg=cfg, keep_tensors_at=str(path), **kwargs)
+            if path.exists():
+                outs[0].update(load_tensors(path))
+        return outs
+
+    def _scratch(self) -> str | None:
+        """Where tensors in transit go: beside the shelf (memory-backed when the session's is)."""
+        return str(self.shelf.root) if self.shelf is not None else None
 
     def _shelved(self, kind: str, cfg: RunConfig, compute: Any) -> dict[str, Any]:
         if self.shelf is None:  # no session to share with: a shelf of this Suite's own, removed by close()

@@ -1,0 +1,125 @@
+"""Claims about time (distbench.claims) and how a session reports the ones the machine leaves undecided.
+
+A bound holds where its interval lies inside, fails where the interval lies wholly outside, and is undecided
+in between; a claim draws samples until it is decided, spending its error rate over its looks; the pytest
+plugin turns Undecided into an UNDECIDED report that neither fails nor passes the session."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from distbench.claims import (
+    ALPHA,
+    FAILS,
+    HOLDS,
+    UNDECIDED,
+    Interval,
+    Undecided,
+    decide,
+    decide_time,
+    mean_interval,
+    settle,
+    within,
+)
+
+pytest_plugins = ["pytester"]
+
+
+def test_within_holds_fails_or_is_undecided_by_where_the_interval_lies():
+    assert within(Interval(0.0, -0.1, 0.1, 5), high=0.2) == HOLDS
+    assert within(Interval(0.5, 0.3, 0.7, 5), high=0.2) == FAILS
+    assert within(Interval(0.2, 0.1, 0.3, 5), high=0.2) == UNDECIDED
+    assert within(Interval(1.0, 0.98, 1.02, 5), low=0.97, high=1.03) == HOLDS
+    assert within(Interval(0.5, 0.4, 0.6, 5), low=0.97, high=1.03) == FAILS
+
+
+def test_settle_fails_on_fails_and_raises_undecided_on_undecided():
+    settle(HOLDS, "x", "iv")
+    with pytest.raises(AssertionError, match="x: iv"):
+        settle(FAILS, "x", "iv")
+    with pytest.raises(Undecided, match="x: iv; too noisy"):
+        settle(UNDECIDED, "x", "iv", "too noisy")
+
+
+def test_the_mean_interval_is_students_t():
+    from scipy import stats
+
+    xs = [1.0, 2.0, 4.0, 3.0]
+    iv = mean_interval(xs, 0.05)
+    lo, hi = stats.t.interval(0.95, 3, loc=statistics.fmean(xs), scale=stats.sem(xs))
+    assert (iv.low, iv.high) == pytest.approx((lo, hi))
+
+
+def test_decide_draws_until_decided_and_stops_early_when_the_budget_would_buy_nothing():
+    rng = random.Random(0)
+    clear = decide(lambda: rng.gauss(0.0, 0.002), high=0.01, first=4, most=40)
+    assert clear.verdict == HOLDS and clear.interval.high <= 0.01
+    planted = decide(lambda: rng.gauss(0.03, 0.002), high=0.01, first=4, most=40)
+    assert planted.verdict == FAILS and planted.interval.low > 0.01
+    noisy = decide(lambda: rng.gauss(0.01, 0.2), high=0.01, first=4, most=40)
+    assert noisy.verdict == UNDECIDED and len(noisy.samples) < 40  # hopeless: stopped before the cap
+
+
+def test_decide_keeps_its_false_failures_rare_over_every_look():
+    """With the truth exactly at the bound, a claim checked at every look fails on noise alone at most about
+    ALPHA of the time: 2000 claims of up to 16 looks each."""
+    rng = random.Random(1)
+    fails = sum(
+        decide(lambda: rng.gauss(0.01, 0.01), high=0.01, first=4, most=16).verdict == FAILS for _ in range(2000)
+    )
+    assert fails <= 5, f"{fails} false failures in 2000 (alpha {ALPHA})"
+
+
+def test_a_naive_single_look_rule_would_fail_on_noise():
+    """The bite of the rule above: judging every look at the full alpha (no Bonferroni) fails on noise far
+    more often, which is what the split prevents."""
+    rng = random.Random(1)
+    fails = sum(
+        decide(lambda: rng.gauss(0.01, 0.01), high=0.01, first=4, most=16, alpha=ALPHA * 13).verdict == FAILS
+        for _ in range(2000)
+    )
+    assert fails > 5
+
+
+def test_decide_time_holds_on_one_undisturbed_sample_and_fails_only_on_a_lasting_cost():
+    rng = random.Random(2)
+    assert decide_time(lambda: 1.0 + rng.random(), high=3.0).verdict == HOLDS
+    lasting = decide_time(lambda: 4.0 + 0.2 * rng.random(), high=3.0, first=3)
+    assert lasting.verdict == FAILS and len(lasting.samples) == 3 and lasting.interval.low > 3.0
+    # interference in bursts: samples above the bound that disagree draw more, then stay undecided
+    bursts = iter([3.5, 9.0, 5.0, 12.0, 4.0, 20.0])
+    assert decide_time(lambda: next(bursts), high=3.0, first=3, most=6).verdict == UNDECIDED
+
+
+UNDECIDED_TESTS = """
+import pytest
+from distbench.claims import Undecided
+
+def test_noisy():
+    raise Undecided("overhead: 0.5% [-2%, +3%] (n=8); the step is host-bound")
+
+def test_fine():
+    pass
+"""
+
+
+def test_an_undecided_claim_is_reported_neither_failed_nor_passed(pytester):
+    pytester.makeconftest("pytest_plugins = ['distbench.pytest_plugin']")
+    pytester.makepyfile(test_claimed=UNDECIDED_TESTS)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--junitxml", "junit.xml")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        [
+            "*1 claim(s) this machine left undecided*",
+            "UNDECIDED test_claimed.py::test_noisy: overhead: 0.5% [-2%, +3%] (n=8); the step is host-bound",
+            "*1 passed, 1 undecided*",
+        ]
+    )
+    cases = {c.get("name"): c for c in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")}
+    skipped = cases["test_noisy"].find("skipped")
+    assert skipped is not None and "UNDECIDED: overhead" in skipped.get("message", "")
+    assert cases["test_fine"].find("skipped") is None
