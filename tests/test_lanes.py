@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -214,6 +215,15 @@ def test_pool_{me}(suite):
 """
     for me, other in (("a", "b"), ("b", "a"))
 }
+#: A strategy's shelved run, removed once its unit is done
+POOLS["test_shelved.py"] = """
+import pytest
+@pytest.mark.strategies("ddp")
+def test_shelved(suite, strategy, world_size):
+    if world_size != 2:
+        pytest.skip("world size 2 is enough")
+    assert suite.checkpointed_run(suite.config(strategy, world_size, steps=2))["losses"]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -236,6 +246,8 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     )
     assert two.returncode == 0, two.stdout[-4000:] + two.stderr[-2000:]
     assert "up to 2 per device" in one.stdout and "up to 2 per device" in two.stdout
+    removed = re.search(r"shelved runs and checkpoints: ([0-9.]+) MiB removed", two.stdout)
+    assert removed and float(removed.group(1)) > 0, two.stdout[-2000:]  # ddp's checkpoint went with its unit
     return {**intervals(tmp / "one.jsonl"), **intervals(tmp / "two.jsonl")}
 
 

@@ -52,9 +52,11 @@ def test_memory_model(suite, strategy, world_size):
         f"{strategy} ws{world_size} left {m['left_after_close_bytes'] / 2**30:.2f} GiB allocated after its trainer "
         "closed: a leak that grows with every configuration the rank pool runs"
     )
+    before = suite.history.get(world_size, [])[:-1][-8:]
     assert m["baseline_bytes"] <= LEFTOVER_MAX, (
         f"a rank started this measurement with {m['baseline_bytes'] / 2**30:.2f} GiB still allocated by earlier "
-        "jobs: a trainer did not free its memory on close (tests/test_pool.py checks that on CPU)"
+        "jobs: a trainer did not free its memory on close (tests/test_pool.py checks that on CPU); the last "
+        f"tests this pool ran before: {before}"
     )
     model = analytic_bytes(strategy, m["n_params"], world_size, cfg.precision)
     predicted = sum(model.values())

@@ -136,7 +136,7 @@ class LaneRun:
     proc: subprocess.Popen[bytes]
     work: Any  # the write end of the lane's work pipe (a text file)
     remaining: list[str] = field(default_factory=list)  # handed to it, not yet finished
-    costs: dict[str, float] = field(default_factory=dict)
+    unit: Unit | None = None  # the unit it runs (a lane asks for the next only when this one is done)
     asked: bool = False  # it asked for work and waits for the answer
     units: int = 0  # units handed to it so far
     current: str | None = None
@@ -149,9 +149,9 @@ class LaneRun:
     def hand(self, unit: Unit | None) -> None:
         """Answer the lane's request: a unit's test ids, or none left."""
         nodeids = unit.nodeids if unit else []
+        self.unit = unit
         if unit:
             self.remaining += unit.nodeids
-            self.costs.update({n: unit.cost / len(unit.nodeids) for n in unit.nodeids})
             self.units += 1
         self.asked = False
         try:
@@ -239,8 +239,11 @@ class LaneRunner:
         occupancy: Occupancy,
         watch: GpuWatch,
         env: dict[str, str],
+        group_done: Callable[[str], None] = lambda group: None,
     ) -> None:
-        """`env`: what every lane's environment adds (the session's shared facts)."""
+        """`env`: what every lane's environment adds (the session's shared facts). `group_done(group)` is
+        called once every unit of a group has run, while no lane runs a unit of another kind of group (the
+        session then removes that strategy's shelved runs; a unit named for its module may read any)."""
         self.session, self.config = session, session.config
         self.plan, self.gpus = plan, gpus
         self.lane_timeout = lane_timeout
@@ -248,6 +251,11 @@ class LaneRunner:
         self.occupancy = occupancy
         self.watch = watch
         self.env = env
+        self.group_done = group_done
+        self.groups_left: dict[str, int] = {}
+        for u in plan.units:
+            self.groups_left[u.group] = self.groups_left.get(u.group, 0) + 1
+        self.done_groups: list[str] = []  # every unit run, waiting for group_done
         self.stats = LaneStats(plan.devices, plan.seats, gpus)
         self.items = {it.nodeid: it for it in session.items}
         self.pending = list(plan.units)
@@ -314,7 +322,25 @@ class LaneRunner:
                         "(its Python stack, if it could write one, is below)",
                         stack=True,
                     )
+            self._release_groups()
             time.sleep(_POLL_S)
+        self._release_groups()
+
+    def _unit_finished(self, unit: Unit) -> None:
+        self.groups_left[unit.group] -= 1
+        if self.groups_left[unit.group] == 0:
+            self.done_groups.append(unit.group)
+
+    def _release_groups(self) -> None:
+        """group_done for the groups all of whose units ran, once no lane runs a unit of a group that may read
+        any group's runs (one named for its module)."""
+        if not self.done_groups or any(
+            r.unit is not None and r.unit.group.endswith(".py") for r in self.running
+        ):
+            return
+        for group in self.done_groups:
+            self.group_done(group)
+        self.done_groups = []
 
     def _memory_tight(self, run: LaneRun) -> bool:
         """Whether one of the lane's GPUs is fuller than _MEMORY_TIGHT while other lanes run (they may free
@@ -399,6 +425,9 @@ class LaneRunner:
             self._replay(event["nodeid"], run.reports)
             run.remaining.remove(event["nodeid"])
             run.current, run.reports = None, []
+            if run.unit is not None and not run.remaining:
+                self._unit_finished(run.unit)
+                run.unit = None
         elif kind == "want":
             run.asked = True
         elif kind == "collect":
@@ -422,9 +451,14 @@ class LaneRunner:
                 reports.append(self._failure(run.current, when, run.story("during this test")))
             self._replay(run.current, reports)
             rest = [n for n in rest if n != run.current]
-            if rest:  # the process died in a test it is blamed for: a fresh one runs the rest
-                self.pending.insert(0, Unit(run.world_size, rest, sum(run.costs.get(n, 1.0) for n in rest)))
+            if rest and run.unit is not None:  # it died in a test it is blamed for: a fresh one runs the rest
+                share = run.unit.cost / len(run.unit.nodeids)
+                self.pending.insert(0, Unit(run.world_size, rest, share * len(rest), run.unit.group))
+            elif run.unit is not None:
+                self._unit_finished(run.unit)
             return
+        if run.unit is not None:
+            self._unit_finished(run.unit)
         for nodeid in rest:  # it stopped between tests: nothing to blame, nothing to rerun
             self._replay(nodeid, [self._failure(nodeid, "setup", run.story("before running this test"))])
             self._check_stop()

@@ -40,8 +40,6 @@ PHASES = pytest.StashKey[PhaseLog]()  # the session's phase table, shared by bot
 WATCH = pytest.StashKey["SessionWatch"]()
 SESSION = pytest.StashKey[dict[str, Any]]()  # session_facts
 SESSION_ENV = "DISTBENCH_SESSION"  # session_facts, as a lane receives them
-#: /dev/shm holds the session's shelf when this much of it is free
-SHM_ROOM_BYTES = 32 * 2**30
 #: pytest cache keys: each test's seconds and its lane's device memory per rank in the last session, which
 #: order the next session's units and size its seats
 DURATIONS_KEY, PEAKS_KEY = "distbench/durations", "distbench/rank_peak_bytes"
@@ -104,7 +102,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="comma-separated models for the tier being run (default: cpu gpt2-tiny; gpu gpt2-124m)",
     )
-    g.addoption("--steps", default="4", help="optimizer steps per training job (default 4)")
+    g.addoption("--steps", default="5", help="optimizer steps per training job (default 5)")
     g.addoption("--job-timeout", default="600", help="seconds before a hung job fails (default 600)")
     g.addoption("--results-dir", default=None, help="also write each benchmark test's result JSON here")
     g.addoption(
@@ -335,6 +333,10 @@ def _lane_plan(session: pytest.Session) -> tuple[Plan, bool] | None:
     return (p, gpus) if p.worth_it else None
 
 
+def _size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 class SessionWatch:
     """The session's occupancy (tests at once), its GPUs' busy ratio and memory, and what its lanes did."""
 
@@ -344,6 +346,8 @@ class SessionWatch:
         self.lanes: Any = None  # lanes.LaneStats when the session ran lanes
         self.durations: dict[str, float] = {}  # test -> seconds of setup, call and teardown
         self.undecided: dict[str, str] = {}  # test -> its interval and reason
+        self.shelf_freed = 0  # bytes of shelved runs removed as their strategies' tests finished
+        self.shelf_left = 0  # bytes the shelf held once the lanes were done
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Every test's reports, whether this process or a lane ran it."""
@@ -374,6 +378,11 @@ class SessionWatch:
             out.append(
                 f"GPU busy {gpu['busy']:.0%} of the session ({gpu['samples']} NVML samples); device memory "
                 f"in use at most {gpu['peak_used_bytes'] / 2**30:.1f} of {gpu['total_bytes'] / 2**30:.1f} GiB"
+            )
+        if self.lanes is not None:
+            out.append(
+                f"shelved runs and checkpoints: {_size(self.shelf_freed)} removed as their strategies finished, "
+                f"{_size(self.shelf_left)} left when the lanes were done"
             )
         if self.lanes is not None and self.lanes.peak_bytes:
             test, b = max(self.lanes.peak_bytes.items(), key=lambda x: x[1])
@@ -410,6 +419,13 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         )
     opts = cfg.stash[OPTIONS]
     facts = {k: v for k, v in session_facts(cfg).items() if k != "owner"}
+    shelves = [Shelf(Path(facts["shelf"]) / dt) for dt in ("cpu", "cuda")]
+
+    def group_done(group: str) -> None:
+        """A strategy's tests are all done: its shelved runs and checkpoints go (gigabytes on GPUs)."""
+        if group in REGISTRY:
+            watch.shelf_freed += sum(s.drop(group) for s in shelves)
+
     runner = LaneRunner(
         session,
         p,
@@ -419,9 +435,13 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         watch.occupancy,
         watch.gpu,
         {SESSION_ENV: json.dumps(facts)},
+        group_done,
     )
     watch.lanes = runner.stats
-    runner.run()
+    try:
+        runner.run()
+    finally:
+        watch.shelf_left = sum(s.size() for s in shelves)
     return True
 
 
@@ -514,16 +534,6 @@ def _suites(request: pytest.FixtureRequest):
         s.close()
 
 
-def _roomy_tmp() -> str | None:
-    """/dev/shm when it has room for a GPU tier's checkpoints (memory-backed: saves and loads at memory
-    speed), else the default temp directory (None)."""
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError:
-        return None
-    return "/dev/shm" if st.f_bavail * st.f_frsize >= SHM_ROOM_BYTES else None
-
-
 def session_facts(config: pytest.Config) -> dict[str, Any]:
     """What every process of the session shares: the shelf directory (runs and checkpoints every lane reads;
     removed at the session's end) and the session's GPU count. A lane reads them from its parent."""
@@ -533,7 +543,9 @@ def session_facts(config: pytest.Config) -> dict[str, Any]:
             facts = json.loads(os.environ[SESSION_ENV])
         else:
             facts = {
-                "shelf": tempfile.mkdtemp(prefix="distbench-session-", dir=_roomy_tmp()),
+                # the default temp directory (TMPDIR): on the H200 VM the tier's checkpoints in /dev/shm took
+                # tens of GiB of the RAM its 8 lanes needed
+                "shelf": tempfile.mkdtemp(prefix="distbench-session-"),
                 "gpus": cuda_device_count(),
                 "owner": True,
             }

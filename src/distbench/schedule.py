@@ -2,8 +2,9 @@
 
 A session's cases are split three ways (`plan`): cases skipped at collection run first in the pytest process
 (there is nothing to place); the other cases are cut into units of work (one group's cases of one world size
-and one test module, largest first) that lanes take one at a time; cases marked `exclusive` (they measure
-time or memory of the machine) run last, alone, in the pytest process.
+and one test module) that lanes take one at a time, the costliest group first and each group's units one
+after another, so a group (a strategy) finishes early and its session files can go (lanes.py); cases marked
+`exclusive` (they measure time or memory of the machine) run last, alone, in the pytest process.
 
 A lane is a child pytest process whose ranks sit on `world_size` distinct devices. Lanes may share devices:
 each device has `seats` seats and a lane takes one seat on each of its devices, so on one GPU of 16 host
@@ -49,6 +50,7 @@ class Unit:
     world_size: int
     nodeids: list[str]
     cost: float
+    group: str = ""
 
 
 @dataclass
@@ -78,8 +80,9 @@ class Plan:
 
 def plan(cases: Sequence[Case], devices: int, seats: int = 1) -> Plan:
     """Place `cases` on `devices` device slots of `seats` seats each. Units are one group's cases of one world
-    size and module, in collection order, ordered by cost, largest first (a lane takes the next one when it is
-    done: the longest work starts first, so no lane is left with it at the end)."""
+    size and module, in collection order. Groups are ordered by their cost, largest first (a lane takes the
+    next unit when it is done: the longest work starts first, so no lane is left with it at the end), and a
+    group's units by theirs, so lanes share out one group before the next."""
     first = [c.nodeid for c in cases if c.inert]
     alone = [
         c.nodeid
@@ -89,10 +92,14 @@ def plan(cases: Sequence[Case], devices: int, seats: int = 1) -> Plan:
     for c in cases:
         if c.inert or c.exclusive:
             continue
-        u = units.setdefault((c.world_size, c.group, c.module), Unit(c.world_size, [], 0.0))
+        u = units.setdefault((c.world_size, c.group, c.module), Unit(c.world_size, [], 0.0, c.group))
         u.nodeids.append(c.nodeid)
         u.cost += c.cost
-    ordered = sorted(units.values(), key=lambda u: -u.cost)  # stable: ties keep collection order
+    group_cost: dict[str, float] = {}
+    for u in units.values():
+        group_cost[u.group] = group_cost.get(u.group, 0.0) + u.cost
+    # stable: ties keep collection order
+    ordered = sorted(units.values(), key=lambda u: (-group_cost[u.group], u.group, -u.cost))
     return Plan(first, ordered, alone, devices, seats)
 
 

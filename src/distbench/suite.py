@@ -55,7 +55,7 @@ BENCH_DEFAULTS: dict[str, dict[str, Any]] = {
 @dataclass
 class Suite:
     device_type: str
-    steps: int = 4
+    steps: int = 5
     timeout: float = 600.0
     models: list[str] = field(default_factory=list)
     global_batch: int = 0  # 0: tier_global_batch of the tier's default world sizes
@@ -65,6 +65,8 @@ class Suite:
     current_test: str = ""  # set by the `suite` fixture: whose jobs the phases are charged to
     _own_shelf: bool = False
     _own_pools: bool = False
+    #: world size -> the tests whose jobs this process's pool ran, in order (who to suspect of a leak)
+    history: dict[int, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         d = TIER_DEFAULTS[self.device_type]
@@ -107,6 +109,9 @@ class Suite:
         """Run `job(ctx, **kwargs)` in every rank of the pool of `world_size`; per-rank outputs, their phases
         charged to the current test."""
         pool = self.pool_manager.pool_for(world_size)
+        ran = self.history.setdefault(world_size, [])
+        if not ran or ran[-1] != self.current_test:
+            ran.append(self.current_test)
         t0 = time.perf_counter()
         outs = pool.run(job, kwargs, timeout or self.timeout)
         phases = job_phases(outs, time.perf_counter() - t0, pool.last_start_s)
@@ -138,7 +143,8 @@ class Suite:
         if self.shelf is None:  # no session to share with: a shelf of this Suite's own, removed by close()
             self.shelf = Shelf(tempfile.mkdtemp(prefix="distbench-suite-"))
             self._own_shelf = True
-        return self.shelf.get(entry_key(f"{kind}-{self.device_type}", cfg.to_dict()), compute)
+        tag = "" if kind == "reference" else cfg.strategy  # a strategy's runs go when its tests are done
+        return self.shelf.get(entry_key(f"{kind}-{self.device_type}", cfg.to_dict(), tag), compute)
 
     def reference(self, cfg: RunConfig) -> dict[str, Any]:
         """The independent single-process reference for cfg's workload (losses, final params, last

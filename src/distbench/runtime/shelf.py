@@ -55,10 +55,27 @@ def load_tensors(path: str | Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def entry_key(kind: str, identity: dict[str, Any]) -> str:
-    """A stable directory name for a result of `kind` computed from `identity` (a configuration's fields)."""
+def entry_key(kind: str, identity: dict[str, Any], tag: str = "") -> str:
+    """A stable directory name for a result of `kind` computed from `identity` (a configuration's fields);
+    `tag` (a strategy) names a set of entries that Shelf.drop removes together."""
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    return f"{kind}-{digest}"
+    return f"{kind}{_TAG.format(tag) if tag else '-'}{digest}"
+
+
+_TAG = "-[{}]-"
+
+
+def _read(entry: Path) -> dict[str, Any] | None:
+    """The entry's result and tensors; None when it is missing or damaged (it is then computed again)."""
+    from safetensors import SafetensorError
+
+    try:
+        out: dict[str, Any] = json.loads((entry / RESULT).read_text())
+        if (entry / TENSORS).exists():
+            out.update(load_tensors(entry / TENSORS))
+    except (OSError, ValueError, SafetensorError):
+        return None
+    return out
 
 
 @contextmanager
@@ -84,14 +101,31 @@ class Shelf:
         time, so no process keeps every run's parameters in memory."""
         entry = self.root / key
         with _locked(self.root / f"{key}.lock"):
-            if not (entry / RESULT).exists():
+            out = _read(entry)
+            if out is None:
                 shutil.rmtree(entry, ignore_errors=True)  # what a process that died computing it left
                 entry.mkdir()
                 result = compute(entry)
                 tmp = entry / f"{RESULT}.tmp"
                 tmp.write_text(json.dumps(result))
                 os.replace(tmp, entry / RESULT)
-        out: dict[str, Any] = json.loads((entry / RESULT).read_text())
-        if (entry / TENSORS).exists():
-            out.update(load_tensors(entry / TENSORS))
+                out = _read(entry)
+                if out is None:
+                    raise OSError(f"shelf entry {entry} cannot be read back after it was written")
         return out
+
+    def drop(self, tag: str) -> int:
+        """Remove the entries tagged `tag` (each under its lock: none is removed while it is computed); the
+        bytes freed. Whoever asks for one again computes it again."""
+        freed = 0
+        for entry in list(self.root.iterdir()):
+            if _TAG.format(tag) not in entry.name or not entry.is_dir():
+                continue
+            with _locked(self.root / f"{entry.name}.lock"):
+                freed += sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+                shutil.rmtree(entry, ignore_errors=True)
+        return freed
+
+    def size(self) -> int:
+        """Bytes the shelf holds now."""
+        return sum(f.stat().st_size for f in self.root.rglob("*") if f.is_file())
