@@ -207,15 +207,53 @@ def _launch(rank: int) -> Launch:
     return Launch(rank=rank, world_size=2, local_rank=rank, local_world_size=2)
 
 
-def test_a_follower_refuses_a_hostile_job_in_one_line_runs_nothing_and_stops_the_launch(tmp_path, capsys):
+FOLLOWED = ["pickle", "job-torch.save", "model-factory-not-on-the-command-line", "path-outside-output"]
+
+
+@pytest.mark.parametrize("spec", FOLLOWED)
+def test_a_follower_refuses_a_hostile_job_in_one_line_runs_nothing_and_stops_the_launch(
+    spec, tmp_path, capsys
+):
+    """Through the follower's own loop, whatever decoder it uses: job/0 is hostile, job/1 a stop that only a
+    follower that took job/0 reaches (its timeout cut to 1 s: a rank that ran it gives up on its peers)."""
+    data, expected = hostile_specs(tmp_path)[spec]
     store = dist.HashStore()
-    marker = tmp_path / "payload-ran"
-    store.set("job/0", assemble(Call(Glob("builtins", "open"), (str(marker), "w")), 4))
+    store.set("job/0", data if spec == "pickle" else _with(data, timeout=1))
+    store.set("job/1", b'{"stop": true, "status": 0}')
     assert follow(_launch(1), store, torch.device("cpu"), LAUNCH_JOBS, admission(tmp_path)) == 1
-    assert not marker.exists()
+    assert not list(tmp_path.glob("ran-*"))
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("distbench launch: rank 1 refused job/0 from torchrun's store: not UTF-8 JSON")
+    assert (
+        line.startswith("distbench launch: rank 1 refused job/0 from torchrun's store: ") and expected in line
+    )
     assert store.get(REFUSED).decode().startswith("rank 1 refused job/0")  # every other rank stops on it
+
+
+def test_a_launch_admits_what_its_own_command_line_names(tmp_path):
+    from distbench.commands import launch, run
+    from distbench.commands.parser import build_parser
+    from distbench.workloads.models import MODELS
+
+    ds = tmp_path / "ds.json"
+    ds.write_text("{}")
+    args = build_parser([run]).parse_args(
+        [
+            "run",
+            "-s",
+            "zero2",
+            "-m",
+            "gpt2-tiny,mypkg.models:build",
+            "--ds-config",
+            str(ds),
+            "-o",
+            str(tmp_path),
+        ]
+        + ["--timeout", "90"]
+    )
+    adm = launch.admission(args, _launch(0), "cpu")
+    assert adm.models >= {*MODELS, "mypkg.models:build"} and "mypkg.other:build" not in adm.models
+    assert adm.options == {"ds_config": str(ds)}
+    assert (adm.output, adm.world_size, adm.timeout) == (str(tmp_path), 2, 90.0)
 
 
 def test_rank_0_stops_when_a_job_key_was_written_before_it(tmp_path):
@@ -224,7 +262,7 @@ def test_rank_0_stops_when_a_job_key_was_written_before_it(tmp_path):
     cluster = Cluster(_launch(0), store, torch.device("cpu"), LAUNCH_JOBS, admission(tmp_path))
     for _ in range(2):  # the first job, and every one after it
         with pytest.raises(JobSpecError, match="job/0 was in torchrun's store before rank 0 posted it"):
-            cluster.run_job(2, bench, {"cfg": CFG}, timeout=60.0)
+            cluster.run_job(2, bench, {"cfg": CFG}, timeout=2.0)  # short: a rank 0 that ran it gives up soon
     assert store.get("job/0") == b'{"stop": true, "status": 0}'  # nothing of rank 0's was posted over it
 
 
