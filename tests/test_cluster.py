@@ -1,7 +1,8 @@
 """Multi-node on one machine: two torchrun agents (2 nodes x 2 gloo ranks) meet at a local c10d rendezvous and
 run `distbench launch`: parity against the single-process reference and a benchmark at world sizes 2 (one
 node) and 4 (both), a model that fails on the second node reported with that rank's traceback, and every
-process gone within a bound. Also the topology in the fingerprint and the intra/inter-node report."""
+process gone within a bound; a stranger process that writes a hostile job into a live launch's store. Also
+the topology in the fingerprint and the intra/inter-node report."""
 
 from __future__ import annotations
 
