@@ -1,7 +1,8 @@
 """Multi-node on one machine: two torchrun agents (2 nodes x 2 gloo ranks) meet at a local c10d rendezvous and
 run `distbench launch`: parity against the single-process reference and a benchmark at world sizes 2 (one
 node) and 4 (both), a model that fails on the second node reported with that rank's traceback, and every
-process gone within a bound. Also the topology in the fingerprint and the intra/inter-node report."""
+process gone within a bound; a stranger process that writes a hostile job into a live launch's store. Also
+the topology in the fingerprint and the intra/inter-node report."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from distbench.results import load_results, make_result
 from distbench.runtime.cluster import Launch
 from distbench.runtime.fingerprint import launch_topology
 from distbench.strategies.fsdp import hybrid_shape
+from hostile_pickles import Call, Glob, assemble
+from leftovers import TAG_ENV, new_tag, tagged_processes
 from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,15 +32,23 @@ BOUND_S = 240
 
 
 def torchrun_agents(
-    out: Path, nnodes: int, nproc: int, launch_args: list[str], run_args: list[str]
+    out: Path,
+    nnodes: int,
+    nproc: int,
+    launch_args: list[str],
+    run_args: list[str],
+    port: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> list[subprocess.Popen]:
-    """`nnodes` torchrun agents on this machine, as on `nnodes` hosts, meeting at one c10d endpoint."""
+    """`nnodes` torchrun agents on this machine, as on `nnodes` hosts, meeting at one c10d endpoint (on
+    `port`, default a free one), with `env` added to this process's environment."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]),
         "OMP_NUM_THREADS": "1",
+        **(env or {}),
     }
-    endpoint = f"127.0.0.1:{free_port()}"
+    endpoint = f"127.0.0.1:{port or free_port()}"
     return [
         subprocess.Popen(
             [
@@ -312,3 +323,52 @@ def test_the_hybrid_mesh_spans_the_nodes_at_parity(tmp_path):
     rows = json.loads((out / "parity.json").read_text())
     assert {r["config"]["world_size"]: r["status"] for r in rows} == {2: "ok", 4: "ok"}, rows
     assert "parity fsdp_hybrid ws4 gpt2-tiny (2 node(s)): ok" in logs
+
+
+@pytest.mark.slow  # a 1x2 launch per payload, stopped at its first job: ~15 s each on 2 cores
+@pytest.mark.parametrize("payload", ["pickle", "json-os.system"])
+def test_a_stranger_writing_a_job_into_the_store_runs_nothing_and_stops_the_launch(payload, tmp_path):
+    """A stranger process writes job/0 into a live launch's store (found where torchrun's rendezvous
+    publishes it) before rank 0 posts it: a pickle whose load would create a marker, or JSON naming
+    os.system. The follower refuses it in one line naming the key, rank 0 finds its key taken, nothing ran,
+    the launch exits non-zero and no process of it remains."""
+    marker = tmp_path / "payload-ran"
+    spec = {
+        "pickle": assemble(Call(Glob("builtins", "open"), (str(marker), "w")), 4),
+        "json-os.system": json.dumps(
+            {"job": "os:system", "kwargs": {"command": f"touch {marker}"}, "world_size": 2, "timeout": 10}
+        ).encode(),
+    }[payload]
+    (tmp_path / "payload").write_bytes(spec)
+    tag, port, out = new_tag(), free_port(), tmp_path / "results"
+    out.mkdir()
+    tagged = {**os.environ, TAG_ENV: tag}
+    stranger = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "stranger.py"), "127.0.0.1", str(port), out.name]
+        + ["distbench/attempt_0/job/0", str(tmp_path / "payload")],
+        env=tagged,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    run_args = ["-s", "ddp", "-n", "2", "-m", "gpt2-tiny", "--steps", "1", "--warmup", "0", "--timeout", "30"]
+    (agent,) = torchrun_agents(out, 1, 2, [], run_args, port=port, env={TAG_ENV: tag})
+    try:
+        code = agent.wait(timeout=120)
+        said = stranger.communicate(timeout=30)[0]
+    finally:
+        agent.kill()
+        stranger.kill()
+    log = (tmp_path / "agent0.log").read_text()
+    assert "stranger wrote distbench/attempt_0/job/0" in said, said
+    assert code != 0, log[-3000:]
+    assert not marker.exists()
+    refusals = [line for line in log.splitlines() if "refused job/0 from torchrun's store" in line]
+    expected = {"pickle": "not UTF-8 JSON", "json-os.system": "key 'job': 'os:system' is not a job"}[payload]
+    assert len(refusals) == 1 and expected in refusals[0], log[-3000:]
+    assert refusals[0].startswith("distbench launch: rank 1 refused job/0")
+    assert "job/0 was in torchrun's store before rank 0 posted it" in log, log[-3000:]
+    end = time.monotonic() + 10
+    while tagged_processes(tag) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert tagged_processes(tag) == {}

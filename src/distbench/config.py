@@ -50,6 +50,15 @@ TIMINGS: tuple[str, ...] = typing.get_args(Timing)
 LoraTarget = Name
 
 
+class OnRank:
+    """Annotated metadata of a job parameter naming a file or directory on the rank's machine: a job read from
+    a launch's store may name one only inside that rank's own --output (runtime/jobspec.py)."""
+
+
+#: A path a job writes or reads on the rank's machine (a checkpoint, a trace directory).
+LocalPath = Annotated[str, Field(min_length=1), OnRank()]
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One configuration: strategy x world size x workload x precision, plus optimizer settings.

@@ -22,6 +22,11 @@ class CheckpointError(DistbenchError):
     """A checkpoint that cannot be loaded: missing, truncated, or from another model or world size."""
 
 
+class JobSpecError(DistbenchError):
+    """A message in a launch's store that distbench did not send, or not in this form: refused before any of
+    it runs (the store takes writes from anyone who can reach its port)."""
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """ " Did you mean X?" for the known names closest to `name` (case-insensitive), or "" when none is close."""
     by_lower = {k.lower(): k for k in known}

@@ -11,7 +11,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..runtime.cluster import Launch
+    from ..runtime.jobspec import Admission
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -37,24 +41,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..errors import DistbenchError
+    from ..errors import DistbenchError, JobSpecError
+    from ..jobs.registry import LAUNCH_JOBS
     from ..runtime.cluster import Cluster, Launch, connect_store, follow, local_device
     from . import run as run_command
     from .parser import build_parser
 
     rest = args.run_args[1:] if args.run_args[:1] == ["--"] else args.run_args
     run_args = build_parser([run_command]).parse_args(["run", *rest])
+    device_type = run_args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         launch = Launch.from_env()
+        allowed = admission(run_args, launch, device_type)
     except DistbenchError as e:
         print(f"distbench launch: {e}", file=sys.stderr)
         return 2
-    device_type = run_args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     store = connect_store(launch, run_args.timeout)
     device = local_device(launch, device_type)
     if launch.rank != 0:
-        return follow(launch, store, device)
-    cluster = Cluster(launch, store, device)
+        return follow(launch, store, device, LAUNCH_JOBS, allowed)
+    cluster = Cluster(launch, store, device, LAUNCH_JOBS, allowed)
     status = 1
     try:
         failed = parity(cluster, run_args) if args.parity else 0
@@ -64,9 +70,32 @@ def run(args: argparse.Namespace) -> int:
             )
             or failed
         )
-        return status
+    except JobSpecError as e:
+        cluster.refused = cluster.refused or str(e)
+        status = 1
     finally:
+        if cluster.refused:  # raised, or recorded by a step that keeps going (a trace's analysis)
+            print(f"distbench launch: {cluster.refused}; the launch stops", file=sys.stderr, flush=True)
+            status = 1
         cluster.release(status)
+    return status
+
+
+def admission(run_args: argparse.Namespace, launch: Launch, device_type: str) -> Admission:
+    """What jobs from torchrun's store may name on this rank: what its own command line names (every rank
+    of a launch runs the same one): the matrix's models and strategy options, --output, --timeout."""
+    from ..runtime.jobspec import Admission
+    from ..workloads.models import ALIASES, MODELS
+    from .run import build_matrix
+
+    matrix = build_matrix(run_args, device_type, launch.world_size if device_type == "cuda" else 0)
+    return Admission(
+        models=frozenset([*MODELS, *ALIASES, *matrix.models]),
+        options=dict(matrix.base.get("options", {})),
+        output=str(run_args.output),
+        world_size=launch.world_size,
+        timeout=run_args.timeout,
+    )
 
 
 def parity(cluster: Any, run_args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..config import RunConfig
+from ..config import LocalPath, RunConfig
 from ..measure import busbw
 from ..measure.devicetime import sample_device_time
 from ..measure.hostcount import ThreadCounters, try_open_counters
@@ -294,7 +294,7 @@ def bench(ctx: RankContext, cfg: RunConfig, nvml: bool = True) -> dict[str, Any]
         _free(ctx)
 
 
-def trace(ctx: RankContext, cfg: RunConfig, out_dir: str, steps: int = 3) -> dict[str, Any]:
+def trace(ctx: RankContext, cfg: RunConfig, out_dir: LocalPath, steps: int = 3) -> dict[str, Any]:
     """Build, warm up, then profile `steps` steps into this rank's chrome trace under `out_dir`."""
     try:
         b = _setup(ctx, cfg, nvml=False)

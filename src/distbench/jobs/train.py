@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..config import RunConfig
+from ..config import LocalPath, RunConfig
 from ..runtime.context import RankContext
 from ..runtime.phases import PhaseClock
 from ..runtime.shelf import save_tensors
@@ -65,8 +65,8 @@ def train(
     cfg: RunConfig,
     *,
     save_at: int | None = None,
-    checkpoint_dir: str | None = None,
-    resume_from: str | None = None,
+    checkpoint_dir: LocalPath | None = None,
+    resume_from: LocalPath | None = None,
     reshard: bool = False,
     return_params: bool = False,
     return_grads: bool = False,

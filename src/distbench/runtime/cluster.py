@@ -2,11 +2,17 @@
 
 torchrun (under Slurm: srun around it) starts the processes and their c10d rendezvous; distbench adds no
 launcher. Rank 0 is the controller: it runs the matrix exactly as `distbench run` does, through a
-pool-like `Cluster` whose jobs reach the other ranks through torchrun's key-value store as JSON. A job at
-world size n runs on the first n launched ranks (torchrun numbers ranks node by node, so n up to the GPUs
-of one node stays on one node) in a process group formed for that job alone, as the default group, so
-every job function runs unchanged; the other ranks wait for the next job. Every rank's outcome (its reply,
-or its traceback) comes back to the controller through the store.
+pool-like `Cluster` whose jobs reach the other ranks through torchrun's key-value store. A job at world
+size n runs on the first n launched ranks (torchrun numbers ranks node by node, so n up to the GPUs of one
+node stays on one node) in a process group formed for that job alone, as the default group, so every job
+function runs unchanged; the other ranks wait for the next job. Every rank's outcome (its reply, or its
+traceback) comes back to the controller through the store.
+
+The store takes writes from anyone who reaches its port, so what it carries is data only (jobspec.py): a
+registered job's name with JSON arguments each follower checks against its own command line, and JSON
+outcomes. A message distbench did not send is refused before any of it runs, and stops the launch: a
+follower that refuses one says so in one line and posts why (`refused`), on which every rank exits; rank 0
+posts each job under a new key and checks that it is still its own once the replies are in.
 
 No process waits without a bound: a job's collectives time out with the job (`--timeout`); the controller
 gives up on a rank that has not answered shortly after, asks every follower for its Python stack and to
@@ -20,7 +26,7 @@ import gc
 import itertools
 import json
 import os
-import pickle
+import sys
 import tempfile
 import threading
 import time
@@ -33,18 +39,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigError, ResourceError
+from ..errors import ConfigError, JobSpecError, ResourceError
 from .context import RankContext
 from .fingerprint import nodes_spanned
+from .jobspec import Admission, Job, JobRegistry, Stop, decode_outcome, encode_outcome
 from .pool import JobError, RankOutcome, check_configs, failure_summary
-from .worker import job_name, resolve
+from .worker import job_name
 
 _POLL_S = 0.1  # rank 0 waiting for replies
 _JOB_POLL_S = 0.5  # followers waiting for the next job: every rank of the launch polls the store
 _STACK_WAIT_S = 5.0
 _REPLY_GRACE_S = 30.0
 _RELEASE_WAIT_S = 120.0  # an aborted follower waits this long at most for the controller to finish writing
-_STOP = {"stop": True}  # plus "status": the exit status every rank returns
+#: The key a follower that refused a message posts its reason under: every rank then stops.
+REFUSED = "refused"
 
 
 @dataclass(frozen=True)
@@ -120,11 +128,9 @@ def local_device(launch: Launch, device_type: str) -> torch.device:
     return torch.device("cpu")
 
 
-def run_job(
-    launch: Launch, store: dist.Store, device: torch.device, job_id: int, spec: dict[str, Any]
-) -> dict[str, Any]:
+def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int, job: Job) -> dict[str, Any]:
     """Join the job's world (the first n ranks) as the default group, run the job, leave; this rank's outcome."""
-    n = spec["world_size"]
+    n = job.world_size
     backend = "nccl" if device.type == "cuda" else "gloo"
     try:
         kw: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
@@ -133,11 +139,11 @@ def run_job(
             store=dist.PrefixStore(f"pg/{job_id}", store),
             rank=launch.rank,
             world_size=n,
-            timeout=timedelta(seconds=spec["timeout"]),
+            timeout=timedelta(seconds=job.timeout),
             **kw,
         )
         ctx = RankContext(launch.rank, n, launch.local_rank, device, backend, nodes=launch.job_nodes(n))
-        return {"status": "ok", "reply": resolve(spec["target"])(ctx, **spec["kwargs"])}
+        return {"status": "ok", "reply": job.fn(ctx, **job.kwargs)}
     except BaseException as e:  # everything reaches the controller, KeyboardInterrupt included
         return {"status": "error", "exc_type": type(e).__name__, "text": traceback.format_exc()}
     finally:
@@ -148,42 +154,41 @@ def run_job(
             torch.cuda.empty_cache()
 
 
-def _encode(outcome: dict[str, Any], target: str) -> str:
-    try:
-        return json.dumps(outcome)
-    except (TypeError, ValueError) as e:
-        return json.dumps(
-            {
-                "status": "error",
-                "exc_type": "TypeError",
-                "text": f"{target} returned data that cannot travel as JSON to rank 0 ({e}); "
-                "return tensors from rank 0 only",
-            }
-        )
-
-
-def _post(store: dist.Store, key: str, job: dict[str, Any]) -> None:
-    """Post a job for the followers, pickled: its arguments (RunConfigs too) arrive as they were sent."""
-    store.set(key, pickle.dumps(job))  # type: ignore[arg-type]  # the binding takes bytes; its stub says str
-
-
 def _wait_key(store: dist.Store, key: str, deadline: float | None, poll_s: float = _POLL_S) -> bool:
-    """Poll until `key` exists (True) or the deadline passes (False); raises when the store is gone."""
+    """Poll until `key` exists (True) or the deadline passes (False); raises when the store is gone, and
+    JobSpecError when a follower refused a message."""
     while not store.check([key]):
+        if store.check([REFUSED]):
+            raise JobSpecError(store.get(REFUSED).decode(errors="replace"))
         if deadline is not None and time.monotonic() >= deadline:
             return False
         time.sleep(poll_s)
     return True
 
 
+def _post(store: dist.Store, key: str, data: bytes) -> None:
+    """Post `data` under `key`, which nobody may have written before: a key that is already there means
+    someone else writes to the store."""
+    if store.compare_set(key, "", data) != data:  # type: ignore[arg-type]  # the binding takes bytes
+        raise JobSpecError(
+            f"{key} was in torchrun's store before rank 0 posted it: another process writes to the store "
+            "(anyone who reaches its port can)"
+        )
+
+
 class Cluster:
     """The controller's view of the launched world, shaped like PoolManager (pool_for/close_all)."""
 
-    def __init__(self, launch: Launch, store: dist.Store, device: torch.device) -> None:
+    def __init__(
+        self, launch: Launch, store: dist.Store, device: torch.device, jobs: JobRegistry, admission: Admission
+    ) -> None:
         self.launch, self.store, self.device = launch, store, device
+        self.jobs, self.admission = jobs, admission
         self.device_type = device.type
         self._job_ids = itertools.count()
         self._broken: str | None = None
+        #: Why the store is not distbench's alone (a refused or changed message): every later job raises it.
+        self.refused: str | None = None
 
     def check_world_size(self, world_size: int) -> None:
         self.launch.job_nodes(world_size)
@@ -203,20 +208,19 @@ class Cluster:
         target = job_name(job)
         check_configs(kwargs, world_size)
         self.check_world_size(world_size)
+        if self.refused:
+            raise JobSpecError(self.refused)
         if self._broken:
             raise JobError(target, world_size, [], f"not run: {self._broken}")
-        job_id = next(self._job_ids)
-        spec = {"target": target, "kwargs": kwargs or {}, "world_size": world_size, "timeout": timeout}
-        # Ranks blocked in a collective when a peer failed report their own timeout error at `timeout`: wait a
-        # little longer than that before calling them lost.
-        deadline = time.monotonic() + timeout + min(_REPLY_GRACE_S, timeout / 4)
-        _post(self.store, f"job/{job_id}", spec)
-        mine = run_job(self.launch, self.store, self.device, job_id, spec)
-        outs: dict[int, dict[str, Any]] = {0: mine}
-        for r in range(1, world_size):
-            key = f"out/{job_id}/{r}"
-            if _wait_key(self.store, key, deadline):
-                outs[r] = json.loads(self.store.get(key))
+        data = self.jobs.encode(job, kwargs or {}, world_size, timeout)
+        # Rank 0 runs the job as the followers will, decoded and checked as they check it.
+        spec = self.jobs.decode(data, self.admission)
+        assert isinstance(spec, Job)
+        try:
+            outs = self._run(next(self._job_ids), data, spec)
+        except JobSpecError as e:
+            self.refused = str(e)
+            raise
         missing = [r for r in range(world_size) if r not in outs]
         if missing:
             self._broken = f"rank(s) {','.join(map(str, missing))} did not finish {target} in {timeout:.0f}s"
@@ -230,13 +234,32 @@ class Cluster:
             return [outs[r]["reply"] for r in range(world_size)]
         raise JobError(target, world_size, outcomes, failure_summary(outcomes, timeout))
 
+    def _run(self, job_id: int, data: bytes, spec: Job) -> dict[int, dict[str, Any]]:
+        """Post the job, run rank 0's part, collect the outcomes that arrive in time (index = rank); check that
+        the posted job is still the one rank 0 wrote."""
+        key = f"job/{job_id}"
+        # Ranks blocked in a collective when a peer failed report their own timeout error at `timeout`: wait a
+        # little longer than that before calling them lost.
+        deadline = time.monotonic() + spec.timeout + min(_REPLY_GRACE_S, spec.timeout / 4)
+        _post(self.store, key, data)
+        outs: dict[int, dict[str, Any]] = {0: run_job(self.launch, self.store, self.device, job_id, spec)}
+        for r in range(1, spec.world_size):
+            if _wait_key(self.store, f"out/{job_id}/{r}", deadline):
+                outs[r] = decode_outcome(self.store.get(f"out/{job_id}/{r}"), r)
+        if self.store.get(key) != data:
+            raise JobSpecError(
+                f"{key} in torchrun's store was changed after rank 0 posted it: another process writes to the "
+                "store (anyone who reaches its port can)"
+            )
+        return outs
+
     def _abort(self, ranks: list[int]) -> dict[int, str]:
         """Tell every follower to write its Python stack and to exit once released; the stacks of `ranks` that
         arrive in time."""
         self.store.set("abort", "1")
         deadline = time.monotonic() + _STACK_WAIT_S
         return {
-            r: "Python stack at timeout:\n" + self.store.get(f"stack/{r}").decode()
+            r: "Python stack at timeout:\n" + self.store.get(f"stack/{r}").decode(errors="replace")
             for r in ranks
             if _wait_key(self.store, f"stack/{r}", deadline)
         }
@@ -247,7 +270,8 @@ class Cluster:
     def release(self, status: int) -> None:
         """Let the followers go with the launch's exit status: every node's agent then sees the same outcome
         (torchrun's agents wait at an exit barrier for one another after a success, never after a failure)."""
-        _post(self.store, f"job/{next(self._job_ids)}", {**_STOP, "status": status})
+        stop = json.dumps({"stop": True, "status": status}).encode()
+        self.store.set(f"job/{next(self._job_ids)}", stop)  # type: ignore[arg-type]  # the binding takes bytes
         self.store.set("released", "1")  # aborted followers, stuck in a job, exit on this
 
 
@@ -275,10 +299,12 @@ class ClusterPool:
 
 def _watch_abort(store: dist.Store, rank: int, done: threading.Event) -> None:
     """Follower side: on the controller's abort, leave a stack and exit once the controller has written its
-    results (torchrun stops every rank of a node as soon as one exits with an error); exit at once when the
-    store has vanished (the launch is over)."""
+    results (torchrun stops every rank of a node as soon as one exits with an error); exit at once when a
+    follower refused a message or the store has vanished (the launch is over)."""
     try:
         while not done.wait(1.0):
+            if store.check([REFUSED]) and not done.is_set():  # set first by the rank that refused
+                os._exit(1)
             if not store.check(["abort"]):
                 continue
             with tempfile.TemporaryFile("w+") as f:
@@ -293,21 +319,44 @@ def _watch_abort(store: dist.Store, rank: int, done: threading.Event) -> None:
             os._exit(1)
 
 
-def follow(launch: Launch, store: dist.Store, device: torch.device) -> int:
+def follow(
+    launch: Launch, store: dist.Store, device: torch.device, jobs: JobRegistry, admission: Admission
+) -> int:
     """Follower loop: run each job the controller posts (when this rank is in its world) until the stop;
-    the controller's exit status."""
+    the controller's exit status, or 1 when a message was refused (nothing of it runs)."""
     done = threading.Event()
     threading.Thread(target=_watch_abort, args=(store, launch.rank, done), daemon=True).start()
     try:
         job_id = 0
         while True:
-            _wait_key(store, f"job/{job_id}", None, _JOB_POLL_S)
-            spec = pickle.loads(store.get(f"job/{job_id}"))
-            if spec.get("stop"):
-                return int(spec["status"])
-            if launch.rank < spec["world_size"]:
-                outcome = run_job(launch, store, device, job_id, spec)
-                store.set(f"out/{job_id}/{launch.rank}", _encode(outcome, spec["target"]))
+            key = f"job/{job_id}"
+            try:
+                _wait_key(store, key, None, _JOB_POLL_S)
+            except JobSpecError:
+                return 1  # another rank refused a message, and said so
+            try:
+                job = jobs.decode(store.get(key), admission)
+            except JobSpecError as e:
+                done.set()  # before the refusal is posted: this rank returns its status rather than exit here
+                return _refuse(store, f"rank {launch.rank} refused {key} from torchrun's store: {e}")
+            if isinstance(job, Stop):
+                return job.status
+            if launch.rank < job.world_size:
+                outcome = run_job(launch, store, device, job_id, job)
+                store.set(f"out/{job_id}/{launch.rank}", encode_outcome(outcome, job.name))  # type: ignore[arg-type]
             job_id += 1
     finally:
         done.set()
+
+
+def _refuse(store: dist.Store, reason: str) -> int:
+    """Say in one line why this rank stops, and post it, so that every rank stops: exit status 1."""
+    print(
+        f"distbench launch: {reason}; nothing of it ran, and the launch stops (the store takes writes from "
+        "anyone who reaches its port)",
+        file=sys.stderr,
+        flush=True,
+    )
+    if not store.check([REFUSED]):  # a refusal already posted (by another rank) is the one to keep
+        store.set(REFUSED, reason)
+    return 1

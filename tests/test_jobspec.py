@@ -1,0 +1,286 @@
+"""What a launch's store carries is data, never code (issue 30, item 6; src/distbench/runtime/jobspec.py).
+
+torchrun's store takes writes from anyone who reaches its port. Every hostile or malformed message a
+stranger could write there (a pickle whose load would create a marker file, in binary and in protocol 0's
+ASCII; JSON naming os.system or torch.save as the job; unknown, missing, duplicated and mistyped keys; a
+model factory, strategy option or path this rank's command line does not name; a world size or timeout
+beyond the launch's; malformed outcomes) must be a JobSpecError of one line naming the key, and never run.
+A follower refuses one, says so in one line, posts why and stops; rank 0 stops when a job key it posts was
+written before it, or changed while the job ran. The bites plant from outside the decoders a tired engineer
+would write (unpickling, resolving any name, skipping the admission of models or paths, lax types) and
+expect these checks to fail. tests/test_cluster.py has a stranger do this to a live torchrun launch.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distbench.config import RunConfig
+from distbench.errors import JobSpecError
+from distbench.jobs.bench import bench, collective_bandwidth, trace
+from distbench.jobs.registry import LAUNCH_JOBS
+from distbench.runtime import jobspec
+from distbench.runtime.cluster import REFUSED, Cluster, Launch, follow
+from distbench.runtime.context import RankContext
+from distbench.runtime.jobspec import Admission, Job, JobRegistry, Stop, decode_outcome
+from distbench.runtime.worker import resolve
+from hostile_pickles import Call, Glob, assemble
+
+CFG = RunConfig(strategy="ddp", world_size=2, model="gpt2-tiny", global_batch=4, micro_batch=2, steps=2)
+DELETE = object()
+
+
+def admission(root: Path) -> Admission:
+    """This rank's command line: gpt2-tiny, no options, --output root/out, 2 ranks, --timeout 60."""
+    return Admission(frozenset({"gpt2-tiny"}), {}, str(root / "out"), world_size=2, timeout=60.0)
+
+
+def _with(data: bytes, **changes: Any) -> bytes:
+    """A job message with keys changed (dotted paths as a__b__c; DELETE removes one)."""
+    msg = json.loads(data)
+    for path, value in changes.items():
+        *parents, last = path.split("__")
+        node = msg
+        for p in parents:
+            node = node[p]
+        if value is DELETE:
+            del node[last]
+        else:
+            node[last] = value
+    return json.dumps(msg).encode()
+
+
+def hostile_specs(root: Path) -> dict[str, tuple[bytes, str]]:
+    """name -> (what a stranger writes as a job, the text its refusal must hold). Payloads that run create
+    files named root/ran-*."""
+    good = LAUNCH_JOBS.encode(bench, {"cfg": CFG, "nvml": False}, 2, 60.0)
+    traced = LAUNCH_JOBS.encode(trace, {"cfg": CFG, "out_dir": str(root / "out" / "t")}, 2, 60.0)
+    ran = root / "ran"
+    return {
+        "pickle": (assemble(Call(Glob("builtins", "open"), (f"{ran}-pickle", "w")), 4), "not UTF-8 JSON"),
+        "pickle-protocol-0-ascii": (f"(S'touch {ran}-p0'\nios\nsystem\n.".encode(), "not JSON"),
+        "job-os.system": (
+            _with(good, job="os:system", kwargs={"command": f"touch {ran}-os"}),
+            "key 'job': 'os:system'",
+        ),
+        "job-torch.save": (_with(good, job="torch:save", kwargs={"f": f"{ran}-torch-save"}), "key 'job'"),
+        "job-unregistered-suite-job": (
+            _with(good, job="distbench.jobs.bench:collective_bandwidth", kwargs={}),
+            "key 'job'",
+        ),
+        "job-not-a-string": (_with(good, job=["os", "system"]), "key 'job'"),
+        "old-pickled-format-key": (_with(good, target="distbench.jobs.bench:bench"), "unknown key 'target'"),
+        "missing-timeout": (_with(good, timeout=DELETE), "key 'timeout' is missing"),
+        "kwargs-not-an-object": (_with(good, kwargs=[1]), "key 'kwargs'"),
+        "unknown-parameter": (_with(good, kwargs__evil=1), "key 'kwargs.evil'"),
+        "missing-parameter": (_with(good, kwargs__cfg=DELETE), "key 'kwargs.cfg' is missing"),
+        "cfg-not-an-object": (_with(good, kwargs__cfg="ddp"), "key 'kwargs.cfg'"),
+        "cfg-unknown-field": (_with(good, kwargs__cfg__evil=1), "unknown config key 'evil'"),
+        "cfg-mistyped-field": (_with(good, kwargs__cfg__steps="5"), "steps"),
+        "model-factory-not-on-the-command-line": (
+            _with(good, kwargs__cfg__model="hostile_pickles:SetstateGadget"),
+            "key 'kwargs.cfg.model'",
+        ),
+        "option-not-on-the-command-line": (
+            _with(good, kwargs__cfg__options={"ds_config": str(root / "evil.json")}),
+            "key 'kwargs.cfg.options.ds_config'",
+        ),
+        "path-outside-output": (
+            _with(traced, kwargs__out_dir=str(root / "elsewhere")),
+            "key 'kwargs.out_dir'",
+        ),
+        "path-climbing-out-of-output": (
+            _with(traced, kwargs__out_dir=str(root / "out" / ".." / "up")),
+            "key 'kwargs.out_dir'",
+        ),
+        "int-for-bool": (_with(good, kwargs__nvml=1), "key 'kwargs.nvml'"),
+        "string-world-size": (_with(good, world_size="2"), "key 'world_size'"),
+        "world-size-beyond-the-launch": (_with(good, world_size=8), "key 'world_size'"),
+        "cfg-for-another-world-size": (_with(good, kwargs__cfg__world_size=1), "key 'kwargs'"),
+        "timeout-beyond-the-launch": (_with(good, timeout=1e9), "key 'timeout'"),
+        "nan-timeout": (good.replace(b'"timeout": 60.0', b'"timeout": NaN'), "NaN"),
+        "duplicate-key": (good.replace(b'{"job"', b'{"job": "os:system", "job"'), "'job' appears twice"),
+        "stop-with-a-string-status": (b'{"stop": true, "status": "0"}', "key 'status'"),
+        "stop-with-a-job": (b'{"stop": true, "status": 0, "job": "os:system"}', "unknown key 'job'"),
+        "stop-false": (b'{"stop": false, "status": 0}', "key 'stop'"),
+        "a-json-array": (b"[]", "not an object"),
+        "deep-nesting": (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
+    }
+
+
+def hostile_outcomes(root: Path) -> dict[str, bytes]:
+    """What a stranger writes as a follower's outcome."""
+    return {
+        "pickle": assemble(Call(Glob("builtins", "open"), (f"{root}/ran-outcome", "w")), 4),
+        "extra-key": b'{"status": "ok", "reply": 1, "eval": "x"}',
+        "unknown-status": b'{"status": "crashed", "text": ""}',
+        "error-without-text": b'{"status": "error", "exc_type": "E"}',
+        "text-not-a-string": b'{"status": "error", "exc_type": "E", "text": ["x"]}',
+    }
+
+
+def spec_problems(root: Path) -> Iterator[str]:
+    """Each hostile job and outcome through the decoders: a problem unless refused with one JobSpecError
+    line holding the expected text, and nothing ran."""
+    root.mkdir(exist_ok=True)
+    checks: list[tuple[str, Callable[[], Any], str]] = [
+        (f"job {name}", lambda d=data: LAUNCH_JOBS.decode(d, admission(root)), expected)
+        for name, (data, expected) in hostile_specs(root).items()
+    ]
+    checks += [
+        (f"outcome {name}", lambda d=data: decode_outcome(d, 1), "")
+        for name, data in hostile_outcomes(root).items()
+    ]
+    for what, decode, expected in checks:
+        try:
+            got = decode()
+            yield f"{what} was accepted: {got!r}"[:300]
+        except JobSpecError as e:
+            if expected not in str(e) or "\n" in str(e):
+                yield f"{what}: refused as {str(e)!r}, which should be one line holding {expected!r}"
+        except Exception as e:  # noqa: BLE001 - anything but a refusal is a finding
+            yield f"{what} raised {type(e).__name__}: {e}"[:300]
+        if any(root.glob("ran-*")):
+            yield f"{what} ran its payload"
+            for f in root.glob("ran-*"):
+                f.unlink()
+
+
+def test_every_hostile_job_and_outcome_is_refused_in_one_line_and_runs_nothing(tmp_path):
+    assert list(spec_problems(tmp_path)) == []
+
+
+def test_the_launch_jobs_travel_and_arrive_as_sent(tmp_path):
+    adm = admission(tmp_path)
+    out_dir = str(tmp_path / "out" / "traces" / "r1")
+    for fn, kwargs in [
+        (bench, {"cfg": CFG, "nvml": False}),
+        (trace, {"cfg": CFG, "out_dir": out_dir, "steps": 2}),
+    ]:
+        job = LAUNCH_JOBS.decode(LAUNCH_JOBS.encode(fn, kwargs, 2, 60.0), adm)
+        assert job == Job(f"distbench.jobs.bench:{fn.__name__}", fn, kwargs, 2, 60.0)
+    assert LAUNCH_JOBS.decode(b'{"stop": true, "status": 3}', adm) == Stop(3)
+    assert decode_outcome(b'{"status": "ok", "reply": {"x": [1.5]}}', 1) == {
+        "status": "ok",
+        "reply": {"x": [1.5]},
+    }
+    with pytest.raises(JobSpecError, match="collective_bandwidth is not one a launch runs"):
+        LAUNCH_JOBS.encode(collective_bandwidth, {}, 2, 60.0)
+
+
+def _decode_by_unpickling(data: bytes) -> Any:
+    return pickle.loads(data)
+
+
+def _decode_any_name(self: JobRegistry, data: bytes, adm: Admission) -> Job | Stop:
+    """The old follower, over JSON: any module:function, its arguments as sent."""
+    msg = json.loads(data)
+    if "stop" in msg:
+        return Stop(msg["status"])
+    return Job(msg["job"], resolve(msg["job"]), msg["kwargs"], msg["world_size"], msg["timeout"])
+
+
+SPEC_MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
+    "unpickles": lambda mp: mp.setattr(jobspec, "_json_object", _decode_by_unpickling),
+    "resolves-any-name": lambda mp: mp.setattr(JobRegistry, "decode", _decode_any_name),
+    "admits-any-model-or-option": lambda mp: mp.setattr(Admission, "check_config", lambda *a: None),
+    "admits-any-path": lambda mp: mp.setattr(Admission, "check_path", lambda *a: None),
+    "lax-types": lambda mp: mp.setattr(jobspec, "_checked", lambda annotation, value, key: value),
+}
+
+
+@pytest.mark.parametrize("mutant", list(SPEC_MUTANTS))
+def test_a_decoder_that_admits_more_fails_the_check(mutant, monkeypatch, tmp_path):
+    SPEC_MUTANTS[mutant](monkeypatch)
+    assert next(spec_problems(tmp_path), None), f"the hostile specs pass a decoder that {mutant}"
+
+
+def _launch(rank: int) -> Launch:
+    return Launch(rank=rank, world_size=2, local_rank=rank, local_world_size=2)
+
+
+FOLLOWED = ["pickle", "job-torch.save", "model-factory-not-on-the-command-line", "path-outside-output"]
+
+
+@pytest.mark.parametrize("spec", FOLLOWED)
+def test_a_follower_refuses_a_hostile_job_in_one_line_runs_nothing_and_stops_the_launch(
+    spec, tmp_path, capsys
+):
+    """Through the follower's own loop, whatever decoder it uses: job/0 is hostile, job/1 a stop that only a
+    follower that took job/0 reaches (its timeout cut to 1 s: a rank that ran it gives up on its peers)."""
+    data, expected = hostile_specs(tmp_path)[spec]
+    store = dist.HashStore()
+    store.set("job/0", data if spec == "pickle" else _with(data, timeout=1))
+    store.set("job/1", b'{"stop": true, "status": 0}')
+    assert follow(_launch(1), store, torch.device("cpu"), LAUNCH_JOBS, admission(tmp_path)) == 1
+    assert not list(tmp_path.glob("ran-*"))
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert (
+        line.startswith("distbench launch: rank 1 refused job/0 from torchrun's store: ") and expected in line
+    )
+    assert store.get(REFUSED).decode().startswith("rank 1 refused job/0")  # every other rank stops on it
+
+
+def test_a_launch_admits_what_its_own_command_line_names(tmp_path):
+    from distbench.commands import launch, run
+    from distbench.commands.parser import build_parser
+    from distbench.workloads.models import MODELS
+
+    ds = tmp_path / "ds.json"
+    ds.write_text("{}")
+    args = build_parser([run]).parse_args(
+        [
+            "run",
+            "-s",
+            "zero2",
+            "-m",
+            "gpt2-tiny,mypkg.models:build",
+            "--ds-config",
+            str(ds),
+            "-o",
+            str(tmp_path),
+        ]
+        + ["--timeout", "90"]
+    )
+    adm = launch.admission(args, _launch(0), "cpu")
+    assert adm.models >= {*MODELS, "mypkg.models:build"} and "mypkg.other:build" not in adm.models
+    assert adm.options == {"ds_config": str(ds)}
+    assert (adm.output, adm.world_size, adm.timeout) == (str(tmp_path), 2, 90.0)
+
+
+def test_rank_0_stops_when_a_job_key_was_written_before_it(tmp_path):
+    store = dist.HashStore()
+    store.set("job/0", b'{"stop": true, "status": 0}')
+    cluster = Cluster(_launch(0), store, torch.device("cpu"), LAUNCH_JOBS, admission(tmp_path))
+    for _ in range(2):  # the first job, and every one after it
+        with pytest.raises(JobSpecError, match="job/0 was in torchrun's store before rank 0 posted it"):
+            cluster.run_job(2, bench, {"cfg": CFG}, timeout=2.0)  # short: a rank 0 that ran it gives up soon
+    assert store.get("job/0") == b'{"stop": true, "status": 0}'  # nothing of rank 0's was posted over it
+
+
+#: The store the job below writes to, as a stranger would while the job runs.
+_STRANGERS_STORE: list[dist.Store] = []
+
+
+def overwrites_its_own_job(ctx: RankContext) -> dict[str, Any]:
+    """A job during which a stranger replaces the job's key with a job of its own."""
+    _STRANGERS_STORE[0].set("job/0", b'{"job": "os:system", "kwargs": {}, "world_size": 1, "timeout": 1}')
+    return {"rank": ctx.rank}
+
+
+def test_rank_0_stops_when_its_posted_job_changes_while_it_runs(tmp_path):
+    store = dist.HashStore()
+    _STRANGERS_STORE[:] = [store]
+    jobs = JobRegistry([overwrites_its_own_job])
+    cluster = Cluster(_launch(0), store, torch.device("cpu"), jobs, admission(tmp_path))
+    with pytest.raises(JobSpecError, match="job/0 in torchrun's store was changed after rank 0 posted it"):
+        cluster.run_job(1, overwrites_its_own_job, {}, timeout=60.0)
+    assert cluster.refused
