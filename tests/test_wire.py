@@ -46,7 +46,18 @@ def test_every_strategy_has_a_wire_policy() -> None:
     assert sorted(POLICIES) == sorted(REGISTRY)
 
 
-@pytest.mark.slow
+_records: dict[str, list[dict[str, Any]]] = {}
+
+
+def recorded(suite: Any, cfg: RunConfig) -> list[dict[str, Any]]:
+    """Every rank's record of cfg's collectives, once a session (the bites' unplanted runs are the matrix's)."""
+    key = f"{suite.device_type} {sorted(cfg.to_dict().items())!r}"
+    if key not in _records:
+        _records[key] = suite.run_job(cfg.world_size, record_collectives, cfg=cfg)
+    return _records[key]
+
+
+@pytest.mark.slow  # ~20 s of ranks on 2 cores (the default tier runs the bites' configurations)
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_collectives_follow_the_precision_policy(
     suite: Any, strategy: str, world_size: int, precision: str
@@ -60,8 +71,7 @@ def test_collectives_follow_the_precision_policy(
     if precision not in PRECISIONS[suite.device_type]:
         pytest.skip(f"{precision} is checked on the CPU tier (PRECISIONS)")
     cfg = wire_config(suite, strategy, world_size, precision)
-    what = f"{strategy} ws{world_size} {precision}"
-    assert_every_rank(suite.run_job(world_size, record_collectives, cfg=cfg), cfg, what)
+    assert_every_rank(recorded(suite, cfg), cfg, f"{strategy} ws{world_size} {precision}")
 
 
 #: (mutation, strategy, precision): each plants a reduction in bf16 under a policy that reduces in fp32, or a
@@ -72,17 +82,13 @@ PLANTS = [
     ("ds_bf16_communication", "zero2", "fp32"),
     ("all_reduce_twice", "ddp", "bf16"),
 ]
-_clean: dict[str, list[dict[str, Any]]] = {}
 
 
 def assert_plant_fails(suite: Any, mutation: str, strategy: str, world_size: int, precision: str) -> None:
-    """The configuration passes as it is (once a session) and fails with the mutation planted."""
+    """The configuration passes as it is and fails with the mutation planted."""
     cfg = wire_config(suite, strategy, world_size, precision)
     what = f"{strategy} ws{world_size} {precision}"
-    key = repr(sorted(cfg.to_dict().items()))
-    if key not in _clean:
-        _clean[key] = suite.run_job(world_size, record_collectives, cfg=cfg)
-    assert_every_rank(_clean[key], cfg, what)
+    assert_every_rank(recorded(suite, cfg), cfg, what)
     broken = suite.run_job(world_size, mutants.record_collectives, mutation=mutation, cfg=cfg)
     with pytest.raises(AssertionError, match="disagrees with its precision policy"):
         assert_every_rank(broken, cfg, f"{what} with {mutation}")
