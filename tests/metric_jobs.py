@@ -252,17 +252,28 @@ def known_allocation_bench(
 
 
 # --- MFU ---------------------------------------------------------------------------------------------------
+#: A precision policy's matmul numerics: (dtype of the operands, TF32 for fp32 operands). "fp32" is fp32 with TF32
+#: off (the CUDA cores), "tf32" fp32 with TF32 on (tensor cores); bf16 and fp16 run on tensor cores either way.
+MATMUL_NUMERICS: dict[str, tuple[torch.dtype, bool]] = {
+    "fp32": (torch.float32, False),
+    "tf32": (torch.float32, True),
+    "bf16": (torch.bfloat16, False),
+    "fp16": (torch.float16, False),
+}
+
+
 def matmul_flop_rate(
-    device: torch.device, shapes: list[tuple[int, int]], tokens: int, iters: int = 10
+    device: torch.device, shapes: list[tuple[int, int]], tokens: int, numerics: str = "bf16", iters: int = 10
 ) -> float:
     """Achieved FLOP/s of the matrix multiplies one training step of a stack of bias-free Linear layers
-    (`shapes`: (in_features, out_features) each) does on `tokens` tokens, in bf16, timed by CUDA events: per
-    layer the forward x.W^T, the input gradient g.W and the weight gradient g^T.x, 2 x tokens x in x out
-    FLOPs each, in the layouts F.linear and its backward use."""
+    (`shapes`: (in_features, out_features) each) does on `tokens` tokens, under `numerics` (MATMUL_NUMERICS), timed
+    by CUDA events: per layer the forward x.W^T, the input gradient g.W and the weight gradient g^T.x, 2 x tokens x
+    in x out FLOPs each, in the layouts F.linear and its backward use. TF32 is switched for the benchmark alone."""
+    dtype, tf32 = MATMUL_NUMERICS[numerics]
     gen = torch.Generator(device=device).manual_seed(0)
 
     def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=gen)
+        return torch.randn(*shape, device=device, dtype=dtype, generator=gen)
 
     layers = [(rand(tokens, i), rand(o, i), rand(tokens, o)) for i, o in shapes]
 
@@ -272,21 +283,26 @@ def matmul_flop_rate(
             g @ w
             g.t() @ x
 
-    step()  # cuBLAS picks and loads its kernels
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        step()
-    end.record()
-    end.synchronize()
+    was = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        step()  # cuBLAS picks and loads its kernels
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            step()
+        end.record()
+        end.synchronize()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
     flops = iters * sum(6 * tokens * i * o for i, o in shapes)
     return flops / (start.elapsed_time(end) / 1000.0)
 
 
-def mfu_beside_matmuls(ctx: RankContext, cfg: RunConfig) -> dict[str, Any]:
-    """The `bench` job on a model of bias-free Linear layers, and a bf16 matmul benchmark of the same shapes
-    on the same tokens per micro-batch run before and after it in this process: {"reply", "matmul_flops_per_s":
-    [before, after], "shapes", "device_name"}."""
+def mfu_beside_matmuls(ctx: RankContext, cfg: RunConfig, numerics: str = "bf16") -> dict[str, Any]:
+    """The `bench` job on a model of bias-free Linear layers, and a matmul benchmark of the same shapes on the same
+    tokens per micro-batch under `numerics` (MATMUL_NUMERICS: those of cfg's policy) run before and after it in
+    this process: {"reply", "matmul_flops_per_s": [before, after], "shapes", "device_name"}."""
     spec = get_model(cfg.model)
     model = spec.build(cfg.seed, "meta")
     shapes = [(m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear)]
@@ -294,9 +310,9 @@ def mfu_beside_matmuls(ctx: RankContext, cfg: RunConfig) -> dict[str, Any]:
         "mfu_beside_matmuls needs a stack of bias-free Linear layers"
     )
     tokens = cfg.micro_batch * (cfg.seq_len or spec.seq_len)
-    rates = [matmul_flop_rate(ctx.device, shapes, tokens)]
+    rates = [matmul_flop_rate(ctx.device, shapes, tokens, numerics)]
     reply = bm.bench(ctx, cfg, nvml=False)
-    rates.append(matmul_flop_rate(ctx.device, shapes, tokens))
+    rates.append(matmul_flop_rate(ctx.device, shapes, tokens, numerics))
     return {
         "reply": reply,
         "matmul_flops_per_s": rates,

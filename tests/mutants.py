@@ -17,6 +17,12 @@ Each mutation breaks one property a real incident breaks, on top of a correct tr
                      step (any torch-native trainer; DTensor shards rounded in place)
   lora_base_trainable  LoRA applied, then the whole model set trainable again before the optimizer is built
                      (any strategy): the base weights train beside the adapters
+  bf16_reduce_dtype  FSDP2's MixedPrecisionPolicy built with reduce_dtype bf16 whatever the policy asked for:
+                     gradients reduce-scattered in bf16 (fsdp_* strategies)
+  bf16_compress_hook  DDP's gradients all-reduced in bf16 through torch's bf16_compress_hook
+  ds_bf16_communication  DeepSpeed's communication_data_type set to bf16 in the config it is given (zero*)
+  all_reduce_twice   every DDP bucket all-reduced a second time (identical values across ranks, so the mean
+                     keeps them: only the traffic shows it)
 
 The rank processes import this module by name: spawned ranks inherit the pytest process's sys.path, on which
 pytest puts this directory.
@@ -32,9 +38,12 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import distbench.jobs.checks as checks
 import distbench.jobs.train as jobs
+import distbench.strategies.deepspeed as deepspeed
+import distbench.strategies.fsdp as fsdp
 import distbench.strategies.lora as lora
 from distbench.strategies.ddp import DDPTrainer
 from distbench.strategies.fsdp import FSDP2Trainer
@@ -45,6 +54,22 @@ def _sum_hook(state, bucket):  # unannotated: DDP rejects the string annotations
     """DDP comm hook that all-reduces without dividing by the world size."""
     fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
     return fut.then(lambda f: f.value()[0])
+
+
+def _twice_hook(state, bucket):  # unannotated, as _sum_hook
+    """DDP comm hook that averages the bucket, then averages the (now identical) result once more."""
+    buffer = bucket.buffer()
+    for _ in range(2):
+        dist.all_reduce(buffer.div_(dist.get_world_size()))
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(buffer)
+    return fut
+
+
+def _bf16_compress_hook(state, bucket):  # unannotated, as _sum_hook
+    """torch's bf16_compress_hook itself, under a name DDP does not refuse on gloo: register_comm_hook turns the
+    hook away by name unless CUDA and NCCL run it, though gloo reduces bf16 too."""
+    return default_hooks.bf16_compress_hook(state, bucket)
 
 
 def _global_rng_dropout(module: SampleDropout, x: torch.Tensor) -> torch.Tensor:
@@ -112,6 +137,10 @@ def _mutate(trainer: Any, mutation: str) -> None:
         trainer.forward_backward = lambda batch, sync: DDPTrainer.forward_backward(trainer, batch, True)
     elif mutation == "sum_not_mean":
         trainer.model.register_comm_hook(None, _sum_hook)
+    elif mutation == "bf16_compress_hook":
+        trainer.model.register_comm_hook(None, _bf16_compress_hook)
+    elif mutation == "all_reduce_twice":
+        trainer.model.register_comm_hook(None, _twice_hook)
     else:
         raise ValueError(f"unknown mutation {mutation!r}")
 
@@ -123,11 +152,32 @@ def _apply_lora_leaving_base_trainable(model: Any, cfg: Any) -> Any:
 _apply_lora = lora.apply_lora
 
 
+_MixedPrecisionPolicy = fsdp.MixedPrecisionPolicy
+_build_ds_config = deepspeed.build_ds_config
+
+
+def _reducing_in_bf16(**policy: Any) -> Any:
+    return _MixedPrecisionPolicy(**{**policy, "reduce_dtype": torch.bfloat16})
+
+
+def _communicating_in_bf16(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    return {**_build_ds_config(*args, **kwargs), "communication_data_type": "bf16"}
+
+
+#: Mutations planted where a strategy builds its trainer, before any wrapper sees the model: mutation -> the
+#: (module, attribute, replacement) patched for as long as it lasts.
+_AT_BUILD: dict[str, tuple[Any, str, Any]] = {
+    "lora_base_trainable": (lora, "apply_lora", _apply_lora_leaving_base_trainable),
+    "bf16_reduce_dtype": (fsdp, "MixedPrecisionPolicy", _reducing_in_bf16),
+    "ds_bf16_communication": (deepspeed, "build_ds_config", _communicating_in_bf16),
+}
+
+
 @contextlib.contextmanager
 def _mutated(mutation: str) -> Iterator[None]:
     """Every trainer the jobs build while inside is mutated (the modules hold make_trainer by name)."""
-    if mutation == "lora_base_trainable":  # before the wrapper and the optimizer see the model
-        with mock.patch.object(lora, "apply_lora", _apply_lora_leaving_base_trainable):
+    if mutation in _AT_BUILD:  # before the wrapper and the optimizer see the model
+        with mock.patch.object(*_AT_BUILD[mutation]):
             yield
         return
 
@@ -160,3 +210,8 @@ def train_with_an_overflow(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, 
 def count_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, float]:
     with _mutated(mutation):
         return checks.count_collectives(ctx, **kwargs)
+
+
+def record_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
+    with _mutated(mutation):
+        return checks.record_collectives(ctx, **kwargs)

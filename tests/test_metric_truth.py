@@ -7,6 +7,8 @@ control that accumulation really skips communication.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -510,6 +512,175 @@ def test_mfu_check_catches_planted_defects(
         }
     with pytest.raises(AssertionError):
         assert_mfu_is_the_matmul_benchmarks({**run, "reply": reply})
+
+
+# --- MFU in every precision policy -------------------------------------------------------------------------
+#: The precision policies results report MFU for -> (the MATMUL_STACK fields that select it, the peak's unit in
+#: measure/mfu.py's table). TF32 follows `deterministic` (jobs/train.py's set_numerics). fp32 on the CUDA cores
+#: is about 8x slower than TF32: a quarter of the tokens (same GEMM widths) keeps its run to a few seconds.
+MFU_POLICIES: dict[str, tuple[dict[str, Any], str]] = {
+    "fp32": ({"precision": "fp32", "deterministic": True, "micro_batch": 8, "global_batch": 8}, "fp32"),
+    "tf32": ({"precision": "fp32", "deterministic": False}, "tf32"),
+    "bf16": ({"precision": "bf16"}, "bf16"),
+    "fp16": (
+        {"precision": "fp16"},
+        "bf16",
+    ),  # fp16's dense tensor-core peak is bf16's on every GPU in the table
+}
+#: A datasheet peak is reached by no benchmark: matmuls measured above it by more than clock and timer noise
+#: (5%) mean the peak belongs to a slower unit (CUDA cores for a TF32 run: the 7x of issue 30).
+PEAK_SLACK = 1.05
+#: cuBLAS reaches well over half the dense peak of the unit that runs it on GEMMs these wide (4096, thousands of
+#: tokens); a peak more than twice the measured rate belongs to a faster unit. Neighbouring units differ by 2x
+#: (bf16 = 2 x TF32) or more (TF32 = 7 x fp32 on Hopper), so a TF32 run over the bf16 peak is 2 / its efficiency
+#: away, always beyond 2.
+PEAK_FACTOR = 2.0
+
+_policy_runs: dict[str, dict[str, Any]] = {}
+
+
+def mfu_policy_config(policy: str) -> RunConfig:
+    return RunConfig.from_dict({**MATMUL_STACK, **MFU_POLICIES[policy][0]})
+
+
+def mfu_policy_run(suite: Any, policy: str) -> dict[str, Any]:
+    """metric_jobs.mfu_beside_matmuls under `policy`'s numerics, once per session (the bites read the same run)."""
+    if policy not in _policy_runs:
+        _policy_runs[policy] = suite.run_job(
+            1, metric_jobs.mfu_beside_matmuls, cfg=mfu_policy_config(policy), numerics=policy
+        )[0]
+    return _policy_runs[policy]
+
+
+def assert_mfu_within_the_matmuls(run: dict[str, Any], policy: str) -> None:
+    """The FLOP/s the result's MFU stands for (mfu x the peak it used) is what the matmul benchmark of the same
+    shapes under the same numerics reaches, within MFU_RATIO; and the peak is that benchmark's unit's: no lower
+    than the measured rate (PEAK_SLACK), no more than PEAK_FACTOR above it."""
+    result = results.summarize_bench(mfu_policy_config(policy), [run["reply"]])
+    metrics, peak = result["metrics"], result["flops"]["peak_flops"]
+    rate = max(run["matmul_flops_per_s"])
+    assert peak and "mfu" in metrics, f"{policy}: no peak or no mfu for {run['device_name']!r}"
+    what = f"{policy}: peak {peak / 1e12:.0f} TFLOP/s ({result['flops']['peak_dtype']}), matmuls {rate / 1e12:.1f}"
+    ratio = metrics["mfu"] * peak / rate
+    assert MFU_RATIO[0] <= ratio <= MFU_RATIO[1], f"{what}: mfu x peak over the matmuls' rate {ratio:.3f}"
+    assert rate <= PEAK_SLACK * peak, f"{what}: the matmuls beat the peak, which belongs to a slower unit"
+    assert peak <= PEAK_FACTOR * rate, (
+        f"{what}: the peak is over {PEAK_FACTOR}x the matmuls', a faster unit's"
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.exclusive
+@pytest.mark.parametrize("policy", list(MFU_POLICIES))
+def test_mfu_matches_matmuls_under_every_precision_policy(suite: Any, policy: str) -> None:
+    assert_mfu_within_the_matmuls(mfu_policy_run(suite, policy), policy)
+
+
+@pytest.mark.gpu
+@pytest.mark.exclusive
+@pytest.mark.parametrize(
+    "policy, wrong",
+    [
+        (p, unit)
+        for p, (_, right) in MFU_POLICIES.items()
+        for unit in ("fp32", "tf32", "bf16")
+        if unit != right
+    ],
+)
+def test_mfu_policy_check_catches_a_wrong_peak(suite: Any, policy: str, wrong: str) -> None:
+    """GPU: the policy's run re-summarized with another unit's peak planted in its reply (as a rank whose
+    peak_dtype picked it would send it) fails."""
+    run = mfu_policy_run(suite, policy)
+    with pytest.raises(AssertionError):
+        assert_mfu_within_the_matmuls({**run, "reply": {**run["reply"], "peak_dtype": wrong}}, policy)
+
+
+#: Every way a user or the harness switches TF32 for fp32 matmuls: torch's legacy switch (jobs/train.py's
+#: set_numerics uses it), the matmul-precision switch, and torch's per-backend and global precision settings.
+TF32_SETTERS: dict[str, Callable[[bool], None]] = {
+    "allow_tf32": lambda on: setattr(torch.backends.cuda.matmul, "allow_tf32", on),
+    "set_float32_matmul_precision": lambda on: torch.set_float32_matmul_precision(
+        "high" if on else "highest"
+    ),
+    "cuda.matmul.fp32_precision": lambda on: setattr(
+        torch.backends.cuda.matmul, "fp32_precision", "tf32" if on else "ieee"
+    ),
+    "backends.fp32_precision": lambda on: setattr(torch.backends, "fp32_precision", "tf32" if on else "ieee"),
+}
+#: (precision, TF32 on) -> the column of measure/mfu.py's table for the unit that does the matmuls: tensor cores
+#: for TF32, bf16 and fp16 (whose dense peak is bf16's), CUDA cores for fp32 without TF32.
+PEAK_UNIT = {
+    ("fp32", False): "fp32",
+    ("fp32", True): "tf32",
+    ("bf16", False): "bf16",
+    ("bf16", True): "bf16",
+    ("fp16", False): "bf16",
+    ("fp16", True): "bf16",
+}
+
+
+@contextlib.contextmanager
+def tf32_set_by(setter: str, on: bool) -> Iterator[None]:
+    """TF32 switched through one setter from torch's defaults, and switched off again the legacy way after
+    (the legacy getters raise once the new settings were used, until a legacy setter runs)."""
+    torch.backends.fp32_precision = "none"
+    torch.backends.cuda.matmul.fp32_precision = "none"
+    try:
+        TF32_SETTERS[setter](on)
+        yield
+    finally:
+        torch.backends.fp32_precision = "none"
+        torch.backends.cuda.matmul.fp32_precision = "none"
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def assert_peak_is_the_units() -> None:
+    """Under every precision and every TF32 setting, the peak MFU divides by is the table's figure for the unit
+    that does the matmuls (PEAK_UNIT), on every GPU in the table; and the table's units are ordered as the
+    hardware's are: bf16 twice TF32 (within 5%: B200's datasheet rounds), TF32 at least fp32."""
+    for setter, on in itertools.product(TF32_SETTERS, (False, True)):
+        for precision in ("fp32", "bf16", "fp16"):
+            what = f"{precision} with TF32 {'on' if on else 'off'} by {setter}"
+            with tf32_set_by(setter, on):
+                try:
+                    column = mfu.peak_dtype(precision)
+                except RuntimeError as e:  # torch's legacy TF32 getters refuse to read the new settings
+                    raise AssertionError(f"{what}: peak_dtype raised {e}") from e
+            assert column == PEAK_UNIT[(precision, on)], f"{what}: the {column} peak"
+    for gpu, peaks in mfu.PEAK_TFLOPS.items():
+        if peaks["bf16"] is not None and peaks["tf32"] is not None:
+            assert abs(peaks["bf16"] / peaks["tf32"] - 2) <= 0.1, (gpu, peaks)
+            assert peaks["tf32"] >= peaks["fp32"], (gpu, peaks)
+
+
+def test_mfu_peak_is_the_unit_that_does_the_math() -> None:
+    assert_peak_is_the_units()
+
+
+def _tf32_ignored(precision: str) -> str:
+    return "fp32" if precision == "fp32" else "bf16"
+
+
+@pytest.mark.parametrize(
+    "plant, value",
+    [
+        ("peak_dtype", _tf32_ignored),  # fp32 + TF32 over the CUDA-core peak: issue 30's 7x
+        ("peak_dtype", lambda precision: "tf32" if precision == "fp32" else "bf16"),  # TF32 assumed always
+        ("peak_dtype", lambda precision: "tf32" if precision == "fp16" else _tf32_ignored(precision)),
+        (
+            "matmul_tf32",
+            lambda: bool(torch.backends.cuda.matmul.allow_tf32),
+        ),  # legacy getter, new setting: raises
+        ("PEAK_TFLOPS", {**mfu.PEAK_TFLOPS, "H200 SXM": {"bf16": 989.0, "tf32": 67.0, "fp32": 495.0}}),
+    ],
+)
+def test_mfu_peak_check_catches_a_swapped_peak(
+    monkeypatch: pytest.MonkeyPatch, plant: str, value: Any
+) -> None:
+    monkeypatch.setattr(mfu, plant, value)
+    with pytest.raises(AssertionError):
+        assert_peak_is_the_units()
 
 
 # --- memory ------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The jobs the correctness checks run in the ranks: the independent reference, collectives counted, the
-training state's memory. The checks' own rules and models stay in distbench/invariants."""
+"""The jobs the correctness checks run in the ranks: the independent reference, collectives counted and
+recorded, the training state's memory. The checks' own rules and models stay in distbench/invariants."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ..config import RunConfig
-from ..invariants.collectives import collectives_per_step
+from ..invariants.collectives import CollectiveRecorder, collectives_per_step, profiled_kinds
 from ..invariants.reference import reference_run
 from ..runtime.context import RankContext
 from ..runtime.shelf import save_tensors
@@ -42,6 +42,30 @@ def count_collectives(ctx: RankContext, cfg: RunConfig, steps: int = 2) -> dict[
     finally:
         trainer.close()
     return collectives_per_step(prof.events(), steps, ctx.world_size)
+
+
+#: Steps before a strategy's collectives repeat step after step: DDP rebuilds its buckets after its first step,
+#: ZeRO-3 records its modules' order in its first step and broadcasts it in its second (seen on gloo).
+SETTLE_STEPS = 2
+
+
+def record_collectives(ctx: RankContext, cfg: RunConfig, steps: int = 1) -> dict[str, Any]:
+    """Every collective of `steps` optimizer steps as invariants/collectives.py describes it: {"steps": one list
+    of calls a step, "profiled": the collectives by kind the profiler counted in the step before them}, after
+    SETTLE_STEPS untimed steps."""
+    trainer = make_trainer(ctx, cfg)
+    recorded = []
+    try:
+        run_steps(ctx, trainer, cfg, SETTLE_STEPS)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            run_steps(ctx, trainer, cfg, SETTLE_STEPS + 1)
+        for step in range(steps):
+            with CollectiveRecorder() as recorder:
+                run_steps(ctx, trainer, cfg, SETTLE_STEPS + 2 + step)
+            recorded.append(recorder.calls)
+    finally:
+        trainer.close()
+    return {"steps": recorded, "profiled": profiled_kinds(prof.events())}
 
 
 def state_memory(ctx: RankContext, cfg: RunConfig) -> dict[str, Any]:

@@ -89,13 +89,25 @@ def peak_flops(device_name: str | None, dtype: str) -> float | None:
     return None if tflops is None else tflops * 1e12
 
 
+def matmul_tf32() -> bool:
+    """Whether fp32 matmuls run on tensor cores as TF32 now, however it was set: torch's per-backend setting
+    (torch.backends.cuda.matmul.fp32_precision) reflects its own setter and the legacy ones (allow_tf32,
+    set_float32_matmul_precision); the legacy getters raise once the new setter was used ("a mix of the legacy and
+    new APIs", torch 2.13), so a model factory that set TF32 the new way used to crash the run's last step.
+    Torch without the new setting has only the legacy ones."""
+    try:
+        return bool(torch.backends.cuda.matmul.fp32_precision == "tf32")
+    except AttributeError:
+        return torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+
+
 def peak_dtype(precision: str) -> str:
-    """Which peak applies to a run's precision: fp32 matmuls run on tensor cores (TF32) when torch allows; fp16
-    matmuls have bf16's dense peak on every GPU in the table that has bf16 (V100, which has only fp16, gets none)."""
+    """Which peak applies to a run's precision: the peak of the unit that does its matmuls. fp32 runs on tensor
+    cores as TF32 when torch allows it (matmul_tf32), else on the CUDA cores; fp16 matmuls have bf16's dense
+    tensor-core peak on every GPU in the table that has bf16 (V100, which has only fp16, gets none)."""
     if precision in ("bf16", "fp16"):
         return "bf16"
-    tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
-    return "tf32" if tf32 else "fp32"
+    return "tf32" if matmul_tf32() else "fp32"
 
 
 def flops_per_token(n_params: int, layers: int | None, hidden: int | None, seq_len: int) -> float:
