@@ -198,6 +198,12 @@ def test_one_a(): record("one_a", 0.2, wait_for="two_a")
 from record import record
 def test_two_a(): record("two_a", 0.2, wait_for="one_a")
 """,
+    "test_oom.py": """
+import os
+def test_fits_only_alone():
+    if os.environ.get("DISTBENCH_LANE"):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (planted: a neighbour holds it)")
+""",
 }
 
 #: Two modules, so two units: two lanes, each with its own 2-rank pool
@@ -233,8 +239,8 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("lanes")
     one = session(tmp, SHARED, "--lanes", "1", "--lanes-per-device", "2", LANES_LOG=str(tmp / "one.jsonl"))
     assert one.returncode == 0, one.stdout[-4000:] + one.stderr[-2000:]
-    (tmp / "test_one.py").unlink()
-    (tmp / "test_two.py").unlink()
+    for name in ("test_one.py", "test_two.py", "test_oom.py"):
+        (tmp / name).unlink()
     two = session(
         tmp,
         POOLS,
@@ -246,6 +252,9 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     )
     assert two.returncode == 0, two.stdout[-4000:] + two.stderr[-2000:]
     assert "up to 2 per device" in one.stdout and "up to 2 per device" in two.stdout
+    # out of memory beside another lane: rerun alone, and only that run is reported
+    assert "so rerun alone: test_oom.py::test_fits_only_alone" in one.stdout
+    assert "PASSED test_oom.py::test_fits_only_alone" in one.stdout and "3 passed" in one.stdout
     removed = re.search(r"shelved runs and checkpoints: ([0-9.]+) MiB removed", two.stdout)
     assert removed and float(removed.group(1)) > 0, two.stdout[-2000:]  # ddp's checkpoint went with its unit
     return {**intervals(tmp / "one.jsonl"), **intervals(tmp / "two.jsonl")}

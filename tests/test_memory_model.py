@@ -101,6 +101,7 @@ class _FakeSuite:
 
     def __init__(self, before: float, baseline: float = 0.0, left: float = 0.0) -> None:
         self.before, self.baseline, self.left = before, baseline, left
+        self.history: dict[int, list[str]] = {}
 
     def bench_config(self, strategy, world_size, model=None, **overrides):
         from distbench.config import RunConfig

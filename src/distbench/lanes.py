@@ -224,6 +224,15 @@ class LaneStats:
     gpus: bool
     started: int = 0
     peak_bytes: dict[str, int] = field(default_factory=dict)  # test -> most device memory its lane held
+    #: tests that ran out of device memory beside other lanes: rerun alone, and only that run is reported
+    rerun_alone: list[str] = field(default_factory=list)
+
+
+def _out_of_memory(report: pytest.TestReport) -> bool:
+    """Whether a lane's test failed for lack of device memory (a neighbour may have held it)."""
+    return report.failed and any(
+        needle in str(report.longrepr) for needle in ("OutOfMemoryError", "CUDA out of memory")
+    )
 
 
 class LaneRunner:
@@ -267,13 +276,15 @@ class LaneRunner:
 
     # --- the session -----------------------------------------------------------------------------------
     def run(self) -> None:
-        here = [self.items[n] for n in (*self.plan.first, *self.plan.alone)]
-        nxt = {it.nodeid: (here[i + 1] if i + 1 < len(here) else None) for i, it in enumerate(here)}
+        nxt: dict[str, pytest.Item | None] = {n: None for n in self.plan.first}
         try:
             self._run_here(self.plan.first, nxt)
             self._run_lanes()
             self.watch.on_sample = None  # the exclusive tests run alone: no lane memory to charge
-            self._run_here(self.plan.alone, nxt)
+            alone = self.stats.rerun_alone + self.plan.alone
+            here = [self.items[n] for n in alone]
+            nxt = {it.nodeid: (here[i + 1] if i + 1 < len(here) else None) for i, it in enumerate(here)}
+            self._run_here(alone, nxt)
         finally:
             self.watch.on_sample = None
             for run in self.running:
@@ -422,7 +433,10 @@ class LaneRunner:
             run.phases.update(event["by_test"])
         elif kind == "finish":
             self.occupancy.finish(event["nodeid"])
-            self._replay(event["nodeid"], run.reports)
+            if self.plan.seats > 1 and any(_out_of_memory(r) for r in run.reports):
+                self.stats.rerun_alone.append(event["nodeid"])  # beside others: its own run comes last
+            else:
+                self._replay(event["nodeid"], run.reports)
             run.remaining.remove(event["nodeid"])
             run.current, run.reports = None, []
             if run.unit is not None and not run.remaining:

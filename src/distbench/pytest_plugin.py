@@ -384,6 +384,10 @@ class SessionWatch:
                 f"shelved runs and checkpoints: {_size(self.shelf_freed)} removed as their strategies finished, "
                 f"{_size(self.shelf_left)} left when the lanes were done"
             )
+        if self.lanes is not None and self.lanes.rerun_alone:
+            out.append(
+                f"ran out of device memory beside other lanes, so rerun alone: {', '.join(self.lanes.rerun_alone)}"
+            )
         if self.lanes is not None and self.lanes.peak_bytes:
             test, b = max(self.lanes.peak_bytes.items(), key=lambda x: x[1])
             out.append(f"most device memory a lane held: {b / 2**30:.1f} GiB, in {test}")

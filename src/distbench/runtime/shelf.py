@@ -62,7 +62,7 @@ def entry_key(kind: str, identity: dict[str, Any], tag: str = "") -> str:
     return f"{kind}{_TAG.format(tag) if tag else '-'}{digest}"
 
 
-_TAG = "-[{}]-"
+_TAG = "--{}--"  # no glob characters: DeepSpeed globs its checkpoint directory
 
 
 def _read(entry: Path) -> dict[str, Any] | None:
