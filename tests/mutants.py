@@ -17,6 +17,9 @@ Each mutation breaks one property a real incident breaks, on top of a correct tr
                      step (any torch-native trainer; DTensor shards rounded in place)
   lora_base_trainable  LoRA applied, then the whole model set trainable again before the optimizer is built
                      (any strategy): the base weights train beside the adapters
+  rng_unrestored_<g>  a resume that leaves global generator <g> (torch: the host's, cuda: every device's,
+                     numpy, python; all: every one) where the rebuilt process had it (any strategy)
+  rng_rank0_everywhere  a resume that gives every rank rank 0's global generators (any strategy)
 
 The rank processes import this module by name: spawned ranks inherit the pytest process's sys.path, on which
 pytest puts this directory.
@@ -26,10 +29,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+import random
+from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -47,6 +52,44 @@ def _sum_hook(state, bucket):  # unannotated: DDP rejects the string annotations
     return fut.then(lambda f: f.value()[0])
 
 
+#: Each global generator's getter and setter, written here rather than taken from the code under test.
+_GENERATORS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
+    "torch": (torch.get_rng_state, torch.set_rng_state),
+    "cuda": (torch.cuda.get_rng_state_all, torch.cuda.set_rng_state_all),
+    "numpy": (np.random.get_state, np.random.set_state),
+    "python": (random.getstate, random.setstate),
+}
+
+
+def _wrap_load(trainer: Any, after: Callable[[dict[str, Any]], None]) -> None:
+    """trainer.load_checkpoint, then `after(the generators' states from just before the load)`."""
+    load = trainer.load_checkpoint
+
+    def load_then(path: str, **kwargs: Any) -> None:
+        before = {name: get() for name, (get, _) in _GENERATORS.items()}
+        load(path, **kwargs)
+        after(before)
+
+    trainer.load_checkpoint = load_then
+
+
+def _leave_unrestored(names: list[str]) -> Callable[[dict[str, Any]], None]:
+    def put_back(before: dict[str, Any]) -> None:
+        for name in names:
+            _GENERATORS[name][1](before[name])
+
+    return put_back
+
+
+def _rank0_everywhere(_before: dict[str, Any]) -> None:
+    """Every rank takes rank 0's generators as its load left them."""
+    states = [{name: get() for name, (get, _) in _GENERATORS.items()}]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(states, src=0)
+    for name, (_, set_state) in _GENERATORS.items():
+        set_state(states[0][name])
+
+
 def _global_rng_dropout(module: SampleDropout, x: torch.Tensor) -> torch.Tensor:
     """What plain nn.Dropout does: a mask from torch's global RNG, the same stream whichever sample it is."""
     return torch.nn.functional.dropout(x, module.rate, module.training)
@@ -62,6 +105,13 @@ def _mutate(trainer: Any, mutation: str) -> None:
             trainer.optimizer.state.clear()
 
         trainer.load_checkpoint = load_but_reset_optimizer
+        return
+    if mutation.startswith("rng_unrestored_"):
+        which = mutation.removeprefix("rng_unrestored_")
+        _wrap_load(trainer, _leave_unrestored(list(_GENERATORS) if which == "all" else [which]))
+        return
+    if mutation == "rng_rank0_everywhere":
+        _wrap_load(trainer, _rank0_everywhere)
         return
     if mutation == "local_norm_clip":
         assert isinstance(trainer, FSDP2Trainer), "local_norm_clip is written against the FSDP2 strategies"
