@@ -17,6 +17,12 @@ Each mutation breaks one property a real incident breaks, on top of a correct tr
                      step (any torch-native trainer; DTensor shards rounded in place)
   lora_base_trainable  LoRA applied, then the whole model set trainable again before the optimizer is built
                      (any strategy): the base weights train beside the adapters
+  clip_before_unscale  under fp16, gradients clipped while still multiplied by the loss scale, unscaled after
+                     (any torch-native trainer)
+  clip_per_micro_batch  gradients clipped after every micro-batch's backward instead of once per step, the
+                     step reporting the last micro-batch's norm (any torch-native trainer)
+  dropout_steps_since_resume  dropout streams keyed by the steps this process ran, not the run's step: a
+                     resume draws step 0's masks again (any trainer)
   rng_unrestored_<g>  a resume that leaves global generator <g> (torch: the host's, cuda: every device's,
                      numpy, python; all: every one) where the rebuilt process had it (any strategy)
   rng_rank0_everywhere  a resume that gives every rank rank 0's global generators (any strategy)
@@ -43,7 +49,7 @@ import distbench.jobs.train as jobs
 import distbench.strategies.lora as lora
 from distbench.strategies.ddp import DDPTrainer
 from distbench.strategies.fsdp import FSDP2Trainer
-from distbench.workloads.dropout import SampleDropout
+from distbench.workloads.dropout import SampleDropout, sample_streams
 
 
 def _sum_hook(state, bucket):  # unannotated: DDP rejects the string annotations of `from __future__`
@@ -105,6 +111,47 @@ def _mutate(trainer: Any, mutation: str) -> None:
             trainer.optimizer.state.clear()
 
         trainer.load_checkpoint = load_but_reset_optimizer
+        return
+    if mutation == "clip_before_unscale":
+        assert trainer.scaler is not None, "clip_before_unscale needs precision fp16"
+        clip, unscale = trainer.clip_gradients, trainer.unscale_gradients
+
+        def clip_then_unscale() -> torch.Tensor | None:
+            norm = clip()
+            unscale()
+            return norm
+
+        trainer.unscale_gradients = lambda: None
+        trainer.clip_gradients = clip_then_unscale
+        return
+    if mutation == "clip_per_micro_batch":
+        forward_backward, clip = trainer.forward_backward, trainer.clip_gradients
+        norms: list[torch.Tensor | None] = []
+
+        def backward_then_clip(batch: Any, sync: bool) -> torch.Tensor:
+            loss = forward_backward(batch, sync)
+            norms.append(clip())
+            return loss
+
+        def last_norm() -> torch.Tensor | None:
+            norm = norms[-1]
+            norms.clear()
+            return norm
+
+        trainer.forward_backward = backward_then_clip
+        trainer.clip_gradients = last_norm
+        return
+    if mutation == "dropout_steps_since_resume":
+        load, start = trainer.load_checkpoint, [0]
+
+        def load_and_count_afresh(path: str, **kwargs: Any) -> None:
+            load(path, **kwargs)
+            start[0] = trainer.steps_done
+
+        trainer.load_checkpoint = load_and_count_afresh
+        trainer.sample_streams = lambda batch: sample_streams(
+            trainer.cfg.seed, trainer.steps_done - start[0], batch["sample_index"].tolist()
+        )
         return
     if mutation.startswith("rng_unrestored_"):
         which = mutation.removeprefix("rng_unrestored_")

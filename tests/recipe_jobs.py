@@ -22,6 +22,22 @@ from distbench.invariants.reference import reference_run
 LORA: dict[str, Any] = {"lora_rank": 4, "lora_alpha": 8, "steps": 4}
 
 
+#: bf16 runs: a learning rate below half an ulp of a bf16 weight of GPT-2's initial scale (0.02: ulp 2^-13 =
+#: 1.2e-4): fp32 master weights keep every update, bf16 master weights round most of them away.
+BF16: dict[str, Any] = {"precision": "bf16", "lr": 3e-5}
+
+_initial: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+
+
+def initial_weights(model: str, seed: int) -> dict[str, torch.Tensor]:
+    """The model's weights before training, built in this (the pytest) process, once per (model, seed)."""
+    from distbench.workloads import get_model
+
+    if (model, seed) not in _initial:
+        _initial[(model, seed)] = get_model(model).build(seed).state_dict()
+    return _initial[(model, seed)]
+
+
 def refuses_lora(strategy: str, world_size: int) -> bool:
     """Where the strategy refuses LoRA (strategies/fsdp1.py LORA_ONE_RANK_WHY): FSDP1 on one rank."""
     from distbench.strategies import get_spec
@@ -76,13 +92,44 @@ def _overflow_at(forward: int | None) -> Iterator[None]:
         handle.remove()
 
 
+@contextlib.contextmanager
+def _stepped_gradient_norms(norms: list[float]) -> Iterator[None]:
+    """Inside, every trainer the train job builds appends to `norms`, at each optimizer step, the global norm of
+    the full gradient the optimizer is about to step with (after whatever unscaling and clipping the trainer did),
+    whatever norm the trainer reports. Torch-native trainers only: DeepSpeed unscales and clips inside its step."""
+    build = jobs.make_trainer
+
+    def make(ctx: Any, cfg: RunConfig) -> Any:
+        trainer = build(ctx, cfg)
+        step = trainer.optimizer_step
+
+        def watched() -> None:
+            grads = trainer.full_grads().values()  # a collective where sharded: every rank calls it
+            norms.append(float(torch.linalg.vector_norm(torch.stack([g.double().norm() for g in grads]))))
+            step()
+
+        trainer.optimizer_step = watched
+        return trainer
+
+    jobs.make_trainer = make
+    try:
+        yield
+    finally:
+        jobs.make_trainer = build
+
+
 def train_with_an_overflow(
     ctx: Any, cfg: RunConfig, step: int, micro_batch: int, **kwargs: Any
 ) -> dict[str, Any]:
     """jobs.train with an inf planted in the gradient of global micro-batch
-    `micro_batch` of step `step`, on the rank that runs it (global micro-batches rank x accum_steps on), and the
-    dtypes the model's matmuls produced (fp16 if it really computes in fp16)."""
+    `micro_batch` of step `step`, on the rank that runs it (global micro-batches rank x accum_steps on), the
+    dtypes the model's matmuls produced (fp16 if it really computes in fp16) and, for torch-native trainers,
+    the global norm of the gradient each optimizer step stepped with (`stepped_norms`)."""
+    from distbench.strategies import get_spec
+
     rank, local = divmod(micro_batch, cfg.accum_steps)
+    stepped: list[float] = []
+    watch = get_spec(cfg.strategy).trainer_module != "deepspeed"
     dtypes: set[str] = set()
 
     def matmul_dtype(module: torch.nn.Module, args: Any, out: Any) -> None:
@@ -91,18 +138,21 @@ def train_with_an_overflow(
 
     handle = torch.nn.modules.module.register_module_forward_hook(matmul_dtype)
     try:
-        with _overflow_at(step * cfg.accum_steps + local if ctx.rank == rank else None):
+        with (
+            _overflow_at(step * cfg.accum_steps + local if ctx.rank == rank else None),
+            _stepped_gradient_norms(stepped) if watch else contextlib.nullcontext(),
+        ):
             out = jobs.train(ctx, cfg=cfg, **kwargs)
     finally:
         handle.remove()
-    return {**out, "matmul_dtypes": sorted(dtypes)}
+    return {**out, "matmul_dtypes": sorted(dtypes), "stepped_norms": stepped if watch else None}
 
 
 def reference_with_an_overflow(ctx: Any, cfg: RunConfig, step: int, micro_batch: int) -> dict[str, Any]:
     """The reference with the same inf planted (it runs every micro-batch of a step, in order)."""
     with _overflow_at(step * (cfg.global_batch // cfg.micro_batch) + micro_batch):
         out = reference_run(cfg, ctx.device)
-    return {k: out[k] for k in ("losses", "loss_scales", "skipped_steps")}
+    return {k: out[k] for k in ("losses", "loss_scales", "skipped_steps", "grad_norms")}
 
 
 def saved_activation_bytes(ctx: Any, cfg: RunConfig) -> dict[str, int]:
