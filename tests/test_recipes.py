@@ -353,24 +353,38 @@ def test_lora_without_gradient_sync_fails_parity(suite):
 # --- recipes in combination --------------------------------------------------------------------------------
 
 
-def _trained(suite, cfg) -> dict[str, Any]:
-    return suite.train(cfg, return_params=True, return_grads=True)[0]
+# Each combination's run: one job in every rank, or with `mutation` (tests/mutants.py) planted in it.
 
 
-def _trained_through_an_overflow(suite, cfg) -> dict[str, Any]:
-    return suite.run_job(cfg.world_size, recipe_jobs.train_with_an_overflow, cfg=cfg, **_overflow_at(cfg))[0]
+def _trained(suite, cfg, mutation: str | None = None) -> dict[str, Any]:
+    kw = {"cfg": cfg, "return_params": True, "return_grads": True}
+    if mutation:
+        return suite.run_job(cfg.world_size, mutants.train, mutation=mutation, **kw)[0]
+    return suite.train(**kw)[0]
 
 
-def _trained_counting_recomputation(suite, cfg) -> dict[str, Any]:
+def _trained_through_an_overflow(suite, cfg, mutation: str | None = None) -> dict[str, Any]:
+    kw = {"cfg": cfg, **_overflow_at(cfg)}
+    if mutation:
+        return suite.run_job(cfg.world_size, mutants.train_with_an_overflow, mutation=mutation, **kw)[0]
+    return suite.run_job(cfg.world_size, recipe_jobs.train_with_an_overflow, **kw)[0]
+
+
+def _trained_counting_recomputation(suite, cfg, mutation: str | None = None) -> dict[str, Any]:
+    assert mutation is None, "no mutant of activation checkpointing with LoRA is planted here"
     if refuses_lora(cfg.strategy, cfg.world_size):  # refused clearly: test_lora_trains_the_adapters_alone_...
         pytest.skip(f"refused: {LORA_ONE_RANK_WHY}")
     job = recipe_jobs.train_counting_attention_forwards
     return suite.run_job(cfg.world_size, job, cfg=cfg, return_params=True, return_grads=True)[0]
 
 
-def _trained_and_resumed(suite, cfg) -> dict[str, Any]:
+def _trained_and_resumed(suite, cfg, mutation: str | None = None) -> dict[str, Any]:
+    """The uninterrupted run (its checkpoint half-way) and, under "resumed", its resume (mutated, if asked)."""
     run = suite.checkpointed_run(cfg)
-    return {**run, "resumed": suite.train(cfg, resume_from=run["checkpoint"])[0]}
+    kw = {"cfg": cfg, "resume_from": run["checkpoint"]}
+    if mutation:
+        return {**run, "resumed": suite.run_job(cfg.world_size, mutants.train, mutation=mutation, **kw)[0]}
+    return {**run, "resumed": suite.train(**kw)[0]}
 
 
 #: The pre-clip norm of an fp16 run against the reference's, relative. Torch-native: the losses' FP16_RTOL, for
@@ -417,7 +431,9 @@ def _check_fp16_clip(suite, cfg, run: dict[str, Any]) -> None:
 
 
 #: The pre-clip norm of a bf16 run against the fp32 reference's, relative: two eps_bf16, as for the losses (a
-#: norm, too, sums every gradient element, whose bf16 roundings average out rather than add).
+#: norm, too, sums every gradient element, whose bf16 roundings average out rather than add). Measured on
+#: gpt2-tiny at 2 ranks: at most 2.4e-4 (fsdp_full), 4.9e-4 (ddp), 7.4e-4 (zero2); a norm of one of two
+#: shards is 29% off.
 BF16_NORM_RTOL = BF16_LOSS_RTOL
 
 
@@ -464,18 +480,18 @@ class Combination:
     tier runs (`fast`; the others are slow) and which strategies the GPU tier runs."""
 
     options: dict[str, Any]
-    train: Callable[[Any, RunConfig], dict[str, Any]]
+    train: Callable[[Any, RunConfig, str | None], dict[str, Any]]
     check: Callable[[Any, RunConfig, dict[str, Any]], None]
     fast: frozenset[tuple[str, int]]
     gpu: tuple[str, ...]
     strategies: tuple[str, ...] | None = None
 
 
-TORCH_FP16 = ("single", "ddp", "fsdp_full", "fsdp_grad", "fsdp_hybrid", "fsdp1_full", "fsdp1_grad")
 LORA_STRATEGIES = ("single", "ddp", "fsdp_full", "fsdp_grad", "fsdp1_full", "fsdp1_grad", "zero2", "zero3")
 
-#: Seed 000 trains with clip 0.3 under mixed precision, accumulating; every combination here accumulates (the
-#: tier's global batch is at least two micro-batches a rank at every world size).
+#: Seed 000's ZeRO-3 configuration trains in bf16, accumulating 8 micro-batches, clipped at 0.3. Every combination
+#: here accumulates too (the tier's global batch is at least two micro-batches a rank at every world size); those
+#: with fp16 run where the strategy has fp16 and skip elsewhere with its reason.
 COMBINATIONS: dict[str, Combination] = {
     "fp16+clip": Combination(
         {**FP16, "clip_grad_norm": CLIP},
@@ -483,13 +499,12 @@ COMBINATIONS: dict[str, Combination] = {
         _check_fp16_clip,
         fast=frozenset({("ddp", 2), ("fsdp_full", 2)}),
         gpu=("ddp", "fsdp1_full", "zero2"),
-        strategies=(*TORCH_FP16, "zero1", "zero2", "zero3", "zero3_offload"),
     ),
     "bf16+clip": Combination(
         {**BF16, "clip_grad_norm": CLIP},
         _trained,
         _check_bf16_clip,
-        fast=frozenset({("fsdp_full", 2)}),
+        fast=frozenset({("fsdp_full", 2), ("zero2", 2)}),
         gpu=("ddp", "fsdp_full", "zero2"),
     ),
     "accumulation+clip": Combination(
@@ -537,25 +552,14 @@ def test_recipes_in_combination_match_the_reference(suite, combination, strategy
     against the reference, which implements the combination by its own hand-written rule."""
     c = COMBINATIONS[combination]
     cfg = suite.config(strategy_name, ws, **c.options)
-    c.check(suite, cfg, c.train(suite, cfg))
+    c.check(suite, cfg, c.train(suite, cfg, None))
 
 
 def _mutated(suite, combination: str, strategy: str, ws: int, mutation: str) -> None:
-    """The combination's check of a run with `mutation` planted (tests/mutants.py) must fail."""
+    """The combination's check of its run with `mutation` planted (tests/mutants.py) must fail."""
     c = COMBINATIONS[combination]
     cfg = suite.config(strategy, ws, **c.options)
-    if combination == "fp16+clip":
-        broken = suite.run_job(
-            ws, mutants.train_with_an_overflow, mutation=mutation, cfg=cfg, **_overflow_at(cfg)
-        )[0]
-    elif combination == "dropout+resume":
-        run = suite.checkpointed_run(cfg)
-        resumed = suite.run_job(ws, mutants.train, mutation=mutation, cfg=cfg, resume_from=run["checkpoint"])
-        broken = {**run, "resumed": resumed[0]}
-    else:
-        broken = suite.run_job(
-            ws, mutants.train, mutation=mutation, cfg=cfg, return_params=True, return_grads=True
-        )[0]
+    broken = c.train(suite, cfg, mutation)
     with pytest.raises(AssertionError):
         c.check(suite, cfg, broken)
 

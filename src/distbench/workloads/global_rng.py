@@ -5,8 +5,8 @@ numpy's global RandomState and Python's `random` (data augmentation).
 A resume must put every one of them back as each rank left it, or the resumed run draws other masks and
 augmentations than the uninterrupted one. States are held as tensors and plain values, so a checkpoint holding
 them loads through torch.load(weights_only=True). CUDA's are taken for every visible device, as HF's Trainer
-and Lightning do: a rank may use devices besides its own, and a device's generator is host-side state (a
-seed and an offset), so reading it creates no context there.
+and Lightning do: a rank may use devices besides its own. A device's generator is host-side state (a seed and
+an offset), which torch.manual_seed already sets for every visible device in every rank.
 """
 
 from __future__ import annotations
