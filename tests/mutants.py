@@ -21,6 +21,10 @@ Each mutation breaks one property a real incident breaks, on top of a correct tr
                      (any torch-native trainer)
   clip_per_micro_batch  gradients clipped after every micro-batch's backward instead of once per step, the
                      step reporting the last micro-batch's norm (any torch-native trainer)
+  clip_reports_only  the pre-clip norm computed and reported, the gradients left unclipped (any torch-native
+                     trainer)
+  ds_clipping_off    DeepSpeed's gradient_clipping left at 0 whatever clip_grad_norm says (DeepSpeed still
+                     measures and reports the norm)
   dropout_steps_since_resume  dropout streams keyed by the steps this process ran, not the run's step: a
                      resume draws step 0's masks again (any trainer)
   rng_unrestored_<g>  a resume that leaves global generator <g> (torch: the host's, cuda: every device's,
@@ -46,6 +50,7 @@ import torch.distributed as dist
 
 import distbench.jobs.checks as checks
 import distbench.jobs.train as jobs
+import distbench.strategies.deepspeed as deepspeed_strategy
 import distbench.strategies.lora as lora
 from distbench.strategies.ddp import DDPTrainer
 from distbench.strategies.fsdp import FSDP2Trainer
@@ -123,6 +128,20 @@ def _mutate(trainer: Any, mutation: str) -> None:
 
         trainer.unscale_gradients = lambda: None
         trainer.clip_gradients = clip_then_unscale
+        return
+    if mutation == "clip_reports_only":
+        report = trainer.clip_gradients
+
+        def norm_without_clipping() -> torch.Tensor | None:
+            params = [p for p in trainer.clip_parameters() if p.grad is not None]
+            unclipped = [p.grad.detach().clone() for p in params]
+            norm = report()
+            with torch.no_grad():
+                for p, g in zip(params, unclipped, strict=True):
+                    p.grad.copy_(g)
+            return norm
+
+        trainer.clip_gradients = norm_without_clipping
         return
     if mutation == "clip_per_micro_batch":
         forward_backward, clip = trainer.forward_backward, trainer.clip_gradients
@@ -220,11 +239,22 @@ def _apply_lora_leaving_base_trainable(model: Any, cfg: Any) -> Any:
 _apply_lora = lora.apply_lora
 
 
+def _ds_config_without_clipping(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    return {**_build_ds_config(*args, **kwargs), "gradient_clipping": 0.0}
+
+
+_build_ds_config = deepspeed_strategy.build_ds_config
+
+
 @contextlib.contextmanager
 def _mutated(mutation: str) -> Iterator[None]:
     """Every trainer the jobs build while inside is mutated (the modules hold make_trainer by name)."""
     if mutation == "lora_base_trainable":  # before the wrapper and the optimizer see the model
         with mock.patch.object(lora, "apply_lora", _apply_lora_leaving_base_trainable):
+            yield
+        return
+    if mutation == "ds_clipping_off":  # before the engine is built from the config
+        with mock.patch.object(deepspeed_strategy, "build_ds_config", _ds_config_without_clipping):
             yield
         return
 
@@ -252,6 +282,14 @@ def train_with_an_overflow(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, 
 
     with _mutated(mutation):
         return recipe_jobs.train_with_an_overflow(ctx, **kwargs)
+
+
+def train_watching_steps(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
+    """recipe_jobs.train_watching_steps, mutated."""
+    import recipe_jobs
+
+    with _mutated(mutation):
+        return recipe_jobs.train_watching_steps(ctx, **kwargs)
 
 
 def count_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, float]:

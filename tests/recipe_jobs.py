@@ -92,44 +92,67 @@ def _overflow_at(forward: int | None) -> Iterator[None]:
         handle.remove()
 
 
+def _global_norm(grads: list[torch.Tensor], sharded: bool) -> float:
+    """The 2-norm of a whole model's gradients from one rank's view of them: DTensors (FSDP2) reduce themselves;
+    plain tensors are the whole gradient (replicas) or, where `sharded`, this rank's disjoint share of it (FSDP1's
+    flat shards, ZeRO's partitions), whose squares are summed over the ranks."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    if grads and isinstance(grads[0], DTensor):
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        return float(norm.full_tensor())
+    nccl = dist.is_initialized() and dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    squares = torch.zeros((), dtype=torch.float64, device=device)
+    for g in grads:
+        squares += g.detach().double().pow(2).sum().to(device)
+    if sharded and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(squares)
+    return float(squares.sqrt())
+
+
 @contextlib.contextmanager
-def _stepped_gradient_norms(norms: list[float]) -> Iterator[None]:
-    """Inside, every trainer the train job builds appends to `norms`, at each optimizer step, the global norm of
-    the full gradient the optimizer is about to step with (after whatever unscaling and clipping the trainer did),
-    whatever norm the trainer reports. Torch-native trainers only: DeepSpeed unscales and clips inside its step."""
-    build = jobs.make_trainer
+def _stepped_gradient_norms(cfg: RunConfig, norms: list[float]) -> Iterator[None]:
+    """Inside, every torch optimizer step appends to `norms` the global norm of the gradients it is about to
+    apply: after whatever unscaling and clipping the trainer or its library did (DeepSpeed's engine calls the
+    torch AdamW it was given on its unscaled, clipped fp32 partitions; a step skipped for an overflow calls it not
+    at all), whatever norm the trainer reports. A torch optimizer step pre-hook: outside the code under test.
+    One call per optimizer step: ZeRO-3 would call it once per parameter sub-group, of which these models have
+    one."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    def make(ctx: Any, cfg: RunConfig) -> Any:
-        trainer = build(ctx, cfg)
-        step = trainer.optimizer_step
+    from distbench.strategies import get_spec
 
-        def watched() -> None:
-            grads = trainer.full_grads().values()  # a collective where sharded: every rank calls it
-            norms.append(float(torch.linalg.vector_norm(torch.stack([g.double().norm() for g in grads]))))
-            step()
+    layout = get_spec(cfg.strategy).memory
+    sharded = layout is not None and "optimizer" in layout.sharded
 
-        trainer.optimizer_step = watched
-        return trainer
+    def record(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        norms.append(_global_norm(grads, sharded))
 
-    jobs.make_trainer = make
+    handle = register_optimizer_step_pre_hook(record)
     try:
         yield
     finally:
-        jobs.make_trainer = build
+        handle.remove()
+
+
+def train_watching_steps(ctx: Any, cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
+    """jobs.train, and the global norm of the gradient each optimizer step applied (`stepped_norms`)."""
+    stepped: list[float] = []
+    with _stepped_gradient_norms(cfg, stepped):
+        out = jobs.train(ctx, cfg=cfg, **kwargs)
+    return {**out, "stepped_norms": stepped}
 
 
 def train_with_an_overflow(
     ctx: Any, cfg: RunConfig, step: int, micro_batch: int, **kwargs: Any
 ) -> dict[str, Any]:
-    """jobs.train with an inf planted in the gradient of global micro-batch
-    `micro_batch` of step `step`, on the rank that runs it (global micro-batches rank x accum_steps on), the
-    dtypes the model's matmuls produced (fp16 if it really computes in fp16) and, for torch-native trainers,
-    the global norm of the gradient each optimizer step stepped with (`stepped_norms`)."""
-    from distbench.strategies import get_spec
-
+    """train_watching_steps with an inf planted in the gradient of global micro-batch `micro_batch` of step `step`,
+    on the rank that runs it (global micro-batches rank x accum_steps on), and the dtypes the model's matmuls
+    produced (fp16 if it really computes in fp16)."""
     rank, local = divmod(micro_batch, cfg.accum_steps)
-    stepped: list[float] = []
-    watch = get_spec(cfg.strategy).trainer_module != "deepspeed"
     dtypes: set[str] = set()
 
     def matmul_dtype(module: torch.nn.Module, args: Any, out: Any) -> None:
@@ -138,14 +161,11 @@ def train_with_an_overflow(
 
     handle = torch.nn.modules.module.register_module_forward_hook(matmul_dtype)
     try:
-        with (
-            _overflow_at(step * cfg.accum_steps + local if ctx.rank == rank else None),
-            _stepped_gradient_norms(stepped) if watch else contextlib.nullcontext(),
-        ):
-            out = jobs.train(ctx, cfg=cfg, **kwargs)
+        with _overflow_at(step * cfg.accum_steps + local if ctx.rank == rank else None):
+            out = train_watching_steps(ctx, cfg=cfg, **kwargs)
     finally:
         handle.remove()
-    return {**out, "matmul_dtypes": sorted(dtypes), "stepped_norms": stepped if watch else None}
+    return {**out, "matmul_dtypes": sorted(dtypes)}
 
 
 def reference_with_an_overflow(ctx: Any, cfg: RunConfig, step: int, micro_batch: int) -> dict[str, Any]:
