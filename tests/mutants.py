@@ -23,6 +23,19 @@ Each mutation breaks one property a real incident breaks, on top of a correct tr
   ds_bf16_communication  DeepSpeed's communication_data_type set to bf16 in the config it is given (zero*)
   all_reduce_twice   every DDP bucket all-reduced a second time (identical values across ranks, so the mean
                      keeps them: only the traffic shows it)
+  clip_before_unscale  under fp16, gradients clipped while still multiplied by the loss scale, unscaled after
+                     (any torch-native trainer)
+  clip_per_micro_batch  gradients clipped after every micro-batch's backward instead of once per step, the
+                     step reporting the last micro-batch's norm (any torch-native trainer)
+  clip_reports_only  the pre-clip norm computed and reported, the gradients left unclipped (any torch-native
+                     trainer)
+  ds_clipping_off    DeepSpeed's gradient_clipping left at 0 whatever clip_grad_norm says (DeepSpeed still
+                     measures and reports the norm)
+  dropout_steps_since_resume  dropout streams keyed by the steps this process ran, not the run's step: a
+                     resume draws step 0's masks again (any trainer)
+  rng_unrestored_<g>  a resume that leaves global generator <g> (torch: the host's, cuda: every device's,
+                     numpy, python; all: every one) where the rebuilt process had it (any strategy)
+  rng_rank0_everywhere  a resume that gives every rank rank 0's global generators (any strategy)
 
 The rank processes import this module by name: spawned ranks inherit the pytest process's sys.path, on which
 pytest puts this directory.
@@ -32,10 +45,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+import random
+from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -47,7 +62,7 @@ import distbench.strategies.fsdp as fsdp
 import distbench.strategies.lora as lora
 from distbench.strategies.ddp import DDPTrainer
 from distbench.strategies.fsdp import FSDP2Trainer
-from distbench.workloads.dropout import SampleDropout
+from distbench.workloads.dropout import SampleDropout, sample_streams
 
 
 def _sum_hook(state, bucket):  # unannotated: DDP rejects the string annotations of `from __future__`
@@ -70,6 +85,42 @@ def _bf16_compress_hook(state, bucket):  # unannotated, as _sum_hook
     """torch's bf16_compress_hook itself, under a name DDP does not refuse on gloo: register_comm_hook turns the
     hook away by name unless CUDA and NCCL run it, though gloo reduces bf16 too."""
     return default_hooks.bf16_compress_hook(state, bucket)
+#: Each global generator's getter and setter, written here rather than taken from the code under test.
+_GENERATORS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
+    "torch": (torch.get_rng_state, torch.set_rng_state),
+    "cuda": (torch.cuda.get_rng_state_all, torch.cuda.set_rng_state_all),
+    "numpy": (np.random.get_state, np.random.set_state),
+    "python": (random.getstate, random.setstate),
+}
+
+
+def _wrap_load(trainer: Any, after: Callable[[dict[str, Any]], None]) -> None:
+    """trainer.load_checkpoint, then `after(the generators' states from just before the load)`."""
+    load = trainer.load_checkpoint
+
+    def load_then(path: str, **kwargs: Any) -> None:
+        before = {name: get() for name, (get, _) in _GENERATORS.items()}
+        load(path, **kwargs)
+        after(before)
+
+    trainer.load_checkpoint = load_then
+
+
+def _leave_unrestored(names: list[str]) -> Callable[[dict[str, Any]], None]:
+    def put_back(before: dict[str, Any]) -> None:
+        for name in names:
+            _GENERATORS[name][1](before[name])
+
+    return put_back
+
+
+def _rank0_everywhere(_before: dict[str, Any]) -> None:
+    """Every rank takes rank 0's generators as its load left them."""
+    states = [{name: get() for name, (get, _) in _GENERATORS.items()}]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(states, src=0)
+    for name, (_, set_state) in _GENERATORS.items():
+        set_state(states[0][name])
 
 
 def _global_rng_dropout(module: SampleDropout, x: torch.Tensor) -> torch.Tensor:
@@ -87,6 +138,68 @@ def _mutate(trainer: Any, mutation: str) -> None:
             trainer.optimizer.state.clear()
 
         trainer.load_checkpoint = load_but_reset_optimizer
+        return
+    if mutation == "clip_before_unscale":
+        assert trainer.scaler is not None, "clip_before_unscale needs precision fp16"
+        clip, unscale = trainer.clip_gradients, trainer.unscale_gradients
+
+        def clip_then_unscale() -> torch.Tensor | None:
+            norm = clip()
+            unscale()
+            return norm
+
+        trainer.unscale_gradients = lambda: None
+        trainer.clip_gradients = clip_then_unscale
+        return
+    if mutation == "clip_reports_only":
+        report = trainer.clip_gradients
+
+        def norm_without_clipping() -> torch.Tensor | None:
+            params = [p for p in trainer.clip_parameters() if p.grad is not None]
+            unclipped = [p.grad.detach().clone() for p in params]
+            norm = report()
+            with torch.no_grad():
+                for p, g in zip(params, unclipped, strict=True):
+                    p.grad.copy_(g)
+            return norm
+
+        trainer.clip_gradients = norm_without_clipping
+        return
+    if mutation == "clip_per_micro_batch":
+        forward_backward, clip = trainer.forward_backward, trainer.clip_gradients
+        norms: list[torch.Tensor | None] = []
+
+        def backward_then_clip(batch: Any, sync: bool) -> torch.Tensor:
+            loss = forward_backward(batch, sync)
+            norms.append(clip())
+            return loss
+
+        def last_norm() -> torch.Tensor | None:
+            norm = norms[-1]
+            norms.clear()
+            return norm
+
+        trainer.forward_backward = backward_then_clip
+        trainer.clip_gradients = last_norm
+        return
+    if mutation == "dropout_steps_since_resume":
+        load, start = trainer.load_checkpoint, [0]
+
+        def load_and_count_afresh(path: str, **kwargs: Any) -> None:
+            load(path, **kwargs)
+            start[0] = trainer.steps_done
+
+        trainer.load_checkpoint = load_and_count_afresh
+        trainer.sample_streams = lambda batch: sample_streams(
+            trainer.cfg.seed, trainer.steps_done - start[0], batch["sample_index"].tolist()
+        )
+        return
+    if mutation.startswith("rng_unrestored_"):
+        which = mutation.removeprefix("rng_unrestored_")
+        _wrap_load(trainer, _leave_unrestored(list(_GENERATORS) if which == "all" else [which]))
+        return
+    if mutation == "rng_rank0_everywhere":
+        _wrap_load(trainer, _rank0_everywhere)
         return
     if mutation == "local_norm_clip":
         assert isinstance(trainer, FSDP2Trainer), "local_norm_clip is written against the FSDP2 strategies"
@@ -164,12 +277,17 @@ def _communicating_in_bf16(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return {**_build_ds_config(*args, **kwargs), "communication_data_type": "bf16"}
 
 
+def _ds_config_without_clipping(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    return {**_build_ds_config(*args, **kwargs), "gradient_clipping": 0.0}
+
+
 #: Mutations planted where a strategy builds its trainer, before any wrapper sees the model: mutation -> the
 #: (module, attribute, replacement) patched for as long as it lasts.
 _AT_BUILD: dict[str, tuple[Any, str, Any]] = {
     "lora_base_trainable": (lora, "apply_lora", _apply_lora_leaving_base_trainable),
     "bf16_reduce_dtype": (fsdp, "MixedPrecisionPolicy", _reducing_in_bf16),
     "ds_bf16_communication": (deepspeed, "build_ds_config", _communicating_in_bf16),
+    "ds_clipping_off": (deepspeed, "build_ds_config", _ds_config_without_clipping),
 }
 
 
@@ -205,6 +323,14 @@ def train_with_an_overflow(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, 
 
     with _mutated(mutation):
         return recipe_jobs.train_with_an_overflow(ctx, **kwargs)
+
+
+def train_watching_steps(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
+    """recipe_jobs.train_watching_steps, mutated."""
+    import recipe_jobs
+
+    with _mutated(mutation):
+        return recipe_jobs.train_watching_steps(ctx, **kwargs)
 
 
 def count_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, float]:

@@ -22,6 +22,22 @@ from distbench.invariants.reference import reference_run
 LORA: dict[str, Any] = {"lora_rank": 4, "lora_alpha": 8, "steps": 4}
 
 
+#: bf16 runs: a learning rate below half an ulp of a bf16 weight of GPT-2's initial scale (0.02: ulp 2^-13 =
+#: 1.2e-4): fp32 master weights keep every update, bf16 master weights round most of them away.
+BF16: dict[str, Any] = {"precision": "bf16", "lr": 3e-5}
+
+_initial: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+
+
+def initial_weights(model: str, seed: int) -> dict[str, torch.Tensor]:
+    """The model's weights before training, built in this (the pytest) process, once per (model, seed)."""
+    from distbench.workloads import get_model
+
+    if (model, seed) not in _initial:
+        _initial[(model, seed)] = get_model(model).build(seed).state_dict()
+    return _initial[(model, seed)]
+
+
 def refuses_lora(strategy: str, world_size: int) -> bool:
     """Where the strategy refuses LoRA (strategies/fsdp1.py LORA_ONE_RANK_WHY): FSDP1 on one rank."""
     from distbench.strategies import get_spec
@@ -76,12 +92,66 @@ def _overflow_at(forward: int | None) -> Iterator[None]:
         handle.remove()
 
 
+def _global_norm(grads: list[torch.Tensor], sharded: bool) -> float:
+    """The 2-norm of a whole model's gradients from one rank's view of them: DTensors (FSDP2) reduce themselves;
+    plain tensors are the whole gradient (replicas) or, where `sharded`, this rank's disjoint share of it (FSDP1's
+    flat shards, ZeRO's partitions), whose squares are summed over the ranks."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    if grads and isinstance(grads[0], DTensor):
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        return float(norm.full_tensor())
+    nccl = dist.is_initialized() and dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    squares = torch.zeros((), dtype=torch.float64, device=device)
+    for g in grads:
+        squares += g.detach().double().pow(2).sum().to(device)
+    if sharded and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(squares)
+    return float(squares.sqrt())
+
+
+@contextlib.contextmanager
+def _stepped_gradient_norms(cfg: RunConfig, norms: list[float]) -> Iterator[None]:
+    """Inside, every torch optimizer step appends to `norms` the global norm of the gradients it is about to
+    apply: after whatever unscaling and clipping the trainer or its library did (DeepSpeed's engine calls the
+    torch AdamW it was given on its unscaled, clipped fp32 partitions; a step skipped for an overflow calls it not
+    at all), whatever norm the trainer reports. A torch optimizer step pre-hook: outside the code under test.
+    One call per optimizer step: ZeRO-3 would call it once per parameter sub-group, of which these models have
+    one."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from distbench.strategies import get_spec
+
+    layout = get_spec(cfg.strategy).memory
+    sharded = layout is not None and "optimizer" in layout.sharded
+
+    def record(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        norms.append(_global_norm(grads, sharded))
+
+    handle = register_optimizer_step_pre_hook(record)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def train_watching_steps(ctx: Any, cfg: RunConfig, **kwargs: Any) -> dict[str, Any]:
+    """jobs.train, and the global norm of the gradient each optimizer step applied (`stepped_norms`)."""
+    stepped: list[float] = []
+    with _stepped_gradient_norms(cfg, stepped):
+        out = jobs.train(ctx, cfg=cfg, **kwargs)
+    return {**out, "stepped_norms": stepped}
+
+
 def train_with_an_overflow(
     ctx: Any, cfg: RunConfig, step: int, micro_batch: int, **kwargs: Any
 ) -> dict[str, Any]:
-    """jobs.train with an inf planted in the gradient of global micro-batch
-    `micro_batch` of step `step`, on the rank that runs it (global micro-batches rank x accum_steps on), and the
-    dtypes the model's matmuls produced (fp16 if it really computes in fp16)."""
+    """train_watching_steps with an inf planted in the gradient of global micro-batch `micro_batch` of step `step`,
+    on the rank that runs it (global micro-batches rank x accum_steps on), and the dtypes the model's matmuls
+    produced (fp16 if it really computes in fp16)."""
     rank, local = divmod(micro_batch, cfg.accum_steps)
     dtypes: set[str] = set()
 
@@ -92,7 +162,7 @@ def train_with_an_overflow(
     handle = torch.nn.modules.module.register_module_forward_hook(matmul_dtype)
     try:
         with _overflow_at(step * cfg.accum_steps + local if ctx.rank == rank else None):
-            out = jobs.train(ctx, cfg=cfg, **kwargs)
+            out = train_watching_steps(ctx, cfg=cfg, **kwargs)
     finally:
         handle.remove()
     return {**out, "matmul_dtypes": sorted(dtypes)}
@@ -102,7 +172,7 @@ def reference_with_an_overflow(ctx: Any, cfg: RunConfig, step: int, micro_batch:
     """The reference with the same inf planted (it runs every micro-batch of a step, in order)."""
     with _overflow_at(step * (cfg.global_batch // cfg.micro_batch) + micro_batch):
         out = reference_run(cfg, ctx.device)
-    return {k: out[k] for k in ("losses", "loss_scales", "skipped_steps")}
+    return {k: out[k] for k in ("losses", "loss_scales", "skipped_steps", "grad_norms")}
 
 
 def saved_activation_bytes(ctx: Any, cfg: RunConfig) -> dict[str, int]:

@@ -15,20 +15,7 @@ import torch
 
 import mutants
 from distbench.invariants.checks import assert_bf16_matches_fp32_reference
-from distbench.workloads import get_model
-
-#: A learning rate below half an ulp of a bf16 weight of GPT-2's initial scale (0.02: ulp 2^-13 = 1.2e-4):
-#: fp32 master weights keep every update, bf16 master weights round most of them away.
-BF16 = {"precision": "bf16", "lr": 3e-5}
-
-_initial: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
-
-
-def initial_weights(model: str, seed: int) -> dict[str, torch.Tensor]:
-    """The model's weights before training, built in this process, once per (model, seed)."""
-    if (model, seed) not in _initial:
-        _initial[(model, seed)] = get_model(model).build(seed).state_dict()
-    return _initial[(model, seed)]
+from recipe_jobs import BF16, initial_weights
 
 
 def bf16_run(

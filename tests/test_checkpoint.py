@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
+import mutants
+import tier_cases
 from distbench.errors import CheckpointError
 from distbench.invariants.checks import assert_losses_match, assert_resume_exact
 from distbench.invariants.export import full_state_dict_from_checkpoint
 from distbench.runtime.pool import JobError
+from distbench.strategies import REGISTRY
 from distbench.strategies.checkpoint_files import MANIFEST, write_manifest
 from distbench.strategies.fsdp1 import LORA_ONE_RANK_WHY
 from recipe_jobs import LORA, refuses_lora
@@ -262,3 +267,124 @@ def test_a_hostile_pickle_in_a_checkpoint_runs_no_code(suite, strategy_name, ws,
     else:
         _expect_checkpoint_error(suite, cfg, bad, target.name)
     assert not marker.exists(), f"loading {target} ran its payload"
+
+
+#: A user's model whose training draws from every global generator: torch's host and device generators, numpy's
+#: and Python's `random` (tests/user_models.py), each rank seeded apart. Four steps, saved after the second; a
+#: global batch of 4 in micro-batches of 1 (accumulating at both world sizes), at the model's own length.
+GLOBAL_RNG = {
+    "model": "user_models:global_rng_lm",
+    "seq_len": 0,
+    "global_batch": 4,
+    "micro_batch": 1,
+    "steps": 4,
+}
+#: Why a resume at another world size cannot continue the global random streams: they are per rank.
+RESHARDED_RNG_WHY = (
+    "a resume at another world size cannot continue each rank's global random streams: the states are per "
+    "rank and the ranks changed, so DCP and DeepSpeed's universal checkpoint loads start them afresh"
+)
+#: One strategy per checkpoint path (torch.save, DCP, DeepSpeed) at 2 ranks in the default tier, the rest slow.
+_RNG_FAST = {("ddp", 2), ("fsdp_full", 2), ("zero2", 2)}
+
+
+def _global_rng_cases() -> list:
+    same = tier_cases.cases(fast=_RNG_FAST)
+    resharded = [
+        pytest.param(
+            device_type,
+            name,
+            2,
+            id=f"{name}-ws2-to-ws1{sfx}",
+            marks=[pytest.mark.skip(reason=RESHARDED_RNG_WHY), *([pytest.mark.gpu] if sfx else [])],
+        )
+        for device_type, sfx in (("cpu", ""), ("cuda", "-gpu"))
+        for name, spec in REGISTRY.items()
+        if spec.checkpoint is not None and spec.checkpoint.reshards
+    ]
+    return same + resharded
+
+
+@pytest.mark.parametrize(tier_cases.ARGNAMES, _global_rng_cases())
+def test_resume_continues_every_global_random_stream(suite, strategy_name, ws):
+    """A model drawing from torch's host and device generators, numpy's and Python's `random` (nn.Dropout, SDPA
+    dropout, random masking, data augmentation) resumes bitwise like its own uninterrupted run: each rank's
+    generators were saved and put back, after the strategy's own load and untouched by the harness since."""
+    _assert_roundtrip(suite, strategy_name, ws, **GLOBAL_RNG)
+
+
+def _rng_bites() -> list:
+    """Each generator left where the rebuilt process had it (CUDA's on the GPU tier only: the CPU tier has
+    none), all of them, or every rank given rank 0's (GPU: 2 ranks, a device each)."""
+    cpu = [
+        ("cpu", m, 2)
+        for m in (
+            "rng_unrestored_all",
+            "rng_unrestored_torch",
+            "rng_unrestored_numpy",
+            "rng_unrestored_python",
+            "rng_rank0_everywhere",
+        )
+    ]
+    gpu = [("cuda", "rng_unrestored_cuda", 1), ("cuda", "rng_rank0_everywhere", 2)]
+    return [
+        pytest.param(
+            d,
+            m,
+            ws,
+            id=f"{m}{'-gpu' if d == 'cuda' else ''}",
+            marks=[pytest.mark.world_size(ws), *([pytest.mark.gpu] if d == "cuda" else [])],
+        )
+        for d, m, ws in cpu + gpu
+    ]
+
+
+@pytest.mark.parametrize("device_type,mutation,ws", _rng_bites())
+def test_a_resume_that_leaves_a_global_generator_fails(suite, mutation, ws):
+    """tests/mutants.py rng_*: the DDP resume's load, then from outside the generator(s) put back where the
+    rebuilt rank had them (or rank 0's everywhere): the resumed losses leave the uninterrupted run's."""
+    cfg = suite.config("ddp", ws, **GLOBAL_RNG)
+    run = suite.checkpointed_run(cfg)
+    broken = suite.run_job(ws, mutants.train, mutation=mutation, cfg=cfg, resume_from=run["checkpoint"])[0]
+    with pytest.raises(AssertionError, match="differ from the uninterrupted run"):
+        assert_resume_exact(broken, run["losses"], run["save_at"], f"ddp ws{ws} {mutation}")
+
+
+def _generator_states() -> list:
+    """torch's host generator, numpy's and Python's, read here rather than through the code under test."""
+    return [torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()]
+
+
+def test_looking_up_a_factory_moves_no_global_generator():
+    """Jobs look the model up (get_model probes a user's factory) mid-training too: a probe that seeded or drew
+    would move the streams the model draws from, in the uninterrupted and the resumed run alike, unseen."""
+    from distbench.workloads import get_model
+
+    before = _generator_states()
+    get_model("user_models:numpy_initialised_lm")  # the factory draws from numpy and Python's random
+    after = _generator_states()
+    assert torch.equal(before[0], after[0]), "looking the factory up moved torch's generator"
+    assert (before[1] == after[1]).all(), "looking the factory up moved numpy's generator"
+    assert before[2] == after[2], "looking the factory up moved Python's generator"
+
+
+def test_a_factory_initialising_from_numpy_builds_the_same_model_from_the_seed():
+    """Every rank must build the same weights from the run's seed, whichever generator the factory draws from."""
+    from distbench.workloads import get_model
+
+    spec = get_model("user_models:numpy_initialised_lm")
+    first, second = (spec.build(1234).state_dict() for _ in range(2))
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_a_checkpoint_without_every_generators_state_is_refused(suite, tmp_path):
+    """A rank's extra state as distbench saved it before numpy's and Python's generators were kept (torch's
+    alone): refused naming the file, not resumed with streams the uninterrupted run never had."""
+    cfg = suite.config("ddp", 1)
+    bad = _copy(suite.checkpointed_run(cfg), tmp_path)
+    extra = bad / "extra_rank0.pt"
+    state = torch.load(extra, weights_only=True)
+    state["rng"] = {"cpu": state["rng"]["torch"]}
+    torch.save(state, extra)
+    write_manifest(bad)
+    _expect_checkpoint_error(suite, cfg, bad, str(extra), "random generator state", "re-save")

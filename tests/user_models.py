@@ -3,7 +3,12 @@ model. Spawned ranks import this module by name from the pytest process's sys.pa
 
 from __future__ import annotations
 
+import os
+import random
+
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 VOCAB = 256
@@ -35,6 +40,93 @@ class TinyLM(nn.Module):
 
 def tiny_lm() -> nn.Module:
     return TinyLM()
+
+
+class GlobalRngLM(nn.Module):
+    """A model whose training draws from every global generator the ways users' code does: Python's `random`
+    and numpy's pick the replacement tokens and their positions of a token-noise augmentation, torch's host
+    generator a per-sample embedding scale, and on the model's device random token masking (torch.rand,
+    torch.randint), nn.Dropout and SDPA's own dropout. In eval mode it draws nothing."""
+
+    vocab_size = VOCAB
+    seq_len = 16
+    rate = 0.1
+
+    def __init__(self, width: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.embed = nn.Embedding(VOCAB, width)
+        self.drop = nn.Dropout(self.rate)
+        self.blocks = nn.ModuleList(_AttentionBlock(width, heads, self.rate) for _ in range(2))
+        self.head = nn.Linear(width, VOCAB)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            input_ids = self.augment(input_ids)
+        h = self.embed(input_ids)
+        if self.training:
+            scale = 1.0 + 0.1 * torch.rand(h.size(0), 1, 1)  # torch's host generator
+            h = self.drop(h * scale.to(h.device))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+    def augment(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token noise (numpy's positions, Python's replacement per sample), then masking drawn on the device."""
+        noisy = torch.from_numpy(np.random.random_sample(tuple(ids.shape)) < 2 * self.rate).to(ids.device)
+        swap = torch.tensor([random.randrange(VOCAB) for _ in range(ids.size(0))], device=ids.device)
+        ids = torch.where(noisy, swap[:, None].expand_as(ids), ids)
+        masked = torch.rand(ids.shape, device=ids.device) < self.rate
+        return torch.where(masked, torch.randint(VOCAB, ids.shape, device=ids.device), ids)
+
+
+class _AttentionBlock(nn.Module):
+    def __init__(self, width: int, heads: int, rate: float) -> None:
+        super().__init__()
+        self.heads, self.rate = heads, rate
+        self.norm = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.mlp = nn.Sequential(
+            nn.LayerNorm(width),
+            nn.Linear(width, 2 * width),
+            nn.GELU(),
+            nn.Dropout(rate),
+            nn.Linear(2 * width, width),
+        )
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        b, t, w = h.shape
+        q, k, v = (x.view(b, t, self.heads, -1).transpose(1, 2) for x in self.qkv(self.norm(h)).chunk(3, -1))
+        a = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.rate if self.training else 0.0
+        )
+        h = h + self.out(a.transpose(1, 2).reshape(b, t, w))
+        return h + self.mlp(h)
+
+
+def global_rng_lm() -> nn.Module:
+    """GlobalRngLM, with every global generator then seeded by rank as timm's training script seeds them
+    (`random_seed(seed, rank)`): the weights are the same on every rank (built from the harness's seed), the
+    random streams differ, so a resume that gives every rank rank 0's streams draws what no rank drew.
+    Seeds only inside a rank: the harness probes the factory in its own process too."""
+    model = GlobalRngLM()
+    if torch.distributed.is_initialized():
+        seed = torch.initial_seed() + 1000 * int(os.environ["RANK"]) + 1
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        random.seed(seed)
+    return model
+
+
+def numpy_initialised_lm() -> nn.Module:
+    """TinyLM whose embedding starts from numpy's global generator and whose head bias from Python's `random`,
+    as a factory porting another framework's initialisation might: the same seed must build the same model."""
+    model = TinyLM()
+    with torch.no_grad():
+        model.embed.weight.copy_(torch.from_numpy(0.02 * np.random.standard_normal(model.embed.weight.shape)))
+        model.head.bias.copy_(torch.tensor([random.gauss(0.0, 0.02) for _ in range(VOCAB)]))
+    return model
 
 
 def wrong_vocab_lm() -> nn.Module:

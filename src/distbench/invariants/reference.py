@@ -2,15 +2,17 @@
 
 Deliberately shares nothing with the strategies or the Trainer: a hand-written loop over the global
 batch with gradient accumulation, torch's AdamW and LR schedule configured from the same hyper-parameters,
-fp16's loss scaling and LoRA written out by hand rather than taken from torch.amp or peft. Only the inputs are
-shared: the model built from the seed, the samples of each step, the model family's default LoRA targets, and
-under dropout the definition of each sample's random stream (workloads/dropout.py), which the reference keys
-by the sample's place in the global batch itself.
+fp16's loss scaling, clipping and LoRA written out by hand rather than taken from torch.amp, torch.nn.utils or
+peft. Combined, they act in one order each step: unscale, then clip by the global norm of the whole step's
+gradient, then step or skip. Only the inputs are shared: the model built from the seed, the samples of each
+step, the model family's default LoRA targets, and under dropout the definition of each sample's random stream
+(workloads/dropout.py), which the reference keys by the sample's place in the global batch itself.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -82,8 +84,10 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
         )
         if step == cfg.steps - 1:
             grads = _named({n: p.grad for n, p in model.named_parameters() if p.grad is not None}, cfg)
-        if cfg.clip_grad_norm:  # by the global norm of the whole model's gradients, reported before clipping
-            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)))
+        if (
+            cfg.clip_grad_norm
+        ):  # after unscaling, by the global norm of the step's whole gradient, once per step
+            norms.append(clip_by_global_norm(model.parameters(), cfg.clip_grad_norm))
         if scaler is not None:
             scales.append(scaler.scale)
             skipped.append(overflow)
@@ -103,6 +107,17 @@ def reference_run(cfg: RunConfig, device: torch.device | str = "cpu") -> dict[st
         "skipped_steps": skipped,
     }
     return {**out, "initial": initial, "merged": merged_state(model)} if cfg.lora_rank else out
+
+
+def clip_by_global_norm(params: Iterable[nn.Parameter], max_norm: float) -> float:
+    """Scale every gradient by max_norm / (norm + 1e-6) where that is below 1, `norm` being the 2-norm of all the
+    gradients together, and return that norm: clipping as torch's clip_grad_norm_ defines it, written out."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coefficient)
+    return float(norm)
 
 
 @dataclass

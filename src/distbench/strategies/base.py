@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor
 from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
 from ..runtime.context import RankContext
+from ..workloads import global_rng
 from ..workloads.dropout import sample_streams
 from .checkpoint_files import write_manifest
 
@@ -127,19 +128,6 @@ def maybe_compile(model: nn.Module, cfg: RunConfig) -> nn.Module:
         for block in transformer_blocks(model) or [model]:
             block.compile()
     return model
-
-
-def rng_state(ctx: RankContext) -> dict[str, Any]:
-    state = {"cpu": torch.get_rng_state()}
-    if ctx.is_cuda:
-        state["cuda"] = torch.cuda.get_rng_state(ctx.device)
-    return state
-
-
-def set_rng_state(ctx: RankContext, state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["cpu"])
-    if ctx.is_cuda and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], ctx.device)
 
 
 class Trainer(ABC):
@@ -325,15 +313,12 @@ class Trainer(ABC):
         return None
 
     def extra_state(self) -> dict[str, Any]:
-        """Harness state a resume needs besides model and optimizer: data position, RNG, fp16's loss scale."""
-        state = {"steps_done": self.steps_done, "rng": rng_state(self.ctx)}
+        """Harness state a resume needs besides model and optimizer: data position, this rank's global random
+        generators (workloads/global_rng.py), fp16's loss scale."""
+        state = {"steps_done": self.steps_done, "rng": global_rng.capture()}
         if self.scaler is not None:
             state["grad_scaler"] = self.scaler.state_dict()
         return state
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.load_progress(state)
-        set_rng_state(self.ctx, state["rng"])
 
     def load_progress(self, state: dict[str, Any]) -> None:
         """What any resume restores from a rank's extra state, one at another world size included (whose RNG
@@ -357,8 +342,18 @@ class Trainer(ABC):
         torch.save(self.extra_state(), os.path.join(path, f"extra_rank{self.ctx.rank}.pt"))
 
     def restore_extra_state(self, path: str) -> None:
+        """This rank's extra state, its random generators last: after the strategy's own load, whatever that
+        drew, so training goes on from the generators the save left."""
         f = os.path.join(path, f"extra_rank{self.ctx.rank}.pt")
-        self.load_extra_state(torch_load(f))
+        state = torch_load(f)
+        self.load_progress(state)
+        try:
+            global_rng.restore(state["rng"])
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+            raise CheckpointError(
+                f"checkpoint file {f} holds no usable random generator state ({type(e).__name__}: {e}); "
+                "it was saved by an older distbench or damaged: re-save the checkpoint"
+            ) from None
 
 
 def global_mean(ctx: RankContext, value: torch.Tensor) -> torch.Tensor:

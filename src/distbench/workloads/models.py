@@ -73,10 +73,13 @@ class ModelSpec:
         return c
 
     def build(self, seed: int, device: torch.device | str = "cpu") -> nn.Module:
-        """Build with random init from `seed`, directly on `device`."""
+        """Build with random init from `seed`, directly on `device`. Every global generator is seeded, so a
+        factory whose initialisation draws from numpy or Python's `random` builds the same model on every rank."""
         import torch
 
-        torch.manual_seed(seed)
+        from .global_rng import seed_all
+
+        seed_all(seed)
         with torch.device(device):
             if self.factory is not None:
                 model = self.factory()
@@ -205,9 +208,12 @@ def _custom(ref: str) -> ModelSpec:
             f"importing {module_name!r} for model factory {ref!r} raised "
             f"{type(e).__name__}: {e}; fix the module"
         ) from None
-    torch.manual_seed(0)
+    from .global_rng import preserved
+
+    # get_model runs this probe wherever a job looks the model up, mid-training included: it must leave the
+    # global generators (which the factory may seed, and the model draws from) as it found them.
     try:
-        with torch.device("meta"):
+        with preserved(), torch.device("meta"):
             probe = fn()
     except (Exception, SystemExit) as e:
         raise ConfigError(f"model factory {ref!r} raised {type(e).__name__}: {e}; fix the factory") from None
