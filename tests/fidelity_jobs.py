@@ -12,10 +12,12 @@ from distbench.runtime import worker
 from distbench.runtime.context import RankContext
 
 
-def planted_fidelity_setup(ctx: RankContext, cfg: RunConfig, steps: int, fraction: float) -> dict[str, Any]:
+def planted_fidelity_setup(
+    ctx: RankContext, cfg: RunConfig, steps: int, fraction: float, warmup: int = 2
+) -> dict[str, Any]:
     """fidelity_setup, then extra device work after every harness step (never the bare loop's), sized from two
     measured rounds to `fraction` of the bare loop's step: a harness that costs that much more throughput."""
-    out = fidelity_setup(ctx, cfg, steps=steps)
+    out = fidelity_setup(ctx, cfg, steps=steps, warmup=warmup)
     pair = worker.STATE[STATE_KEY]
     bare_step_s = pair.summary(pair.rounds(2))["bare_step_time_s"]
     a = torch.randn(4096, 4096, device=ctx.device, dtype=torch.bfloat16)

@@ -104,9 +104,9 @@ class Fidelity:
                 "bare": float(_global_mean(ctx, bare.step(data[0]))),
                 "harness": trainer.step(data[0]),
             }
-            for mbs in data[1:warmup]:
-                bare.step(mbs)
-                trainer.step_async(mbs)
+            for i in range(1, warmup):  # the steps again when there are fewer steps than warm-up steps
+                bare.step(data[i % steps])
+                trainer.step_async(data[i % steps])
         except BaseException:
             f.close()
             raise
