@@ -15,7 +15,7 @@ import torch
 
 import mutants
 from distbench.invariants.checks import assert_bf16_matches_fp32_reference
-from recipe_jobs import BF16, initial_weights
+from recipe_jobs import BF16
 
 
 def bf16_run(
@@ -27,7 +27,7 @@ def bf16_run(
         run = suite.run_job(world_size, mutants.train, mutation=mutation, cfg=cfg, return_params=True)[0]
     else:
         run = suite.train(cfg, return_params=True)[0]
-    return run, suite.reference(cfg), initial_weights(cfg.model, cfg.seed)
+    return run, suite.reference(cfg), suite.initial_weights(cfg)
 
 
 @pytest.mark.gpu

@@ -8,6 +8,7 @@ through peft, against a reference that writes LoRA out by hand; and these recipe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ from distbench.runtime.pool import JobError
 from distbench.strategies import REGISTRY, get_spec
 from distbench.strategies.fsdp1 import LORA_ONE_RANK_WHY
 from distbench.workloads.dropout import SampleDropout, sample_streams
-from recipe_jobs import BF16, LORA, initial_weights, refuses_lora
+from recipe_jobs import BF16, LORA, refuses_lora
 
 #: Far below gpt2-tiny's gradient norms on this data (about 3-4): every step is clipped, hard.
 CLIP = 0.25
@@ -447,7 +448,10 @@ def _assert_stepped_at_the_clip(run: dict[str, Any], norms: list[float], what: s
     gradient of pre-clip norm `norms[i]`: seen from a torch optimizer step hook, not from what the trainer
     reports (its pre-clip norm can be right while the gradient it steps with is not)."""
     clipped = [CLIP * n / (n + 1e-6) for n in norms]
-    assert run["stepped_norms"] == pytest.approx(clipped, rel=STEPPED_NORM_RTOL), (
+    # A fused AdamW (torch's choice on GPUs) is called on an overflowed fp16 step too and skips the update in
+    # its own kernel (GradScaler hands it found_inf): on one H200 DDP's hook saw that call, with a nan norm.
+    stepped = [n for n in run["stepped_norms"] if math.isfinite(n)]
+    assert stepped == pytest.approx(clipped, rel=STEPPED_NORM_RTOL), (
         f"{what}: the optimizer's steps applied gradients of norm {run['stepped_norms']}, clipping the "
         f"reference's unscaled gradients gives {clipped}"
     )
@@ -458,6 +462,11 @@ def _assert_stepped_at_the_clip(run: dict[str, Any], norms: list[float], what: s
 #: gpt2-tiny at 2 ranks: at most 2.4e-4 (fsdp_full), 4.9e-4 (ddp), 7.4e-4 (zero2); a norm of one of two
 #: shards is 29% off.
 BF16_NORM_RTOL = BF16_LOSS_RTOL
+#: DeepSpeed's bf16 runs the whole model in bf16 (its weights rounded, its gradients bf16 and reduced in bf16),
+#: a different function from the fp32 reference's rather than a rounding of the same one: on one H200 (GPT-2
+#: 124M, world size 1) zero2's pre-clip norms were 0.03-2.7% off the reference's, growing with the steps. A
+#: norm of one of two shards is 29% off.
+DS_BF16_NORM_RTOL = 0.05
 
 
 def _check_bf16_clip(suite, cfg, run: dict[str, Any]) -> None:
@@ -466,10 +475,11 @@ def _check_bf16_clip(suite, cfg, run: dict[str, Any]) -> None:
     learning rate AdamW's updates barely depend on the gradient's scale, well inside bf16's tolerances."""
     ref = _clip_reference(suite, cfg)
     what = f"{cfg.strategy} ws{cfg.world_size} bf16 clipped at {CLIP}"
-    assert run["grad_norms"] == pytest.approx(ref["grad_norms"], rel=BF16_NORM_RTOL), (
+    rel = DS_BF16_NORM_RTOL if get_spec(cfg.strategy).trainer_module == "deepspeed" else BF16_NORM_RTOL
+    assert run["grad_norms"] == pytest.approx(ref["grad_norms"], rel=rel), (
         f"{what}: pre-clip norms {run['grad_norms']}, the fp32 reference's {ref['grad_norms']}"
     )
-    assert_bf16_matches_fp32_reference(run, ref, initial_weights(cfg.model, cfg.seed), what)
+    assert_bf16_matches_fp32_reference(run, ref, suite.initial_weights(cfg), what)
     _assert_stepped_at_the_clip(run, ref["grad_norms"], what)
 
 

@@ -135,3 +135,10 @@ def test_a_plan_keeps_every_seat_busy_and_finishes_near_the_ideal():
     makespan2, most2 = _simulate(p2, {c.nodeid: c.cost for c in cs2})
     assert sorted(n for u in p2.units for n in u.nodeids) == sorted(c.nodeid for c in cs2)
     assert most2 == 8 and makespan2 <= sum(c.cost for c in cs2) / 4 + max(u.cost for u in p2.units)
+
+
+def test_a_lane_takes_another_groups_unit_when_enough_lanes_run_one_group():
+    pending = [Unit(1, ["a"], 5.0, "zero3"), Unit(1, ["b"], 4.0, "zero3"), Unit(1, ["c"], 3.0, "ddp")]
+    assert take_unit(list(pending), 1, {"zero3": 2}, cap=2).group == "ddp"
+    assert take_unit(list(pending), 1, {"zero3": 1}, cap=2).nodeids == ["a"]
+    assert take_unit(list(pending[:2]), 1, {"zero3": 2}, cap=2).nodeids == ["a"]  # nothing else: it waits less

@@ -265,6 +265,9 @@ class LaneRunner:
         for u in plan.units:
             self.groups_left[u.group] = self.groups_left.get(u.group, 0) + 1
         self.done_groups: list[str] = []  # every unit run, waiting for group_done
+        #: lanes that may run one group's units at once: a quarter of them, so several groups go side by side
+        #: and few lanes wait on one group's shared run
+        self.group_cap = max(1, -(-plan.lanes_at_once // 4))
         self.stats = LaneStats(plan.devices, plan.seats, gpus)
         self.items = {it.nodeid: it for it in session.items}
         self.pending = list(plan.units)
@@ -324,7 +327,11 @@ class LaneRunner:
                     self._on_event(run, event)
                     self._check_stop()
                 if run.asked and not ended and not self._memory_tight(run):
-                    run.hand(take_unit(self.pending, run.world_size))
+                    busy: dict[str, int] = {}
+                    for r in self.running:
+                        if r.unit is not None:
+                            busy[r.unit.group] = busy.get(r.unit.group, 0) + 1
+                    run.hand(take_unit(self.pending, run.world_size, busy, self.group_cap))
                 if ended:
                     self._ended(run)
                 elif run.current and time.monotonic() - run.current_since > self.lane_timeout:

@@ -144,12 +144,18 @@ def next_world_size(pending: Sequence[Unit], running: dict[int, int], seats: Sea
     return None
 
 
-def take_unit(pending: list[Unit], world_size: int) -> Unit | None:
-    """The next unit a lane of `world_size` runs (the costliest left), removed from `pending`."""
-    for i, u in enumerate(pending):
-        if u.world_size == world_size:
-            return pending.pop(i)
-    return None
+def take_unit(
+    pending: list[Unit], world_size: int, busy: dict[str, int] | None = None, cap: int = 0
+) -> Unit | None:
+    """The next unit a lane of `world_size` runs, removed from `pending`: the first in plan order whose group
+    fewer than `cap` lanes are running (`busy`: lanes per group), else the first. Most of a group's units
+    wait on the group's one shared run (a session's shelf computes it once): more lanes on one group than
+    `cap` mostly wait for it."""
+    mine = [i for i, u in enumerate(pending) if u.world_size == world_size]
+    if not mine:
+        return None
+    free = [i for i in mine if not cap or (busy or {}).get(pending[i].group, 0) < cap]
+    return pending.pop((free or mine)[0])
 
 
 def seats_per_device(

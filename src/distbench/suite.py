@@ -119,6 +119,11 @@ class Suite:
             self.phases.add(self.current_test, phases)
         return outs
 
+    def fresh_pool(self, world_size: int) -> None:
+        """Close the pool of `world_size`: the next job starts new ranks, with nothing earlier jobs left."""
+        self.pool_manager.pool_for(world_size).close()
+        self.history.pop(world_size, None)
+
     def train(self, cfg: RunConfig, **kwargs: Any) -> list[dict[str, Any]]:
         """Run the train job at cfg.world_size; per-rank outputs (see jobs.train.train). Full parameters and
         gradients (return_params, return_grads) come back through a safetensors file rank 0 writes, not its
@@ -143,7 +148,7 @@ class Suite:
         if self.shelf is None:  # no session to share with: a shelf of this Suite's own, removed by close()
             self.shelf = Shelf(tempfile.mkdtemp(prefix="distbench-suite-"))
             self._own_shelf = True
-        tag = "" if kind == "reference" else cfg.strategy  # a strategy's runs go when its tests are done
+        tag = "" if kind in ("reference", "initial") else cfg.strategy  # a strategy's go when its tests are done
         return self.shelf.get(entry_key(f"{kind}-{self.device_type}", cfg.to_dict(), tag), compute)
 
     def reference(self, cfg: RunConfig) -> dict[str, Any]:
@@ -157,6 +162,17 @@ class Suite:
             return {k: v for k, v in out.items() if k != "phases"}
 
         return self._shelved("reference", ref_cfg, compute)
+
+    def initial_weights(self, cfg: RunConfig) -> dict[str, Any]:
+        """cfg's model's weights before training, as its ranks build them, once per session."""
+        init_cfg = cfg.replace(strategy="single", world_size=1, options={})
+        from .jobs.checks import initial_weights_job  # torch: see train
+
+        def compute(entry: Path) -> dict[str, Any]:
+            self.run_job(1, initial_weights_job, cfg=init_cfg, keep_tensors_at=str(entry / TENSORS))
+            return {}
+
+        return self._shelved("initial", init_cfg, compute)["initial"]
 
     def checkpointed_run(self, cfg: RunConfig) -> dict[str, Any]:
         """One uninterrupted run of cfg, computed once per session and shared by the invariants: losses,

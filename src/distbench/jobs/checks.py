@@ -31,6 +31,14 @@ def reference_job(ctx: RankContext, cfg: RunConfig, keep_tensors_at: str | None 
     return {**out, "phases": {"reference run": time.perf_counter() - t0}}
 
 
+def initial_weights_job(ctx: RankContext, cfg: RunConfig, keep_tensors_at: str) -> dict[str, Any]:
+    """The model's weights before training as a rank builds them (on its device, from cfg's seed), written to
+    a safetensors file under "initial"."""
+    model = get_model(cfg.model).build(cfg.seed, ctx.device)
+    save_tensors(keep_tensors_at, {"initial": {k: v.detach().cpu() for k, v in model.state_dict().items()}})
+    return {}
+
+
 def count_collectives(ctx: RankContext, cfg: RunConfig, steps: int = 2) -> dict[str, float]:
     """Collectives per optimizer step, by kind, over `steps` steps after one untimed step (see
     invariants/collectives.py)."""
