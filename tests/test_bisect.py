@@ -25,11 +25,16 @@ from distbench.gate.variants import VariantStartError
 CFG = RunConfig(strategy="ddp", world_size=1, model="gpt2-tiny", steps=6, windows=3, deterministic=False)
 
 
-def setup_of(n: int, mode: str = "perf", **kw) -> Setup:
+def setup_of(n: int, mode: str = "perf", **rule) -> Setup:
+    """n + 1 candidates; a performance bisect at the gate's rule (alpha, threshold, min_effect as `distbench ab`
+    has them), on a schedule of 3 to 9 pairs a probe judged every 3, with `rule` on top."""
     candidates = [Candidate(spec=f"{i:040x}", label=f"rev{i}") for i in range(n + 1)]
-    extra = {"nodeid": "tests/test_x.py::test_y"} if mode == "test" else {"config": CFG.to_dict()}
+    if mode == "test":
+        return Setup(mode="test", source="simulated", candidates=candidates, nodeid="tests/test_x.py::test_y")
+    gate = {"alpha": 0.05, "threshold": 0.02, "min_effect": 0.01, "interleave": "windows"}
     schedule = {"min_pairs": 3, "max_pairs": 9, "look_every": 3}
-    return Setup(mode=mode, source="simulated", candidates=candidates, **{**schedule, **extra, **kw})
+    r = bisect.Rule(**{**gate, **schedule, **rule})
+    return Setup(mode="perf", source="simulated", candidates=candidates, config=CFG.to_dict(), rule=r)
 
 
 class History:
@@ -79,7 +84,7 @@ class History:
             self.comparisons.append(step)
             if step.head in self.broken:
                 raise VariantStartError("head", f"variant head ({step.head}) did not start: ImportError")
-            s = b.setup
+            s = b.setup.gate
             return run_ab(
                 [CFG],
                 lambda c: self.run(step.base),
@@ -219,11 +224,11 @@ def _probe_of(effect: tuple[float, float, float], b: Bisection) -> ProbeRecord:
 
     def compare(step, *, gate, alpha, threshold):
         e = stats.Effect(9, *effect, 1 - alpha, 0.01, 0.5, 0.01)
-        verdict = stats.verdict(e, -1, threshold=threshold, min_effect=b.setup.min_effect)
+        verdict = stats.verdict(e, -1, threshold=threshold, min_effect=b.setup.gate.min_effect)
         o = ConfigOutcome(
             CFG, "cfg", pairs=[None] * 9, gated=gate, rows=[Row("cfg", gate[0], True, [], [], verdict, e)]
         )
-        return ABReport([o], alpha, alpha, threshold, b.setup.min_effect, 1.0, False, "", "")
+        return ABReport([o], alpha, alpha, threshold, b.setup.gate.min_effect, 1.0, False, "", "")
 
     return bisect.compare_probe(b, Step("search", 0, 4), compare)
 
@@ -242,7 +247,7 @@ def test_a_midpoint_is_good_only_where_half_the_bad_ends_slowdown_is_ruled_out()
 
 
 def test_bite_a_midpoint_good_once_the_gate_threshold_is_ruled_out(monkeypatch):
-    monkeypatch.setattr(Bisection, "probe_threshold", property(lambda self: self.setup.threshold))
+    monkeypatch.setattr(Bisection, "probe_threshold", property(lambda self: self.setup.gate.threshold))
     with pytest.raises(AssertionError):
         test_a_midpoint_is_good_only_where_half_the_bad_ends_slowdown_is_ruled_out()
 
@@ -493,7 +498,10 @@ def test_a_state_file_of_another_bisect_is_refused_naming_what_differs(tmp_path)
     state = tmp_path / bisect.STATE_FILE
     b = Bisection(setup_of(4), [])
     bisect.save_state(state, b)
-    with pytest.raises(StateFileError, match=r"another bisect \(threshold differs: 0.02 there, 0.05 here\)"):
+    with pytest.raises(
+        StateFileError,
+        match=r"another bisect \(rule.threshold differs: 0.02 there, 0.05 here\)",
+    ):
         bisect.resume(state, setup_of(4, threshold=0.05))
     with pytest.raises(StateFileError, match="candidates differs"):
         bisect.resume(state, setup_of(5))

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from ..gate.bisect import BUDGET_S, MAX_PAIRS
     from .ab import add_comparison_flags
 
     p = sub.add_parser(
@@ -46,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="a command run in each revision's checkout before its probes (e.g. 'pip install -e .'); "
         "a revision whose build fails is skipped",
     )
-    add_comparison_flags(p, max_pairs=24, budget=1200.0, each="probe")
+    add_comparison_flags(p, max_pairs=MAX_PAIRS, budget=BUDGET_S, each="probe")
     p.add_argument(
         "--output",
         "-o",
@@ -75,14 +76,12 @@ def _history(args: argparse.Namespace) -> History:
 
 
 def _setup(args: argparse.Namespace, hist: History, config: dict[str, Any] | None) -> Setup:
-    from ..gate.bisect import Setup
+    from ..gate.bisect import Rule, Setup
 
     common: dict[str, Any] = {"source": hist.source, "candidates": hist.candidates}
     if args.test:
         return Setup(mode="test", nodeid=args.test, **common)
-    return Setup(
-        mode="perf",
-        config=config,
+    rule = Rule(
         alpha=args.alpha,
         threshold=args.threshold,
         min_effect=args.min_effect,
@@ -90,8 +89,8 @@ def _setup(args: argparse.Namespace, hist: History, config: dict[str, Any] | Non
         max_pairs=args.max_pairs,
         look_every=args.look_every,
         interleave=args.interleave,
-        **common,
     )
+    return Setup(mode="perf", config=config, rule=rule, **common)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -56,17 +56,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import DistbenchError
 from ..metrics import METRICS
 from ..results import write_json_atomic
-from . import stats
+from . import ab, stats
 from .ab import ABReport
 from .variants import VariantStartError
 
 STATE_SCHEMA = "distbench.bisect-state/1"
 STATE_FILE = "bisect-state.json"
+
+#: A probe's cap on pairs and seconds: twice the gate's (an undecided probe gets the gate's looks continued).
+MAX_PAIRS = 2 * ab.MAX_PAIRS
+BUDGET_S = 1200.0
 
 #: The metric a bisect follows, first of these that the confirm found regressed, and why.
 METRIC_ORDER: dict[str, str] = {
@@ -94,21 +98,43 @@ class Candidate(_Strict):
     label: str
 
 
+class Rule(_Strict):
+    """The gate's rule and schedule every comparison of a performance bisect runs with."""
+
+    alpha: Annotated[float, Field(gt=0, lt=0.5)]  # family-wise, for the whole bisect
+    threshold: Annotated[float, Field(gt=0, lt=1)]
+    min_effect: Annotated[float, Field(gt=0, lt=1)]
+    min_pairs: Annotated[int, Field(ge=stats.MIN_RUNS)]
+    max_pairs: Annotated[int, Field(ge=stats.MIN_RUNS)]
+    look_every: Annotated[int, Field(ge=1)]
+    interleave: Literal["windows", "runs"]
+
+
 class Setup(_Strict):
-    """What identifies a bisect: a state file resumes only the bisect it was written for."""
+    """What identifies a bisect: a state file resumes only the bisect it was written for. A performance
+    bisect has the configuration its probes run and their rule; a test bisect, the node."""
 
     mode: Literal["perf", "test"]
     source: str  # what the candidates are, in words
     candidates: Annotated[list[Candidate], Field(min_length=2)]
     nodeid: str | None = None
-    config: dict[str, Any] | None = None  # the RunConfig every probe runs (perf), as JSON
-    alpha: Annotated[float, Field(gt=0, lt=0.5)] = 0.05
-    threshold: Annotated[float, Field(gt=0, lt=1)] = 0.02
-    min_effect: Annotated[float, Field(gt=0, lt=1)] = 0.01
-    min_pairs: Annotated[int, Field(ge=stats.MIN_RUNS)] = 6
-    max_pairs: Annotated[int, Field(ge=stats.MIN_RUNS)] = 24
-    look_every: Annotated[int, Field(ge=1)] = 3
-    interleave: Literal["windows", "runs"] = "windows"
+    config: dict[str, Any] | None = None  # RunConfig.to_dict(), as JSON
+    rule: Rule | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> Setup:
+        if self.mode == "perf" and (self.config is None or self.rule is None):
+            raise ValueError("a performance bisect needs a configuration and a rule")
+        if self.mode == "test" and not self.nodeid:
+            raise ValueError("a test bisect needs a pytest node")
+        return self
+
+    @property
+    def gate(self) -> Rule:
+        """The rule of a performance bisect."""
+        if self.rule is None:
+            raise ValueError("a test bisect has no comparisons")
+        return self.rule
 
 
 class MetricRow(_Strict):
@@ -204,7 +230,7 @@ class Bisection:
     @property
     def probe_alpha(self) -> float:
         """Each comparison's family-wise alpha: the bisect's split over the planned comparisons."""
-        return self.setup.alpha / self.planned
+        return self.setup.gate.alpha / self.planned
 
     def name(self, i: int) -> str:
         """Candidate `i` in words: its place and label ("8/16 1a2b3c4d5e fix the loader")."""
@@ -223,9 +249,9 @@ class Bisection:
         the bad end's slowdown where that is less (see the module doc)."""
         row = self.confirm.row() if self.confirm else None
         if row is None or row.estimate is None:
-            return self.setup.threshold
+            return self.setup.gate.threshold
         worse, _, _ = stats.worse_axis(METRICS[row.metric].direction, row.estimate, row.low, row.high)
-        return min(self.setup.threshold, worse / 2)
+        return min(self.setup.gate.threshold, worse / 2)
 
     def _ends_hold(self) -> bool:
         if self.setup.mode == "perf":
@@ -281,7 +307,7 @@ class Bisection:
             if c.outcome == "good":
                 return Verdict(
                     "same",
-                    f"bad is not slower than good (a slowdown of {setup.threshold:.1%} ruled out on every "
+                    f"bad is not slower than good (a slowdown of {setup.gate.threshold:.1%} ruled out on every "
                     "gated metric): nothing to find",
                     0,
                     n,
@@ -389,12 +415,12 @@ class Tester(Protocol):
 def compare_probe(b: Bisection, step: Step, compare: Comparator) -> ProbeRecord:
     """One performance probe: run its comparison and say what the head is next to the base."""
     if step.kind == "confirm":
-        gate, threshold, metric = None, b.setup.threshold, None
+        gate, threshold, metric = None, b.setup.gate.threshold, None
     else:
         assert b.confirm is not None and b.confirm.metric
         metric = b.confirm.metric
         gate = (metric,)
-        threshold = b.probe_threshold if step.kind == "search" else b.setup.threshold
+        threshold = b.probe_threshold if step.kind == "search" else b.setup.gate.threshold
     alpha = b.probe_alpha
     common: dict[str, Any] = {"kind": step.kind, "base": step.base, "head": step.head}
     try:
@@ -486,12 +512,21 @@ def resume(path: Path, setup: Setup) -> Bisection:
     state = load_state(path)
     old, new = state.setup.model_dump(mode="json"), setup.model_dump(mode="json")
     if old != new:
-        key = next(k for k in new if old.get(k) != new.get(k))
+        key, there, here = _difference(old, new)
         raise StateFileError(
-            f"{path} belongs to another bisect ({key} differs: {_short(old.get(key))} there, "
-            f"{_short(new.get(key))} here); give the same arguments to resume it, or another --output"
+            f"{path} belongs to another bisect ({key} differs: {_short(there)} there, {_short(here)} here); "
+            "give the same arguments to resume it, or another --output"
         )
     return Bisection(setup, list(state.probes))
+
+
+def _difference(old: Any, new: Any, key: str = "") -> tuple[str, Any, Any]:
+    """The first key (dotted, into nested objects) where two setups differ, and its two values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for k in [*new, *(k for k in old if k not in new)]:
+            if old.get(k) != new.get(k):
+                return _difference(old.get(k), new.get(k), f"{key}.{k}" if key else k)
+    return key, old, new
 
 
 def _short(x: Any) -> str:

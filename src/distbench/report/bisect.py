@@ -46,7 +46,7 @@ def meaning(r: ProbeRecord) -> str:
 
 def probe_line(b: Bisection, r: ProbeRecord) -> str:
     """One probe as it ends, for the terminal."""
-    number = b.probes.index(r) + 1
+    number = next(i for i, p in enumerate(b.probes, 1) if p is r)
     cost = f"{r.pairs} pairs, {r.seconds:.0f} s" if b.setup.mode == "perf" else f"{r.seconds:.0f} s"
     line = f"probe {number} ({r.kind}): {_what(b, r)}: {_interval(r)} -> {meaning(r)}; {cost}"
     if r.kind == "confirm" and r.metric:
@@ -97,7 +97,7 @@ def to_markdown(b: Bisection, v: Verdict) -> str:
             lines.append(reason[0].upper() + reason[1:] + ".  ")
         lines.append(
             f"Each probe is the A/B gate against the good end, at a family-wise {b.probe_alpha:.4f} (the "
-            f"bisect's {s.alpha} over {b.planned} planned comparisons); {b.alpha_spent():.4f} spent."
+            f"bisect's {s.gate.alpha} over {b.planned} planned comparisons); {b.alpha_spent():.4f} spent."
         )
     rem = _remainder(v)
     if rem:
@@ -148,7 +148,7 @@ def to_json(b: Bisection, v: Verdict) -> dict[str, Any]:
         "metric_reason": metric_reason(b),
         "probe_threshold": b.probe_threshold if b.setup.mode == "perf" else None,
         "planned_comparisons": b.planned,
-        "probe_alpha": b.probe_alpha,
+        "probe_alpha": b.probe_alpha if b.setup.mode == "perf" else None,
         "alpha_spent": b.alpha_spent(),
         "seconds": sum(r.seconds for r in b.probes),
         "pairs": sum(r.pairs for r in b.probes),
