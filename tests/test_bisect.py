@@ -522,6 +522,10 @@ def test_the_report_lists_every_probe_with_its_cost_interval_and_verdict(tmp_pat
             row = next(r for r in probe["rows"] if r["metric"] == "step_time_s")
             assert f"[{row['low']:+.2%}, {row['high']:+.2%}] {row['verdict'].upper()}" in line
     assert js["first_bad"] == ["rev11"] and js["last_good"] == "rev10" and js["remainder"] == "good"
+    skip = next(p for p in b.probes if p.outcome == "skip")
+    line = render.probe_line(b, skip)
+    assert line.startswith(f"probe {b.probes.index(skip) + 1} (search): 8/16 rev8 against 0/16 rev0: ")
+    assert "skipped: it could not be run; 0 pairs" in line and "did not start" in line
     assert js["alpha_spent"] == pytest.approx(b.probe_alpha * comparisons(b))
 
 
@@ -601,3 +605,39 @@ def test_a_revision_whose_build_fails_cannot_start_and_every_checkout_goes(histo
     assert not any((tmp_path / "checkouts").iterdir())
     listed = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True).stdout
     assert len(listed.splitlines()) == 1
+
+
+def test_distbench_s_own_history_runs_each_revision_s_own_src_and_a_rev_line_is_checked_out_once(
+    tmp_path, monkeypatch
+):
+    """A repository whose bad revision holds src/distbench is distbench's own history: its revisions are
+    tree= variants. A rev= line of a variants file is checked out once, from the repository around here."""
+    from bisect_history import git
+    from distbench.gate.history import Checkouts, from_file, from_git
+
+    repo = tmp_path / "repo"
+    (repo / "src" / "distbench").mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    for i in range(3):
+        (repo / "src" / "distbench" / "__init__.py").write_text(f"REVISION = {i}\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"revision {i}")
+    hist = from_git(repo, "HEAD~2", "HEAD")
+    assert hist.kind == "distbench" and hist.source.startswith("revisions of distbench")
+    co = Checkouts(hist, tmp_path / "checkouts", tmp_path / "logs")
+    try:
+        v = co.variant(1, "head")
+        assert v.tree == str(tmp_path / "checkouts" / "candidate-1") and v.path == ()
+        assert "REVISION = 1" in (Path(v.tree) / "src" / "distbench" / "__init__.py").read_text()
+    finally:
+        co.close()
+    lines = tmp_path / "lines.txt"
+    lines.write_text("rev=HEAD~2\nrev=HEAD,env.X=1\n")
+    monkeypatch.chdir(repo)
+    co = Checkouts(from_file(lines), tmp_path / "lines", tmp_path / "logs")
+    try:
+        v = co.variant(1, "base")
+        assert v.rev is None and v.env == {"X": "1"} and v.tree == str(tmp_path / "lines" / "candidate-1")
+        assert co.variant(1, "head").tree == v.tree  # once
+    finally:
+        co.close()
