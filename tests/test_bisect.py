@@ -240,10 +240,10 @@ def test_a_midpoint_is_good_only_where_half_the_bad_ends_slowdown_is_ruled_out()
     )
     confirm = ProbeRecord(kind="confirm", base=0, head=8, outcome="bad", metric="step_time_s", rows=[row])
     b = Bisection(setup_of(8), [confirm])
-    assert b.probe_threshold == pytest.approx(0.008)
     assert _probe_of((0.009, -0.002, 0.019), b).outcome == "undecided"  # 2% ruled out, 0.8% not
     assert _probe_of((0.001, -0.004, 0.006), b).outcome == "good"
     assert _probe_of((0.015, 0.005, 0.025), b).outcome == "bad"
+    assert b.probe_threshold == pytest.approx(0.008)
 
 
 def test_bite_a_midpoint_good_once_the_gate_threshold_is_ruled_out(monkeypatch):
@@ -326,9 +326,20 @@ def test_no_regression_means_nothing_to_find():
         assert [p.kind for p in b.probes] == ["confirm"]
 
 
+def sign_of_the_first_probe(b: Bisection, step: Step, compare) -> ProbeRecord:
+    """A bisect that takes bad for slower whenever the first probe's estimate is above zero, whatever the
+    gate's verdict, and then searches on the step time."""
+    record = REAL_COMPARE_PROBE(b, step, compare)
+    row = record.row("step_time_s")
+    if step.kind != "confirm" or row is None or row.estimate is None:
+        return record
+    slower = row.estimate > 0
+    return record.model_copy(update={"outcome": "bad" if slower else "good", "metric": "step_time_s"})
+
+
 def test_bite_a_search_that_does_not_confirm_the_ends_differ_names_a_culprit(monkeypatch):
-    monkeypatch.setitem(bisect.OUTCOME_OF, stats.UNCHANGED, "bad")
-    with pytest.raises(AssertionError):
+    monkeypatch.setattr(bisect, "compare_probe", sign_of_the_first_probe)
+    with pytest.raises(AssertionError, match="'same'"):
         test_no_regression_means_nothing_to_find()
 
 
