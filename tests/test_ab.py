@@ -68,6 +68,7 @@ def test_ab_smoke_on_gloo(tmp_path, head):
         ("tree=/nonexistent", "holds no src/distbench"),
         ("python=/nonexistent/python", "not an executable"),
         ("rev=main,tree=.", "not both"),
+        ("path=/nonexistent", "not a directory"),
     ],
 )
 def test_bad_variants_are_refused(spec, why):
@@ -75,12 +76,16 @@ def test_bad_variants_are_refused(spec, why):
         parse_variant("head", spec)
 
 
-def test_variant_parsing():
+def test_variant_parsing(tmp_path):
     v = parse_variant("head", "env.NCCL_ALGO=Ring, env.X=1,python=" + sys.executable)
     assert (
         v.env == {"NCCL_ALGO": "Ring", "X": "1"}
         and v.describe() == "this checkout, env.NCCL_ALGO=Ring, env.X=1"
     )
+    (tmp_path / "src").mkdir()
+    v = parse_variant("base", f"path={tmp_path},path={tmp_path / 'src'}")
+    assert v.path == (str(tmp_path), str(tmp_path / "src"))
+    assert v.describe() == f"this checkout, path={tmp_path}, path={tmp_path / 'src'}"
 
 
 @pytest.mark.parametrize(
@@ -127,7 +132,7 @@ def test_bind_cpus_pins_the_training_threads_when_windows_take_turns(monkeypatch
         return ABReport([], 0.05, 0.05, 0.02, 0.01, 0.0, False, "", "")
 
     monkeypatch.setenv("DISTBENCH_BIND_CPUS", "")  # registered, so what run() sets is undone after the test
-    monkeypatch.setattr(command, "_alternate", alternate)
+    monkeypatch.setattr(command, "alternate", alternate)
     args = ["ab", "--device", "cpu", "--bind-cpus", "--interleave", interleave, "-o", str(tmp_path)]
     assert main(args) == 3  # nothing compared: undecided, never a pass
     assert seen["mode"] == mode

@@ -395,3 +395,16 @@ def test_interleaved_effect_is_the_t_interval_over_rounds_of_trimmed_window_mean
     assert e.high == pytest.approx(math.expm1(d.mean() + half))
     with pytest.raises(ValueError, match="at least one pair"):
         stats.interleaved_effect([[0.1], []], 0.05)
+
+
+def test_gating_named_metrics_spends_the_alpha_on_them_alone():
+    """run_ab(gate=...) as a bisect probe asks it: only the named metric is gated (whatever the regime), the
+    family-wise alpha is divided over it and the looks alone, and a failed run names its side."""
+    m = Machine(np.random.default_rng(13), 0.004, 0.01, stall=0.02)
+    report = run_ab(CFGS[:1], lambda c: m.run(0.32), lambda c: m.run(0.32 * 1.05), gate=("device_compute_s",))
+    (o,) = report.outcomes
+    assert o.gated == ("device_compute_s",) and [r.metric for r in o.rows if r.gated] == ["device_compute_s"]
+    assert report.per_test_alpha == pytest.approx(0.05 / (len(looks(6, 12, 3)) + 1))
+    assert o.verdict == stats.REGRESSION
+    failed = run_ab(CFGS[:1], lambda c: m.run(0.32), lambda c: {"status": "error", "error": "ImportError"})
+    assert failed.outcomes[0].failed == "head" and "head run failed" in failed.outcomes[0].error

@@ -14,7 +14,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / ".github" / "workflows"
-CI, GPU = WORKFLOWS / "ci.yml", WORKFLOWS / "gpu.yml"
+CI, GPU, BISECT = WORKFLOWS / "ci.yml", WORKFLOWS / "gpu.yml", WORKFLOWS / "bisect.yml"
 PINNED = re.compile(r"^[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}$")
 
 
@@ -32,7 +32,7 @@ def runs(wf: dict) -> str:
     return "\n".join(s["run"] for s in steps(wf) if "run" in s)
 
 
-@pytest.mark.parametrize("path", [CI, GPU], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [CI, GPU, BISECT], ids=lambda p: p.name)
 def test_every_action_is_pinned_to_a_commit_with_its_version(path):
     uses = [s["uses"] for s in steps(load(path)) if "uses" in s]
     assert uses
@@ -43,7 +43,7 @@ def test_every_action_is_pinned_to_a_commit_with_its_version(path):
             assert re.search(r"@[0-9a-f]{40} # v\d+(\.\d+)*$", line), f"no version comment: {line.strip()}"
 
 
-@pytest.mark.parametrize("path", [CI, GPU], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [CI, GPU, BISECT], ids=lambda p: p.name)
 def test_read_only_by_default_and_timeouts_everywhere(path):
     wf = load(path)
     assert wf["permissions"] == {"contents": "read"}
@@ -70,7 +70,7 @@ def test_a_pull_requests_gpu_job_fits_in_15_minutes():
 
 
 def test_only_the_pages_job_may_write():
-    for path in (CI, GPU):
+    for path in (CI, GPU, BISECT):
         for name, job in load(path)["jobs"].items():
             if path == GPU and name == "pages":
                 assert job["permissions"] == {"pages": "write", "id-token": "write"}
@@ -139,6 +139,28 @@ def test_gpu_multicast_off_and_the_full_pipeline_present():
         assert action in uses
 
 
+def test_bisect_runs_on_demand_on_the_gpu_runner_with_good_and_bad_as_inputs():
+    """workflow_dispatch only (never a pull request's code), the GPU runner's one-job-at-a-time group, the inputs
+    passed to the command as environment variables (not spliced into the script: zizmor checks that too), and
+    the report uploaded whatever the outcome, without the revisions' checkouts."""
+    wf = load(BISECT)
+    assert set(wf["on"]) == {"workflow_dispatch"}
+    inputs = wf["on"]["workflow_dispatch"]["inputs"]
+    assert inputs["good"]["required"] and {"bad", "strategy", "test"} <= set(inputs)
+    (job,) = wf["jobs"].values()
+    gpu = load(GPU)["jobs"]["gpu"]
+    assert job["runs-on"] == gpu["runs-on"] and job["concurrency"] == gpu["concurrency"]
+    assert {k: wf["env"][k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")} == {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    }
+    step = next(s for s in job["steps"] if "distbench bisect" in s.get("run", ""))
+    assert "${{" not in step["run"] and step["env"]["GOOD"] == "${{ inputs.good }}"
+    assert '--good "$GOOD" --bad "$BAD"' in step["run"] and "--github-summary" in step["run"]
+    upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert upload["if"] == "always()" and "!${{ env.OUT }}/checkouts" in upload["with"]["path"]
+
+
 def _pip_installs(text: str) -> list[list[str]]:
     """The package arguments of every `pip install` in a script, options and the project itself left out."""
     out = []
@@ -160,7 +182,9 @@ def _pip_installs(text: str) -> list[list[str]]:
 
 def test_tools_and_torch_are_installed_at_pinned_versions():
     """An unpinned linter or torch changes what CI checks from one day to the next without a commit."""
-    installs = [p for path in (CI, GPU, ROOT / ".ci" / "run") for p in _pip_installs(path.read_text())]
+    installs = [
+        p for path in (CI, GPU, BISECT, ROOT / ".ci" / "run") for p in _pip_installs(path.read_text())
+    ]
     named = [pkg for pkgs in installs for pkg in pkgs]
     assert {"ruff==0.17.6", "zizmor==1.32.0", "torch==2.13.0"} <= set(named)
     for pkg in named:
@@ -168,9 +192,10 @@ def test_tools_and_torch_are_installed_at_pinned_versions():
     assert _pip_installs("pip install -q ruff torch==2.13.0 -e .") == [["ruff", "torch==2.13.0"]]
 
 
-def test_self_hosted_jobs_install_into_a_throwaway_environment():
+@pytest.mark.parametrize("path", [GPU, BISECT], ids=lambda p: p.name)
+def test_self_hosted_jobs_install_into_a_throwaway_environment(path):
     """The GPU runner persists across jobs: a job installs into a virtualenv in its own temp directory, first."""
-    for name, job in load(GPU)["jobs"].items():
+    for name, job in load(path)["jobs"].items():
         if "self-hosted" not in job["runs-on"]:
             continue
         scripts = [s.get("run", "") for s in job["steps"]]
@@ -246,7 +271,7 @@ def _zizmor(path: Path) -> subprocess.CompletedProcess:
 
 def test_workflows_match_githubs_schema():
     """The schema check catches typos GitHub would only report once the workflow is pushed."""
-    proc = _schema(CI, GPU)
+    proc = _schema(CI, GPU, BISECT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -46,21 +46,45 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """`distbench ab`'s flags: long, one add_argument per flag, read best in one place."""
-    from ..gate.ab import LOOK_EVERY, MAX_PAIRS, MIN_PAIRS
-
+    """`distbench ab`'s flags: the variants, the comparison's (add_comparison_flags), where it writes."""
     p = sub.add_parser(
         "ab",
         help="A/B gate: alternate two variants run by run on the same GPUs until decided",
         description="Compare HEAD against BASE, each served by its own process with persistent rank pools, "
         "alternating runs (AB, BA, ...) per configuration, adding pairs until each configuration "
-        "is decided or --budget runs out. Variants: rev=REV, tree=DIR, python=EXE, env.NAME=VALUE "
-        "(comma-separated; empty: this checkout). Exit 0 pass, 1 regression, 2 usage, 3 undecided.",
+        "is decided or --budget runs out. Variants: rev=REV, tree=DIR, path=DIR, python=EXE, "
+        "env.NAME=VALUE (comma-separated; empty: this checkout). Exit 0 pass, 1 regression, 2 usage, "
+        "3 undecided.",
     )
     p.add_argument("--base", default="", help="the baseline variant (default: this checkout)")
     p.add_argument(
         "--head", default="", help="the candidate variant (default: this checkout, i.e. an A/A run)"
     )
+    add_comparison_flags(p)
+    p.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        default=Path("distbench-ab"),
+        help="directory for every run's result (base/, head/) and ab.json, ab.md",
+    )
+    p.add_argument("--github-summary", action="store_true", help="append the table to $GITHUB_STEP_SUMMARY")
+    p.set_defaults(func=run)
+
+
+def add_comparison_flags(
+    p: argparse.ArgumentParser,
+    *,
+    max_pairs: int | None = None,
+    budget: float = 600.0,
+    each: str = "comparison",
+) -> None:
+    """The flags of one interleaved comparison: its configurations and the gate's rule and schedule (`distbench
+    ab`'s, and each probe's of `distbench bisect`, whose cap on pairs and seconds, `max_pairs` and `budget`,
+    is its own). Long: one add_argument per flag, read best in one place."""
+    from ..gate.ab import LOOK_EVERY, MAX_PAIRS, MIN_PAIRS
+
+    max_pairs = max_pairs or MAX_PAIRS
     from ..strategies import default_strategies
 
     p.add_argument(
@@ -101,7 +125,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help=f"pairs before the first decision (default {MIN_PAIRS})",
     )
     p.add_argument(
-        "--max-pairs", type=int, default=MAX_PAIRS, help=f"most pairs per configuration (default {MAX_PAIRS})"
+        "--max-pairs", type=int, default=max_pairs, help=f"most pairs per configuration (default {max_pairs})"
     )
     p.add_argument(
         "--look-every", type=int, default=LOOK_EVERY, help=f"pairs between decisions (default {LOOK_EVERY})"
@@ -114,7 +138,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "once, so host and clock drift cancel window by window; runs: whole runs alternate (a "
         "configuration that does not fit twice in device memory falls back to this by itself)",
     )
-    p.add_argument("--budget", type=float, default=600.0, help="seconds of comparison (default 600)")
+    p.add_argument("--budget", type=float, default=budget, help=f"seconds per {each} (default {budget:.0f})")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before one run counts as hung")
     p.add_argument(
         "--bind-cpus",
@@ -122,18 +146,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="bind each rank to its own slice of the CPUs; with --interleave windows, both variants' training "
         "threads of a rank on that slice's first CPU",
     )
-    p.add_argument(
-        "--output",
-        "-o",
-        type=Path,
-        default=Path("distbench-ab"),
-        help="directory for every run's result (base/, head/) and ab.json, ab.md",
-    )
-    p.add_argument("--github-summary", action="store_true", help="append the table to $GITHUB_STEP_SUMMARY")
-    p.set_defaults(func=run)
 
 
-def _check(args: argparse.Namespace) -> str | None:
+def check_flags(args: argparse.Namespace) -> str | None:
     if not 0 < args.alpha < 0.5:
         return f"--alpha must be between 0 and 0.5, got {args.alpha}"
     if not 0 < args.min_effect <= args.threshold < 1:
@@ -145,7 +160,7 @@ def _check(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _configs(args: argparse.Namespace, device: str, n_cuda: int) -> list[RunConfig]:
+def configurations(args: argparse.Namespace, device: str, n_cuda: int) -> list[RunConfig]:
     """One configuration per strategy at the tier's workload, flags on top; DistbenchError for one that cannot
     run here."""
     from ..config import RunConfig
@@ -210,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.pool import cuda_device_count
 
     console = Console(width=None if Console().is_terminal else 160)
-    problem = _check(args)
+    problem = check_flags(args)
     if problem:
         console.print(f"[red]error:[/] {problem}")
         return 2
@@ -218,15 +233,14 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if n_cuda else "cpu")
     try:
         base_v, head_v = parse_variant("base", args.base), parse_variant("head", args.head)
-        configs = _configs(args, device, n_cuda)
+        configs = configurations(args, device, n_cuda)
     except DistbenchError as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         return 2
-    if args.bind_cpus:  # windows that take turns share their cores too (runtime/affinity.py)
-        os.environ["DISTBENCH_BIND_CPUS"] = "pinned" if args.interleave == "windows" else "exclusive"
+    bind_cpus(args)
     args.output.mkdir(parents=True, exist_ok=True)
     try:
-        report = _alternate(args, configs, device, (base_v, head_v), console)
+        report = alternate(args, configs, device, (base_v, head_v), console)
     except DistbenchError as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         return 2
@@ -235,17 +249,25 @@ def run(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-def _alternate(
+def bind_cpus(args: argparse.Namespace) -> None:
+    """--bind-cpus: each rank on its own CPUs; windows that take turns share their cores too
+    (runtime/affinity.py)."""
+    if args.bind_cpus:
+        os.environ["DISTBENCH_BIND_CPUS"] = "pinned" if args.interleave == "windows" else "exclusive"
+
+
+def alternate(
     args: argparse.Namespace,
     configs: list[RunConfig],
     device: str,
     variants: tuple[Variant, Variant],
     console: Console,
+    gate: tuple[str, ...] | None = None,
 ) -> ABReport:
     """Serve each variant from its own process and checkout, alternate them over `configs` (gate/ab.py), save
     every run's result under --output/<variant>; the processes and checkouts are gone when it returns.
-    DistbenchError when a variant cannot start. Long: its callbacks close over the servers, which live only
-    as long as the temporary directory."""
+    DistbenchError when a variant cannot start (VariantStartError naming it). `gate`: run_ab's. Long: its
+    callbacks close over the servers, which live only as long as the temporary directory."""
     import tempfile
 
     from ..gate.ab import run_ab
@@ -335,6 +357,7 @@ def _alternate(
                 on_pair=progress,
                 between_rounds=recycle_all,
                 servers=Interleaved() if interleave == "windows" else None,
+                gate=gate,
             )
         finally:
             for server in servers.values():

@@ -93,6 +93,8 @@ class ConfigOutcome:
     error: str | None = None
     interleave: str = "runs"  # "windows" or "runs": how its pairs were played
     note: str | None = None  # why it fell back from windows to runs
+    failed: str | None = None  # "base" or "head": whose run failed, with `error`
+    only: tuple[str, ...] | None = None  # the metrics to gate instead of the regime's (run_ab's `gate`)
 
     @property
     def verdict(self) -> str:
@@ -109,10 +111,13 @@ def label_of(cfg: RunConfig) -> str:
     return f"{cfg.strategy} ws{cfg.world_size} {cfg.model} {cfg.precision} mb{cfg.micro_batch}"
 
 
-def gated_metrics(first_base: dict[str, Any]) -> tuple[str, ...]:
+def gated_metrics(first_base: dict[str, Any], only: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """The registry's gated metrics (`ab` "gate", and "gate-host-bound" unless the configuration is
-    device-bound) that the base's first run has, in registry order."""
+    device-bound) that the base's first run has, in registry order; with `only`, those of `only` it has,
+    whatever the regime."""
     m = first_base.get("metrics") or {}
+    if only is not None:
+        return tuple(k for k in only if m.get(k))
     host_bound = (first_base.get("regime") or {}).get("regime") != "device-bound"
     roles = ("gate", "gate-host-bound") if host_bound else ("gate",)
     return tuple(k for k, metric in METRICS.items() if metric.ab in roles and m.get(k))
@@ -171,6 +176,7 @@ def _play_pair(
 
 
 def _failed(o: ConfigOutcome, side: str, r: dict[str, Any]) -> None:
+    o.failed = side
     o.error = f"{side} run failed ({r.get('status')}): {(r.get('error') or '').splitlines()[:1]}"
 
 
@@ -225,7 +231,7 @@ def _record(o: ConfigOutcome, pair: Pair) -> Pair | None:
         return None
     o.pairs.append(pair)
     if not o.gated:
-        o.gated = gated_metrics(pair.base)
+        o.gated = gated_metrics(pair.base, o.only)
         o.regime = pair.base.get("regime")
     return pair
 
@@ -273,6 +279,7 @@ def run_ab(
     between_rounds: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     servers: Servers | None = None,
+    gate: tuple[str, ...] | None = None,
 ) -> ABReport:
     """Alternate base and head over `configs` until decided or out of budget (see the module doc).
 
@@ -281,11 +288,13 @@ def run_ab(
     each pair's timed windows are interleaved instead (_play_interleaved), falling back to whole runs for a
     configuration whose two runs do not fit in device memory at once.
     `between_rounds` runs after every round but the last (the runner recycles the variants' rank processes).
+    `gate` names the metrics to gate instead of the regime's (a bisect probe asks about the one that moved).
     """
     if min_pairs < stats.MIN_RUNS or max_pairs < min_pairs:
         raise ValueError(f"need {stats.MIN_RUNS} <= min_pairs <= max_pairs, got {min_pairs}, {max_pairs}")
     schedule = looks(min_pairs, max_pairs, look_every)
-    outcomes = [ConfigOutcome(c, label_of(c), interleave="windows" if servers else "runs") for c in configs]
+    mode = "windows" if servers else "runs"
+    outcomes = [ConfigOutcome(c, label_of(c), interleave=mode, only=gate) for c in configs]
     start = clock()
     open_ = list(outcomes)
     per_test = alpha

@@ -4,6 +4,9 @@ A variant is written as comma-separated items (an empty spec is this checkout as
 
     rev=REV          a git revision of this repository, checked out into a temporary worktree
     tree=DIR         another checkout of distbench (its src/ is imported)
+    path=DIR         a directory put on the variant's PYTHONPATH, and its working directory (a user's
+                     model code at another revision, for a factory `-m package.module:function`);
+                     repeat it for more directories
     python=EXE       another interpreter or virtualenv (e.g. a torch or DeepSpeed upgrade)
     env.NAME=VALUE   an environment variable for the variant's ranks (e.g. env.NCCL_ALGO=Ring)
 
@@ -41,9 +44,11 @@ class Variant:
     tree: str | None = None
     rev: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    path: tuple[str, ...] = ()
 
     def describe(self) -> str:
         parts = [f"rev={self.rev}"] if self.rev else [f"tree={self.tree}"] if self.tree else ["this checkout"]
+        parts += [f"path={p}" for p in self.path]
         if self.python != sys.executable:
             parts.append(f"python={self.python}")
         parts += [f"env.{k}={v}" for k, v in sorted(self.env.items())]
@@ -52,7 +57,7 @@ class Variant:
 
 def parse_variant(label: str, spec: str) -> Variant:
     """A Variant from its written form (module doc); ConfigError naming the bad item."""
-    python, tree, rev, env = sys.executable, None, None, {}
+    python, tree, rev, env, path = sys.executable, None, None, {}, []
     for item in filter(None, (s.strip() for s in spec.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not value:
@@ -65,6 +70,10 @@ def parse_variant(label: str, spec: str) -> Variant:
                     f"variant {label}: tree={value} holds no src/distbench; give a distbench checkout"
                 )
             tree = str(Path(value).resolve())
+        elif key == "path":
+            if not Path(value).is_dir():
+                raise ConfigError(f"variant {label}: path={value} is not a directory")
+            path.append(str(Path(value).resolve()))
         elif key == "python":
             if not os.access(value, os.X_OK):
                 raise ConfigError(f"variant {label}: python={value} is not an executable interpreter")
@@ -72,17 +81,44 @@ def parse_variant(label: str, spec: str) -> Variant:
         elif key.startswith("env.") and len(key) > 4:
             env[key[4:]] = value
         else:
-            raise ConfigError(f"variant {label}: unknown item {key!r}; use rev=, tree=, python= or env.NAME=")
+            raise ConfigError(
+                f"variant {label}: unknown item {key!r}; use rev=, tree=, path=, python= or env.NAME="
+            )
     if rev and tree:
         raise ConfigError(f"variant {label}: give rev= or tree=, not both")
-    return Variant(label, python, tree, rev, env)
+    return Variant(label, python, tree, rev, env, tuple(path))
 
 
-def _git(*args: str, cwd: str | None = None) -> str:
+class VariantStartError(ConfigError):
+    """A variant whose server did not start (its code does not import, its interpreter is broken)."""
+
+    def __init__(self, label: str, message: str) -> None:
+        super().__init__(message)
+        self.label = label
+
+
+def git(*args: str, cwd: str | os.PathLike[str] | None = None) -> str:
+    """git's output; ConfigError with its last line of errors when it fails."""
     out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         raise ConfigError(f"git {' '.join(args)} failed: {out.stderr.strip().splitlines()[-1:]}")
     return out.stdout.strip()
+
+
+def add_worktree(rev: str, path: str | os.PathLike[str], repo: str | os.PathLike[str] | None = None) -> None:
+    """Check `rev` of the repository at `repo` (default: the one around the working directory) out into a
+    detached worktree at `path`."""
+    top = git("rev-parse", "--show-toplevel", cwd=repo)
+    git("worktree", "add", "--detach", "--force", str(path), rev, cwd=top)
+
+
+def remove_worktree(path: str | os.PathLike[str]) -> None:
+    """Remove a worktree add_worktree made, and its entry in its repository (quietly: one already deleted
+    leaves an entry that `git worktree prune` drops)."""
+    if Path(path).is_dir():
+        subprocess.run(
+            ["git", "worktree", "remove", "--force", str(path)], cwd=path, capture_output=True, timeout=120
+        )
 
 
 class VariantProcess:
@@ -103,9 +139,8 @@ class VariantProcess:
 
     def _checkout(self) -> None:
         if self.variant.rev and self._worktree is None:
-            top = _git("rev-parse", "--show-toplevel")
             path = str(self.workdir / f"worktree-{self.variant.label}")
-            _git("worktree", "add", "--detach", "--force", path, self.variant.rev, cwd=top)
+            add_worktree(self.variant.rev, path)
             self._worktree, self.tree = path, path
 
     def start(self) -> None:
@@ -119,13 +154,14 @@ class VariantProcess:
             "DISTBENCH_AB_DEVICE": self.device_type,
             "PYTHONUNBUFFERED": "1",
         }
-        # The variant's own code first: its checkout, or else the distbench this runner is (for python=).
+        # The variant's own code first: its checkout, or else the distbench this runner is (for python=); then
+        # its path= directories (a user's code), also its working directory, which `python -m` puts first.
         src = str(Path(self.tree) / "src") if self.tree else str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, *self.variant.path, env.get("PYTHONPATH")]))
         with self.log.open("ab") as log:
             self._proc = subprocess.Popen(
                 [self.variant.python, "-m", "distbench.gate.serve"],
-                cwd=self.tree or None,
+                cwd=self.tree or next(iter(self.variant.path), None),
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -140,9 +176,10 @@ class VariantProcess:
         hello = self._reply(START_TIMEOUT_S)
         if hello is None or not hello.get("ready"):
             self.close()
-            raise ConfigError(
+            raise VariantStartError(
+                self.variant.label,
                 f"variant {self.variant.label} ({self.variant.describe()}) did not start: "
-                f"{self._log_tail()} (full log: {self.log})"
+                f"{self._log_tail()} (full log: {self.log})",
             )
         self.info = hello
 
@@ -244,7 +281,5 @@ class VariantProcess:
 
     def remove_checkout(self) -> None:
         if self._worktree:
-            subprocess.run(
-                ["git", "worktree", "remove", "--force", self._worktree], capture_output=True, timeout=120
-            )
+            remove_worktree(self._worktree)
             self._worktree = None

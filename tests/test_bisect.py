@@ -1,0 +1,654 @@
+"""`distbench bisect`'s search over simulated histories: every probe is a real run_ab comparison of synthetic
+runs drawn from each candidate's true step time with noise, so the search, its statistics and its honesty
+are held to what each history really is, over many seeds. Each property comes with a bite: a search with
+that property broken (planted from outside by monkeypatching) fails the same check. The end-to-end runs on
+git histories are in tests/test_bisect_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from distbench.config import RunConfig
+from distbench.gate import bisect, stats
+from distbench.gate.ab import run_ab
+from distbench.gate.bisect import Bisection, Candidate, ProbeRecord, Setup, StateFileError, Step
+from distbench.gate.variants import VariantStartError
+
+CFG = RunConfig(strategy="ddp", world_size=1, model="gpt2-tiny", steps=6, windows=3, deterministic=False)
+
+
+def setup_of(n: int, mode: str = "perf", **rule) -> Setup:
+    """n + 1 candidates; a performance bisect at the gate's rule (alpha, threshold, min_effect as `distbench ab`
+    has them), on a schedule of 3 to 9 pairs a probe judged every 3, with `rule` on top."""
+    candidates = [Candidate(spec=f"{i:040x}", label=f"rev{i}") for i in range(n + 1)]
+    if mode == "test":
+        return Setup(mode="test", source="simulated", candidates=candidates, nodeid="tests/test_x.py::test_y")
+    gate = {"alpha": 0.05, "threshold": 0.02, "min_effect": 0.01, "interleave": "windows"}
+    schedule = {"min_pairs": 3, "max_pairs": 9, "look_every": 3}
+    r = bisect.Rule(**{**gate, **schedule, **rule})
+    return Setup(mode="perf", source="simulated", candidates=candidates, config=CFG.to_dict(), rule=r)
+
+
+class History:
+    """Candidates with a true step time each (a step function of regressions); a run is that time times a
+    process bias (fresh processes every round) times the median of 3 window noises. `broken` candidates do
+    not start, the runs of `crashes` fail; `device` adds a device compute time that moves with
+    `device_slower` only."""
+
+    def __init__(
+        self,
+        n: int,
+        slower: dict[int, float],
+        seed: int,
+        run_sd: float = 0.002,
+        window_sd: float = 0.003,
+        broken: frozenset[int] = frozenset(),
+        crashes: frozenset[int] = frozenset(),
+        device_slower: dict[int, float] | None = None,
+    ) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.run_sd, self.window_sd, self.broken, self.crashes = run_sd, window_sd, broken, crashes
+        self.level = [math.prod(f for i, f in slower.items() if i <= k) for k in range(n + 1)]
+        self.device = (
+            None
+            if device_slower is None
+            else [math.prod(f for i, f in device_slower.items() if i <= k) for k in range(n + 1)]
+        )
+        self.comparisons: list[Step] = []
+
+    def run(self, k: int) -> dict:
+        if k in self.crashes:
+            return {
+                "status": "error",
+                "error": "ModuleNotFoundError: No module named 'sleepy_missing_module'",
+            }
+        noise = math.exp(self.rng.normal(0, self.run_sd))
+        value = 0.05 * self.level[k] * noise * float(np.median(np.exp(self.rng.normal(0, self.window_sd, 3))))
+        metrics = {"step_time_s": value}
+        regime = None
+        if self.device is not None:
+            metrics["device_compute_s"] = 0.04 * self.device[k] * math.exp(self.rng.normal(0, 0.002))
+            regime = {"regime": "device-bound", "busy_ratio": 0.95}
+        return {"status": "ok", "id": f"r{self.rng.integers(1 << 30)}", "metrics": metrics, "regime": regime}
+
+    def compare(self, b: Bisection):
+        def go(step: Step, *, gate, alpha, threshold):
+            self.comparisons.append(step)
+            if step.head in self.broken:
+                raise VariantStartError("head", f"variant head ({step.head}) did not start: ImportError")
+            s = b.setup.gate
+            return run_ab(
+                [CFG],
+                lambda c: self.run(step.base),
+                lambda c: self.run(step.head),
+                alpha=alpha,
+                threshold=threshold,
+                min_effect=s.min_effect,
+                min_pairs=s.min_pairs,
+                max_pairs=s.max_pairs,
+                look_every=s.look_every,
+                gate=gate,
+            )
+
+        return go
+
+
+def bisect_sim(history: History, n: int, **setup) -> tuple[Bisection, bisect.Verdict]:
+    b = Bisection(setup_of(n, **setup), [])
+    compare = history.compare(b)
+    verdict = bisect.run(b, lambda step: bisect.compare_probe(b, step, compare))
+    return b, verdict
+
+
+def comparisons(b: Bisection) -> int:
+    return sum(p.outcome != "skip" for p in b.probes)
+
+
+# ---- mutants: searches with one property broken, planted from outside -------------------------------------
+
+
+def linear_next_step(self: Bisection) -> Step | None:
+    """A search that walks from the good end one candidate at a time."""
+    if self.confirm is None:
+        return Step("confirm", 0, self.n)
+    if self.confirm.outcome != "bad" or "undecided" in self._status().values():
+        return None
+    lo, hi = self.bounds()
+    return Step("search", 0, lo + 1) if lo + 1 < hi else None
+
+
+def point_estimate_probe(b: Bisection, step: Step, compare) -> ProbeRecord:
+    """A probe that trusts its point estimate: the midpoint is bad when its effect is past half the threshold,
+    whatever its interval says (one noisy measurement decides, as in a plain `git bisect run`)."""
+    record = REAL_COMPARE_PROBE(b, step, compare)
+    row = record.row()
+    if step.kind != "search" or row is None or row.estimate is None:
+        return record
+    outcome = "bad" if row.estimate > b.probe_threshold / 2 else "good"
+    return record.model_copy(update={"outcome": outcome})
+
+
+REAL_COMPARE_PROBE = bisect.compare_probe
+
+
+# ---- the search finds the culprit in ceil(log2 n) + 2 comparisons -----------------------------------------
+
+
+def check_the_bound(seeds: range) -> None:
+    """n = 16, a 10% slowdown at a culprit that moves with the seed: found, within ceil(log2 16) + 2."""
+    bound = math.ceil(math.log2(16)) + 2
+    for seed in seeds:
+        culprit = 1 + seed * 7 % 16
+        b, v = bisect_sim(History(16, {culprit: 1.10}, seed), 16)
+        assert v.first_bad == (culprit,), v.message
+        assert comparisons(b) <= bound, f"{comparisons(b)} comparisons, above the bound {bound}"
+        assert [p.kind for p in b.probes].count("remainder") == (culprit < 16)
+
+
+def test_the_culprit_is_found_in_at_most_log2_n_plus_2_comparisons():
+    check_the_bound(range(0, 16, 2))  # culprits 1, 15, 13, ..., 3: both ends of the range and between
+
+
+def test_bite_a_linear_search_exceeds_the_bound(monkeypatch):
+    monkeypatch.setattr(Bisection, "next_step", linear_next_step)
+    with pytest.raises(AssertionError, match="above the bound"):
+        check_the_bound(range(4, 6))
+
+
+# ---- honest under noise: no wrong culprit beyond alpha, undecided names none ------------------------------
+
+
+def _wrong_culprits(seeds: range, run_sd: float) -> tuple[int, int]:
+    """(seeds naming a wrong culprit, seeds undecided) at a process spread of `run_sd` around a 10% step."""
+    wrong = undecided = 0
+    for seed in seeds:
+        culprit = 1 + seed % 8
+        _, v = bisect_sim(History(8, {culprit: 1.10}, 100 + seed, run_sd=run_sd), 8)
+        wrong += bool(v.first_bad) and culprit not in v.first_bad
+        undecided += v.status == "undecided"
+        if v.status == "undecided":
+            assert not v.first_bad and v.lo < culprit <= v.hi, v  # the range holds the change
+    return wrong, undecided
+
+
+def test_noise_never_sends_the_search_down_the_wrong_half():
+    # a 2% spread between processes: the gate's intervals widen, probes take more pairs or stay undecided
+    wrong, undecided = _wrong_culprits(range(20), run_sd=0.02)
+    assert wrong <= 1, f"{wrong} wrong culprits in 20 (the bisect's alpha is 5%)"  # alpha x 20
+    assert undecided < 20
+
+
+def test_bite_a_probe_that_trusts_its_point_estimate_names_wrong_culprits(monkeypatch):
+    monkeypatch.setattr(bisect, "compare_probe", point_estimate_probe)
+    with pytest.raises(AssertionError, match="wrong culprits"):
+        test_noise_never_sends_the_search_down_the_wrong_half()
+
+
+def test_an_undecided_probe_names_no_culprit_and_reports_the_range():
+    # at a 2% spread, 9 pairs tell a 10% slowdown from none, not a 2% one: the first good midpoint stays open
+    b, v = bisect_sim(History(16, {5: 1.10}, 0, run_sd=0.02), 16)
+    assert v.status == "undecided" and v.exit_code == 3 and not v.first_bad
+    last = b.probes[-1]
+    assert last.kind == "search" and last.outcome == "undecided" and last.pairs == 9  # at the cap, then stop
+    assert (v.lo, v.hi) == (0, 8) and [p.outcome for p in b.probes] == ["bad", "bad", "undecided"]
+    assert all(p.row() is not None and p.row().low is not None for p in b.probes[1:])  # every interval kept
+
+
+def test_bite_a_search_that_reads_undecided_as_good_names_a_culprit(monkeypatch):
+    monkeypatch.setitem(bisect.OUTCOME_OF, stats.UNDECIDED, "good")
+    with pytest.raises(AssertionError):
+        test_an_undecided_probe_names_no_culprit_and_reports_the_range()
+
+
+def test_a_regression_below_the_gate_threshold_is_bisected_on_its_own_size():
+    """A 1.5% slowdown, under the gate's 2% threshold: a midpoint passes as good only once a slowdown of half
+    the bad end's is ruled out, so the midpoints that carry it are not taken for good."""
+    for seed in range(6):
+        culprit = 1 + seed % 8
+        b, v = bisect_sim(History(8, {culprit: 1.015}, 200 + seed), 8, max_pairs=24)
+        assert b.probe_threshold < 0.01 and v.first_bad == (culprit,), v.message
+
+
+def _probe_of(effect: tuple[float, float, float], b: Bisection) -> ProbeRecord:
+    """The search probe of a midpoint whose comparison with good came out at `effect` (estimate, low, high),
+    judged by the gate's verdict rule at the threshold the probe asks for."""
+    from distbench.gate.ab import ABReport, ConfigOutcome, Row
+
+    def compare(step, *, gate, alpha, threshold):
+        e = stats.Effect(9, *effect, 1 - alpha, 0.01, 0.5, 0.01)
+        verdict = stats.verdict(e, -1, threshold=threshold, min_effect=b.setup.gate.min_effect)
+        o = ConfigOutcome(
+            CFG, "cfg", pairs=[None] * 9, gated=gate, rows=[Row("cfg", gate[0], True, [], [], verdict, e)]
+        )
+        return ABReport([o], alpha, alpha, threshold, b.setup.gate.min_effect, 1.0, False, "", "")
+
+    return bisect.compare_probe(b, Step("search", 0, 4), compare)
+
+
+def test_a_midpoint_is_good_only_where_half_the_bad_ends_slowdown_is_ruled_out():
+    # the confirm found bad 1.6% slower than good: below the gate's 2% threshold
+    row = bisect.MetricRow(
+        metric="step_time_s", gated=True, verdict="regression", estimate=0.016, low=0.008, high=0.024
+    )
+    confirm = ProbeRecord(kind="confirm", base=0, head=8, outcome="bad", metric="step_time_s", rows=[row])
+    b = Bisection(setup_of(8), [confirm])
+    assert _probe_of((0.009, -0.002, 0.019), b).outcome == "undecided"  # 2% ruled out, 0.8% not
+    assert _probe_of((0.001, -0.004, 0.006), b).outcome == "good"
+    assert _probe_of((0.015, 0.005, 0.025), b).outcome == "bad"
+    assert b.probe_threshold == pytest.approx(0.008)
+
+
+def test_bite_a_midpoint_good_once_the_gate_threshold_is_ruled_out(monkeypatch):
+    monkeypatch.setattr(Bisection, "probe_threshold", property(lambda self: self.setup.gate.threshold))
+    with pytest.raises(AssertionError):
+        test_a_midpoint_is_good_only_where_half_the_bad_ends_slowdown_is_ruled_out()
+
+
+# ---- two regressions, a revision that does not run, no regression ----------------------------------------
+
+
+def test_two_regressions_report_the_first_and_a_remainder_still_slower():
+    for seed in range(4):
+        b, v = bisect_sim(History(16, {5: 1.10, 12: 1.10}, 300 + seed), 16)
+        assert v.status == "culprit" and v.first_bad == (5,), v.message
+        assert v.remainder == "bad"
+        (rest,) = [p for p in b.probes if p.kind == "remainder"]
+        assert (rest.base, rest.head) == (5, 16) and rest.row().verdict == stats.REGRESSION
+
+
+REAL_NEXT_STEP = Bisection.next_step
+
+
+def without_remainder(self: Bisection) -> Step | None:
+    """A search that stops at the culprit, never comparing it with the bad end."""
+    step = REAL_NEXT_STEP(self)
+    return None if step is not None and step.kind == "remainder" else step
+
+
+def against_the_bad_end(b: Bisection, step: Step, compare) -> ProbeRecord:
+    """A probe that compares the midpoint with the bad end: it matches bad when it is not faster than bad."""
+    if step.kind != "search":
+        return REAL_COMPARE_PROBE(b, step, compare)
+    record = REAL_COMPARE_PROBE(b, Step("search", b.n, step.head), compare)
+    row = record.row()
+    if row is None:
+        return record
+    outcome = {stats.IMPROVEMENT: "good", stats.UNCHANGED: "bad"}.get(row.verdict, record.outcome)
+    return record.model_copy(update={"outcome": outcome})
+
+
+@pytest.mark.parametrize("mutant", ["without-remainder", "against-the-bad-end"])
+def test_bite_a_search_without_the_remainder_check_or_against_the_bad_end_fails(monkeypatch, mutant):
+    if mutant == "without-remainder":
+        monkeypatch.setattr(Bisection, "next_step", without_remainder)
+    else:
+        monkeypatch.setattr(bisect, "compare_probe", against_the_bad_end)
+    with pytest.raises(AssertionError):
+        test_two_regressions_report_the_first_and_a_remainder_still_slower()
+
+
+def test_a_revision_that_does_not_run_is_skipped_and_reported():
+    # the midpoint 8 does not import: the search goes around it and still names 11
+    b, v = bisect_sim(History(16, {11: 1.10}, 7, broken=frozenset({8})), 16)
+    assert v.status == "culprit" and v.first_bad == (11,)
+    skips = [p for p in b.probes if p.outcome == "skip"]
+    assert [(p.head, p.pairs) for p in skips] == [(8, 0)] and "did not start" in skips[0].error
+    # the commit that brought the slowdown fails to run itself: the first bad one is it or the next
+    b, v = bisect_sim(History(16, {9: 1.10}, 8, crashes=frozenset({9})), 16)
+    assert v.status == "candidates" and v.first_bad == (9, 10) and v.exit_code == 1, v.message
+    skip = next(p for p in b.probes if p.outcome == "skip")
+    assert "skipped" in v.message and skip.head == 9 and "head run failed" in skip.error
+
+
+@pytest.mark.parametrize("as_", ["good", "bad"])
+def test_bite_a_search_that_ignores_skips_names_a_culprit_it_cannot_know(monkeypatch, as_):
+    def skip_as(b, step, compare):
+        record = REAL_COMPARE_PROBE(b, step, compare)
+        return record.model_copy(update={"outcome": as_}) if record.outcome == "skip" else record
+
+    monkeypatch.setattr(bisect, "compare_probe", skip_as)
+    with pytest.raises(AssertionError):
+        test_a_revision_that_does_not_run_is_skipped_and_reported()
+
+
+def test_no_regression_means_nothing_to_find():
+    for seed in range(4):
+        b, v = bisect_sim(History(16, {}, 400 + seed), 16)
+        assert v.status == "same" and v.exit_code == 0 and not v.first_bad, v.message
+        assert [p.kind for p in b.probes] == ["confirm"]
+
+
+def sign_of_the_first_probe(b: Bisection, step: Step, compare) -> ProbeRecord:
+    """A bisect that takes bad for slower whenever the first probe's estimate is above zero, whatever the
+    gate's verdict, and then searches on the step time."""
+    record = REAL_COMPARE_PROBE(b, step, compare)
+    row = record.row("step_time_s")
+    if step.kind != "confirm" or row is None or row.estimate is None:
+        return record
+    slower = row.estimate > 0
+    return record.model_copy(update={"outcome": "bad" if slower else "good", "metric": "step_time_s"})
+
+
+def test_bite_a_search_that_does_not_confirm_the_ends_differ_names_a_culprit(monkeypatch):
+    monkeypatch.setattr(bisect, "compare_probe", sign_of_the_first_probe)
+    with pytest.raises(AssertionError, match="'same'"):
+        test_no_regression_means_nothing_to_find()
+
+
+def test_an_end_that_does_not_run_stops_the_bisect():
+    b, v = bisect_sim(History(4, {2: 1.1}, 9, broken=frozenset({4})), 4)
+    assert v.status == "ends" and v.exit_code == 2 and "did not start" in v.message
+    assert len(b.probes) == 1
+
+
+# ---- the metric follows the regime of the change ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("device_slower", "expected"), [({6: 1.05}, "device_compute_s"), ({}, "step_time_s")]
+)
+def test_the_bisect_follows_the_metric_that_moved(device_slower, expected):
+    # a device-side change moves the kernel time (and the step); a host-side one moves the step alone
+    h = History(8, {6: 1.05}, 11, device_slower=device_slower)
+    b, v = bisect_sim(h, 8)
+    assert b.confirm.metric == expected and v.first_bad == (6,)
+    search = [p for p in b.probes if p.kind == "search"]
+    assert search and all([r.metric for r in p.rows if r.gated] == [expected] for p in search)
+    from distbench.report.bisect import metric_reason
+
+    assert metric_reason(b).startswith(f"bisecting on {expected}: ")
+    assert ("device-side" if expected == "device_compute_s" else "host-side") in metric_reason(b)
+
+
+def test_bite_following_the_step_time_on_a_device_side_change(monkeypatch):
+    order = dict(reversed(bisect.METRIC_ORDER.items()))
+    monkeypatch.setattr(bisect, "METRIC_ORDER", order)
+    with pytest.raises(AssertionError):
+        test_the_bisect_follows_the_metric_that_moved({6: 1.05}, "device_compute_s")
+
+
+# ---- --test: the first failing candidate, same search and skips -------------------------------------------
+
+
+def run_tests(n: int, first_fail: int, skips: frozenset[int] = frozenset(), fail_good: bool = False):
+    calls: list[int] = []
+
+    def tester(i: int) -> tuple[bisect.Outcome, str]:
+        calls.append(i)
+        if i in skips:
+            return "skip", "ERROR collecting tests/test_x.py"
+        return ("bad", "1 failed") if i >= first_fail or (fail_good and i == 0) else ("good", "1 passed")
+
+    b = Bisection(setup_of(n, mode="test"), [])
+    v = bisect.run(b, lambda step: bisect.test_probe(step, tester))
+    return b, v, calls
+
+
+def test_the_first_failing_candidate_is_found_with_the_same_search_and_skips():
+    for first in (1, 7, 16):
+        b, v, calls = run_tests(16, first)
+        assert v.first_bad == (first,) and v.exit_code == 1
+        assert calls[:2] == [16, 0] and len(calls) <= math.ceil(math.log2(16)) + 2
+    b, v, calls = run_tests(16, 11, skips=frozenset({8}))
+    assert v.first_bad == (11,) and 8 in calls and b.probes[2].outcome == "skip"
+    b, v, _ = run_tests(16, 9, skips=frozenset({9}))
+    assert v.status == "candidates" and v.first_bad == (9, 10)
+
+
+def test_bite_a_test_bisect_that_takes_a_skip_for_a_pass(monkeypatch):
+    real = bisect.test_probe
+
+    def skip_passes(step, run_test):
+        record = real(step, run_test)
+        return record.model_copy(update={"outcome": "good"}) if record.outcome == "skip" else record
+
+    monkeypatch.setattr(bisect, "test_probe", skip_passes)
+    with pytest.raises(AssertionError):
+        test_the_first_failing_candidate_is_found_with_the_same_search_and_skips()
+
+
+def test_the_ends_of_a_test_bisect_must_hold():
+    _, v, calls = run_tests(8, 99)  # passes everywhere
+    assert v.status == "same" and v.exit_code == 0 and calls == [8]
+    _, v, calls = run_tests(8, 5, fail_good=True)
+    assert v.status == "ends" and v.exit_code == 2 and "fails at the good end" in v.message
+
+
+# ---- resumable: the state file, validated, and no probe done twice ----------------------------------------
+
+
+class Killed(Exception):
+    """Stands for the process being killed between two probes."""
+
+
+def test_a_killed_bisect_resumes_without_redoing_its_probes(tmp_path):
+    state = tmp_path / bisect.STATE_FILE
+    history = History(16, {11: 1.10}, 21)
+    b = Bisection(setup_of(16), [])
+    compare = history.compare(b)
+
+    def dies_after_three(step):
+        if len(b.probes) == 3:
+            raise Killed
+        return bisect.compare_probe(b, step, compare)
+
+    with pytest.raises(Killed):
+        bisect.run(b, dies_after_three, state_path=state)
+    done = list(history.comparisons)
+    assert len(done) == 3 and len(json.loads(state.read_text())["probes"]) == 3
+
+    again = bisect.resume(state, setup_of(16))
+    assert again.probes == b.probes
+    v = bisect.run(
+        again, lambda step: bisect.compare_probe(again, step, history.compare(again)), state_path=state
+    )
+    rest = history.comparisons[3:]
+    assert v.first_bad == (11,) and not set(done) & set(rest), (done, rest)
+    assert len(json.loads(state.read_text())["probes"]) == len(done) + len(rest) <= 6
+
+
+def test_bite_a_resume_that_forgets_the_state_redoes_probes(monkeypatch, tmp_path):
+    monkeypatch.setattr(
+        bisect,
+        "load_state",
+        lambda path: bisect.State.model_validate(
+            {"schema": bisect.STATE_SCHEMA, "setup": setup_of(16), "probes": []}
+        ),
+    )
+    with pytest.raises(AssertionError):
+        test_a_killed_bisect_resumes_without_redoing_its_probes(tmp_path)
+
+
+class _Payload:
+    """Unpickling this creates the file it names: a state file read by pickle would run it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"{not json", "json"),
+        (b"\xff\xfe garbage", "json"),
+        (json.dumps({"schema": "distbench.result/1", "id": "x"}).encode(), "schema"),
+        ("pickle", "json"),
+        ("wrong-type", "probes.0.head"),
+    ],
+    ids=["not-json", "not-utf8", "a-result-file", "a-pickle", "a-wrong-type"],
+)
+def test_a_damaged_or_foreign_state_file_is_refused_in_one_line(tmp_path, content, says):
+    state = tmp_path / bisect.STATE_FILE
+    marker = tmp_path / "payload-ran"
+    if content == "pickle":
+        content = pickle.dumps(_Payload(marker))
+    elif content == "wrong-type":
+        good = {"schema": bisect.STATE_SCHEMA, "setup": setup_of(4).model_dump(mode="json")}
+        probe = {"kind": "confirm", "base": 0, "head": "4", "outcome": "bad"}
+        content = json.dumps({**good, "probes": [probe]}).encode()
+    state.write_bytes(content)
+    with pytest.raises(StateFileError) as e:
+        bisect.resume(state, setup_of(4))
+    message = str(e.value)
+    assert str(state) in message and says in message.lower() and "\n" not in message
+    assert not marker.exists()
+
+
+def test_a_state_file_of_another_bisect_is_refused_naming_what_differs(tmp_path):
+    state = tmp_path / bisect.STATE_FILE
+    b = Bisection(setup_of(4), [])
+    bisect.save_state(state, b)
+    with pytest.raises(
+        StateFileError,
+        match=r"another bisect \(rule.threshold differs: 0.02 there, 0.05 here\)",
+    ):
+        bisect.resume(state, setup_of(4, threshold=0.05))
+    with pytest.raises(StateFileError, match="candidates differs"):
+        bisect.resume(state, setup_of(5))
+
+
+def test_the_report_lists_every_probe_with_its_cost_interval_and_verdict(tmp_path):
+    from distbench.report import bisect as render
+
+    b, v = bisect_sim(History(16, {11: 1.10}, 5, broken=frozenset({8})), 16)
+    md, js = render.to_markdown(b, v), render.to_json(b, v)
+    assert md.startswith("## distbench bisect: the first bad one is 11/16 rev11 (exit 1)")
+    assert "Bisecting on step_time_s" in md and "accounts for the bad end's slowdown" in md
+    table = [ln for ln in md.splitlines() if ln.startswith("| ") and not ln.startswith("| #")]
+    assert len(table) == len(b.probes) == len(js["probes"])
+    for probe, line in zip(js["probes"], table, strict=True):
+        assert probe["pairs"] == int(line.split("|")[5]) and probe["candidate"] in line
+        if probe["outcome"] != "skip":
+            row = next(r for r in probe["rows"] if r["metric"] == "step_time_s")
+            assert f"[{row['low']:+.2%}, {row['high']:+.2%}] {row['verdict'].upper()}" in line
+    assert js["first_bad"] == ["rev11"] and js["last_good"] == "rev10" and js["remainder"] == "good"
+    skip = next(p for p in b.probes if p.outcome == "skip")
+    line = render.probe_line(b, skip)
+    assert line.startswith(f"probe {b.probes.index(skip) + 1} (search): 8/16 rev8 against 0/16 rev0: ")
+    assert "skipped: it could not be run; 0 pairs" in line and "did not start" in line
+    assert js["alpha_spent"] == pytest.approx(b.probe_alpha * comparisons(b))
+
+
+# ---- bad input: one line, exit 2, before anything runs ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> tuple[Path, list[str]]:
+    from bisect_history import build_history
+
+    repo = tmp_path_factory.mktemp("bisect") / "repo"
+    return repo, build_history(repo, 2)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--variants", "{v}", "--good", "HEAD~1"], "--variants replaces --good"),
+        ([], "give --good REV"),
+        (["--good", "no-such-rev"], "--good no-such-rev is not a commit of"),
+        (["--good", "HEAD", "--bad", "HEAD~1"], "is not an ancestor of --bad HEAD~1"),
+        (["--good", "HEAD"], "HEAD..HEAD holds no revision"),
+        (["--good", "HEAD~1", "--repo", "{tmp}"], "is not in a git repository"),
+        (["--variants", "{bad}"], ":3: variant line 3: unknown item 'colour'"),
+        (["--variants", "{one}"], "needs at least two variants"),
+        (["--good", "HEAD~1", "-s", "ddp,fsdp_grad"], "bisect follows one configuration"),
+        (["--good", "HEAD~1", "--min-pairs", "2"], "need 3 <= --min-pairs"),
+        (["--good", "HEAD~1", "--state"], "damaged distbench.bisect-state/1 file (probes.0.head"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else None,
+)
+def test_bad_input_is_refused_in_one_line(history, tmp_path, monkeypatch, capsys, args, says):
+    from distbench.cli import main
+
+    repo, _ = history
+    files = {"v": "path=.\npath=.\n", "bad": "path=.\n\ncolour=red\n", "one": "# one\npath=.\n"}
+    for name, text in files.items():
+        (tmp_path / f"{name}.txt").write_text(text)
+    out = tmp_path / "out"
+    if "--state" in args:
+        args = [a for a in args if a != "--state"]
+        good = {"schema": bisect.STATE_SCHEMA, "setup": setup_of(2).model_dump(mode="json")}
+        probe = {"kind": "confirm", "base": 0, "head": "2", "outcome": "bad"}
+        out.mkdir()
+        (out / bisect.STATE_FILE).write_text(json.dumps({**good, "probes": [probe]}))
+    args = [
+        a.format(v=tmp_path / "v.txt", bad=tmp_path / "bad.txt", one=tmp_path / "one.txt", tmp=tmp_path)
+        for a in args
+    ]
+    monkeypatch.chdir(repo)
+    assert main(["bisect", "--device", "cpu", "-o", str(out), *args]) == 2
+    printed = capsys.readouterr().out.strip()
+    assert printed.startswith("error:") and says in " ".join(printed.split()), printed
+
+
+def test_a_revision_whose_build_fails_cannot_start_and_every_checkout_goes(history, tmp_path):
+    """--build runs in each revision's own worktree; one that fails makes its candidate a skip (its
+    variant does not start), the others run from their worktree, and close() removes them all."""
+    from distbench.gate.history import Checkouts, from_git
+
+    repo, ids = history
+    hist = from_git(repo, ids[0], ids[2])
+    assert hist.kind == "user" and [c.spec for c in hist.candidates] == ids
+    fails_at_1 = (
+        "import pathlib, sys; sys.exit(3 * ('revision 1' in pathlib.Path('sleepy/model.py').read_text()))"
+    )
+    co = Checkouts(hist, tmp_path / "checkouts", tmp_path / "logs", [sys.executable, "-c", fails_at_1])
+    try:
+        good = co.variant(0, "base")
+        assert good.path == (str(tmp_path / "checkouts" / "candidate-0"),) and good.tree is None
+        assert "revision 0" in (Path(good.path[0]) / "sleepy" / "model.py").read_text()
+        with pytest.raises(VariantStartError, match=r"1/?.* does not build: `.* -c .*` exited 3") as e:
+            co.variant(1, "head")
+        assert e.value.label == "head" and (tmp_path / "logs" / "build-1.log").exists()
+    finally:
+        co.close()
+    assert not any((tmp_path / "checkouts").iterdir())
+    listed = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True).stdout
+    assert len(listed.splitlines()) == 1
+
+
+def test_distbench_s_own_history_runs_each_revision_s_own_src_and_a_rev_line_is_checked_out_once(
+    tmp_path, monkeypatch
+):
+    """A repository whose bad revision holds src/distbench is distbench's own history: its revisions are
+    tree= variants. A rev= line of a variants file is checked out once, from the repository around here."""
+    from bisect_history import git
+    from distbench.gate.history import Checkouts, from_file, from_git
+
+    repo = tmp_path / "repo"
+    (repo / "src" / "distbench").mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    for i in range(3):
+        (repo / "src" / "distbench" / "__init__.py").write_text(f"REVISION = {i}\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"revision {i}")
+    hist = from_git(repo, "HEAD~2", "HEAD")
+    assert hist.kind == "distbench" and hist.source.startswith("revisions of distbench")
+    co = Checkouts(hist, tmp_path / "checkouts", tmp_path / "logs")
+    try:
+        v = co.variant(1, "head")
+        assert v.tree == str(tmp_path / "checkouts" / "candidate-1") and v.path == ()
+        assert "REVISION = 1" in (Path(v.tree) / "src" / "distbench" / "__init__.py").read_text()
+    finally:
+        co.close()
+    lines = tmp_path / "lines.txt"
+    lines.write_text("rev=HEAD~2\nrev=HEAD,env.X=1\n")
+    monkeypatch.chdir(repo)
+    co = Checkouts(from_file(lines), tmp_path / "lines", tmp_path / "logs")
+    try:
+        v = co.variant(1, "base")
+        assert v.rev is None and v.env == {"X": "1"} and v.tree == str(tmp_path / "lines" / "candidate-1")
+        assert co.variant(1, "head").tree == v.tree  # once
+    finally:
+        co.close()
