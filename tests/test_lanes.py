@@ -349,6 +349,9 @@ def test_auto_turns_lanes_on_when_two_lanes_would_run_at_once(pytester, monkeypa
     gpus = {"n": 4}
     monkeypatch.setattr(plugin, "cuda_device_count", lambda: gpus["n"])
     monkeypatch.setattr(plugin, "_gpu_memory_bytes", lambda: 141 * 2**30)
+    # GPT-2 124M's estimate, without building the model here: pytester's in-process session drops the modules it
+    # imported afterwards, and torch._dynamo (which transformers' models import) cannot be imported twice
+    monkeypatch.setattr(plugin, "_rank_peak_estimate", lambda config, cases, peaks: 5 * 2**30)
     monkeypatch.setattr(plugin.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     pytester.makeconftest("pytest_plugins = ['distbench.pytest_plugin']")
     pytester.makepyfile(test_cases=GPU_CASES, test_more="def test_other():\n    pass\n")
