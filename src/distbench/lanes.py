@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,9 +262,7 @@ class LaneRunner:
         self.watch = watch
         self.env = env
         self.group_done = group_done
-        self.groups_left: dict[str, int] = {}
-        for u in plan.units:
-            self.groups_left[u.group] = self.groups_left.get(u.group, 0) + 1
+        self.groups_left = Counter(u.group for u in plan.units)
         self.done_groups: list[str] = []  # every unit run, waiting for group_done
         #: lanes that may run one group's units at once: a quarter of them, so several groups go side by side
         #: and few lanes wait on one group's shared run
@@ -298,11 +297,7 @@ class LaneRunner:
     def _run_here(self, nodeids: list[str], nxt: dict[str, pytest.Item | None]) -> None:
         for nodeid in nodeids:
             item = self.items[nodeid]
-            self.occupancy.start(nodeid)
-            try:
-                item.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt[nodeid])
-            finally:
-                self.occupancy.finish(nodeid)
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=nxt[nodeid])
             self._check_stop()
 
     def _check_stop(self) -> None:
@@ -314,23 +309,17 @@ class LaneRunner:
     # --- lanes ------------------------------------------------------------------------------------------
     def _run_lanes(self) -> None:
         while self.pending or self.running:
-            waiting: dict[int, int] = {}
-            for run in self.running:
-                if run.units == 0:
-                    waiting[run.world_size] = waiting.get(run.world_size, 0) + 1
+            waiting = Counter(run.world_size for run in self.running if run.units == 0)
             while (ws := next_world_size(self.pending, waiting, self.seats)) is not None:
                 self._start(ws)
-                waiting[ws] = waiting.get(ws, 0) + 1
+                waiting[ws] += 1
             for run in list(self.running):
                 ended = run.proc.poll() is not None  # before reading: every event it wrote is then on disk
                 for event in run.events():
                     self._on_event(run, event)
                     self._check_stop()
                 if run.asked and not ended and not self._memory_tight(run):
-                    busy: dict[str, int] = {}
-                    for r in self.running:
-                        if r.unit is not None:
-                            busy[r.unit.group] = busy.get(r.unit.group, 0) + 1
+                    busy = Counter(r.unit.group for r in self.running if r.unit is not None)
                     run.hand(take_unit(self.pending, run.world_size, busy, self.group_cap))
                 if ended:
                     self._ended(run)

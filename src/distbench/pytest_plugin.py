@@ -456,14 +456,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     watch = item.config.stash.get(WATCH, None)
     if watch is None or item.config.getoption("--distbench-lane"):
         return (yield)
-    lanes_run_it = watch.lanes is not None  # LaneRunner._run_here counts its own
-    if not lanes_run_it:
-        watch.occupancy.start(item.nodeid)
+    watch.occupancy.start(item.nodeid)
     try:
         return (yield)
     finally:
-        if not lanes_run_it:
-            watch.occupancy.finish(item.nodeid)
+        watch.occupancy.finish(item.nodeid)
 
 
 @pytest.hookimpl(wrapper=True)
