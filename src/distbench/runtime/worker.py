@@ -141,19 +141,26 @@ def _run(ctx: RankContext, job_id: int, target: str, kwargs: dict[str, Any]) -> 
 
 
 def _between_jobs(ctx: RankContext) -> None:
-    """Collect the job's garbage, freeze what survives the first job, give cached device memory back."""
+    """Collect the job's garbage; once no job keeps state here (STATE), freeze what survives and give cached
+    device memory back.
+
+    While a job keeps a trainer between rounds (bench, fidelity), its cached blocks are its working set: given
+    back after every round, the next round's first step allocated its activations again with cudaMalloc. On
+    an H200 that made one-step rounds of harness against bare loop spread by 10-30% (whichever side ran first
+    paid for it); the same rounds run back to back in one process, cache kept, spread by 0.3-0.5% there. It
+    also added to every timed benchmark step (one job a step)."""
     gc.collect()
-    if not STATE:
-        # What survives a job is the process's own state (torch, transformers, DeepSpeed, ~400k
-        # objects). Frozen, full collections skip it: the ones strategies run at build and teardown
-        # (three in DeepSpeed's ZeRO-3 init, 0.47 s each on an H200 host) scan only the next job's.
-        gc.freeze()
+    if STATE:
+        return
+    # What survives a job is the process's own state (torch, transformers, DeepSpeed, ~400k
+    # objects). Frozen, full collections skip it: the ones strategies run at build and teardown
+    # (three in DeepSpeed's ZeRO-3 init, 0.47 s each on an H200 host) scan only the next job's.
+    gc.freeze()
     if ctx.is_cuda:
         import torch
 
         torch.cuda.empty_cache()
-        if not STATE:
-            # The allocator's counts (OOMs, retries) start again with the next configuration: DeepSpeed's
-            # ZeRO-3 warns of "allocator cache flushes" from the process's count, and in a pool that had
-            # run out of memory on an earlier probe it warned on every later one, at micro-batch 1 too.
-            torch.cuda.reset_accumulated_memory_stats(ctx.device)
+        # The allocator's counts (OOMs, retries) start again with the next configuration: DeepSpeed's
+        # ZeRO-3 warns of "allocator cache flushes" from the process's count, and in a pool that had
+        # run out of memory on an earlier probe it warned on every later one, at micro-batch 1 too.
+        torch.cuda.reset_accumulated_memory_stats(ctx.device)
