@@ -5,7 +5,8 @@ memory each lane held.
 time-weighted number of tests running at once. `GpuWatch` samples NVML in a thread of the pytest process: each
 device's utilization (the share of the last sample period in which a kernel ran) and memory, and the memory
 of every process on it, which the lanes' runner attributes to a lane by its process session (a lane and its
-ranks share one). Without NVML or GPUs it samples nothing and reports None, never raising.
+ranks share one). It also samples the host's busy CPU share (/proc/stat), so a summary says which of the two
+the lanes waited on. Without NVML or GPUs it samples nothing and reports None, never raising.
 """
 
 from __future__ import annotations
@@ -55,6 +56,27 @@ class Occupancy:
         return {"mean": weighted / busy if busy else 0.0, "max": float(most), "span_s": busy}
 
 
+def host_jiffies() -> tuple[int, int] | None:
+    """(busy, total) CPU time of the whole host so far, in jiffies, from /proc/stat; None where unreadable.
+    Busy is everything but idle and iowait."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 5:
+        return None
+    total = sum(fields[:8])  # guest time is counted inside user and nice already
+    return total - fields[3] - fields[4], total
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The host's busy CPU share between two host_jiffies readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def visible_handles(nv: Any) -> list[Any]:
     """NVML handles of the GPUs this process may use, in CUDA's order (CUDA_VISIBLE_DEVICES: indices or
     UUIDs); [] when they cannot be matched."""
@@ -79,6 +101,8 @@ class GpuWatch:
     on_sample: Callable[[dict[int, int]], None] | None = None
     period_s: float = SAMPLE_S
     utilization: list[list[float]] = field(default_factory=list)  # per sample, per device, 0..1
+    host_busy: list[float | None] = field(default_factory=list)  # per sample: the host's busy CPU share
+    in_lanes: list[bool] = field(default_factory=list)  # per sample: whether lanes ran (on_sample set)
     used_bytes: list[list[int]] = field(default_factory=list)
     total_bytes: list[int] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -102,6 +126,7 @@ class GpuWatch:
         return self
 
     def _loop(self, nv: Any) -> None:
+        host = host_jiffies()
         while not self._stop.wait(self.period_s):
             on_sample = self.on_sample  # processes are read only while someone charges them (lanes run)
             try:
@@ -113,6 +138,10 @@ class GpuWatch:
                         procs[p.pid] = procs.get(p.pid, 0) + int(p.usedGpuMemory or 0)
             except Exception:
                 continue  # a device read failed this once: skip the sample
+            now = host_jiffies()
+            self.host_busy.append(busy_share(host, now))
+            host = now
+            self.in_lanes.append(on_sample is not None)
             self.utilization.append(util)
             self.used_bytes.append(used)
             if on_sample is not None:
@@ -124,13 +153,25 @@ class GpuWatch:
             self._thread.join(timeout=5)
 
     def summary(self) -> dict[str, Any] | None:
-        """busy: mean utilization over the samples and devices (the GPUs' busy ratio); peak_used_bytes: the
-        fullest device's most memory in use; None without samples."""
+        """busy: mean utilization over the samples and devices (the GPUs' busy ratio); host_busy: the host's
+        mean busy CPU share; both also over the samples taken while lanes ran (lanes_busy, lanes_host_busy;
+        None without such samples); peak_used_bytes: the fullest device's most memory in use; None without
+        samples."""
         if not self.utilization:
             return None
+        gpu = [statistics.fmean(u) for u in self.utilization]
+
+        def mean(xs: Sequence[float | None]) -> float | None:
+            known = [x for x in xs if x is not None]
+            return statistics.fmean(known) if known else None
+
+        lanes = [i for i, on in enumerate(self.in_lanes) if on]
         return {
             "samples": len(self.utilization),
-            "busy": statistics.fmean(statistics.fmean(u) for u in self.utilization),
+            "busy": statistics.fmean(gpu),
+            "host_busy": mean(self.host_busy),
+            "lanes_busy": mean([gpu[i] for i in lanes]),
+            "lanes_host_busy": mean([self.host_busy[i] for i in lanes]),
             "peak_used_bytes": max(max(u) for u in self.used_bytes),
             "total_bytes": max(self.total_bytes),
         }

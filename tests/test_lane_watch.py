@@ -1,0 +1,47 @@
+"""The session's watch (lane_watch.py): the host's busy CPU share and the split of samples by phase, which the
+summary's "while lanes ran" line rests on."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from distbench.lane_watch import GpuWatch, busy_share, host_jiffies
+
+
+def test_busy_share_is_the_busy_part_of_the_elapsed_cpu_time():
+    assert busy_share((100, 1000), (150, 1100)) == pytest.approx(0.5)
+    assert busy_share(None, (1, 2)) is None
+    assert busy_share((5, 10), (5, 10)) is None  # no time passed: no share
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
+def test_host_jiffies_count_a_spinning_thread_as_busy():
+    """A spin of 0.3 s on this host shows as at least half that much busy CPU time (in clock ticks)."""
+    before = host_jiffies()
+    t_end = time.perf_counter() + 0.3
+    while time.perf_counter() < t_end:
+        pass
+    after = host_jiffies()
+    assert before is not None and after is not None
+    assert after[0] - before[0] >= 0.5 * 0.3 * os.sysconf("SC_CLK_TCK")
+    share = busy_share(before, after)
+    assert share is not None and 0 < share <= 1
+
+
+def test_summary_splits_the_samples_taken_while_lanes_ran():
+    w = GpuWatch(total_bytes=[100])
+    w.utilization = [[0.2], [0.6], [1.0]]
+    w.host_busy = [0.1, 0.9, None]
+    w.in_lanes = [False, True, True]
+    w.used_bytes = [[10], [50], [30]]
+    s = w.summary()
+    assert s is not None
+    assert s["busy"] == pytest.approx(0.6)
+    assert s["host_busy"] == pytest.approx(0.5)  # the unknown sample is left out
+    assert s["lanes_busy"] == pytest.approx(0.8)
+    assert s["lanes_host_busy"] == pytest.approx(0.9)
+    assert s["peak_used_bytes"] == 50
