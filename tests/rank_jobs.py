@@ -39,6 +39,28 @@ def crash_in(ctx: Any, rank: int) -> None:
     dist.barrier()
 
 
+def parameter_values_formatted_by_build(ctx: Any, strategy: str) -> int:
+    """How many tensors' values building `strategy`'s trainer formatted as text (torch's tensor printer)."""
+    from unittest import mock
+
+    import torch._tensor_str as tensor_str
+
+    from distbench.config import RunConfig
+    from distbench.jobs.train import set_numerics
+    from distbench.strategies import build_trainer
+    from distbench.workloads import get_model
+
+    cfg = RunConfig(
+        strategy=strategy, world_size=ctx.world_size, model="gpt2-tiny", global_batch=4, micro_batch=2, steps=1
+    )
+    set_numerics(cfg)
+    model = get_model(cfg.model).build(cfg.seed, ctx.device)
+    with mock.patch.object(tensor_str, "_str", wraps=tensor_str._str) as printed:
+        trainer = build_trainer(ctx, cfg, model)
+    trainer.close()
+    return printed.call_count
+
+
 def model_outlives_close(ctx: Any, strategy: str) -> bool:
     """Train one step under `strategy`, close the trainer: is the model still reachable from anywhere?"""
     import gc
