@@ -65,7 +65,7 @@ class BareLoop:
 @dataclass
 class Fidelity:
     """A harness Trainer and its bare loop built side by side in one rank, on the same weights and the same
-    `steps` steps of this rank's data, timed in rounds of mirrored order (see rounds)."""
+    `steps` steps of this rank's data, timed in rounds of alternating order (bare first in even rounds)."""
 
     ctx: RankContext
     cfg: RunConfig
@@ -113,27 +113,17 @@ class Fidelity:
         return f
 
     def rounds(self, n: int) -> list[dict[str, float]]:
-        """`n` more rounds: each loop's seconds for the `steps` steps, on the slowest rank.
-
-        A round runs each loop twice, in mirrored order (bare, harness, harness, bare; the next round the other
-        way round), and keeps each loop's faster run. Interference only adds time to fixed work, and a stall
-        of the host (tens of ms on a shared virtual machine, against 0.2 s steps) seldom hits both runs of one
-        loop: one-run rounds spread by 10-30% in the GPU tier's exclusive phase on an H200, where back-to-back
-        rounds in a quiet process spread by 0.3-0.5%. The mirrored order cancels a linear drift as well."""
+        """`n` more rounds: each loop's seconds for the `steps` steps, on the slowest rank."""
         loops = {
             "bare": lambda: [self.bare.step(mbs) for mbs in self.data],
             "harness": lambda: [self.trainer.step_async(mbs) for mbs in self.data],
         }
         times: dict[str, list[float]] = {"bare": [], "harness": []}
         for r in range(self.done, self.done + n):
-            first, second = ("bare", "harness") if r % 2 == 0 else ("harness", "bare")
-            runs: dict[str, list[float]] = {first: [], second: []}
-            for name in (first, second, second, first):
+            for name in ("bare", "harness") if r % 2 == 0 else ("harness", "bare"):
                 if self.ctx.world_size > 1:
-                    dist.barrier()  # every rank starts the run together
-                runs[name].append(timed(self.ctx, loops[name])[1])
-            for name, seconds in runs.items():
-                times[name].append(min(seconds))
+                    dist.barrier()  # every rank starts the round together
+                times[name].append(timed(self.ctx, loops[name])[1])
         self.done += n
         slow = {k: _slowest(self.ctx, v) for k, v in times.items()}
         return [{"bare_s": b, "harness_s": h} for b, h in zip(slow["bare"], slow["harness"], strict=True)]
