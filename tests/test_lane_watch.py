@@ -44,4 +44,5 @@ def test_summary_splits_the_samples_taken_while_lanes_ran():
     assert s["host_busy"] == pytest.approx(0.5)  # the unknown sample is left out
     assert s["lanes_busy"] == pytest.approx(0.8)
     assert s["lanes_host_busy"] == pytest.approx(0.9)
+    assert s["alone_busy"] == pytest.approx(0.2) and s["alone_host_busy"] == pytest.approx(0.1)
     assert s["peak_used_bytes"] == 50

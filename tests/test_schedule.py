@@ -90,13 +90,13 @@ def test_next_world_size_starts_lanes_while_seats_are_free_and_units_wait():
 
 
 def test_seats_per_device_is_bounded_by_memory_and_by_host_cores():
-    # one H200 (141 GiB) of 16 host cores: GPT-2 124M ranks (~5 GiB) fit 22 times, the cores allow 10
-    assert seats_per_device(1, 141 * GIB, 5 * GIB, cores=16) == 10
+    # one H200 (141 GiB) of 16 host cores: GPT-2 124M ranks (~5 GiB) fit 22 times, the cores allow 8
+    assert seats_per_device(1, 141 * GIB, 5 * GIB, cores=16) == 8
     # GPT-2 XL ranks (~38 GiB): memory allows 2 on an H200, 1 on an H100 (80 GiB)
     assert seats_per_device(1, 141 * GIB, 38 * GIB, cores=16) == 2
     assert seats_per_device(1, 80 * GIB, 38 * GIB, cores=16) == 1
-    assert seats_per_device(8, 141 * GIB, 5 * GIB, cores=128) == 10
-    assert seats_per_device(1, 141 * GIB, 5 * GIB, cores=16, cores_per_rank=2) == 8
+    assert seats_per_device(8, 141 * GIB, 5 * GIB, cores=128) == 8
+    assert seats_per_device(1, 141 * GIB, 5 * GIB, cores=16, cores_per_rank=1.5) == 10
     assert seats_per_device(2, None, None, cores=2) == 1  # never below one
 
 

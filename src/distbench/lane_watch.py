@@ -154,8 +154,9 @@ class GpuWatch:
 
     def summary(self) -> dict[str, Any] | None:
         """busy: mean utilization over the samples and devices (the GPUs' busy ratio); host_busy: the host's
-        mean busy CPU share; both also over the samples taken while lanes ran (lanes_busy, lanes_host_busy;
-        None without such samples); peak_used_bytes: the fullest device's most memory in use; None without
+        mean busy CPU share; both also over the samples taken while lanes ran (lanes_busy, lanes_host_busy) and
+        the others (alone_busy, alone_host_busy: the exclusive tests'), None without such samples;
+        peak_used_bytes: the fullest device's most memory in use; None without
         samples."""
         if not self.utilization:
             return None
@@ -166,12 +167,15 @@ class GpuWatch:
             return statistics.fmean(known) if known else None
 
         lanes = [i for i, on in enumerate(self.in_lanes) if on]
+        alone = [i for i, on in enumerate(self.in_lanes) if not on]
         return {
             "samples": len(self.utilization),
             "busy": statistics.fmean(gpu),
             "host_busy": mean(self.host_busy),
             "lanes_busy": mean([gpu[i] for i in lanes]),
             "lanes_host_busy": mean([self.host_busy[i] for i in lanes]),
+            "alone_busy": mean([gpu[i] for i in alone]),
+            "alone_host_busy": mean([self.host_busy[i] for i in alone]),
             "peak_used_bytes": max(max(u) for u in self.used_bytes),
             "total_bytes": max(self.total_bytes),
         }

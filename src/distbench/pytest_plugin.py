@@ -389,11 +389,11 @@ class SessionWatch:
             )
             if gpu["host_busy"] is not None:
                 line = f"host CPUs busy {gpu['host_busy']:.0%} of the session"
-                if gpu["lanes_busy"] is not None and gpu["lanes_host_busy"] is not None:
-                    line += (
-                        f"; while lanes ran: host CPUs {gpu['lanes_host_busy']:.0%}, "
-                        f"GPU {gpu['lanes_busy']:.0%}"
-                    )
+                for key, when in (("lanes", "while lanes ran"), ("alone", "otherwise")):
+                    if self.lanes is not None and gpu[f"{key}_host_busy"] is not None:
+                        line += (
+                            f"; {when}: host CPUs {gpu[f'{key}_host_busy']:.0%}, GPU {gpu[f'{key}_busy']:.0%}"
+                        )
                 out.append(line)
         if self.lanes is not None:
             out.append(

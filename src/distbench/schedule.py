@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 #: Host threads a rank may use: its Python thread and autograd's device thread (DESIGN.md: small models'
 #: steps wait on one host thread).
 CORES_PER_RANK = 2
-#: Host cores a lane's rank keeps busy, on average, with its pytest process: the seats' bound by cores. On one
-#: H200 (16 vCPUs) 8 lanes of world size 1 kept 57% of the cores busy (1.1 a lane) and the GPU 72%.
-CORES_PER_LANE_RANK = 1.5
+#: Host cores counted per lane rank, with its pytest process: the seats' bound by cores. On one H200 (16 vCPUs)
+#: 8 lanes of world size 1 kept 57% of the cores busy and the GPU 72%, and took 205 s; 10 lanes (1.5 cores a
+#: rank) kept 67% of the cores and 52% of the GPU busy and took as long: the GPU's time slices, not the cores,
+#: bound them.
+CORES_PER_LANE_RANK = 2.0
 #: Share of a device's memory the lanes may plan to fill; the rest absorbs estimates that run short.
 MEMORY_HEADROOM = 0.8
 
