@@ -57,8 +57,8 @@ def test_between_jobs_garbage_is_collected_then_the_rest_frozen(pool):
 
 def test_a_kept_trainers_device_cache_stays_between_its_rounds(monkeypatch):
     """Between the rounds of a job that keeps a trainer in the rank (worker.STATE), the allocator's cache is
-    the trainer's working set: given back, each round's first step would cudaMalloc its activations again
-    (on an H200 that spread one-step rounds by 10-30%). Once nothing is kept, it is given back."""
+    the trainer's working set: given back, each round's first step would cudaMalloc its activations again,
+    inside the round's timing. Once nothing is kept, it is given back."""
     import torch
 
     from distbench.runtime import worker

@@ -145,10 +145,8 @@ def _between_jobs(ctx: RankContext) -> None:
     device memory back.
 
     While a job keeps a trainer between rounds (bench, fidelity), its cached blocks are its working set: given
-    back after every round, the next round's first step allocated its activations again with cudaMalloc. On
-    an H200 that made one-step rounds of harness against bare loop spread by 10-30% (whichever side ran first
-    paid for it); the same rounds run back to back in one process, cache kept, spread by 0.3-0.5% there. It
-    also added to every timed benchmark step (one job a step)."""
+    back after every round, the next round's first step allocated its activations again with cudaMalloc,
+    inside the round's timing (a benchmark step is one job, a fidelity round one job)."""
     gc.collect()
     if STATE:
         return
