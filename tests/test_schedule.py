@@ -143,3 +143,26 @@ def test_a_lane_takes_another_groups_unit_when_enough_lanes_run_one_group():
     assert take_unit(list(pending), 1, {"zero3": 2}, cap=2).group == "ddp"
     assert take_unit(list(pending), 1, {"zero3": 1}, cap=2).nodeids == ["a"]
     assert take_unit(list(pending[:2]), 1, {"zero3": 2}, cap=2).nodeids == ["a"]  # nothing else: it waits less
+
+
+def test_a_module_units_cases_keep_every_groups_shared_runs_until_it_ends():
+    """A unit grouped by module (no strategy parameter) may read any strategy's shelved runs: a finished
+    strategy's runs go only once no such unit runs (LaneRunner._release_groups)."""
+    from types import SimpleNamespace
+
+    from distbench.lanes import LaneRunner
+
+    p = plan([Case("m.py::t", 1, "m.py", reads_any=True), Case("s.py::t[zero3]", 1, "zero3")], devices=1)
+    by_group = {u.group: u for u in p.units}
+    assert by_group["m.py"].reads_any and not by_group["zero3"].reads_any
+
+    released: list[str] = []
+    runner = object.__new__(LaneRunner)
+    runner.group_done = released.append
+    runner.done_groups = ["zero3"]
+    runner.running = [SimpleNamespace(unit=by_group["m.py"])]
+    runner._release_groups()
+    assert released == [], "zero3's runs went while a module's unit that may read them ran"
+    runner.running = [SimpleNamespace(unit=None)]
+    runner._release_groups()
+    assert released == ["zero3"]

@@ -339,11 +339,9 @@ class LaneRunner:
             self.done_groups.append(unit.group)
 
     def _release_groups(self) -> None:
-        """group_done for the groups all of whose units ran, once no lane runs a unit of a group that may read
-        any group's runs (one named for its module)."""
-        if not self.done_groups or any(
-            r.unit is not None and r.unit.group.endswith(".py") for r in self.running
-        ):
+        """group_done for the groups all of whose units ran, once no lane runs a unit that may read any group's
+        runs (Unit.reads_any)."""
+        if not self.done_groups or any(r.unit is not None and r.unit.reads_any for r in self.running):
             return
         for group in self.done_groups:
             self.group_done(group)
@@ -463,7 +461,9 @@ class LaneRunner:
             rest = [n for n in rest if n != run.current]
             if rest and run.unit is not None:  # it died in a test it is blamed for: a fresh one runs the rest
                 share = run.unit.cost / len(run.unit.nodeids)
-                self.pending.insert(0, Unit(run.world_size, rest, share * len(rest), run.unit.group))
+                self.pending.insert(
+                    0, Unit(run.world_size, rest, share * len(rest), run.unit.group, run.unit.reads_any)
+                )
             elif run.unit is not None:
                 self._unit_finished(run.unit)
             return

@@ -267,12 +267,14 @@ def _case(item: pytest.Item, durations: dict[str, float]) -> Case:
     cached checkpointed runs) or else its module (module fixtures); its cost, its last duration when known,
     else its group's UNMEASURED_COST."""
     params = _params(item)
-    group = params.get("strategy") or params.get("strategy_name") or item.nodeid.split("::")[0]
+    strategy = params.get("strategy") or params.get("strategy_name")
+    group = strategy or item.nodeid.split("::")[0]
     return Case(
         item.nodeid,
         item_world_size(item),
         str(group),
         exclusive=bool(item.get_closest_marker("exclusive")),
+        reads_any=not strategy,
         inert=bool(item.get_closest_marker("skip")),
         cost=durations.get(item.nodeid, UNMEASURED_COST.get(str(group), 1.0)),
     )

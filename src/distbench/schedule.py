@@ -40,6 +40,7 @@ class Case:
     world_size: int
     group: str  # a strategy, or a module: what a lane's cached runs and references are shared by
     exclusive: bool = False  # measures time or memory of the machine: runs alone, last
+    reads_any: bool = False  # its group is a module, not a strategy: it may read any strategy's shared runs
     inert: bool = False  # skipped at collection: runs first, here
     cost: float = 1.0  # expected seconds (the last session's, when known)
 
@@ -56,6 +57,7 @@ class Unit:
     nodeids: list[str]
     cost: float
     group: str = ""
+    reads_any: bool = False  # its cases may read any group's shared runs (Case.reads_any)
 
 
 @dataclass
@@ -97,7 +99,9 @@ def plan(cases: Sequence[Case], devices: int, seats: int = 1) -> Plan:
     for c in cases:
         if c.inert or c.exclusive:
             continue
-        u = units.setdefault((c.world_size, c.group, c.module), Unit(c.world_size, [], 0.0, c.group))
+        u = units.setdefault(
+            (c.world_size, c.group, c.module), Unit(c.world_size, [], 0.0, c.group, c.reads_any)
+        )
         u.nodeids.append(c.nodeid)
         u.cost += c.cost
     group_cost: dict[str, float] = {}
