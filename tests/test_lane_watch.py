@@ -44,5 +44,36 @@ def test_summary_splits_the_samples_taken_while_lanes_ran():
     assert s["host_busy"] == pytest.approx(0.5)  # the unknown sample is left out
     assert s["lanes_busy"] == pytest.approx(0.8)
     assert s["lanes_host_busy"] == pytest.approx(0.9)
-    assert s["alone_busy"] == pytest.approx(0.2) and s["alone_host_busy"] == pytest.approx(0.1)
     assert s["peak_used_bytes"] == 50
+
+
+def test_the_watch_takes_no_samples_while_paused():
+    """An exclusive test runs with the watch paused: no NVML query beside its timed steps."""
+    import threading
+    from types import SimpleNamespace
+
+    calls: list[str] = []
+
+    class FakeNvml:
+        def nvmlDeviceGetUtilizationRates(self, h):
+            calls.append("util")
+            return SimpleNamespace(gpu=50)
+
+        def nvmlDeviceGetMemoryInfo(self, h):
+            calls.append("mem")
+            return SimpleNamespace(used=1, total=2)
+
+    w = GpuWatch(period_s=0.005, paused=True)
+    w._handles = ["gpu0"]
+    t = threading.Thread(target=w._loop, args=(FakeNvml(),), daemon=True)
+    t.start()
+    try:
+        time.sleep(0.1)
+        assert calls == [] and w.utilization == []
+        w.paused = False
+        deadline = time.monotonic() + 5
+        while not w.utilization and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert w.utilization and w.utilization[0] == [0.5]
+    finally:
+        w.stop()

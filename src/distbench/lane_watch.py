@@ -100,6 +100,9 @@ class GpuWatch:
 
     on_sample: Callable[[dict[int, int]], None] | None = None
     period_s: float = SAMPLE_S
+    #: no samples while set: an exclusive test measures the machine, and each NVML query is a call into the
+    #: driver beside its timed steps
+    paused: bool = False
     utilization: list[list[float]] = field(default_factory=list)  # per sample, per device, 0..1
     host_busy: list[float | None] = field(default_factory=list)  # per sample: the host's busy CPU share
     in_lanes: list[bool] = field(default_factory=list)  # per sample: whether lanes ran (on_sample set)
@@ -128,6 +131,9 @@ class GpuWatch:
     def _loop(self, nv: Any) -> None:
         host = host_jiffies()
         while not self._stop.wait(self.period_s):
+            if self.paused:
+                host = None  # the next sample's host share starts after the pause
+                continue
             on_sample = self.on_sample  # processes are read only while someone charges them (lanes run)
             try:
                 util = [nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0 for h in self._handles]
@@ -154,9 +160,8 @@ class GpuWatch:
 
     def summary(self) -> dict[str, Any] | None:
         """busy: mean utilization over the samples and devices (the GPUs' busy ratio); host_busy: the host's
-        mean busy CPU share; both also over the samples taken while lanes ran (lanes_busy, lanes_host_busy) and
-        the others (alone_busy, alone_host_busy: the exclusive tests'), None without such samples;
-        peak_used_bytes: the fullest device's most memory in use; None without
+        mean busy CPU share; both also over the samples taken while lanes ran (lanes_busy, lanes_host_busy),
+        None without such samples; peak_used_bytes: the fullest device's most memory in use; None without
         samples."""
         if not self.utilization:
             return None
@@ -167,15 +172,12 @@ class GpuWatch:
             return statistics.fmean(known) if known else None
 
         lanes = [i for i, on in enumerate(self.in_lanes) if on]
-        alone = [i for i, on in enumerate(self.in_lanes) if not on]
         return {
             "samples": len(self.utilization),
             "busy": statistics.fmean(gpu),
             "host_busy": mean(self.host_busy),
             "lanes_busy": mean([gpu[i] for i in lanes]),
             "lanes_host_busy": mean([self.host_busy[i] for i in lanes]),
-            "alone_busy": mean([gpu[i] for i in alone]),
-            "alone_host_busy": mean([self.host_busy[i] for i in alone]),
             "peak_used_bytes": max(max(u) for u in self.used_bytes),
             "total_bytes": max(self.total_bytes),
         }

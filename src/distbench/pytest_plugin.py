@@ -391,11 +391,8 @@ class SessionWatch:
             )
             if gpu["host_busy"] is not None:
                 line = f"host CPUs busy {gpu['host_busy']:.0%} of the session"
-                for key, when in (("lanes", "while lanes ran"), ("alone", "otherwise")):
-                    if self.lanes is not None and gpu[f"{key}_host_busy"] is not None:
-                        line += (
-                            f"; {when}: host CPUs {gpu[f'{key}_host_busy']:.0%}, GPU {gpu[f'{key}_busy']:.0%}"
-                        )
+                if self.lanes is not None and gpu["lanes_host_busy"] is not None:
+                    line += f"; while lanes ran: host CPUs {gpu['lanes_host_busy']:.0%}, GPU {gpu['lanes_busy']:.0%}"
                 out.append(line)
         if self.lanes is not None:
             out.append(
@@ -470,14 +467,18 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     """Tests this process runs itself count in the session's occupancy (lanes' tests are counted from their
-    events; their reports are replayed here without this hook)."""
+    events; their reports are replayed here without this hook). The GPU watch pauses while an `exclusive`
+    test runs: it measures the machine, and each NVML query is a call into the driver beside its timed steps."""
     watch = item.config.stash.get(WATCH, None)
     if watch is None or item.config.getoption("--distbench-lane"):
         return (yield)
+    exclusive = item.get_closest_marker("exclusive") is not None
     watch.occupancy.start(item.nodeid)
+    watch.gpu.paused = exclusive
     try:
         return (yield)
     finally:
+        watch.gpu.paused = False
         watch.occupancy.finish(item.nodeid)
 
 
