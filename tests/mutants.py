@@ -85,6 +85,8 @@ def _bf16_compress_hook(state, bucket):  # unannotated, as _sum_hook
     """torch's bf16_compress_hook itself, under a name DDP does not refuse on gloo: register_comm_hook turns the
     hook away by name unless CUDA and NCCL run it, though gloo reduces bf16 too."""
     return default_hooks.bf16_compress_hook(state, bucket)
+
+
 #: Each global generator's getter and setter, written here rather than taken from the code under test.
 _GENERATORS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
     "torch": (torch.get_rng_state, torch.set_rng_state),

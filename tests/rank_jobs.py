@@ -51,7 +51,12 @@ def parameter_values_formatted_by_build(ctx: Any, strategy: str) -> int:
     from distbench.workloads import get_model
 
     cfg = RunConfig(
-        strategy=strategy, world_size=ctx.world_size, model="gpt2-tiny", global_batch=4, micro_batch=2, steps=1
+        strategy=strategy,
+        world_size=ctx.world_size,
+        model="gpt2-tiny",
+        global_batch=4,
+        micro_batch=2,
+        steps=1,
     )
     set_numerics(cfg)
     model = get_model(cfg.model).build(cfg.seed, ctx.device)

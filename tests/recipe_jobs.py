@@ -26,6 +26,7 @@ LORA: dict[str, Any] = {"lora_rank": 4, "lora_alpha": 8, "steps": 4}
 #: 1.2e-4): fp32 master weights keep every update, bf16 master weights round most of them away.
 BF16: dict[str, Any] = {"precision": "bf16", "lr": 3e-5}
 
+
 def refuses_lora(strategy: str, world_size: int) -> bool:
     """Where the strategy refuses LoRA (strategies/fsdp1.py LORA_ONE_RANK_WHY): FSDP1 on one rank."""
     from distbench.strategies import get_spec

@@ -44,7 +44,10 @@ def test_a_zero3_build_formats_no_parameter_values(pool):
     """DeepSpeed's ZeRO-3 constructors (the optimizer's and the parameter offload's, which zero3_offload builds
     too) format their locals for a debug line they drop; with every parameter's values in them, that read GPU
     tensors element by element, about half of a warm build on an H200."""
-    assert pool.run(rank_jobs.parameter_values_formatted_by_build, {"strategy": "zero3"}, timeout=120) == [0, 0]
+    assert pool.run(rank_jobs.parameter_values_formatted_by_build, {"strategy": "zero3"}, timeout=120) == [
+        0,
+        0,
+    ]
 
 
 def test_between_jobs_garbage_is_collected_then_the_rest_frozen(pool):

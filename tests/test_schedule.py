@@ -142,7 +142,9 @@ def test_a_lane_takes_another_groups_unit_when_enough_lanes_run_one_group():
     pending = [Unit(1, ["a"], 5.0, "zero3"), Unit(1, ["b"], 4.0, "zero3"), Unit(1, ["c"], 3.0, "ddp")]
     assert take_unit(list(pending), 1, {"zero3": 2}, cap=2).group == "ddp"
     assert take_unit(list(pending), 1, {"zero3": 1}, cap=2).nodeids == ["a"]
-    assert take_unit(list(pending[:2]), 1, {"zero3": 2}, cap=2).nodeids == ["a"]  # nothing else: it waits less
+    assert take_unit(list(pending[:2]), 1, {"zero3": 2}, cap=2).nodeids == [
+        "a"
+    ]  # nothing else: it waits less
 
 
 def test_a_module_units_cases_keep_every_groups_shared_runs_until_it_ends():

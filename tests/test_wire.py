@@ -70,7 +70,11 @@ def test_collectives_follow_the_precision_policy(
         pytest.skip(reason)
     if precision not in PRECISIONS[suite.device_type]:
         pytest.skip(f"{precision} is checked on the CPU tier (PRECISIONS)")
-    if suite.device_type == "cuda" and precision == "fp16" and get_spec(strategy).trainer_module != "deepspeed":
+    if (
+        suite.device_type == "cuda"
+        and precision == "fp16"
+        and get_spec(strategy).trainer_module != "deepspeed"
+    ):
         pytest.skip("a torch-native fp16 policy puts on NCCL what it puts on gloo: checked on the CPU tier")
     cfg = wire_config(suite, strategy, world_size, precision)
     assert_every_rank(recorded(suite, cfg), cfg, f"{strategy} ws{world_size} {precision}")

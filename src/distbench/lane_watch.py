@@ -124,7 +124,9 @@ class GpuWatch:
         except Exception:
             self._handles = []
             return self
-        self._thread = threading.Thread(target=self._loop, args=(nv,), name="distbench-gpu-watch", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, args=(nv,), name="distbench-gpu-watch", daemon=True
+        )
         self._thread.start()
         return self
 

@@ -288,7 +288,9 @@ def _rank_peak_estimate(config: pytest.Config, cases: list[Case], peaks: dict[st
     for activations and buffers, plus 2 GiB for the CUDA context and NCCL."""
     measured = [peaks[c.nodeid] for c in cases if c.nodeid in peaks]
     if measured and len(measured) == len(cases):
-        return statistics.quantiles(measured, n=10, method="inclusive")[-1] if len(measured) > 1 else measured[0]
+        return (
+            statistics.quantiles(measured, n=10, method="inclusive")[-1] if len(measured) > 1 else measured[0]
+        )
     from .workloads import count_params, get_model
 
     models = config.stash[OPTIONS]["models"] or TIER_DEFAULTS["cuda"]["models"]

@@ -45,6 +45,7 @@ def tier_global_batch(device_type: str, world_sizes: list[int]) -> int:
     4 would need; small models' steps wait on the host, so a step's micro-batches are its cost)."""
     return 2 * TIER_DEFAULTS[device_type]["micro_batch"] * max(world_sizes)
 
+
 #: Benchmark workloads per tier: bf16 as users run it on GPUs (seed 004's sequence and micro-batch).
 BENCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "cpu": {"precision": "fp32", "micro_batch": 2, "seq_len": 0, "steps": 3, "warmup": 1},
@@ -148,7 +149,9 @@ class Suite:
         if self.shelf is None:  # no session to share with: a shelf of this Suite's own, removed by close()
             self.shelf = Shelf(tempfile.mkdtemp(prefix="distbench-suite-"))
             self._own_shelf = True
-        tag = "" if kind in ("reference", "initial") else cfg.strategy  # a strategy's go when its tests are done
+        tag = (
+            "" if kind in ("reference", "initial") else cfg.strategy
+        )  # a strategy's go when its tests are done
         return self.shelf.get(entry_key(f"{kind}-{self.device_type}", cfg.to_dict(), tag), compute)
 
     def reference(self, cfg: RunConfig) -> dict[str, Any]:

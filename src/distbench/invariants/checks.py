@@ -113,15 +113,19 @@ def assert_tensors_close(
     )
     for name, ref in want.items():
         t = got[name]
-        if t.dtype == ref.dtype and t.shape == ref.shape and bool(
-            torch.all((t - ref).abs_() <= atol + rtol * ref.abs())
+        if (
+            t.dtype == ref.dtype
+            and t.shape == ref.shape
+            and bool(torch.all((t - ref).abs_() <= atol + rtol * ref.abs()))
         ):
             continue  # close: one pass, where torch.testing.assert_close took seconds a model on 2 threads
 
         def msg(m: str, n: str = name) -> str:
             return f"{what} {n}: {m}"
 
-        torch.testing.assert_close(t, ref, rtol=rtol, atol=atol, msg=msg)  # the rule (equal infs...) and message
+        torch.testing.assert_close(
+            t, ref, rtol=rtol, atol=atol, msg=msg
+        )  # the rule (equal infs...) and message
 
 
 def assert_params_and_grads_match(
