@@ -58,26 +58,30 @@ def test_between_jobs_garbage_is_collected_then_the_rest_frozen(pool):
         assert not r["cycle_alive"] and r["frozen"] > 10_000
 
 
-def test_a_kept_trainers_device_cache_stays_between_its_rounds(monkeypatch):
-    """Between the rounds of a job that keeps a trainer in the rank (worker.STATE), the allocator's cache is
-    the trainer's working set: given back, each round's first step would cudaMalloc its activations again,
-    inside the round's timing. Once nothing is kept, it is given back."""
+def test_nothing_runs_between_a_kept_trainers_rounds(monkeypatch):
+    """Between the rounds of a job that keeps a trainer in the rank (worker.STATE), neither a full collection
+    (it left the next round slower and noisier) nor a cache release (the next round would cudaMalloc its
+    activations again inside its timing) runs. Once nothing is kept, both do."""
     import torch
 
     from distbench.runtime import worker
     from distbench.runtime.context import RankContext
 
     emptied: list[int] = []
+    collected: list[int] = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
     monkeypatch.setattr(torch.cuda, "reset_accumulated_memory_stats", lambda device=None: None)
     monkeypatch.setattr(worker.gc, "freeze", lambda: None)
+    monkeypatch.setattr(worker.gc, "collect", lambda *a: collected.append(1) or 0)
     ctx = RankContext(0, 1, 0, torch.device("cuda", 0), "nccl")
     monkeypatch.setitem(worker.STATE, "bench", object())
     worker._between_jobs(ctx)
     assert emptied == [], "the kept trainer's cache was given back between its rounds"
+    assert collected == [], "a full collection ran between a kept trainer's rounds"
     monkeypatch.delitem(worker.STATE, "bench")
     worker._between_jobs(ctx)
     assert emptied == [1], "nothing is kept, yet the cache stayed"
+    assert collected == [1], "nothing is kept, yet the job's garbage stayed"
 
 
 def _bound_pool_run(monkeypatch, mode: str, job) -> list:
