@@ -39,15 +39,10 @@ def crash_in(ctx: Any, rank: int) -> None:
     dist.barrier()
 
 
-def parameter_values_formatted_by_build(ctx: Any, strategy: str) -> int:
-    """How many tensors' values building `strategy`'s trainer formatted as text (torch's tensor printer)."""
-    from unittest import mock
-
-    import torch._tensor_str as tensor_str
-
+def _tiny_config_and_model(ctx: Any, strategy: str) -> tuple[Any, Any]:
+    """A one-step gpt2-tiny configuration of `strategy` at the pool's world size, numerics set, and its model."""
     from distbench.config import RunConfig
     from distbench.jobs.train import set_numerics
-    from distbench.strategies import build_trainer
     from distbench.workloads import get_model
 
     cfg = RunConfig(
@@ -59,7 +54,18 @@ def parameter_values_formatted_by_build(ctx: Any, strategy: str) -> int:
         steps=1,
     )
     set_numerics(cfg)
-    model = get_model(cfg.model).build(cfg.seed, ctx.device)
+    return cfg, get_model(cfg.model).build(cfg.seed, ctx.device)
+
+
+def parameter_values_formatted_by_build(ctx: Any, strategy: str) -> int:
+    """How many tensors' values building `strategy`'s trainer formatted as text (torch's tensor printer)."""
+    from unittest import mock
+
+    import torch._tensor_str as tensor_str
+
+    from distbench.strategies import build_trainer
+
+    cfg, model = _tiny_config_and_model(ctx, strategy)
     with mock.patch.object(tensor_str, "_str", wraps=tensor_str._str) as printed:
         trainer = build_trainer(ctx, cfg, model)
     trainer.close()
@@ -71,21 +77,10 @@ def model_outlives_close(ctx: Any, strategy: str) -> bool:
     import gc
     import weakref
 
-    from distbench.config import RunConfig
-    from distbench.jobs.train import run_steps, set_numerics
+    from distbench.jobs.train import run_steps
     from distbench.strategies import build_trainer
-    from distbench.workloads import get_model
 
-    cfg = RunConfig(
-        strategy=strategy,
-        world_size=ctx.world_size,
-        model="gpt2-tiny",
-        global_batch=4,
-        micro_batch=2,
-        steps=1,
-    )
-    set_numerics(cfg)
-    model = get_model(cfg.model).build(cfg.seed, ctx.device)
+    cfg, model = _tiny_config_and_model(ctx, strategy)
     alive = weakref.ref(model)
     trainer = build_trainer(ctx, cfg, model)
     del model
