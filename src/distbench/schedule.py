@@ -20,14 +20,11 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-#: Host threads a rank may use: its Python thread and autograd's device thread (DESIGN.md: small models'
-#: steps wait on one host thread).
+#: Host cores a rank keeps busy: its Python thread and autograd's device thread (DESIGN.md: small models'
+#: steps wait on one host thread); also the seats' bound by cores. On one H200 (16 vCPUs) 8 lanes of world size
+#: 1 kept 57% of the cores busy and the GPU 72%, and took 205 s; 10 lanes (1.5 cores a rank) kept 67% of the
+#: cores and 52% of the GPU busy and took as long: the GPU's time slices, not the cores, bound them.
 CORES_PER_RANK = 2
-#: Host cores counted per lane rank, with its pytest process: the seats' bound by cores. On one H200 (16 vCPUs)
-#: 8 lanes of world size 1 kept 57% of the cores busy and the GPU 72%, and took 205 s; 10 lanes (1.5 cores a
-#: rank) kept 67% of the cores and 52% of the GPU busy and took as long: the GPU's time slices, not the cores,
-#: bound them.
-CORES_PER_LANE_RANK = 2.0
 #: Share of a device's memory the lanes may plan to fill; the rest absorbs estimates that run short.
 MEMORY_HEADROOM = 0.8
 
@@ -172,7 +169,7 @@ def seats_per_device(
     memory_bytes: int | None,
     rank_peak_bytes: float | None,
     cores: int,
-    cores_per_rank: float = CORES_PER_LANE_RANK,
+    cores_per_rank: float = CORES_PER_RANK,
 ) -> int:
     """How many lanes may share one device: as many ranks as fit in MEMORY_HEADROOM of its memory at the
     cases' peak per rank, and no more ranks on the whole machine than its cores can keep busy. At least 1."""
