@@ -148,8 +148,8 @@ def _between_jobs(ctx: RankContext) -> None:
     once, so nothing is done between them. Its cached blocks are its working set: given back after every
     round, the next round's first step allocated its activations again with cudaMalloc inside its timing. A
     full collection after every round left the next one slower and noisier: on 2 CPU cores, harness-against-
-    bare rounds of gpt2-tiny took a median 11.2 ms against 9.1 ms and their log ratio spread by 22% against
-    5% (scripts/fidelity_noise.py)."""
+    bare rounds of gpt2-tiny kept in a pool rank took a median 10.6-11.6 ms and their log ratio spread by 22%,
+    where the same rounds in one process took 9.1-9.7 ms and spread by 5-9% (scripts/fidelity_noise.py)."""
     if STATE:
         return
     gc.collect()
