@@ -17,5 +17,5 @@ status=${PIPESTATUS[0]}
 end=$(date +%s.%N)
 python3 -c "print(f'wall {float($end) - float($start):.1f} s, exit {$status}')" | tee "$out/wall.txt"
 cat "$out/machine.txt" >> "$out/wall.txt"
-sed -n '/distbench: time in rank jobs by phase/,$p' "$out/pytest.log" | head -60
+sed -n '/distbench: time in tests by phase/,$p' "$out/pytest.log" | head -60
 exit "$status"

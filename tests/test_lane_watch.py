@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from distbench.lane_watch import GpuWatch, busy_share, host_jiffies
+from distbench.lane_watch import GpuWatch, Occupancy, busy_share, host_jiffies
 
 
 def test_busy_share_is_the_busy_part_of_the_elapsed_cpu_time():
@@ -30,6 +30,15 @@ def test_host_jiffies_count_a_spinning_thread_as_busy():
     assert after[0] - before[0] >= 0.5 * 0.3 * os.sysconf("SC_CLK_TCK")
     share = busy_share(before, after)
     assert share is not None and 0 < share <= 1
+
+
+def test_below_counts_the_time_too_few_tests_ran_within_a_window():
+    """The summary's idle-lanes figure: 2 tests at once at most from 6 s on, 1 at most after 10 s."""
+    occ = Occupancy(intervals=[(0, 10), (0, 4), (2, 6), (8, 12)])
+    assert occ.below(2, 0, 12) == 4.0  # 6-8 and 10-12
+    assert occ.below(2, 1, 11) == 3.0  # the window clips both ends
+    assert occ.below(1, 0, 14) == 2.0  # nothing ran after 12 s
+    assert occ.below(3, 0, 12) == 10.0  # three at once only from 2 to 4 s
 
 
 def test_summary_splits_the_samples_taken_while_lanes_ran():

@@ -184,7 +184,11 @@ def test_the_session_reports_every_lane_test_and_merges_the_phase_tables(concurr
     assert "7 passed" in out.stdout
     assert "distbench lanes on 2 slot(s), up to 1 per device" in out.stdout
     assert "tests at once:" in out.stdout and "lanes: 3 started on 2 slot(s)" in out.stdout
-    table = out.stdout.split("distbench: time in rank jobs by phase")[1]
+    assert (
+        "s of lanes (fewer than 1 tests at once for" in out.stdout
+        and "s of exclusive tests alone" in out.stdout
+    )
+    table = out.stdout.split("distbench: time in tests by phase")[1]
     assert "training steps" in table and "test_two.py::test_two_a" in table
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from distbench.jobs.train import train
-from distbench.runtime.phases import POOL_START, TRANSFER, PhaseClock, PhaseLog, job_phases
+from distbench.runtime.phases import OWN, POOL_START, SHARED, TRANSFER, PhaseClock, PhaseLog, job_phases
 
 pytest_plugins = ["pytester"]
 
@@ -44,6 +44,14 @@ def test_the_table_lists_phases_and_the_slowest_tests():
     assert any(line.endswith("t::a (training steps 4.0, transfer and rest 1.0)") for line in lines)
 
 
+def test_each_tests_rest_goes_to_its_own_process():
+    """With the remainders the table accounts for the tests' whole time, not only their rank jobs."""
+    log = PhaseLog()
+    log.add("t::a", {"training steps": 3.0, SHARED: 1.0})
+    log.add_remainders({"t::a": 5.5, "t::b": 0.25, "t::c": 0.0})
+    assert log.by_test == {"t::a": {"training steps": 3.0, SHARED: 1.0, OWN: 1.5}, "t::b": {OWN: 0.25}}
+
+
 def test_a_train_job_reports_its_phases_to_the_session(suite, request):
     """The phases of a job add up to the job's wall clock as the session saw it (imports before it excluded:
     under load, importing the strategies took 0.6 s more than a 5% slack)."""
@@ -72,5 +80,6 @@ def test_the_session_writes_its_phases_as_json_when_asked(pytester):
     out = pytester.path / "phases.json"
     result = pytester.runpytest_inprocess("-p", "distbench.pytest_plugin", f"--phases-json={out}")
     result.assert_outcomes(passed=1)
-    assert json.loads(out.read_text()) == {"test_one.py::test_a": {"training steps": 1.5}}
-    result.stdout.fnmatch_lines(["*time in rank jobs by phase*", "training steps*1.5*"])
+    phases = json.loads(out.read_text())["test_one.py::test_a"]
+    assert phases.pop("training steps") == 1.5 and set(phases) <= {OWN}  # and the test's own rest, if any
+    result.stdout.fnmatch_lines(["*time in tests by phase*", "training steps*1.5*"])

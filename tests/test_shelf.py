@@ -46,6 +46,26 @@ def test_an_entry_is_computed_once_whoever_asks_at_the_same_time(tmp_path: Path)
     assert log.read_text().splitlines() == ["computed"]
 
 
+def test_a_reader_knows_how_long_it_waited_for_another_to_compute(tmp_path: Path):
+    """The wait shows in the phase table (SHARED): a lane idle on a shared run is time the lanes lose."""
+    import threading
+
+    shelf, started = Shelf(tmp_path), threading.Event()
+
+    def compute(entry: Path) -> dict:
+        started.set()
+        time.sleep(0.4)
+        return {"losses": [1.0]}
+
+    computing = threading.Thread(target=Shelf(tmp_path).get, args=("run-x", compute))
+    computing.start()
+    started.wait(10)
+    assert shelf.get("run-x", compute)["losses"] == [1.0] and shelf.waited_s >= 0.3
+    computing.join()
+    shelf.get("run-x", compute)
+    assert shelf.waited_s < 0.2  # read at once now
+
+
 def test_drop_removes_one_strategys_entries_and_a_damaged_entry_is_computed_again(tmp_path: Path):
     shelf = Shelf(tmp_path)
     calls: list[str] = []

@@ -55,6 +55,20 @@ class Occupancy:
             last = t
         return {"mean": weighted / busy if busy else 0.0, "max": float(most), "span_s": busy}
 
+    def below(self, count: int, start: float, end: float) -> float:
+        """Seconds between `start` and `end` in which fewer than `count` tests ran (lanes left idle)."""
+        edges = sorted(
+            [(max(a, start), 1) for a, b in self.intervals if b > start and a < end]
+            + [(min(b, end), -1) for a, b in self.intervals if b > start and a < end]
+        )
+        running, last, idle = 0, start, 0.0
+        for t, delta in edges:
+            if running < count:
+                idle += t - last
+            running += delta
+            last = t
+        return idle + (end - last if running < count else 0.0)
+
 
 def host_jiffies() -> tuple[int, int] | None:
     """(busy, total) CPU time of the whole host so far, in jiffies, from /proc/stat; None where unreadable.

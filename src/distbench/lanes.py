@@ -223,10 +223,13 @@ class LaneStats:
     devices: int
     seats: int
     gpus: bool
+    lanes_at_once: int = 1
     started: int = 0
     peak_bytes: dict[str, int] = field(default_factory=dict)  # test -> most device memory its lane held
     #: tests that ran out of device memory beside other lanes: rerun alone, and only that run is reported
     rerun_alone: list[str] = field(default_factory=list)
+    #: the session's stages as (name, start, end) on time.monotonic(): skips, lanes, exclusive tests alone
+    stages: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 def _out_of_memory(report: pytest.TestReport) -> bool:
@@ -267,7 +270,7 @@ class LaneRunner:
         #: lanes that may run one group's units at once: a quarter of them, so several groups go side by side
         #: and few lanes wait on one group's shared run
         self.group_cap = max(1, -(-plan.lanes_at_once // 4))
-        self.stats = LaneStats(plan.devices, plan.seats, gpus)
+        self.stats = LaneStats(plan.devices, plan.seats, gpus, plan.lanes_at_once)
         self.items = {it.nodeid: it for it in session.items}
         self.pending = list(plan.units)
         self.seats = Seats.of(plan.devices, plan.seats)
@@ -279,14 +282,20 @@ class LaneRunner:
     # --- the session -----------------------------------------------------------------------------------
     def run(self) -> None:
         nxt: dict[str, pytest.Item | None] = {n: None for n in self.plan.first}
+        t0 = time.monotonic()
         try:
             self._run_here(self.plan.first, nxt)
+            t1 = time.monotonic()
+            self.stats.stages.append(("skipped", t0, t1))
             self._run_lanes()
+            t2 = time.monotonic()
+            self.stats.stages.append(("lanes", t1, t2))
             self.watch.on_sample = None  # the exclusive tests run alone: no lane memory to charge
             alone = self.stats.rerun_alone + self.plan.alone
             here = [self.items[n] for n in alone]
             nxt = {it.nodeid: (here[i + 1] if i + 1 < len(here) else None) for i, it in enumerate(here)}
             self._run_here(alone, nxt)
+            self.stats.stages.append(("alone", t2, time.monotonic()))
         finally:
             self.watch.on_sample = None
             for run in self.running:

@@ -385,6 +385,17 @@ class SessionWatch:
                 f"tests at once: {occ['mean']:.1f} on average, {occ['max']:.0f} at most, over "
                 f"{occ['span_s']:.0f} s of tests"
             )
+        stages = {name: (a, b) for name, a, b in self.lanes.stages} if self.lanes is not None else {}
+        if "lanes" in stages:
+            a, b = stages["lanes"]
+            half = max(1, self.lanes.lanes_at_once // 2)
+            line = (
+                f"stages: {stages['skipped'][1] - stages['skipped'][0]:.0f} s of skips, {b - a:.0f} s of lanes "
+                f"(fewer than {half} tests at once for {self.occupancy.below(half, a, b):.0f} s of them)"
+            )
+            if "alone" in stages:
+                line += f", {stages['alone'][1] - stages['alone'][0]:.0f} s of exclusive tests alone"
+            out.append(line)
         gpu = self.gpu.summary()
         if gpu:
             out.append(
@@ -602,12 +613,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     claims the machine left undecided: the suite's own slowdowns and its noise show here."""
     log = config.stash.get(PHASES, PhaseLog())
     watch = config.stash.get(WATCH, None)
+    if watch is not None and not config.getoption("--distbench-lane"):
+        log.add_remainders(watch.durations)
     out = config.getoption("--phases-json")
     if out:
         Path(out).write_text(json.dumps(log.by_test, indent=1, sort_keys=True) + "\n")
     lines = log.table()
     if lines:
-        terminalreporter.write_sep("-", "distbench: time in rank jobs by phase")
+        terminalreporter.write_sep("-", "distbench: time in tests by phase")
         for line in lines:
             terminalreporter.write_line(line)
     if watch is None or config.getoption("--distbench-lane"):

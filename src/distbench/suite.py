@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import RunConfig
-from .runtime.phases import PhaseLog, job_phases
+from .runtime.phases import SHARED, PhaseLog, job_phases
 from .runtime.pool import PoolManager
 from .runtime.shelf import TENSORS, Shelf, entry_key, load_tensors
 
@@ -152,7 +152,9 @@ class Suite:
         tag = (
             "" if kind in ("reference", "initial") else cfg.strategy
         )  # a strategy's go when its tests are done
-        return self.shelf.get(entry_key(f"{kind}-{self.device_type}", cfg.to_dict(), tag), compute)
+        out = self.shelf.get(entry_key(f"{kind}-{self.device_type}", cfg.to_dict(), tag), compute)
+        self.phases.add(self.current_test, {SHARED: self.shelf.waited_s})
+        return out
 
     def reference(self, cfg: RunConfig) -> dict[str, Any]:
         """The independent single-process reference for cfg's workload (losses, final params, last

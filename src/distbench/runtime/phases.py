@@ -2,8 +2,9 @@
 
 Rank jobs time their phases with a PhaseClock (build and wrap, checkpoint load and save, training steps,
 gathering full state, the reference run) and return them; the pytest process adds what only it sees (starting
-the rank pool, and the rest of the job's wall clock: moving the job and its results between processes). A
-PhaseLog keeps them per test and prints the session's table at the end (`pytest_terminal_summary`).
+the rank pool, and the rest of the job's wall clock: moving the job and its results between processes), the time
+a test waits for and reads shared runs (SHARED), and at the end the rest of each test's time (OWN). A PhaseLog
+keeps them per test and prints the session's table at the end (`pytest_terminal_summary`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from dataclasses import dataclass, field
 
 POOL_START = "pool start"
 TRANSFER = "transfer and rest"
+#: a test waiting for a shared run another process computes, and reading it from the shelf
+SHARED = "shared runs: wait and read"
+#: the rest of a test's time: its own process's comparisons, fixtures and imports
+OWN = "the test's own process"
 
 
 class PhaseClock:
@@ -56,6 +61,14 @@ class PhaseLog:
         for name, s in phases.items():
             mine[name] = mine.get(name, 0.0) + s
 
+    def add_remainders(self, durations: dict[str, float]) -> None:
+        """Charge each test's time outside its jobs and shared-run waits (`durations`: its setup, call and
+        teardown seconds) to OWN, so the table accounts for the tests' whole time."""
+        for test, seconds in durations.items():
+            rest = seconds - sum(self.by_test.get(test, {}).values())
+            if rest > 0:
+                self.add(test, {OWN: rest})
+
     def table(self, slowest: int = 5) -> list[str]:
         """The session's seconds per phase, largest first, then the tests that spent the most."""
         if not self.by_test:
@@ -70,7 +83,7 @@ class PhaseLog:
             f"{name:<20} {s:9.1f} {s / whole:6.1%}" for name, s in sorted(totals.items(), key=lambda x: -x[1])
         ]
         top = sorted(self.by_test.items(), key=lambda x: -sum(x[1].values()))[:slowest]
-        lines += ["", f"slowest {len(top)} test(s) by time in rank jobs:"]
+        lines += ["", f"slowest {len(top)} test(s):"]
         for test, phases in top:
             parts = ", ".join(f"{n} {s:.1f}" for n, s in sorted(phases.items(), key=lambda x: -x[1])[:3])
             lines.append(f"{sum(phases.values()):7.1f}s {test} ({parts})")

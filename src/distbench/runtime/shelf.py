@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -94,14 +95,18 @@ class Shelf:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        #: the last get's seconds waiting for its entry (another process computing it) and reading it
+        self.waited_s = 0.0
 
     def get(self, key: str, compute: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
         """The entry `key`: `compute(entry_dir)` runs once per session (it may write TENSORS and files into the
         directory and returns the JSON-able rest); every later call reads it. Tensors are read again each
         time, so no process keeps every run's parameters in memory."""
         entry = self.root / key
+        t0 = time.perf_counter()
         with _locked(self.root / f"{key}.lock"):
             out = _read(entry)
+            self.waited_s = time.perf_counter() - t0
             if out is None:
                 shutil.rmtree(entry, ignore_errors=True)  # what a process that died computing it left
                 entry.mkdir()
