@@ -58,6 +58,53 @@ def test_between_jobs_garbage_is_collected_then_the_rest_frozen(pool):
         assert not r["cycle_alive"] and r["frozen"] > 10_000
 
 
+_REGISTRY: dict[str, object] = {}
+
+
+class _Engine:
+    """Stands in for a trainer that a library's module-level state keeps until the next build replaces it."""
+
+    def __init__(self) -> None:
+        self.me = self  # a cycle: only a full collection frees it
+
+
+def test_what_an_earlier_job_left_frozen_is_freed_once_the_device_shows_it(monkeypatch):
+    """An engine alive when the worker froze the survivors of its job, and dropped when the next job's build
+    replaced it, is garbage no collection of the unfrozen generations frees: on GPUs, each configuration a
+    lane's rank ran would leave its gigabytes. Once the device holds LEFTOVER_BYTES more between jobs than
+    after the last full collection, the frozen objects are collected too."""
+    import gc
+    import weakref
+
+    import torch
+
+    from distbench.runtime import worker
+    from distbench.runtime.context import RankContext
+
+    engines: list[weakref.ref] = []
+
+    def build() -> None:  # a job: its engine stays registered after it closes, until the next build
+        _REGISTRY["engine"] = _Engine()
+        engines.append(weakref.ref(_REGISTRY["engine"]))
+
+    monkeypatch.setattr(worker, "_held_floor", 0)
+    monkeypatch.setattr(worker, "_device_bytes", lambda ctx: 2**30 * sum(e() is not None for e in engines))
+    ctx = RankContext(0, 1, 0, torch.device("cpu"), "gloo")
+    try:
+        for job in range(3):
+            build()
+            worker._between_jobs(ctx)
+            assert [e() is not None for e in engines] == [False] * job + [True], (
+                f"after job {job + 1}, an earlier job's engine still holds the device"
+            )
+        gc.collect()
+        _REGISTRY.clear()
+        assert engines[-1]() is not None, "collected without the frozen generation: this test shows nothing"
+    finally:
+        _REGISTRY.clear()
+        gc.unfreeze()
+
+
 def test_nothing_runs_between_a_kept_trainers_rounds(monkeypatch):
     """Between the rounds of a job that keeps a trainer in the rank (worker.STATE), neither a full collection
     (it left the next round slower and noisier) nor a cache release (the next round would cudaMalloc its

@@ -140,6 +140,21 @@ def _run(ctx: RankContext, job_id: int, target: str, kwargs: dict[str, Any]) -> 
         return (job_id, ctx.rank, "error", type(e).__name__, traceback.format_exc())
 
 
+#: Device bytes a rank may hold with no job running (cuBLAS workspaces and the like) before a full collection of
+#: the frozen objects too is tried; `_held_floor`: what the last such collection (or a job's end) left.
+LEFTOVER_BYTES = 256 * 2**20
+_held_floor = 0
+
+
+def _device_bytes(ctx: RankContext) -> int:
+    """Device memory this rank's tensors hold (the caching allocator's count); 0 on CPU."""
+    if not ctx.is_cuda:
+        return 0
+    import torch
+
+    return int(torch.cuda.memory_allocated(ctx.device))
+
+
 def _between_jobs(ctx: RankContext) -> None:
     """Once no job keeps state here (STATE): collect the job's garbage, freeze what survives and give cached
     device memory back.
@@ -150,9 +165,19 @@ def _between_jobs(ctx: RankContext) -> None:
     full collection after every round left the next one slower and noisier: on 2 CPU cores, harness-against-
     bare rounds of gpt2-tiny kept in a pool rank took a median 10.6-11.6 ms and their log ratio spread by 22%,
     where the same rounds in one process took 9.1-9.7 ms and spread by 5-9% (scripts/fidelity_noise.py)."""
+    global _held_floor
     if STATE:
         return
     gc.collect()
+    held = _device_bytes(ctx)
+    if held > _held_floor + LEFTOVER_BYTES:
+        # An earlier job's object that was alive when it was frozen (a library's module-level reference to its
+        # engine, replaced by the next build) and dropped since is cyclic garbage that no collection of the
+        # unfrozen generations sees, nor gc.get_objects(): device memory lost to the pool for good.
+        gc.unfreeze()
+        gc.collect()
+        held = _device_bytes(ctx)
+    _held_floor = held  # what a full collection could not free is the rank's, not garbage: not retried
     # What survives a job is the process's own state (torch, transformers, DeepSpeed, ~400k
     # objects). Frozen, full collections skip it: the ones strategies run at build and teardown
     # (three in DeepSpeed's ZeRO-3 init, 0.47 s each on an H200 host) scan only the next job's.
