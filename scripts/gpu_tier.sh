@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 echo "vCPUs: $(nproc)" >> "$out/machine.txt"
 start=$(date +%s.%N)
 python3 -m pytest -m gpu -rfEs --durations=30 --junitxml "$out/junit.xml" --phases-json "$out/phases.json" \
-  "$@" 2>&1 | tee "$out/pytest.log" | grep -E "^(FAILED|ERROR|UNDECIDED)|passed|failed|distbench lanes" 
+  --timeline-json "$out/timeline.json" "$@" 2>&1 | tee "$out/pytest.log" | grep -E "^(FAILED|ERROR|UNDECIDED)|passed|failed|distbench lanes" 
 status=${PIPESTATUS[0]}
 end=$(date +%s.%N)
 python3 -c "print(f'wall {float($end) - float($start):.1f} s, exit {$status}')" | tee "$out/wall.txt"

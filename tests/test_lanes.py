@@ -70,10 +70,14 @@ def test_whole_a(): record("whole_a", 0.2)
 def test_whole_b(): record("whole_b", 0.2)
 """,
     "test_alone.py": """
+import os
 import pytest
+from pathlib import Path
 from record import record
 pytestmark = pytest.mark.exclusive
-def test_alone(): record("alone", 0.3)
+def test_alone(suite):
+    Path(os.environ["LANES_LOG"]).with_name("warm").write_text(str(suite.pool_manager.pool_for(1).alive))
+    record("alone", 0.3)
 """,
 }
 
@@ -146,7 +150,7 @@ def overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 @pytest.fixture(scope="module")
 def concurrent(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
-    tmp = tmp_path_factory.mktemp("lanes")
+    tmp = tmp_path_factory.mktemp("concurrent")
     out = session(tmp, CONCURRENT, "--lanes", "2", LANES_LOG=str(tmp / "log.jsonl"))
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     return out, intervals(tmp / "log.jsonl")
@@ -177,6 +181,12 @@ def test_an_exclusive_test_runs_with_nothing_else_running(concurrent):
     assert runs, "no other test recorded its interval"
     assert not [n for n, r in runs.items() if overlap(alone, r)]
     assert alone["lane"] is None
+
+
+def test_the_exclusive_tests_pool_is_warm_before_they_run(concurrent, tmp_path_factory):
+    """Started while the lanes ended (LaneRunner's warm_up): the first exclusive test does not pay for it."""
+    (log,) = Path(tmp_path_factory.getbasetemp()).glob("concurrent[0-9]*/warm")
+    assert log.read_text() == "True"
 
 
 def test_the_session_reports_every_lane_test_and_merges_the_phase_tables(concurrent):

@@ -83,3 +83,25 @@ def test_the_session_writes_its_phases_as_json_when_asked(pytester):
     phases = json.loads(out.read_text())["test_one.py::test_a"]
     assert phases.pop("training steps") == 1.5 and set(phases) <= {OWN}  # and the test's own rest, if any
     result.stdout.fnmatch_lines(["*time in tests by phase*", "training steps*1.5*"])
+
+
+def test_the_session_writes_when_each_test_ran_when_asked(pytester):
+    """The timeline: which tests overlapped in lanes and what a session ended on (the GPU tier's evidence)."""
+    pytester.makepyfile(
+        test_two="""
+        import time
+
+        def test_a():
+            time.sleep(0.2)
+
+        def test_b():
+            pass
+    """
+    )
+    out = pytester.path / "timeline.json"
+    result = pytester.runpytest_inprocess("-p", "distbench.pytest_plugin", f"--timeline-json={out}")
+    result.assert_outcomes(passed=2)
+    spans = json.loads(out.read_text())
+    assert list(spans) == ["test_two.py::test_a", "test_two.py::test_b"]
+    (a0, a1), (b0, b1) = spans.values()
+    assert a0 == 0.0 and a1 - a0 >= 0.2 and a1 <= b0 <= b1

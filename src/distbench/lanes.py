@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -253,10 +254,13 @@ class LaneRunner:
         watch: GpuWatch,
         env: dict[str, str],
         group_done: Callable[[str], None] = lambda group: None,
+        warm_up: Callable[[], None] | None = None,
     ) -> None:
         """`env`: what every lane's environment adds (the session's shared facts). `group_done(group)` is
         called once every unit of a group has run, while no lane runs a unit of another kind of group (the
-        session then removes that strategy's shelved runs; a unit named for its module may read any)."""
+        session then removes that strategy's shelved runs; a unit named for its module may read any).
+        `warm_up()` runs in a thread once every unit is handed out (lanes then free seats as they end), and
+        the exclusive tests wait for it."""
         self.session, self.config = session, session.config
         self.plan, self.gpus = plan, gpus
         self.lane_timeout = lane_timeout
@@ -265,6 +269,8 @@ class LaneRunner:
         self.watch = watch
         self.env = env
         self.group_done = group_done
+        self.warm_up = warm_up
+        self._warming: threading.Thread | None = None
         self.groups_left = Counter(u.group for u in plan.units)
         self.done_groups: list[str] = []  # every unit run, waiting for group_done
         #: lanes that may run one group's units at once: a quarter of them, so several groups go side by side
@@ -290,6 +296,8 @@ class LaneRunner:
             self._run_lanes()
             t2 = time.monotonic()
             self.stats.stages.append(("lanes", t1, t2))
+            if self._warming is not None:
+                self._warming.join()
             self.watch.on_sample = None  # the exclusive tests run alone: no lane memory to charge
             alone = self.stats.rerun_alone + self.plan.alone
             here = [self.items[n] for n in alone]
@@ -318,6 +326,9 @@ class LaneRunner:
     # --- lanes ------------------------------------------------------------------------------------------
     def _run_lanes(self) -> None:
         while self.pending or self.running:
+            if not self.pending and self.warm_up is not None and self._warming is None:
+                self._warming = threading.Thread(target=self.warm_up, name="distbench-warm-up", daemon=True)
+                self._warming.start()
             waiting = Counter(run.world_size for run in self.running if run.units == 0)
             while (ws := next_world_size(self.pending, waiting, self.seats)) is not None:
                 self._start(ws)

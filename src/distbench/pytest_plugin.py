@@ -18,6 +18,7 @@ import os
 import shutil
 import statistics
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--phases-json",
         default=None,
         help="also write the session's seconds per test and phase (the phase table's data) to this JSON file",
+    )
+    g.addoption(
+        "--timeline-json",
+        default=None,
+        help="also write when each test ran: its start and end in seconds from the session's first test, in "
+        "order (which tests overlapped in lanes, and what the lanes ended on)",
     )
     g.addoption(
         "--lanes",
@@ -357,6 +364,7 @@ class SessionWatch:
         self.gpu = GpuWatch()
         self.lanes: Any = None  # lanes.LaneStats when the session ran lanes
         self.durations: dict[str, float] = {}  # test -> seconds of setup, call and teardown
+        self.spans: dict[str, tuple[float, float]] = {}  # test -> its first start and last stop (epoch s)
         self.undecided: dict[str, str] = {}  # test -> its interval and reason
         self.shelf_freed = 0  # bytes of shelved runs removed as their strategies' tests finished
         self.shelf_left = 0  # bytes the shelf held once the lanes were done
@@ -364,9 +372,21 @@ class SessionWatch:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Every test's reports, whether this process or a lane ran it."""
         self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
+        a, b = self.spans.get(report.nodeid, (report.start, report.stop))
+        self.spans[report.nodeid] = (min(a, report.start), max(b, report.stop))
         why = _undecided(report)
         if why is not None:
             self.undecided[report.nodeid] = why
+
+    def timeline(self) -> dict[str, list[float]]:
+        """Each test's start and end, seconds from the first test's start, in order of start."""
+        if not self.spans:
+            return {}
+        t0 = min(a for a, _ in self.spans.values())
+        return {
+            t: [round(a - t0, 3), round(b - t0, 3)]
+            for t, (a, b) in sorted(self.spans.items(), key=lambda x: x[1])
+        }
 
     def lines(self) -> list[str]:
         """The summary's lines; none for a session that ran no lanes and sampled no GPU."""
@@ -468,6 +488,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         watch.gpu,
         {SESSION_ENV: json.dumps(facts)},
         group_done,
+        _warm_up(session, p.alone),
     )
     watch.lanes = runner.stats
     try:
@@ -539,32 +560,62 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         cache.set(PEAKS_KEY, {**_cache_get(cfg, PEAKS_KEY), **per_rank})
 
 
+SUITES = pytest.StashKey[dict[str, Suite]]()  # this process's Suite per device type
+
+
+def session_suite(cfg: pytest.Config, device_type: str) -> Suite:
+    """This process's Suite for a tier, made on first use (by a test, or by the warm-up of the exclusive tests'
+    pools while the lanes end) and closed with the session."""
+    suites = cfg.stash.setdefault(SUITES, {})
+    if device_type not in suites:
+        opts = cfg.stash[OPTIONS]
+        facts = session_facts(cfg)
+        sizes = _tier_world_sizes(cfg, device_type)
+        if device_type == "cuda":  # the world sizes this session can run: the batch need not serve more
+            sizes = [w for w in sizes if w <= facts["gpus"]] or [1]
+        suites[device_type] = Suite(
+            device_type,
+            steps=opts["steps"],
+            timeout=opts["job_timeout"],
+            models=opts["models"] or [],
+            global_batch=tier_global_batch(device_type, sizes),
+            shelf=Shelf(Path(facts["shelf"]) / device_type),
+            phases=cfg.stash.setdefault(PHASES, PhaseLog()),
+        )
+    return suites[device_type]
+
+
+def _warm_up(session: pytest.Session, nodeids: list[str]) -> Callable[[], None]:
+    """Start the pools the exclusive tests `nodeids` will use, and run one short benchmark in each: their
+    ranks' start, imports, CUDA context and first kernels (about 15 s of the first exclusive test on an H200)
+    then overlap the lanes' last tests instead of following them. A failure here is left to the test that
+    next uses the pool, which reports it."""
+    from .matrix import run_benchmark
+
+    wanted = set(nodeids)
+    needs = sorted(
+        {
+            (item_device_type(it), item_world_size(it))
+            for it in session.items
+            if it.nodeid in wanted and "suite" in getattr(it, "fixturenames", ())
+        }
+    )
+
+    def warm() -> None:
+        for device_type, ws in needs:
+            suite = session_suite(session.config, device_type)
+            try:
+                pool = suite.pool_manager.pool_for(ws)
+                run_benchmark(pool, suite.bench_config("ddp", ws, steps=1, warmup=0), nvml=False)
+            except Exception:
+                continue
+
+    return warm
+
+
 @pytest.fixture(scope="session")
-def _suites(request: pytest.FixtureRequest):
-    cfg = request.config
-    suites: dict[str, Suite] = {}
-
-    def get(device_type: str) -> Suite:
-        if device_type not in suites:
-            opts = cfg.stash[OPTIONS]
-            facts = session_facts(cfg)
-            sizes = _tier_world_sizes(cfg, device_type)
-            if device_type == "cuda":  # the world sizes this session can run: the batch need not serve more
-                sizes = [w for w in sizes if w <= facts["gpus"]] or [1]
-            suites[device_type] = Suite(
-                device_type,
-                steps=opts["steps"],
-                timeout=opts["job_timeout"],
-                models=opts["models"] or [],
-                global_batch=tier_global_batch(device_type, sizes),
-                shelf=Shelf(Path(facts["shelf"]) / device_type),
-                phases=cfg.stash.setdefault(PHASES, PhaseLog()),
-            )
-        return suites[device_type]
-
-    yield get
-    for s in suites.values():
-        s.close()
+def _suites(request: pytest.FixtureRequest) -> Callable[[str], Suite]:
+    return lambda device_type: session_suite(request.config, device_type)
 
 
 def session_facts(config: pytest.Config) -> dict[str, Any]:
@@ -587,7 +638,10 @@ def session_facts(config: pytest.Config) -> dict[str, Any]:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Remove the session's shelf (gigabytes of checkpoints on the GPU tier) in the process that made it."""
+    """Close this process's suites (their rank pools), and remove the session's shelf (gigabytes of
+    checkpoints on the GPU tier) in the process that made it."""
+    for suite in config.stash.get(SUITES, {}).values():
+        suite.close()
     facts = config.stash.get(SESSION, None)
     if facts and facts.get("owner"):
         shutil.rmtree(facts["shelf"], ignore_errors=True)
@@ -618,6 +672,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     out = config.getoption("--phases-json")
     if out:
         Path(out).write_text(json.dumps(log.by_test, indent=1, sort_keys=True) + "\n")
+    timeline = config.getoption("--timeline-json")
+    if timeline and watch is not None and not config.getoption("--distbench-lane"):
+        Path(timeline).write_text(json.dumps(watch.timeline(), indent=1) + "\n")
     lines = log.table()
     if lines:
         terminalreporter.write_sep("-", "distbench: time in tests by phase")
