@@ -30,6 +30,7 @@ def test_jobs_run_in_every_rank_and_reuse_the_processes(pool):
     out = pool.run(rank_jobs.whoami)
     assert [r["rank"] for r in out] == [0, 1] and {r["backend"] for r in out} == {"gloo"}
     assert _pids(pool) == {r["pid"] for r in out}, "a second job started new processes"
+    assert pool.held_bytes == 0  # every reply says what the rank's tensors hold on its device: none on CPU
 
 
 @pytest.mark.parametrize("name", ["fsdp_full", "zero2", "zero3"])
@@ -272,3 +273,31 @@ def test_ddp_close_syncs_the_group_only_on_a_clean_exit(monkeypatch):
         finally:
             ddp.DDPTrainer.close(trainer)
     assert calls.count("barrier") == 1
+
+
+@pytest.mark.slow
+def test_ranks_spawned_on_one_thread_serve_another_and_outlive_it():
+    """The session warms the exclusive tests' pools while the lanes end: their ranks are spawned on the
+    session's thread and joined and used from a thread that then ends. A rank dies with the thread that
+    spawned it (PR_SET_PDEATHSIG), which is why spawn() is apart from start()."""
+    import threading
+    import time
+
+    spawned_here, spawned_there = RankPool(1, "cpu"), RankPool(1, "cpu")
+    try:
+        spawned_here.spawn()
+        threads = [
+            threading.Thread(target=spawned_here.run, args=(rank_jobs.whoami,)),
+            threading.Thread(target=spawned_there.start),
+        ]
+        for t in threads:
+            t.start()
+            t.join(120)
+        time.sleep(1.0)  # the kernel's SIGKILL to the other pool's rank
+        assert spawned_here.alive and spawned_here.run(rank_jobs.whoami)[0]["rank"] == 0
+        assert not spawned_there.alive, (
+            "a rank outlived the thread that spawned it: spawn() need not be apart"
+        )
+    finally:
+        spawned_here.close()
+        spawned_there.close()

@@ -120,10 +120,11 @@ class Suite:
             self.phases.add(self.current_test, phases)
         return outs
 
-    def fresh_pool(self, world_size: int) -> None:
-        """Close the pool of `world_size`: the next job starts new ranks, with nothing earlier jobs left."""
-        self.pool_manager.pool_for(world_size).close()
-        self.history.pop(world_size, None)
+    def held_bytes(self) -> int:
+        """Device memory this process's ranks hold after their last jobs (what those jobs left), all pools."""
+        if self.pools is None:
+            return 0
+        return self.pools.held_bytes()
 
     def train(self, cfg: RunConfig, **kwargs: Any) -> list[dict[str, Any]]:
         """Run the train job at cfg.world_size; per-rank outputs (see jobs.train.train). Full parameters and

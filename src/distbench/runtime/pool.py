@@ -40,6 +40,7 @@ class RankOutcome:
     exc_type: str | None = None
     text: str = ""  # traceback for "error", Python stack for "timeout", exit code for "crashed"
     payload: Any = None  # the job's return value, for "ok"
+    held_bytes: int = 0  # device memory the rank's tensors held after the job, its garbage collected
 
 
 class JobError(RuntimeError):
@@ -101,6 +102,9 @@ class RankPool:
         self.start_timeout = start_timeout
         self.error_grace = error_grace
         self.last_start_s = 0.0  # seconds the last run() spent starting the ranks (0 when they were up)
+        #: device bytes the fullest rank held after the last job: what earlier jobs left (0 on CPU)
+        self.held_bytes = 0
+        self._joining = False  # spawned, their join not yet awaited
         self._procs: list[mp.process.BaseProcess] = []
         self._tasks: list[Connection] = []  # this process's write end of each rank's task pipe
         self._replies: list[MessageReader] = []
@@ -115,10 +119,29 @@ class RankPool:
 
     def start(self, timeout: float | None = None) -> None:
         """Start the ranks unless they run; they must join the group within min(start_timeout, timeout)."""
-        if self._procs:
+        if self._procs and not self._joining:
             if self.alive:
                 return
             self._fail_dead_idle_ranks()
+        self.spawn()
+        self._joining = False
+        limit = min(self.start_timeout, timeout if timeout is not None else self.start_timeout)
+        outcomes = self._collect_or_kill(-1, time.monotonic() + limit)
+        if any(o.status != "ok" for o in outcomes):
+            self.close(grace=0.0)
+            raise JobError(
+                "<process group start>",
+                self.world_size,
+                outcomes,
+                "ranks could not join the process group: " + failure_summary(outcomes, limit),
+            )
+
+    def spawn(self) -> None:
+        """Start the rank processes and return at once; the next start() (or run()) waits for them to join.
+        A rank dies with the thread that spawned it (PR_SET_PDEATHSIG follows the parent thread): spawn
+        in a thread that outlives the pool, and wait for the join in any."""
+        if self._procs:
+            return
         cpus = [rank_cpus(r, self.world_size) for r in range(self.world_size)]  # a bad setting raises here
         import torch.distributed as dist
 
@@ -155,16 +178,7 @@ class RankPool:
             self._tasks.append(task_w)
             self._replies.append(MessageReader(reply_r))
             self._stacks.append(MessageReader(stack_r))
-        limit = min(self.start_timeout, timeout if timeout is not None else self.start_timeout)
-        outcomes = self._collect_or_kill(-1, time.monotonic() + limit)
-        if any(o.status != "ok" for o in outcomes):
-            self.close(grace=0.0)
-            raise JobError(
-                "<process group start>",
-                self.world_size,
-                outcomes,
-                "ranks could not join the process group: " + failure_summary(outcomes, limit),
-            )
+        self._joining = True
 
     def _fail_dead_idle_ranks(self) -> None:
         """A rank that died between jobs (OOM killer, a signal) fails the job that finds it, so the death is
@@ -197,6 +211,7 @@ class RankPool:
         for reader in (*self._replies, *self._stacks):
             reader.conn.close()
         self._procs, self._tasks, self._replies, self._stacks, self._store = [], [], [], [], None
+        self.held_bytes, self._joining = 0, False
 
     # --- jobs ----------------------------------------------------------------------------------------
     def run(
@@ -213,6 +228,7 @@ class RankPool:
         for conn in self._tasks:
             write_message(conn.fileno(), (job_id, target, kwargs or {}), deadline)  # missed: it times out
         outcomes = self._collect_or_kill(job_id, deadline)
+        self.held_bytes = max(o.held_bytes for o in outcomes)
         if all(o.status == "ok" for o in outcomes):
             return [o.payload for o in outcomes]
         statuses = {o.status for o in outcomes}
@@ -241,12 +257,12 @@ class RankPool:
             waiting = [r for r in range(self.world_size) if r not in replies]
             select.select([self._replies[r].fd for r in waiting], [], [], min(0.25, limit - now))
             for r in waiting:
-                for jid, rank, status, exc_type, payload in self._replies[r].pump():
+                for jid, rank, status, exc_type, payload, held in self._replies[r].pump():
                     if jid != job_id:
                         continue  # a late reply to an abandoned job
                     ok = status == "ok"
                     replies[rank] = RankOutcome(
-                        rank, status, exc_type, "" if ok else payload, payload if ok else None
+                        rank, status, exc_type, "" if ok else payload, payload if ok else None, held
                     )
                     if status != "ok":
                         first_failure = first_failure or now
@@ -389,6 +405,10 @@ class PoolManager:
             oldest = next(ws for ws, p in self._pools.items() if p.alive)
             self._pools.pop(oldest).close()
         return pool
+
+    def held_bytes(self) -> int:
+        """Device bytes the pools' fullest ranks hold after their last jobs, summed over the pools."""
+        return sum(p.held_bytes for p in self._pools.values())
 
     def close_all(self) -> None:
         for p in self._pools.values():

@@ -91,16 +91,17 @@ def worker_main(
     try:
         ctx = _join_group(rank, world_size, device_type, store_port)
     except BaseException:
-        write_message(replies.fileno(), (-1, rank, "error", "ProcessGroupInit", traceback.format_exc()))
+        write_message(replies.fileno(), (-1, rank, "error", "ProcessGroupInit", traceback.format_exc(), 0))
         return
-    write_message(replies.fileno(), (-1, rank, "ok", None, None))
+    write_message(replies.fileno(), (-1, rank, "ok", None, None, 0))
     while (msg := read_message(tasks.fileno())) is not None:
         reply = _run(ctx, *msg)
         msg = None  # nothing of this job may be frozen below
         _between_jobs(ctx)
         sys.stdout.flush()
         sys.stderr.flush()
-        if not write_message(replies.fileno(), reply):
+        # with what the rank's tensors still hold on the device now: what the job left, once STATE is empty
+        if not write_message(replies.fileno(), (*reply, _device_bytes(ctx))):
             break
 
     import torch.distributed as dist
