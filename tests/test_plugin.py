@@ -3,6 +3,8 @@ tier, and reasons for what cannot run here."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -98,3 +100,59 @@ def test_lanes_plan_for_a_typical_cases_peak_not_the_largest():
     assert _rank_peak_estimate(None, cases, peaks) == pytest.approx(3.0 * gib)  # type: ignore[arg-type]
     peaks |= {f"t{i}": 12.0 * gib for i in range(10, 19)}  # half of them large: they count
     assert _rank_peak_estimate(None, cases, peaks) >= 12.0 * gib  # type: ignore[arg-type]
+
+
+def test_a_test_whose_jobs_leave_device_memory_is_named_in_the_summary(pytester):
+    """A rank pool serves a session: memory a test's jobs leave allocated stays beside every later test of the
+    pool (on an H200, 2-8 GiB per lane). The test that left it is named, with the bytes."""
+    pytester.makepyfile(
+        test_leaks="""
+        from distbench.suite import Suite
+
+        def test_leaks(monkeypatch, suite):  # monkeypatch first: still in place when suite's teardown reads
+            monkeypatch.setattr(Suite, "held_bytes", lambda self: 3 * 2**30)
+
+        def test_tidy(suite):
+            pass
+    """
+    )
+    result = pytester.runpytest_inprocess("-p", "distbench.pytest_plugin")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*device memory left allocated in a rank pool after 1 test(s)*3.00 GiB after test_leaks.py::test_leaks"
+        ]
+    )
+
+
+def test_committed_durations_order_a_fresh_runner_and_a_damaged_file_is_named(tmp_path):
+    """A fresh runner's pytest cache is empty: the lanes plan from the tier's committed seconds
+    (distbench_durations); a file that is not a table of seconds stops the session, named."""
+    import json
+    from types import SimpleNamespace
+
+    import distbench.pytest_plugin as plugin
+
+    def config(name: str) -> Any:
+        return SimpleNamespace(getini=lambda key: name, rootpath=tmp_path)
+
+    (tmp_path / "d.json").write_text(json.dumps({"tests/t.py::a[zero3-ws1-gpu]": 19.5, "tests/t.py::b": 2}))
+    assert plugin._committed_durations(config("d.json")) == {
+        "tests/t.py::a[zero3-ws1-gpu]": 19.5,
+        "tests/t.py::b": 2.0,
+    }
+    assert plugin._committed_durations(config("")) == {}
+    (tmp_path / "bad.json").write_text('{"tests/t.py::a": "slow"}')
+    for name in ("bad.json", "missing.json"):
+        with pytest.raises(pytest.UsageError, match=name):
+            plugin._committed_durations(config(name))
+
+
+def test_the_committed_gpu_durations_name_tests_that_exist(pytestconfig):
+    """The file is regenerated from a tier run (scripts/tier_durations.py): a renamed test would plan blind."""
+    import distbench.pytest_plugin as plugin
+
+    table = plugin._committed_durations(pytestconfig)
+    assert len(table) > 100
+    missing = [t for t in table if not (pytestconfig.rootpath / t.split("::")[0]).exists()]
+    assert not missing, missing

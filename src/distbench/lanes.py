@@ -254,13 +254,13 @@ class LaneRunner:
         watch: GpuWatch,
         env: dict[str, str],
         group_done: Callable[[str], None] = lambda group: None,
-        warm_up: Callable[[], None] | None = None,
+        warm_up: Callable[[], threading.Thread] | None = None,
     ) -> None:
         """`env`: what every lane's environment adds (the session's shared facts). `group_done(group)` is
         called once every unit of a group has run, while no lane runs a unit of another kind of group (the
         session then removes that strategy's shelved runs; a unit named for its module may read any).
-        `warm_up()` runs in a thread once every unit is handed out (lanes then free seats as they end), and
-        the exclusive tests wait for it."""
+        `warm_up()` is called once every unit is handed out (lanes then free seats as they end) and returns
+        the thread it warms in; the exclusive tests wait for it."""
         self.session, self.config = session, session.config
         self.plan, self.gpus = plan, gpus
         self.lane_timeout = lane_timeout
@@ -327,8 +327,7 @@ class LaneRunner:
     def _run_lanes(self) -> None:
         while self.pending or self.running:
             if not self.pending and self.warm_up is not None and self._warming is None:
-                self._warming = threading.Thread(target=self.warm_up, name="distbench-warm-up", daemon=True)
-                self._warming.start()
+                self._warming = self.warm_up()
             waiting = Counter(run.world_size for run in self.running if run.units == 0)
             while (ws := next_world_size(self.pending, waiting, self.seats)) is not None:
                 self._start(ws)

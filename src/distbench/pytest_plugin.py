@@ -18,7 +18,8 @@ import os
 import shutil
 import statistics
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from .lane_watch import GpuWatch, Occupancy
 from .runtime.phases import PhaseLog
 from .runtime.pool import cuda_device_count
 from .runtime.shelf import Shelf
+from .runtime.worker import LEFTOVER_BYTES
 from .schedule import Case, Plan, plan, seats_per_device
 from .strategies import REGISTRY, get_spec
 from .suite import TIER_DEFAULTS, Suite, tier_global_batch
@@ -38,6 +40,8 @@ from .workloads.models import check_model_name
 
 TIERS = (("cpu", ""), ("cuda", "-gpu"))
 OPTIONS = pytest.StashKey[dict[str, Any]]()
+#: user property of a test whose jobs left device memory allocated in their pool: the bytes
+LEFT_KEY = "distbench_device_memory_left"
 PHASES = pytest.StashKey[PhaseLog]()  # the session's phase table, shared by both tiers' suites
 WATCH = pytest.StashKey["SessionWatch"]()
 SESSION = pytest.StashKey[dict[str, Any]]()  # session_facts
@@ -45,9 +49,9 @@ SESSION_ENV = "DISTBENCH_SESSION"  # session_facts, as a lane receives them
 #: pytest cache keys: each test's seconds and its lane's device memory per rank in the last session, which
 #: order the next session's units and size its seats
 DURATIONS_KEY, PEAKS_KEY = "distbench/durations", "distbench/rank_peak_bytes"
-#: A test's expected cost, relative to others, before any session measured it (pytest's cache is empty on a
-#: fresh runner): the lanes start the costliest groups first, so that none is left alone at the end. Measured
-#: on one H200 in lanes: a ZeRO-3 test took 19-20 s (its engine builds), the other strategies' 2-7 s.
+#: A test's expected cost, relative to others, when neither pytest's cache nor distbench_durations has it (a new
+#: test on a fresh runner): the lanes start the costliest groups first, so that none is left alone at the end.
+#: Measured on one H200 in lanes: a ZeRO-3 test took 19-20 s (its engine builds), the other strategies' 2-7 s.
 UNMEASURED_COST = {"zero3": 4.0, "zero3_offload": 4.0}
 
 
@@ -98,6 +102,12 @@ def _parse_lanes_per_device(text: str) -> str | int:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "distbench_durations",
+        "JSON of each test's seconds in a tier run (scripts/tier_durations.py): the lanes' plan on a runner "
+        "whose pytest cache has no figures of its own yet",
+        default="",
+    )
     g = parser.getgroup("distbench")
     g.addoption("--strategies", default=None, help="comma-separated strategies to test (default: all)")
     g.addoption(
@@ -269,6 +279,27 @@ def _cache_get(config: pytest.Config, key: str) -> dict[str, float]:
     return {k: float(v) for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def _committed_durations(config: pytest.Config) -> dict[str, float]:
+    """The tests' seconds from the file the ini option distbench_durations names (relative to the rootdir);
+    {} when none is named. A file that is missing or not a JSON object of numbers stops the session, named."""
+    name = str(config.getini("distbench_durations") or "")
+    if not name:
+        return {}
+    path = config.rootpath / name
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise pytest.UsageError(f"distbench_durations: cannot read {path}: {e}") from None
+    if not isinstance(table, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in table.values()
+    ):
+        raise pytest.UsageError(
+            f"distbench_durations: {path} is not a JSON object of test ids and seconds "
+            "(write it with scripts/tier_durations.py)"
+        )
+    return {str(k): float(v) for k, v in table.items()}
+
+
 def _case(item: pytest.Item, durations: dict[str, float]) -> Case:
     """An item as the scheduler sees it; its group is its strategy (a strategy's cases share the session's
     cached checkpointed runs) or else its module (module fixtures); its cost, its last duration when known,
@@ -327,7 +358,7 @@ def _lane_plan(session: pytest.Session) -> tuple[Plan, bool] | None:
     mode = opts["lanes"]
     if mode == "off":
         return None
-    durations = _cache_get(cfg, DURATIONS_KEY)
+    durations = {**_committed_durations(cfg), **_cache_get(cfg, DURATIONS_KEY)}
     cases = [_case(it, durations) for it in session.items]
     gpus = any(
         item_device_type(it) == "cuda" for it, c in zip(session.items, cases, strict=True) if not c.inert
@@ -365,6 +396,7 @@ class SessionWatch:
         self.lanes: Any = None  # lanes.LaneStats when the session ran lanes
         self.durations: dict[str, float] = {}  # test -> seconds of setup, call and teardown
         self.spans: dict[str, tuple[float, float]] = {}  # test -> its first start and last stop (epoch s)
+        self.left: dict[str, int] = {}  # test -> device bytes its jobs left allocated in their pool
         self.undecided: dict[str, str] = {}  # test -> its interval and reason
         self.shelf_freed = 0  # bytes of shelved runs removed as their strategies' tests finished
         self.shelf_left = 0  # bytes the shelf held once the lanes were done
@@ -372,6 +404,9 @@ class SessionWatch:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Every test's reports, whether this process or a lane ran it."""
         self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
+        for key, value in getattr(report, "user_properties", ()):
+            if key == LEFT_KEY:
+                self.left[report.nodeid] = int(value)
         a, b = self.spans.get(report.nodeid, (report.start, report.stop))
         self.spans[report.nodeid] = (min(a, report.start), max(b, report.stop))
         why = _undecided(report)
@@ -390,7 +425,7 @@ class SessionWatch:
 
     def lines(self) -> list[str]:
         """The summary's lines; none for a session that ran no lanes and sampled no GPU."""
-        if self.lanes is None and self.gpu.summary() is None:
+        if self.lanes is None and self.gpu.summary() is None and not self.left:
             return []
         out = []
         if self.lanes is not None:
@@ -435,6 +470,12 @@ class SessionWatch:
         if self.lanes is not None and self.lanes.rerun_alone:
             out.append(
                 f"ran out of device memory beside other lanes, so rerun alone: {', '.join(self.lanes.rerun_alone)}"
+            )
+        if self.left:
+            worst = sorted(self.left.items(), key=lambda x: -x[1])
+            out.append(
+                f"device memory left allocated in a rank pool after {len(worst)} test(s) (a leak the pool's later "
+                f"tests run beside): " + "; ".join(f"{b / 2**30:.2f} GiB after {t}" for t, b in worst[:5])
             )
         if self.lanes is not None and self.lanes.peak_bytes:
             test, b = max(self.lanes.peak_bytes.items(), key=lambda x: x[1])
@@ -585,11 +626,12 @@ def session_suite(cfg: pytest.Config, device_type: str) -> Suite:
     return suites[device_type]
 
 
-def _warm_up(session: pytest.Session, nodeids: list[str]) -> Callable[[], None]:
+def _warm_up(session: pytest.Session, nodeids: list[str]) -> Callable[[], threading.Thread]:
     """Start the pools the exclusive tests `nodeids` will use, and run one short benchmark in each: their
     ranks' start, imports, CUDA context and first kernels (about 15 s of the first exclusive test on an H200)
-    then overlap the lanes' last tests instead of following them. A failure here is left to the test that
-    next uses the pool, which reports it."""
+    then overlap the lanes' last tests instead of following them. The ranks are spawned here, on the session's
+    thread (they die with the thread that spawned them), the rest in the thread returned. A failure is left
+    to the test that next uses the pool, which reports it."""
     from .matrix import run_benchmark
 
     wanted = set(nodeids)
@@ -601,16 +643,29 @@ def _warm_up(session: pytest.Session, nodeids: list[str]) -> Callable[[], None]:
         }
     )
 
-    def warm() -> None:
+    def start() -> threading.Thread:
+        pools = []
         for device_type, ws in needs:
             suite = session_suite(session.config, device_type)
             try:
                 pool = suite.pool_manager.pool_for(ws)
-                run_benchmark(pool, suite.bench_config("ddp", ws, steps=1, warmup=0), nvml=False)
+                pool.spawn()
             except Exception:
                 continue
+            pools.append((pool, suite.bench_config("ddp", ws, steps=1, warmup=0)))
 
-    return warm
+        def warm() -> None:
+            for pool, cfg in pools:
+                try:
+                    run_benchmark(pool, cfg, nvml=False)
+                except Exception:
+                    continue
+
+        thread = threading.Thread(target=warm, name="distbench-warm-up", daemon=True)
+        thread.start()
+        return thread
+
+    return start
 
 
 @pytest.fixture(scope="session")
@@ -654,12 +709,17 @@ def device_type(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def suite(_suites, device_type: str, request: pytest.FixtureRequest) -> Suite:
+def suite(_suites, device_type: str, request: pytest.FixtureRequest) -> Iterator[Suite]:
     """The session's Suite for this test's tier: pools, tier defaults and cached references; the time its jobs
-    take is charged to this test in the session's phase table."""
+    take is charged to this test in the session's phase table, and device memory its jobs left allocated in
+    the pools (a leak every later test of the pool runs beside) to its report (LEFT_KEY)."""
     s = _suites(device_type)
     s.current_test = request.node.nodeid
-    return s
+    before = s.held_bytes()
+    yield s
+    left = s.held_bytes() - before
+    if left > LEFTOVER_BYTES:
+        request.node.user_properties.append((LEFT_KEY, left))
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -667,8 +727,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     claims the machine left undecided: the suite's own slowdowns and its noise show here."""
     log = config.stash.get(PHASES, PhaseLog())
     watch = config.stash.get(WATCH, None)
-    if watch is not None and not config.getoption("--distbench-lane"):
-        log.add_remainders(watch.durations)
+    if log.by_test and watch is not None and not config.getoption("--distbench-lane"):
+        log.add_remainders(watch.durations)  # a session that ran rank jobs: where the rest of its time went
     out = config.getoption("--phases-json")
     if out:
         Path(out).write_text(json.dumps(log.by_test, indent=1, sort_keys=True) + "\n")
