@@ -104,8 +104,7 @@ FIDELITY_BOUND = 0.01
 #: so that a host stall at a round's synchronized start is absorbed by the device's queue. At micro-batch 8
 #: (host-bound) the rounds spread by 10-30% in the tier's exclusive phase on an H200 (whether a round kept each
 #: side's faster of two runs or not), where back-to-back rounds in a quiet process spread by 0.3-0.5%, and by
-#: 0.1-0.2% at micro-batch 16. ZeRO-3 at one GPU stays host-bound (its per-parameter hooks): its claim may come
-#: out UNDECIDED. GPT-2 medium costs the tier a third of GPT-2 Large's build time per strategy.
+#: 0.1-0.2% at micro-batch 16. GPT-2 medium costs the tier a third of GPT-2 Large's build time per strategy.
 FIDELITY = {"model": "gpt2-355m", "micro_batch": 16}
 #: Rounds before the first look, most rounds, seconds of rounds per strategy (the tier's budget), and the
 #: claim's error rate: 1% at the bound, far less where the overhead really is (near zero).
@@ -139,13 +138,19 @@ def overhead_text(d: Decision) -> str:
     )
 
 
+#: Strategies whose harness overhead the GPU tier claims. Not ZeRO-3: at one GPU its step is host-bound (its
+#: per-parameter hooks), and in each of six tier runs on an H200 or H100 its interval spanned tens of percent
+#: (-55% to +113% at worst): 15-20 s of the exclusive phase for a claim that decided nothing. Its harness is
+#: the Trainer's timed loop around a DeepSpeed engine, as zero2's is, which the zero2 claim times.
+FIDELITY_STRATEGIES = ("single", "ddp", "fsdp_grad", "zero2")
+
+
 @pytest.mark.gpu
-@pytest.mark.strategies("single", "ddp", "fsdp_grad", "zero2", "zero3")
+@pytest.mark.strategies(*FIDELITY_STRATEGIES)
 def test_harness_overhead_at_most_1_percent(suite, strategy, world_size):
     """The harness's timed loop against a bare loop of the same strategy doing the same work, same ranks. The
     bound holds where the overhead's interval lies under 1%, fails where it lies wholly above, and is
-    UNDECIDED where the rounds are too noisy to tell (a host-bound step: zero3 at one GPU), never a pass on a
-    lucky median."""
+    UNDECIDED where the rounds are too noisy to tell (a host-bound step), never a pass on a lucky median."""
     cfg = suite.bench_config(strategy, world_size, global_batch=32 * world_size, **FIDELITY)
     d, _ = fidelity_claim(suite, cfg)
     settle(d.verdict, f"{strategy} ws{world_size}", overhead_text(d), "the step is too noisy here")
