@@ -72,7 +72,7 @@ def parameter_values_formatted_by_build(ctx: Any, strategy: str) -> int:
     return printed.call_count
 
 
-def model_outlives_close(ctx: Any, strategy: str) -> bool:
+def model_outlives_close(ctx: Any, strategy: str, activation_checkpointing: bool = False) -> bool:
     """Train one step under `strategy`, close the trainer: is the model still reachable from anywhere?"""
     import gc
     import weakref
@@ -81,6 +81,7 @@ def model_outlives_close(ctx: Any, strategy: str) -> bool:
     from distbench.strategies import build_trainer
 
     cfg, model = _tiny_config_and_model(ctx, strategy)
+    cfg = cfg.replace(activation_checkpointing=activation_checkpointing)
     alive = weakref.ref(model)
     trainer = build_trainer(ctx, cfg, model)
     del model

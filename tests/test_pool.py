@@ -33,12 +33,34 @@ def test_jobs_run_in_every_rank_and_reuse_the_processes(pool):
     assert pool.held_bytes == 0  # every reply says what the rank's tensors hold on its device: none on CPU
 
 
-@pytest.mark.parametrize("name", ["fsdp_full", "zero2", "zero3"])
-def test_a_closed_trainer_frees_its_model(pool, name):
+@pytest.mark.parametrize(
+    ("name", "ac"),
+    [
+        ("fsdp_full", False),
+        ("zero2", False),
+        ("zero3", False),
+        ("ddp", True),
+        pytest.param(
+            "zero3",
+            True,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="known leak: with activation checkpointing, DeepSpeed 0.19's ZeRO-3 pre- and post-backward "
+                "autograd Functions (defined per module in DeepSpeedZeRoOffload._register_deepspeed_module, "
+                "closing over it) stay in autograd's graph after close: the engine outlives it (about 2 GiB per "
+                "GPT-2 124M configuration on an H200, named by the GPU tier's summary)",
+            ),
+        ),
+    ],
+)
+def test_a_closed_trainer_frees_its_model(pool, name, ac):
     """A pool serves a whole session: a trainer that outlives close() keeps its GPU memory until an OOM.
     DeepSpeed 0.19's ZeRO-3 keeps every engine reachable from module-level state (11.6 GiB per GPT-2 Large
     configuration on an H200) unless the strategy unhooks it."""
-    assert pool.run(rank_jobs.model_outlives_close, {"strategy": name}, timeout=120) == [False, False]
+    outlived = pool.run(
+        rank_jobs.model_outlives_close, {"strategy": name, "activation_checkpointing": ac}, timeout=120
+    )
+    assert outlived == [False, False]
 
 
 def test_a_zero3_build_formats_no_parameter_values(pool):
