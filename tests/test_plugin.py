@@ -100,6 +100,9 @@ def test_lanes_plan_for_a_typical_cases_peak_not_the_largest():
     assert _rank_peak_estimate(None, cases, peaks) == pytest.approx(4.7 * gib)  # type: ignore[arg-type]
     peaks |= {f"t{i}": 12.0 * gib for i in range(10, 18)}  # half of them large: they count
     assert _rank_peak_estimate(None, cases, peaks) >= 8.0 * gib  # type: ignore[arg-type]
+    # cases shorter than a sampling period have no peak: the rest still stand for them (not the largest)
+    del peaks["t0"], peaks["t1"]
+    assert _rank_peak_estimate(None, cases, peaks) < 10.0 * gib  # type: ignore[arg-type]
 
 
 def test_a_test_whose_jobs_leave_device_memory_is_named_in_the_summary(pytester):
