@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .machine import nvml
+from .measure.hostspeed import cpu_stat
 
 SAMPLE_S = 0.5
 
@@ -71,16 +72,12 @@ class Occupancy:
 
 
 def host_jiffies() -> tuple[int, int] | None:
-    """(busy, total) CPU time of the whole host so far, in jiffies, from /proc/stat; None where unreadable.
-    Busy is everything but idle and iowait."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
+    """(busy, total) CPU time of the whole host so far, in jiffies (measure.hostspeed.cpu_stat); None where
+    unreadable. Busy is everything but idle and iowait."""
+    fields = cpu_stat()
+    if fields is None or len(fields) < 5:
         return None
-    if len(fields) < 5:
-        return None
-    total = sum(fields[:8])  # guest time is counted inside user and nice already
+    total = sum(fields)  # its 8 counters: guest time is counted inside user and nice already
     return total - fields[3] - fields[4], total
 
 
