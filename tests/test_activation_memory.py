@@ -67,7 +67,7 @@ def test_autograd_account_sees_checkpointing_and_its_absence(monkeypatch):
     assert planted["checkpointed"] == planted["plain"], planted
 
 
-def test_the_account_leaves_nothing_alive_after_it():
+def test_the_account_leaves_nothing_alive_after_it(monkeypatch):
     """The account runs in a GPU tier rank that serves later tests. Its pack hook once kept each saved tensor
     itself, which for an op's own output made a cycle through autograd's graph that no collection frees: the
     plain model's weights and activations, 6.35 GiB per call on an H200, stayed beside every later test."""
@@ -96,11 +96,8 @@ def test_the_account_leaves_nothing_alive_after_it():
 
     cfg = RunConfig(strategy="single", world_size=1, model="gpt2-tiny", global_batch=2, micro_batch=2)
     ctx = SimpleNamespace(rank=0, device=torch.device("cpu"), device_type="cpu")
-    workloads.get_model = Recorded  # type: ignore[assignment]
-    try:
-        saved_activation_bytes(ctx, cfg)
-    finally:
-        workloads.get_model = real
+    monkeypatch.setattr(workloads, "get_model", Recorded)
+    saved_activation_bytes(ctx, cfg)
     gc.collect()
     assert len(weights) == 2 and [w() is None for w in weights] == [True, True], (
         "a model outlived the account"

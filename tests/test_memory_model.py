@@ -13,10 +13,6 @@ from distbench.strategies import REGISTRY
 #: Allowed excess over the model: 15% plus 1.5 GiB for communication buckets and allocator rounding
 #: (DeepSpeed reserves reduce/all-gather buckets of up to 5e8 elements by default).
 REL_TOL, ABS_SLACK = 0.15, 1.5 * 2**30
-#: What a rank may leave allocated once its trainer closed (cuBLAS workspaces and the like): more is a leak
-#: that grows with every configuration a rank pool runs.
-LEFTOVER_MAX = LEFTOVER_BYTES
-
 
 _measured: dict[tuple[str, int], tuple] = {}
 
@@ -40,7 +36,7 @@ def _measure(suite, strategy, world_size):
         )
         outs = suite.run_job(world_size, state_memory, cfg=cfg)
         leaked = max(o["baseline_bytes"] for o in outs)
-        if leaked > LEFTOVER_MAX:
+        if leaked > LEFTOVER_BYTES:
             print(
                 f"measured beside {leaked / 2**30:.2f} GiB that earlier jobs of this pool left: "
                 f"{suite.history.get(world_size, [])}"
@@ -57,7 +53,7 @@ def _measure(suite, strategy, world_size):
 @pytest.mark.strategies(*REGISTRY)
 def test_memory_model(suite, strategy, world_size):
     cfg, m = _measure(suite, strategy, world_size)
-    assert m["left_after_close_bytes"] <= LEFTOVER_MAX, (
+    assert m["left_after_close_bytes"] <= LEFTOVER_BYTES, (
         f"{strategy} ws{world_size} left {m['left_after_close_bytes'] / 2**30:.2f} GiB allocated after its trainer "
         "closed: a leak that grows with every configuration the rank pool runs"
     )

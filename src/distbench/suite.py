@@ -150,9 +150,8 @@ class Suite:
         if self.shelf is None:  # no session to share with: a shelf of this Suite's own, removed by close()
             self.shelf = Shelf(tempfile.mkdtemp(prefix="distbench-suite-"))
             self._own_shelf = True
-        tag = (
-            "" if kind in ("reference", "initial") else cfg.strategy
-        )  # a strategy's go when its tests are done
+        # a strategy's entries go when its tests are done; references and initial weights serve every strategy
+        tag = "" if kind in ("reference", "initial") else cfg.strategy
         out = self.shelf.get(entry_key(f"{kind}-{self.device_type}", cfg.to_dict(), tag), compute)
         self.phases.add(self.current_test, {SHARED: self.shelf.waited_s})
         return out

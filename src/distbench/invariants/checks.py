@@ -123,9 +123,8 @@ def assert_tensors_close(
         def msg(m: str, n: str = name) -> str:
             return f"{what} {n}: {m}"
 
-        torch.testing.assert_close(
-            t, ref, rtol=rtol, atol=atol, msg=msg
-        )  # the rule (equal infs...) and message
+        # torch's rule (equal infs, ...) and its message
+        torch.testing.assert_close(t, ref, rtol=rtol, atol=atol, msg=msg)
 
 
 def assert_params_and_grads_match(

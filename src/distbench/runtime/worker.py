@@ -178,7 +178,7 @@ def _between_jobs(ctx: RankContext) -> None:
         gc.unfreeze()
         gc.collect()
         held = _device_bytes(ctx)
-    _held_floor = held  # what a full collection could not free is the rank's, not garbage: not retried
+    _held_floor = held  # the next job is judged by what it adds to this: live memory is not collected again
     # What survives a job is the process's own state (torch, transformers, DeepSpeed, ~400k
     # objects). Frozen, full collections skip it: the ones strategies run at build and teardown
     # (three in DeepSpeed's ZeRO-3 init, 0.47 s each on an H200 host) scan only the next job's.
