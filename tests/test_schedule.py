@@ -15,6 +15,7 @@ from distbench.schedule import (
     plan,
     seats_per_device,
     take_unit,
+    warm_up_due,
 )
 
 GIB = 2**30
@@ -145,6 +146,17 @@ def test_a_lane_takes_another_groups_unit_when_enough_lanes_run_one_group():
     assert take_unit(list(pending[:2]), 1, {"zero3": 2}, cap=2).nodeids == [
         "a"
     ]  # nothing else: it waits less
+
+
+def test_the_exclusive_pools_warm_once_the_work_left_is_within_the_lead_of_the_lanes_end():
+    """Not at the lanes' start (the warm-up's ranks would compete with a full load) and not once every unit is
+    handed out (the lanes' last units are then shorter than the warm-up, which the first exclusive test waits
+    for): when the pending work, shared by the running lanes, is within WARM_UP_LEAD_S."""
+    pending = [Unit(1, [f"t{i}"], 20.0) for i in range(12)]  # 240 s of work
+    assert not warm_up_due(pending, lanes_running=4, lead_s=30.0)  # 60 s each
+    assert warm_up_due(pending, lanes_running=8, lead_s=30.0)  # 30 s each
+    assert not warm_up_due(pending[:2], lanes_running=0, lead_s=30.0), "no lane yet: 40 s for one"
+    assert warm_up_due([], lanes_running=0, lead_s=30.0)
 
 
 def test_a_module_units_cases_keep_every_groups_shared_runs_until_it_ends():

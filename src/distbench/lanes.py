@@ -38,7 +38,7 @@ from .lane_child import EVENTS, ITEMS, OUTPUT, WORK_FD_ENV
 from .lane_watch import GpuWatch, Occupancy, session_of
 from .runtime.phases import PhaseLog
 from .runtime.worker import THREADS_ENV
-from .schedule import CORES_PER_RANK, Plan, Seats, Unit, next_world_size, take_unit
+from .schedule import CORES_PER_RANK, Plan, Seats, Unit, next_world_size, take_unit, warm_up_due
 
 LANE_ENV = "DISTBENCH_LANE"
 WHEN = ("setup", "call", "teardown")
@@ -259,8 +259,8 @@ class LaneRunner:
         """`env`: what every lane's environment adds (the session's shared facts). `group_done(group)` is
         called once every unit of a group has run, while no lane runs a unit of another kind of group (the
         session then removes that strategy's shelved runs; a unit named for its module may read any).
-        `warm_up()` is called once every unit is handed out (lanes then free seats as they end) and returns
-        the thread it warms in; the exclusive tests wait for it."""
+        `warm_up()` is called once the work left is within reach of the lanes' end (schedule.warm_up_due) and
+        returns the thread it warms in; the exclusive tests wait for it."""
         self.session, self.config = session, session.config
         self.plan, self.gpus = plan, gpus
         self.lane_timeout = lane_timeout
@@ -326,7 +326,11 @@ class LaneRunner:
     # --- lanes ------------------------------------------------------------------------------------------
     def _run_lanes(self) -> None:
         while self.pending or self.running:
-            if not self.pending and self.warm_up is not None and self._warming is None:
+            if (
+                self.warm_up is not None
+                and self._warming is None
+                and warm_up_due(self.pending, len(self.running))
+            ):
                 self._warming = self.warm_up()
             waiting = Counter(run.world_size for run in self.running if run.units == 0)
             while (ws := next_world_size(self.pending, waiting, self.seats)) is not None:

@@ -27,6 +27,10 @@ from dataclasses import dataclass, field
 CORES_PER_RANK = 2
 #: Share of a device's memory the lanes may plan to fill; the rest absorbs estimates that run short.
 MEMORY_HEADROOM = 0.8
+#: Seconds of lane work left (per running lane) at which the exclusive tests' pools start warming: their ranks'
+#: start, imports, CUDA context and first kernels took about 15 s under the lanes' load on an H200. Started
+#: once every unit was handed out, the warm-up outlasted the lanes by 14 s, the first exclusive test's wait.
+WARM_UP_LEAD_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,13 @@ def take_unit(
         return None
     free = [i for i in mine if not cap or (busy or {}).get(pending[i].group, 0) < cap]
     return pending.pop((free or mine)[0])
+
+
+def warm_up_due(pending: Sequence[Unit], lanes_running: int, lead_s: float = WARM_UP_LEAD_S) -> bool:
+    """Whether the work not yet handed out, shared by the lanes running, is within `lead_s` seconds: the
+    exclusive tests' pools then warm while the lanes finish, not after them. (The units in the lanes' hands
+    are not counted: the warm-up starts a little late rather than early, beside a full load.)"""
+    return sum(u.cost for u in pending) <= lead_s * max(1, lanes_running)
 
 
 def seats_per_device(
