@@ -198,6 +198,8 @@ def test_the_session_reports_every_lane_test_and_merges_the_phase_tables(concurr
         "s of lanes (fewer than 1 tests at once for" in out.stdout
         and "s of exclusive tests alone" in out.stdout
     )
+    start = re.search(r"stages: (\d+) s of start \(imports, collection\)", out.stdout)
+    assert start and int(start.group(1)) < 60, out.stdout[-2000:]
     table = out.stdout.split("distbench: time in tests by phase")[1]
     assert "training steps" in table and "test_two.py::test_two_a" in table
 
@@ -269,7 +271,10 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     # out of memory beside another lane: rerun alone, and only that run is reported
     assert "so rerun alone: test_oom.py::test_fits_only_alone" in one.stdout
     assert "PASSED test_oom.py::test_fits_only_alone" in one.stdout and "3 passed" in one.stdout
-    removed = re.search(r"shelved runs and checkpoints: ([0-9.]+) MiB removed", two.stdout)
+    removed = re.search(
+        r"shelved runs and checkpoints: ([0-9.]+) MiB removed as their strategies finished \(in [0-9.]+ s\)",
+        two.stdout,
+    )
     assert removed and float(removed.group(1)) > 0, two.stdout[-2000:]  # ddp's checkpoint went with its unit
     return {**intervals(tmp / "one.jsonl"), **intervals(tmp / "two.jsonl")}
 
