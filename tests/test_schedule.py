@@ -4,6 +4,7 @@ devices and world sizes: what `pytest -m gpu` does on N GPUs is shown here witho
 
 from __future__ import annotations
 
+import queue
 import random
 
 from distbench.schedule import (
@@ -170,13 +171,46 @@ def test_a_module_units_cases_keep_every_groups_shared_runs_until_it_ends():
     by_group = {u.group: u for u in p.units}
     assert by_group["m.py"].reads_any and not by_group["zero3"].reads_any
 
-    released: list[str] = []
     runner = object.__new__(LaneRunner)
-    runner.group_done = released.append
+    runner._drops = queue.Queue()
     runner.done_groups = ["zero3"]
     runner.running = [SimpleNamespace(unit=by_group["m.py"])]
     runner._release_groups()
-    assert released == [], "zero3's runs went while a module's unit that may read them ran"
+    assert runner._drops.empty(), (
+        "zero3's runs were queued for removal while a module's unit that may read them ran"
+    )
     runner.running = [SimpleNamespace(unit=None)]
     runner._release_groups()
-    assert released == ["zero3"]
+    assert runner._drops.get_nowait() == "zero3"
+
+
+def test_no_unit_that_may_read_any_groups_runs_starts_while_shelved_runs_are_removed():
+    """The removals run in a thread beside the lanes' loop (LaneRunner._drop_loop): while one is under way, a
+    lane is handed only units of one strategy; a module's unit waits (the lane is not told to end), and starts
+    once the removal is done."""
+    from types import SimpleNamespace
+
+    from distbench.lanes import LaneRunner
+
+    module_unit, strategy_unit = (
+        Unit(1, ["m.py::t"], 9.0, "m.py", reads_any=True),
+        Unit(1, ["s.py::t"], 1.0, "ddp"),
+    )
+    runner = object.__new__(LaneRunner)
+    runner._drops, runner.running, runner.group_cap = queue.Queue(), [], 2
+    runner.pending = [module_unit, strategy_unit]
+    handed: list[Unit | None] = []
+    lane = SimpleNamespace(world_size=1, hand=handed.append)
+
+    runner._drops.put("zero3")  # a removal under way
+    runner._hand_out(lane)
+    assert handed == [strategy_unit]
+    runner._hand_out(lane)
+    assert handed == [strategy_unit], (
+        "the module's unit started, or the lane was told to end, during a removal"
+    )
+    runner._drops.get_nowait()
+    runner._drops.task_done()
+    runner._hand_out(lane)
+    runner._hand_out(lane)
+    assert handed == [strategy_unit, module_unit, None] and runner.pending == []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import queue
 import shlex
 import shutil
 import signal
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -257,8 +259,9 @@ class LaneRunner:
         warm_up: Callable[[], threading.Thread] | None = None,
     ) -> None:
         """`env`: what every lane's environment adds (the session's shared facts). `group_done(group)` is
-        called once every unit of a group has run, while no lane runs a unit of another kind of group (the
-        session then removes that strategy's shelved runs; a unit named for its module may read any).
+        called, in a thread of its own, once every unit of a group has run, while no lane runs a unit of another
+        kind of group (the session then removes that strategy's shelved runs; a unit named for its module may
+        read any).
         `warm_up()` is called once the work left is within reach of the lanes' end (schedule.warm_up_due) and
         returns the thread it warms in; the exclusive tests wait for it."""
         self.session, self.config = session, session.config
@@ -269,6 +272,10 @@ class LaneRunner:
         self.watch = watch
         self.env = env
         self.group_done = group_done
+        #: groups whose shelved runs a thread removes (tens of GiB a session: 15 s in this loop on an H200)
+        self._drops: queue.Queue[str | None] = queue.Queue()
+        self._dropper = threading.Thread(target=self._drop_loop, name="distbench-shelf-drops", daemon=True)
+        self.drop_errors: list[str] = []
         self.warm_up = warm_up
         self._warming: threading.Thread | None = None
         self.groups_left = Counter(u.group for u in plan.units)
@@ -293,9 +300,14 @@ class LaneRunner:
             self._run_here(self.plan.first, nxt)
             t1 = time.monotonic()
             self.stats.stages.append(("skipped", t0, t1))
+            self._dropper.start()
             self._run_lanes()
             t2 = time.monotonic()
             self.stats.stages.append(("lanes", t1, t2))
+            self._drops.put(None)
+            self._dropper.join()  # no disk work beside the exclusive tests' timings
+            for error in self.drop_errors:
+                warnings.warn(f"distbench: shelved runs of {error} were not removed", stacklevel=1)
             if self._warming is not None:
                 self._warming.join()
             self.watch.on_sample = None  # the exclusive tests run alone: no lane memory to charge
@@ -306,6 +318,7 @@ class LaneRunner:
             self.stats.stages.append(("alone", t2, time.monotonic()))
         finally:
             self.watch.on_sample = None
+            self._drops.put(None)
             for run in self.running:
                 run.kill("was stopped")
                 run.close_work()
@@ -342,8 +355,7 @@ class LaneRunner:
                     self._on_event(run, event)
                     self._check_stop()
                 if run.asked and not ended and not self._memory_tight(run):
-                    busy = Counter(r.unit.group for r in self.running if r.unit is not None)
-                    run.hand(take_unit(self.pending, run.world_size, busy, self.group_cap))
+                    self._hand_out(run)
                 if ended:
                     self._ended(run)
                 elif run.current and time.monotonic() - run.current_since > self.lane_timeout:
@@ -361,14 +373,37 @@ class LaneRunner:
         if self.groups_left[unit.group] == 0:
             self.done_groups.append(unit.group)
 
+    def _hand_out(self, run: LaneRun) -> None:
+        """The lane's next unit (None: its world size has no work left, and it ends). While shelved runs are
+        being removed, no unit that may read any group's runs (Unit.reads_any) starts: the lane asks again."""
+        busy = Counter(r.unit.group for r in self.running if r.unit is not None)
+        dropping = self._drops.unfinished_tasks > 0
+        startable = [u for u in self.pending if not (dropping and u.reads_any)]
+        unit = take_unit(startable, run.world_size, busy, self.group_cap)
+        if unit is None and any(u.world_size == run.world_size for u in self.pending):
+            return
+        self.pending = [u for u in self.pending if u is not unit]
+        run.hand(unit)
+
     def _release_groups(self) -> None:
-        """group_done for the groups all of whose units ran, once no lane runs a unit that may read any group's
-        runs (Unit.reads_any)."""
+        """Queue group_done for the groups all of whose units ran, once no lane runs a unit that may read any
+        group's runs (Unit.reads_any); the dropper thread calls it."""
         if not self.done_groups or any(r.unit is not None and r.unit.reads_any for r in self.running):
             return
         for group in self.done_groups:
-            self.group_done(group)
+            self._drops.put(group)
         self.done_groups = []
+
+    def _drop_loop(self) -> None:
+        """The dropper thread: group_done for each queued group, until None. A removal that fails is reported
+        when the lanes end (the runs stay until the session's end removes its shelf) and stops no other."""
+        while (group := self._drops.get()) is not None:
+            try:
+                self.group_done(group)
+            except Exception as e:  # reported by run(), not lost with this thread
+                self.drop_errors.append(f"{group}: {type(e).__name__}: {e}")
+            finally:
+                self._drops.task_done()
 
     def _memory_tight(self, run: LaneRun) -> bool:
         """Whether one of the lane's GPUs is fuller than _MEMORY_TIGHT while other lanes run (they may free

@@ -51,7 +51,7 @@ class SessionWatch:
         self.left: dict[str, int] = {}  # test -> device bytes its jobs left allocated in their pool
         self.undecided: dict[str, str] = {}  # test -> its interval and reason
         self.shelf_freed = 0  # bytes of shelved runs removed as their strategies' tests finished
-        self.shelf_drop_s = 0.0  # seconds the removals took (in the lanes' scheduling loop)
+        self.shelf_drop_s = 0.0  # seconds the removals took (a thread beside the lanes' loop)
         self.shelf_left = 0  # bytes the shelf held once the lanes were done
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
