@@ -148,6 +148,7 @@ class LaneRun:
     reports: list[pytest.TestReport] = field(default_factory=list)
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
     killed_why: str = ""
+    told_to_end: float | None = None  # when it was told no work is left (time.monotonic())
     _offset: int = 0
 
     def hand(self, unit: Unit | None) -> None:
@@ -157,6 +158,8 @@ class LaneRun:
         if unit:
             self.remaining += unit.nodeids
             self.units += 1
+        else:
+            self.told_to_end = time.monotonic()
         self.asked = False
         try:
             self.work.write(json.dumps(nodeids) + "\n")
@@ -233,6 +236,8 @@ class LaneStats:
     rerun_alone: list[str] = field(default_factory=list)
     #: the session's stages as (name, start, end) on time.monotonic(): skips, lanes, exclusive tests alone
     stages: list[tuple[str, float, float]] = field(default_factory=list)
+    #: seconds each lane process took to exit once told no work was left (its pools' ranks leave, then it)
+    exits: list[float] = field(default_factory=list)
 
 
 def _out_of_memory(report: pytest.TestReport) -> bool:
@@ -502,6 +507,8 @@ class LaneRunner:
     def _ended(self, run: LaneRun) -> None:
         """Account for a lane process that exited: blame the test it was in, give the rest of its work back."""
         self.running.remove(run)
+        if run.told_to_end is not None:
+            self.stats.exits.append(time.monotonic() - run.told_to_end)
         run.close_work()
         self.seats.give(run.slots)
         self.free_slices += run.cpu_slices

@@ -107,6 +107,11 @@ class SessionWatch:
             if "alone" in stages:
                 line += f", {stages['alone'][1] - stages['alone'][0]:.0f} s of exclusive tests alone"
             out.append(line)
+            if self.lanes.exits:
+                out.append(
+                    f"lane processes exited {min(self.lanes.exits):.1f}-{max(self.lanes.exits):.1f} s after being "
+                    "told no work was left (their rank pools closing)"
+                )
         gpu = self.gpu.summary()
         if gpu:
             out.append(
