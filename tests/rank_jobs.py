@@ -33,6 +33,14 @@ def planted_hang() -> None:
         time.sleep(0.1)
 
 
+def leave_a_thread_running(ctx: Any) -> None:
+    """What libraries do (a watchdog, a worker pool): a non-daemon thread that never ends, which Python's exit
+    waits for."""
+    import threading
+
+    threading.Thread(target=planted_hang, daemon=False).start()
+
+
 def crash_in(ctx: Any, rank: int) -> None:
     if ctx.rank == rank:
         os._exit(17)

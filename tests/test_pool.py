@@ -4,6 +4,7 @@ recovers, and nothing outlives it."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -261,6 +262,22 @@ def test_close_leaves_no_process_behind():
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_ranks_leave_at_once_when_closed_whatever_threads_a_job_left():
+    """A rank ends as soon as its pipe closes: not after the threads and exit hooks a library left behind, which
+    Python's exit would wait for until the pool's grace ran out and it killed the rank (a lane waited that long
+    for each of its pools at the end of the GPU tier)."""
+    from distbench.runtime.pool import _EXIT_GRACE_S
+
+    p = RankPool(2, "cpu")
+    p.run(rank_jobs.leave_a_thread_running)
+    procs = list(p._procs)
+    t0 = time.monotonic()
+    p.close()
+    took = time.monotonic() - t0
+    assert [proc.exitcode for proc in procs] == [0, 0], "a rank was killed, not left on its own"
+    assert took < _EXIT_GRACE_S / 2, f"closing took {took:.1f} s"
 
 
 def test_more_ranks_than_gpus_is_refused_with_the_fix():

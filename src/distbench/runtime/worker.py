@@ -103,13 +103,13 @@ def worker_main(
         # with what the rank's tensors still hold on the device now: what the job left, once STATE is empty
         if not write_message(replies.fileno(), (*reply, _device_bytes(ctx))):
             break
-
-    import torch.distributed as dist
-
-    try:
-        dist.destroy_process_group()
-    except Exception:
-        pass
+    # Leave at once. The pipe's end means no job runs in any rank of the pool, so there is nothing to tear down
+    # in order: the kernel and the driver free the device, NCCL's and gloo's sockets and memory as the process
+    # ends. Python's own exit (destroy_process_group, then waiting for every non-daemon thread and atexit hook a
+    # library left) took an H200 rank the pool's whole grace, after which it was killed anyway.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _join_group(rank: int, world_size: int, device_type: str, store_port: int) -> RankContext:
