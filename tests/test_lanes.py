@@ -198,7 +198,11 @@ def test_the_session_reports_every_lane_test_and_merges_the_phase_tables(concurr
         "s of lanes (fewer than 1 tests at once for" in out.stdout
         and "s of exclusive tests alone" in out.stdout
     )
-    assert re.search(r"lane processes exited [0-9.]+-[0-9.]+ s after being told no work was left", out.stdout)
+    assert re.search(
+        r"lane processes exited [0-9.]+-[0-9.]+ s after being told no work was left; closing their rank pools "
+        r"took [0-9.]+-[0-9.]+ s",
+        out.stdout,
+    )
     start = re.search(r"stages: (\d+) s of start \(imports, collection\)", out.stdout)
     assert start and int(start.group(1)) < 60, out.stdout[-2000:]
     table = out.stdout.split("distbench: time in tests by phase")[1]

@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "distbench.lanes",
             "distbench.lane_child",
             "distbench.lane_watch",
+            "distbench.session_watch",
             "distbench.schedule",
             "distbench.gate",
             "distbench.doctor",

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,8 +32,12 @@ WORK_FD_ENV = "DISTBENCH_LANE_FD"
 class LaneReporter:
     """Registered in a lane child: selects its tests, and writes its events for the parent."""
 
-    def __init__(self, config: pytest.Config, lane_dir: Path, phases: PhaseLog) -> None:
+    def __init__(
+        self, config: pytest.Config, lane_dir: Path, phases: PhaseLog, on_end: Callable[[], None]
+    ) -> None:
+        """`on_end()` closes what the lane's tests opened (its rank pools) once no work is left."""
         self.config = config
+        self.on_end = on_end
         self.nodeids: list[str] = json.loads((lane_dir / ITEMS).read_text())
         self.phases = phases
         self._sent: dict[str, dict[str, float]] = {}
@@ -74,6 +80,9 @@ class LaneReporter:
                 )
                 if session.shouldfail or session.shouldstop:
                     return True
+        t0 = time.monotonic()
+        self.on_end()  # no test is left for its pools; timed for the session's summary
+        self.send(event="closed", seconds=time.monotonic() - t0)
         return True
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:

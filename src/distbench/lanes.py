@@ -238,6 +238,7 @@ class LaneStats:
     stages: list[tuple[str, float, float]] = field(default_factory=list)
     #: seconds each lane process took to exit once told no work was left (its pools' ranks leave, then it)
     exits: list[float] = field(default_factory=list)
+    pool_closes: list[float] = field(default_factory=list)  # seconds each lane's rank pools took to close
 
 
 def _out_of_memory(report: pytest.TestReport) -> bool:
@@ -501,6 +502,8 @@ class LaneRunner:
                 run.unit = None
         elif kind == "want":
             run.asked = True
+        elif kind == "closed":
+            self.stats.pool_closes.append(event["seconds"])
         elif kind == "collect":
             self.config.hook.pytest_collectreport(report=self._report(event["data"]))
 

@@ -171,7 +171,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if lane_dir:
         from .lane_child import LaneReporter
 
-        reporter = LaneReporter(config, Path(lane_dir), config.stash.setdefault(PHASES, PhaseLog()))
+        reporter = LaneReporter(
+            config, Path(lane_dir), config.stash.setdefault(PHASES, PhaseLog()), lambda: close_suites(config)
+        )
         config.pluginmanager.register(reporter, "distbench-lane")
         config.add_cleanup(reporter.close)
 
@@ -590,11 +592,16 @@ def session_facts(config: pytest.Config) -> dict[str, Any]:
     return facts
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """Close this process's suites (their rank pools), and remove the session's shelf (gigabytes of
-    checkpoints on the GPU tier) in the process that made it."""
+def close_suites(config: pytest.Config) -> None:
+    """Close this process's suites (their rank pools); a later test would open new ones."""
     for suite in config.stash.get(SUITES, {}).values():
         suite.close()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Close this process's suites, and remove the session's shelf (gigabytes of checkpoints on the GPU tier)
+    in the process that made it."""
+    close_suites(config)
     facts = config.stash.get(SESSION, None)
     if facts and facts.get("owner"):
         shutil.rmtree(facts["shelf"], ignore_errors=True)

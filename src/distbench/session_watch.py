@@ -108,9 +108,10 @@ class SessionWatch:
                 line += f", {stages['alone'][1] - stages['alone'][0]:.0f} s of exclusive tests alone"
             out.append(line)
             if self.lanes.exits:
+                closes = self.lanes.pool_closes or [0.0]
                 out.append(
                     f"lane processes exited {min(self.lanes.exits):.1f}-{max(self.lanes.exits):.1f} s after being "
-                    "told no work was left (their rank pools closing)"
+                    f"told no work was left; closing their rank pools took {min(closes):.1f}-{max(closes):.1f} s"
                 )
         gpu = self.gpu.summary()
         if gpu:
