@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from distbench.lane_watch import GpuWatch, Occupancy, busy_share, host_jiffies
+from distbench.lane_watch import GpuWatch, Occupancy, busy_share, dirty_bytes, host_jiffies, sync_filesystem
 
 
 def test_busy_share_is_the_busy_part_of_the_elapsed_cpu_time():
@@ -86,3 +86,18 @@ def test_the_watch_takes_no_samples_while_paused():
         assert w.utilization and w.utilization[0] == [0.5]
     finally:
         w.stop()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/meminfo and syncfs are Linux's")
+def test_a_file_written_shows_as_dirty_page_cache_until_its_filesystem_is_synced(tmp_path):
+    """The lanes write tens of GiB of checkpoints; what the kernel has not yet written out is synced before the
+    exclusive tests, so that its writeback does not run beside their timings."""
+    before = dirty_bytes()
+    assert before is not None
+    (tmp_path / "blob").write_bytes(os.urandom(64 * 2**20))
+    sync_filesystem(tmp_path)
+    after = dirty_bytes()
+    assert after is not None
+    with open(tmp_path / "blob", "rb") as f:  # written out: the file's pages are clean and readable
+        assert len(f.read()) == 64 * 2**20
+    assert after < before + 32 * 2**20, "the 64 MiB written is still dirty after the sync"

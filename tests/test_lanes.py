@@ -199,6 +199,9 @@ def test_the_session_reports_every_lane_test_and_merges_the_phase_tables(concurr
         and "s of exclusive tests alone" in out.stdout
     )
     assert re.search(
+        r"before the exclusive tests: [0-9.]+ [MG]iB of dirty page cache written out in", out.stdout
+    )
+    assert re.search(
         r"lane processes exited [0-9.]+-[0-9.]+ s after being told no work was left; closing their rank pools "
         r"took [0-9.]+-[0-9.]+ s",
         out.stdout,

@@ -11,12 +11,14 @@ the lanes waited on. Without NVML or GPUs it samples nothing and reports None, n
 
 from __future__ import annotations
 
+import ctypes
 import os
 import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .machine import nvml
@@ -69,6 +71,29 @@ class Occupancy:
             running += delta
             last = t
         return idle + (end - last if running < count else 0.0)
+
+
+def dirty_bytes() -> int | None:
+    """Bytes of page cache written but not yet on disk (/proc/meminfo's Dirty and Writeback); None off Linux."""
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return None
+    kib = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in lines) if v.strip()}
+    return 1024 * (kib.get("Dirty", 0) + kib.get("Writeback", 0))
+
+
+def sync_filesystem(path: str | Path) -> None:
+    """Write out the dirty pages of the filesystem holding `path` (syncfs; sync where libc lacks it), so that
+    the kernel's writeback of the lanes' checkpoints does not run beside the exclusive tests' timings."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if ctypes.CDLL("libc.so.6", use_errno=True).syncfs(fd) != 0:
+            os.sync()
+    except (OSError, AttributeError):
+        os.sync()
+    finally:
+        os.close(fd)
 
 
 def host_jiffies() -> tuple[int, int] | None:

@@ -37,7 +37,8 @@ from typing import Any
 import pytest
 
 from .lane_child import EVENTS, ITEMS, OUTPUT, WORK_FD_ENV
-from .lane_watch import GpuWatch, Occupancy, session_of
+from .lane_watch import GpuWatch, Occupancy, dirty_bytes, session_of, sync_filesystem
+from .measure.hostspeed import cpu_stat, steal_share
 from .runtime.phases import PhaseLog
 from .runtime.worker import THREADS_ENV
 from .schedule import CORES_PER_RANK, Plan, Seats, Unit, next_world_size, take_unit, warm_up_due
@@ -239,6 +240,10 @@ class LaneStats:
     #: seconds each lane process took to exit once told no work was left (its pools' ranks leave, then it)
     exits: list[float] = field(default_factory=list)
     pool_closes: list[float] = field(default_factory=list)  # seconds each lane's rank pools took to close
+    #: dirty page cache (bytes) when the lanes ended, and the seconds writing it out took before the exclusive
+    #: tests; the share of the host's CPU time the hypervisor stole while they ran (their timings' noise)
+    disk_flush: tuple[int | None, float] | None = None
+    alone_steal: float | None = None
 
 
 def _out_of_memory(report: pytest.TestReport) -> bool:
@@ -317,10 +322,15 @@ class LaneRunner:
             if self._warming is not None:
                 self._warming.join()
             self.watch.on_sample = None  # the exclusive tests run alone: no lane memory to charge
+            dirty, t3 = dirty_bytes(), time.monotonic()
+            sync_filesystem(self._root)  # the lanes' checkpoints, and the shelf's beside them (TMPDIR)
+            self.stats.disk_flush = (dirty, time.monotonic() - t3)
             alone = self.stats.rerun_alone + self.plan.alone
             here = [self.items[n] for n in alone]
             nxt = {it.nodeid: (here[i + 1] if i + 1 < len(here) else None) for i, it in enumerate(here)}
+            before = cpu_stat()
             self._run_here(alone, nxt)
+            self.stats.alone_steal = steal_share(before, cpu_stat())
             self.stats.stages.append(("alone", t2, time.monotonic()))
         finally:
             self.watch.on_sample = None

@@ -107,6 +107,14 @@ class SessionWatch:
             if "alone" in stages:
                 line += f", {stages['alone'][1] - stages['alone'][0]:.0f} s of exclusive tests alone"
             out.append(line)
+            if self.lanes.disk_flush is not None:
+                dirty, seconds = self.lanes.disk_flush
+                line = "before the exclusive tests: "
+                line += f"{_size(dirty)} of dirty page cache" if dirty is not None else "the page cache"
+                line += f" written out in {seconds:.1f} s"
+                if self.lanes.alone_steal is not None:
+                    line += f"; the hypervisor stole {self.lanes.alone_steal:.1%} of the host's CPU time while they ran"
+                out.append(line)
             if self.lanes.exits:
                 closes = self.lanes.pool_closes or [0.0]
                 out.append(
