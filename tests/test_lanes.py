@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
@@ -355,6 +356,26 @@ def test_a_hung_lane_is_killed_at_the_lane_timeout_with_its_stack_and_the_rest_r
     assert "hanging in a lane" in failure
     assert 'test_hangs.py", line 5 in test_hangs' in failure, "no Python stack of the hung test"
     assert "PASSED test_hangs.py::test_after_hang" in out.stdout
+
+
+def test_a_lane_whose_test_left_a_thread_running_still_ends(tmp_path):
+    """A lane leaves as soon as its work and report are done (LaneReporter.close): not after the threads its
+    tests or their libraries left, which Python's exit would wait for. Here a thread that runs for 60 s; the
+    whole session takes a few seconds."""
+    files = {
+        "test_thread.py": """
+import threading, time
+def test_leaves_a_thread():
+    threading.Thread(target=time.sleep, args=(60,), daemon=False).start()
+def test_other(): pass
+""",
+        "test_more.py": "def test_more(): pass\n",
+    }
+    t0 = time.monotonic()
+    out = session(tmp_path, files, "--lanes", "2")
+    took = time.monotonic() - t0
+    assert out.returncode == 0 and "3 passed" in out.stdout, out.stdout[-3000:]
+    assert took < 45, f"the session waited {took:.0f} s for a lane's leftover thread"
 
 
 GPU_CASES = """
