@@ -9,7 +9,7 @@ mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/machine.txt" 2>&1
-echo "vCPUs: $(nproc)" >> "$out/machine.txt"
+echo "vCPUs: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" >> "$out/machine.txt"
 start=$(date +%s.%N)
 python3 -m pytest -m gpu -rfEs --durations=30 --junitxml "$out/junit.xml" --phases-json "$out/phases.json" \
   --timeline-json "$out/timeline.json" "$@" 2>&1 | tee "$out/pytest.log" | grep -E "^(FAILED|ERROR|UNDECIDED)|passed|failed|distbench lanes" 
