@@ -76,6 +76,41 @@ class SessionWatch:
             for t, (a, b) in sorted(self.spans.items(), key=lambda x: x[1])
         }
 
+    def _stage_lines(self) -> list[str]:
+        """The session's stages and what ended the lanes' stage: the lanes' exits, the page cache written out,
+        the CPU time stolen while the exclusive tests ran."""
+        if self.lanes is None:
+            return []
+        stages = {name: (a, b) for name, a, b in self.lanes.stages}
+        if "lanes" not in stages:
+            return []
+        out = []
+        a, b = stages["lanes"]
+        half = max(1, self.lanes.lanes_at_once // 2)
+        start = f"{self.start_s:.0f} s of start (imports, collection), " if self.start_s is not None else ""
+        line = (
+            f"stages: {start}{stages['skipped'][1] - stages['skipped'][0]:.0f} s of skips, {b - a:.0f} s of lanes "
+            f"(fewer than {half} tests at once for {self.occupancy.below(half, a, b):.0f} s of them)"
+        )
+        if "alone" in stages:
+            line += f", {stages['alone'][1] - stages['alone'][0]:.0f} s of exclusive tests alone"
+        out.append(line)
+        if self.lanes.disk_flush is not None:
+            dirty, seconds = self.lanes.disk_flush
+            line = "before the exclusive tests: "
+            line += f"{_size(dirty)} of dirty page cache" if dirty is not None else "the page cache"
+            line += f" written out in {seconds:.1f} s"
+            if self.lanes.alone_steal is not None:
+                line += f"; the hypervisor stole {self.lanes.alone_steal:.1%} of the host's CPU time while they ran"
+            out.append(line)
+        if self.lanes.exits:
+            closes = self.lanes.pool_closes or [0.0]
+            out.append(
+                f"lane processes exited {min(self.lanes.exits):.1f}-{max(self.lanes.exits):.1f} s after being "
+                f"told no work was left; closing their rank pools took {min(closes):.1f}-{max(closes):.1f} s"
+            )
+        return out
+
     def lines(self) -> list[str]:
         """The summary's lines; none for a session that ran no lanes and sampled no GPU."""
         if self.lanes is None and self.gpu.summary() is None and not self.left:
@@ -93,34 +128,7 @@ class SessionWatch:
                 f"tests at once: {occ['mean']:.1f} on average, {occ['max']:.0f} at most, over "
                 f"{occ['span_s']:.0f} s of tests"
             )
-        stages = {name: (a, b) for name, a, b in self.lanes.stages} if self.lanes is not None else {}
-        if "lanes" in stages:
-            a, b = stages["lanes"]
-            half = max(1, self.lanes.lanes_at_once // 2)
-            start = (
-                f"{self.start_s:.0f} s of start (imports, collection), " if self.start_s is not None else ""
-            )
-            line = (
-                f"stages: {start}{stages['skipped'][1] - stages['skipped'][0]:.0f} s of skips, {b - a:.0f} s of lanes "
-                f"(fewer than {half} tests at once for {self.occupancy.below(half, a, b):.0f} s of them)"
-            )
-            if "alone" in stages:
-                line += f", {stages['alone'][1] - stages['alone'][0]:.0f} s of exclusive tests alone"
-            out.append(line)
-            if self.lanes.disk_flush is not None:
-                dirty, seconds = self.lanes.disk_flush
-                line = "before the exclusive tests: "
-                line += f"{_size(dirty)} of dirty page cache" if dirty is not None else "the page cache"
-                line += f" written out in {seconds:.1f} s"
-                if self.lanes.alone_steal is not None:
-                    line += f"; the hypervisor stole {self.lanes.alone_steal:.1%} of the host's CPU time while they ran"
-                out.append(line)
-            if self.lanes.exits:
-                closes = self.lanes.pool_closes or [0.0]
-                out.append(
-                    f"lane processes exited {min(self.lanes.exits):.1f}-{max(self.lanes.exits):.1f} s after being "
-                    f"told no work was left; closing their rank pools took {min(closes):.1f}-{max(closes):.1f} s"
-                )
+        out += self._stage_lines()
         gpu = self.gpu.summary()
         if gpu:
             out.append(
