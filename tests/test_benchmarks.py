@@ -86,6 +86,7 @@ def test_pool_overhead_per_configuration(suite, strategy, world_size):
     )
 
 
+@pytest.mark.slow  # its planted builds sleep past the 3 s bound, twice: 8 s of the CPU tier's 3 minutes
 def test_pool_overhead_claim_fails_on_a_build_planted_past_the_bound(suite):
     """The claim's bite: a trainer build that sleeps past the bound fails it."""
     with pytest.raises(AssertionError, match="beyond its steps"):

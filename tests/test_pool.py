@@ -264,6 +264,7 @@ def test_close_leaves_no_process_behind():
             os.kill(pid, 0)
 
 
+@pytest.mark.slow  # a pool of its own (3 s on 2 cores): the slow tier, which CI runs too
 def test_ranks_leave_at_once_when_closed_whatever_threads_a_job_left():
     """A rank ends as soon as its pipe closes: not after the threads and exit hooks a library left behind, which
     Python's exit would wait for until the pool's grace ran out and it killed the rank (a lane waited that long
