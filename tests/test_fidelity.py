@@ -56,6 +56,11 @@ def test_overhead_sees_a_cost_planted_in_the_harness(monkeypatch):
         return step_async(self, *args, **kwargs)
 
     monkeypatch.setattr(SingleTrainer, "step_async", slow)
+    # One torch thread: with the 2 cores shared by another job, torch's pool of 2 intra-op threads waits on
+    # whichever is descheduled, and a bare round of this 13 ms step took 26-276 ms (one thread: 13-15 ms), which
+    # left the claim undecided in most loaded runs.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     pair = Fidelity.build(CPU, TINY, steps=2, warmup=1)
     rounds: list[dict[str, float]] = []
     try:
@@ -70,6 +75,7 @@ def test_overhead_sees_a_cost_planted_in_the_harness(monkeypatch):
         d = decide(draw, low=math.log(0.5), first=3, most=20, budget_s=15)
     finally:
         pair.close()
+        torch.set_num_threads(threads)
     out = pair.summary(rounds)
     ratios = [r["harness_s"] / r["bare_s"] for r in rounds]
     assert out["overhead"] == pytest.approx(statistics.geometric_mean(ratios) - 1)
