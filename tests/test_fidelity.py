@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -39,7 +40,19 @@ def test_harness_and_bare_loop_do_the_same_work(suite, strategy, world_size):
     assert out["bare_tokens_per_s"] > 0 and out["harness_tokens_per_s"] > 0
 
 
-def test_overhead_sees_a_cost_planted_in_the_harness(monkeypatch):
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch on one intra-op thread for the test, restored after it whatever its outcome. With the 2 cores
+    shared by another job, torch's pool of 2 threads waits on whichever is descheduled: a bare round of the
+    planted-cost test's 13 ms step took 26-276 ms (one thread: 13-15 ms), which left its claim undecided in
+    most loaded runs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_overhead_sees_a_cost_planted_in_the_harness(monkeypatch, one_torch_thread):
     """CPU work added to every harness step (and nowhere in the bare loop) shows as overhead: the benchmark can
     fail. The overhead is the geometric mean over rounds of harness / bare time, minus 1; rounds are added
     until its interval lies wholly above zero, and it reaches half the planted cost. On 2 cores shared with
@@ -56,11 +69,6 @@ def test_overhead_sees_a_cost_planted_in_the_harness(monkeypatch):
         return step_async(self, *args, **kwargs)
 
     monkeypatch.setattr(SingleTrainer, "step_async", slow)
-    # One torch thread: with the 2 cores shared by another job, torch's pool of 2 intra-op threads waits on
-    # whichever is descheduled, and a bare round of this 13 ms step took 26-276 ms (one thread: 13-15 ms), which
-    # left the claim undecided in most loaded runs.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     pair = Fidelity.build(CPU, TINY, steps=2, warmup=1)
     rounds: list[dict[str, float]] = []
     try:
@@ -75,7 +83,6 @@ def test_overhead_sees_a_cost_planted_in_the_harness(monkeypatch):
         d = decide(draw, low=math.log(0.5), first=3, most=20, budget_s=15)
     finally:
         pair.close()
-        torch.set_num_threads(threads)
     out = pair.summary(rounds)
     ratios = [r["harness_s"] / r["bare_s"] for r in rounds]
     assert out["overhead"] == pytest.approx(statistics.geometric_mean(ratios) - 1)
