@@ -321,7 +321,6 @@ def test_ranks_spawned_on_one_thread_serve_another_and_outlive_it():
     session's thread and joined and used from a thread that then ends. A rank dies with the thread that
     spawned it (PR_SET_PDEATHSIG), which is why spawn() is apart from start()."""
     import threading
-    import time
 
     spawned_here, spawned_there = RankPool(1, "cpu"), RankPool(1, "cpu")
     try:
@@ -333,9 +332,8 @@ def test_ranks_spawned_on_one_thread_serve_another_and_outlive_it():
         for t in threads:
             t.start()
             t.join(120)
-        deadline = (
-            time.monotonic() + 30
-        )  # the kernel's SIGKILL to the other pool's rank, however busy the host
+        # the kernel's SIGKILL to the other pool's rank, however busy the host
+        deadline = time.monotonic() + 30
         while spawned_there.alive and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not spawned_there.alive, (
