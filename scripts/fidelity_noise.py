@@ -23,6 +23,7 @@ from collections.abc import Callable
 from distbench.config import RunConfig
 from distbench.jobs.fidelity import Fidelity, fidelity_finish, fidelity_rounds, fidelity_setup
 from distbench.lane_watch import GpuWatch
+from distbench.measure.roundparts import explain
 from distbench.runtime.context import RankContext
 from distbench.runtime.pool import RankPool
 
@@ -32,7 +33,10 @@ Round = dict[str, float]
 def spread(rounds: list[Round]) -> str:
     logs = [math.log(r["harness_s"] / r["bare_s"]) for r in rounds]
     bare = statistics.median(r["bare_s"] for r in rounds)
-    return f"bare {bare * 1e3:8.1f} ms   ln(harness/bare) mean {statistics.fmean(logs):+.3%} sd {statistics.stdev(logs):.3%}"
+    return (
+        f"bare {bare * 1e3:8.1f} ms   ln(harness/bare) mean {statistics.fmean(logs):+.3%} "
+        f"sd {statistics.stdev(logs):.3%}\n    {explain(rounds, ('bare', 'harness'))}"
+    )
 
 
 def in_process(cfg: RunConfig, device_type: str, n: int) -> list[Round]:
@@ -79,6 +83,8 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--strategy", default="single")
+    ap.add_argument("--ways", default="pool,process,pool+watch", help="comma-separated, of those above")
+    ap.add_argument("--each", action="store_true", help="also print every round's ln(harness / bare)")
     a = ap.parse_args()
     cfg = RunConfig(
         strategy=a.strategy,
@@ -96,8 +102,16 @@ def main() -> None:
     }
     if a.device == "cuda":
         ways["pool+watch"] = lambda: in_pool(cfg, a.device, a.rounds, watch=True)
-    for name, way in ways.items():
-        print(f"{name:<11} {a.strategy} {a.model} mb{a.micro_batch}: {spread(way())}", flush=True)
+    for name in a.ways.split(","):
+        if name not in ways:
+            continue
+        rounds = ways[name]()
+        print(f"{name:<11} {a.strategy} {a.model} mb{a.micro_batch}: {spread(rounds)}", flush=True)
+        if a.each:
+            print(
+                "    each round: "
+                + " ".join(f"{math.log(r['harness_s'] / r['bare_s']):+.2%}" for r in rounds)
+            )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from distbench.lane_watch import GpuWatch, Occupancy, busy_share, dirty_bytes, host_jiffies, sync_filesystem
+from distbench.lane_watch import GpuWatch, Occupancy, dirty_bytes, sync_filesystem
+from distbench.measure.hostspeed import busy_share, host_jiffies
 
 
 def test_busy_share_is_the_busy_part_of_the_elapsed_cpu_time():

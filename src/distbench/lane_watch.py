@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .machine import nvml
-from .measure.hostspeed import cpu_stat
+from .measure.hostspeed import busy_share, host_jiffies
 
 SAMPLE_S = 0.5
 
@@ -94,23 +94,6 @@ def sync_filesystem(path: str | Path) -> None:
         os.sync()
     finally:
         os.close(fd)
-
-
-def host_jiffies() -> tuple[int, int] | None:
-    """(busy, total) CPU time of the whole host so far, in jiffies (measure.hostspeed.cpu_stat); None where
-    unreadable. Busy is everything but idle and iowait."""
-    fields = cpu_stat()
-    if fields is None or len(fields) < 5:
-        return None
-    total = sum(fields)  # its 8 counters: guest time is counted inside user and nice already
-    return total - fields[3] - fields[4], total
-
-
-def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
-    """The host's busy CPU share between two host_jiffies readings."""
-    if before is None or after is None or after[1] <= before[1]:
-        return None
-    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def visible_handles(nv: Any) -> list[Any]:

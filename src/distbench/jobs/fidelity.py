@@ -38,7 +38,7 @@ from torch import nn
 
 from ..config import RunConfig
 from ..errors import ConfigError
-from ..measure.timing import timed
+from ..measure.roundparts import Readings, timed_parts
 from ..runtime import worker
 from ..runtime.context import RankContext
 from ..strategies import build_trainer
@@ -113,20 +113,25 @@ class Fidelity:
         return f
 
     def rounds(self, n: int) -> list[dict[str, float]]:
-        """`n` more rounds: each loop's seconds for the `steps` steps, on the slowest rank."""
+        """`n` more rounds: each loop's seconds for the `steps` steps (`bare_s`, `harness_s`), and what explains
+        them (measure/roundparts.py), each on the slowest rank."""
         loops = {
             "bare": lambda: [self.bare.step(mbs) for mbs in self.data],
             "harness": lambda: [self.trainer.step_async(mbs) for mbs in self.data],
         }
-        times: dict[str, list[float]] = {"bare": [], "harness": []}
+        got: list[dict[str, float]] = []
+        readings = Readings(self.ctx)
         for r in range(self.done, self.done + n):
+            row: dict[str, float] = {}
+            readings.start()
             for name in ("bare", "harness") if r % 2 == 0 else ("harness", "bare"):
                 if self.ctx.world_size > 1:
                     dist.barrier()  # every rank starts the round together
-                times[name].append(timed(self.ctx, loops[name])[1])
+                row.update({f"{name}_{k}": v for k, v in timed_parts(self.ctx, loops[name]).items()})
+            row.update(readings.stop())
+            got.append(row)
         self.done += n
-        slow = {k: _slowest(self.ctx, v) for k, v in times.items()}
-        return [{"bare_s": b, "harness_s": h} for b, h in zip(slow["bare"], slow["harness"], strict=True)]
+        return _slowest(self.ctx, got)
 
     def close(self) -> None:
         try:
@@ -233,13 +238,14 @@ def _global_mean(ctx: RankContext, local: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _slowest(ctx: RankContext, seconds: list[float]) -> list[float]:
-    """Each round's time on the slowest rank (the same list on every rank)."""
+def _slowest(ctx: RankContext, rows: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Each round's figures on the slowest rank, field by field (the same list on every rank)."""
     if ctx.world_size == 1:
-        return seconds
-    t = torch.tensor(seconds, dtype=torch.float64, device=ctx.device)
+        return rows
+    keys = sorted(rows[0])
+    t = torch.tensor([[row[k] for k in keys] for row in rows], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [float(x) for x in t.tolist()]
+    return [dict(zip(keys, (float(x) for x in row), strict=True)) for row in t.tolist()]
 
 
 def _adamw(params: Iterator[nn.Parameter], cfg: RunConfig, impl: str) -> torch.optim.AdamW:

@@ -51,7 +51,7 @@ def reference_s(ctx: RankContext) -> float:
     return best
 
 
-def _schedstat(tid: int) -> tuple[int, int] | None:
+def schedstat(tid: int) -> tuple[int, int] | None:
     """(ns on a CPU, ns waiting on a run queue) of thread `tid`, or None where the kernel does not say."""
     try:
         run, wait, _ = Path(f"/proc/self/task/{tid}/schedstat").read_text().split()
@@ -71,7 +71,7 @@ class ThreadTimes:
     def _now(self) -> dict[int, tuple[int, int]]:
         out = {}
         for name in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
-            got = _schedstat(int(name))
+            got = schedstat(int(name))
             if got is not None:
                 out[int(name)] = got
         return out
@@ -112,3 +112,20 @@ def steal_share(before: list[int] | None, after: list[int] | None) -> float | No
     d = [b - a for a, b in zip(before, after, strict=True)]
     total = sum(d)
     return d[7] / total if total > 0 else 0.0
+
+
+def host_jiffies() -> tuple[int, int] | None:
+    """(busy, total) CPU time of the whole host so far, in jiffies (cpu_stat); None where
+    unreadable. Busy is everything but idle and iowait."""
+    fields = cpu_stat()
+    if fields is None or len(fields) < 5:
+        return None
+    total = sum(fields)  # its 8 counters: guest time is counted inside user and nice already
+    return total - fields[3] - fields[4], total
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The host's busy CPU share between two host_jiffies readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
