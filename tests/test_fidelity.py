@@ -4,6 +4,7 @@ Whether the overhead holds within 1% is the GPU tier's question (tests/test_benc
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
@@ -91,6 +92,27 @@ def test_overhead_sees_a_cost_planted_in_the_harness(monkeypatch, one_torch_thre
         "the overhead over the planted CPU time (log ratio; at least half of it: > -0.69)",
         d.interval,
     )
+
+
+def test_the_collector_stays_out_of_the_rounds_and_comes_back_after():
+    """A bare step that leaves cyclic garbage would set off collections inside its timing; the rounds run
+    with the collector off (after a collection) and switch it back on."""
+    pair = Fidelity.build(CPU, TINY, steps=1, warmup=1)
+    step = pair.bare.step
+
+    def littering(mbs):
+        for _ in range(50_000):
+            cycle: list = []
+            cycle.append(cycle)
+        return step(mbs)
+
+    pair.bare.step = littering
+    try:
+        rows = pair.rounds(2)
+    finally:
+        pair.close()
+    assert gc.isenabled()
+    assert all(r["bare_gc_s"] == 0 and r["harness_gc_s"] == 0 for r in rows), rows
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,9 @@ Undecided is not a defect of the code under test, so it does not fail a test ses
 `Undecided` and the pytest plugin reports it as UNDECIDED, with the interval and the reason, in the test's
 report and the session's summary. A planted defect of the size the claim is about must still fail, so a
 claim takes samples until it is decided or its budget runs out (`decide`), and each look spends a share of
-its error rate (Bonferroni), so looking again does not make a false failure likelier. The time a fixed piece
+its error rate (Bonferroni), so looking again does not make a false failure likelier. Where a few samples
+stall far out (a round whose one side waited on the host or a clock dip), the trimmed mean's interval keeps
+the claim decidable (`trim`). The time a fixed piece
 of work takes only grows when something else runs beside it; for such a time `decide_time` bounds the
 claim by its least and most disturbed samples, which needs far fewer samples than an interval of the mean.
 """
@@ -45,16 +47,32 @@ class Interval:
         return f"{self.estimate:.4g} [{self.low:.4g}, {self.high:.4g}] (n={self.n})"
 
 
-def mean_interval(samples: Sequence[float], alpha: float) -> Interval:
-    """Student's t interval of the samples' mean at level 1 - alpha; at least 2 samples."""
+def mean_interval(samples: Sequence[float], alpha: float, trim: float = 0.0) -> Interval:
+    """Student's t interval of the samples' mean at level 1 - alpha; at least 2 samples. With `trim` > 0:
+    Yuen's interval of the trimmed mean (the floor(trim * n) least and greatest samples left out, the spread
+    taken from the winsorized samples; Wilcox, Introduction to Robust Estimation, 5.3), which keeps its level
+    where a few samples are far out (a round that stalled)."""
     from scipy.stats import t
 
     n = len(samples)
-    if n < 2:
-        raise ValueError("an interval needs at least 2 samples")
-    mean = statistics.fmean(samples)
-    half = t.ppf(1 - alpha / 2, n - 1) * statistics.stdev(samples) / math.sqrt(n)
-    return Interval(mean, mean - half, mean + half, n)
+    estimate, se, df = _center(samples, trim)
+    if n < 2 or df < 1:
+        raise ValueError(f"an interval needs at least 2 samples left after trimming; {n} at trim {trim}")
+    half = t.ppf(1 - alpha / 2, df) * se
+    return Interval(estimate, estimate - half, estimate + half, n)
+
+
+def _center(samples: Sequence[float], trim: float) -> tuple[float, float, int]:
+    """(trimmed mean, its standard error, degrees of freedom); trim 0: the mean's."""
+    n = len(samples)
+    g = math.floor(trim * n)
+    h = n - 2 * g
+    if h < 2:
+        return math.nan, math.nan, h - 1
+    xs = sorted(samples)
+    winsorized = [xs[g]] * g + xs[g : n - g] + [xs[n - g - 1]] * g
+    se = math.sqrt((n - 1) * statistics.variance(winsorized) / (h * (h - 1)))
+    return statistics.fmean(xs[g : n - g]), se, h - 1
 
 
 def within(iv: Interval, low: float = -math.inf, high: float = math.inf) -> str:
@@ -92,21 +110,25 @@ def decide(
     most: int = 16,
     budget_s: float = 60.0,
     alpha: float = ALPHA,
+    trim: float = 0.0,
 ) -> Decision:
-    """Draw samples of a figure until the interval of its mean is decided against [low, high]: a look after
-    `first` samples, then after each new one, up to `most` samples or `budget_s` seconds (at least `first`
-    are drawn). Each of the at most most - first + 1 looks is judged at alpha / looks. A claim the noise
-    seen so far could not decide even at `most` samples stops early, UNDECIDED: its budget would buy
-    nothing (a host-bound step whose rounds spread by 10-30%)."""
+    """Draw samples of a figure until the interval of its mean (trimmed by `trim`, mean_interval) is decided
+    against [low, high]: a look after `first` samples, then after each new one, up to `most` samples or
+    `budget_s` seconds (at least `first` are drawn). Each of the at most most - first + 1 looks is judged at
+    alpha / looks. A claim the noise seen so far could not decide even at `most` samples stops early,
+    UNDECIDED: its budget would buy nothing (a host-bound step whose rounds spread by 10-30%)."""
     from scipy.stats import t
 
     looks = most - first + 1
+    a = alpha / looks
+    df_most = most - 2 * math.floor(trim * most) - 1
     t0 = time.monotonic()
     samples = [draw() for _ in range(first)]
     while True:
-        iv = mean_interval(samples, alpha / looks)
+        iv = mean_interval(samples, a, trim)
         verdict = within(iv, low, high)
-        reach = t.ppf(1 - alpha / looks / 2, most - 1) * statistics.stdev(samples) / math.sqrt(most)
+        se = _center(samples, trim)[1]
+        reach = t.ppf(1 - a / 2, df_most) * se * math.sqrt(len(samples) / most)  # the half-width at `most`
         hopeless = len(samples) >= first + 2 and any(
             abs(iv.estimate - edge) < reach for edge in (low, high) if math.isfinite(edge)
         )

@@ -123,12 +123,21 @@ class Fidelity:
         readings = Readings(self.ctx)
         for r in range(self.done, self.done + n):
             row: dict[str, float] = {}
-            readings.start()
-            for name in ("bare", "harness") if r % 2 == 0 else ("harness", "bare"):
-                if self.ctx.world_size > 1:
-                    dist.barrier()  # every rank starts the round together
-                row.update({f"{name}_{k}": v for k, v in timed_parts(self.ctx, loops[name]).items()})
-            row.update(readings.stop())
+            # The collector stays out of the round, as out of bench windows (measure/pygc.py): it ran 352 ms in
+            # one side of one fsdp_grad round on an H200, a 60% outlier.
+            collector_on = gc.isenabled()
+            gc.collect()
+            gc.disable()
+            try:
+                readings.start()
+                for name in ("bare", "harness") if r % 2 == 0 else ("harness", "bare"):
+                    if self.ctx.world_size > 1:
+                        dist.barrier()  # every rank starts the round together
+                    row.update({f"{name}_{k}": v for k, v in timed_parts(self.ctx, loops[name]).items()})
+                row.update(readings.stop())
+            finally:
+                if collector_on:
+                    gc.enable()
             got.append(row)
         self.done += n
         return _slowest(self.ctx, got)
