@@ -160,9 +160,13 @@ def noise_text(rounds: list[dict]) -> str:
 
 #: Strategies whose harness overhead the GPU tier claims. Not ZeRO-3: at one GPU its step is host-bound (its
 #: per-parameter hooks), and in each of six tier runs on an H200 or H100 its interval spanned tens of percent
-#: (-55% to +113% at worst): 15-20 s of the exclusive phase for a claim that decided nothing. Its harness is
-#: the Trainer's timed loop around a DeepSpeed engine, as zero2's is, which the zero2 claim times.
+#: (-55% to +113% at worst): 15-20 s of the exclusive phase for a claim that decided nothing.
 FIDELITY_STRATEGIES = ("single", "ddp", "fsdp_grad", "zero2")
+#: Claims left to runs of two GPUs or more: at one GPU their rounds are host-bound (the host issues for 90-100%
+#: of the round, its CPU time moving by 10-30% between rounds) and all 13 tier runs of both, on H200s and an
+#: H100, ended UNDECIDED, their intervals ±5-43%: 17 s of the exclusive phase for nothing decided. At one GPU
+#: no claim times a DeepSpeed or FSDP harness.
+HOST_BOUND_AT_ONE_GPU = ("fsdp_grad", "zero2")
 
 
 @pytest.mark.gpu
@@ -171,6 +175,8 @@ def test_harness_overhead_at_most_1_percent(suite, strategy, world_size):
     """The harness's timed loop against a bare loop of the same strategy doing the same work, same ranks. The
     bound holds where the overhead's interval lies under 1%, fails where it lies wholly above, and is
     UNDECIDED where the rounds are too noisy to tell (a host-bound step), never a pass on a lucky median."""
+    if world_size == 1 and strategy in HOST_BOUND_AT_ONE_GPU:
+        pytest.skip(f"{strategy}'s rounds at one GPU are host-bound: never decided (HOST_BOUND_AT_ONE_GPU)")
     cfg = suite.bench_config(strategy, world_size, global_batch=32 * world_size, **FIDELITY)
     d, _, rounds = fidelity_claim(suite, cfg)
     settle(d.verdict, f"{strategy} ws{world_size}", overhead_text(d), noise_text(rounds))
