@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from cpu_work import spin
 from distbench.claims import decide, settle
 from distbench.config import RunConfig
 from distbench.measure import hostcount
@@ -24,12 +25,6 @@ from distbench.results import summarize_bench
 from distbench.runtime.context import RankContext
 
 CPU = RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
-
-
-def _spin(seconds: float) -> None:
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
 
 
 def test_task_clock_counts_this_threads_cpu_time():
@@ -41,14 +36,14 @@ def test_task_clock_counts_this_threads_cpu_time():
 
         def ratio() -> float:
             (a,), t0 = counters.read(), time.thread_time()
-            _spin(0.02)
+            spin(0.02)
             (b,), t1 = counters.read(), time.thread_time()
             return (b - a) * 1e-9 / (t1 - t0)
 
         d = decide(ratio, low=0.98, high=1.02, first=4, most=30, budget_s=10)
         settle(d.verdict, "task clock / thread CPU time", d.interval, "the host is too loaded to tell")
         # another thread's work is not this thread's: the group counts its own thread only
-        other = threading.Thread(target=_spin, args=(0.05,))
+        other = threading.Thread(target=spin, args=(0.05,))
         (c,) = counters.read()
         other.start()
         other.join()
@@ -67,7 +62,7 @@ def assert_window_counts_each_step(measure: Callable[..., Any]) -> None:
     try:
 
         def worst_error() -> float:
-            w = measure(CPU, "events", [lambda s=s: _spin(s) for s in lengths], counters)
+            w = measure(CPU, "events", [lambda s=s: spin(s) for s in lengths], counters)
             got = [n * 1e-9 for n in w.counts["task_clock_ns"]]
             assert len(got) == len(w.host_s) == len(w.host_cpu_s) == len(lengths)
             assert all(h >= c * 0.99 for h, c in zip(w.host_s, got, strict=True)), (w.host_s, got)

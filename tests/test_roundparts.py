@@ -15,16 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from cpu_work import spin
 from distbench.measure.roundparts import Readings, explain, timed_parts
 from distbench.runtime.context import RankContext
 
 CPU = RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
-
-
-def spin(seconds: float) -> None:
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
 
 
 def test_cpu_work_is_issuing_on_a_core():

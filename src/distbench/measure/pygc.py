@@ -64,3 +64,27 @@ class GcWatch:
             "seconds": self.seconds,
             "step_seconds": list(self.step_seconds),
         }
+
+
+class _CollectorClock:
+    """Seconds the collector has run in this process since this module was imported (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._t0 = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._t0 = now
+        else:
+            self.seconds += now - self._t0
+
+
+_CLOCK = _CollectorClock()
+
+
+def collector_seconds() -> float:
+    """The collector's seconds in this process so far: a difference of two readings is its time between."""
+    return _CLOCK.seconds

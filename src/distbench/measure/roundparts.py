@@ -13,7 +13,6 @@ busy share (`host_busy`: another process at work) and the device's clock, temper
 
 from __future__ import annotations
 
-import gc
 import math
 import statistics
 import threading
@@ -25,28 +24,10 @@ from ..machine import nvml
 from ..runtime.context import RankContext
 from .hostspeed import busy_share, host_jiffies, schedstat
 from .nvml import device_handle, read_sample
+from .pygc import collector_seconds
 
 #: The device's fields in Readings, with their units
 READINGS = {"sm_clock_mhz": "MHz", "temp_c": "C", "power_w": "W"}
-
-
-class _GcClock:
-    """Seconds the collector has run in this process since import (gc.callbacks)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._t0 = 0.0
-        gc.callbacks.append(self._callback)
-
-    def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        now = time.perf_counter()
-        if phase == "start":
-            self._t0 = now
-        else:
-            self.seconds += now - self._t0
-
-
-_GC = _GcClock()
 
 
 def _runq_s() -> float:
@@ -58,7 +39,7 @@ def _runq_s() -> float:
 def timed_parts(ctx: RankContext, fn: Callable[[], Any]) -> dict[str, float]:
     """Run `fn()` between two device synchronizations: its wall seconds `s` and their parts."""
     ctx.synchronize()
-    q0, gc0, p0 = _runq_s(), _GC.seconds, time.process_time()
+    q0, gc0, p0 = _runq_s(), collector_seconds(), time.process_time()
     c0, t0 = time.thread_time(), time.perf_counter()
     fn()
     issued, cpu = time.perf_counter() - t0, time.thread_time() - c0
@@ -71,7 +52,7 @@ def timed_parts(ctx: RankContext, fn: Callable[[], Any]) -> dict[str, float]:
         "runq_s": _runq_s() - q0,
         # the process's CPU time counts threads that ended within the round too
         "others_cpu_s": max(0.0, time.process_time() - p0 - (time.thread_time() - c0)),
-        "gc_s": _GC.seconds - gc0,
+        "gc_s": collector_seconds() - gc0,
     }
 
 
@@ -99,8 +80,9 @@ class Readings:
 
 
 def explain(rounds: Sequence[dict[str, float]], sides: Sequence[str]) -> str:
-    """Where the rounds' time varied: per side, the spread of its wall time (sd of the log), how much of the
-    wall the host spent issuing, off its core and collecting garbage; then the device's readings' range."""
+    """Where the rounds' time varied: per side, the spread of its wall time (sd of the log), the share of it
+    the host spent issuing, its CPU time, and the most it waited for a core, its other threads ran and the
+    collector ran; then the range of the host's busy share and of the device's readings."""
     parts = []
     for side in sides:
         wall = [r[f"{side}_s"] for r in rounds]
