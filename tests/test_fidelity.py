@@ -94,9 +94,11 @@ def test_overhead_sees_a_cost_planted_in_the_harness(monkeypatch, one_torch_thre
     )
 
 
-def test_the_collector_stays_out_of_the_rounds_and_comes_back_after():
+@pytest.mark.parametrize("collect", [False, True], ids=["garbage", "garbage-and-a-collect-call"])
+def test_the_collector_stays_out_of_the_rounds_but_for_the_calls_a_step_makes(collect):
     """A bare step that leaves cyclic garbage would set off collections inside its timing; the rounds run
-    with the collector off (after a collection) and switch it back on."""
+    with the collector off (after a collection) and switch it back on. Where the step calls the collector
+    itself (DeepSpeed's ZeRO-3 does), that time is its side's own part, and no other's."""
     pair = Fidelity.build(CPU, TINY, steps=1, warmup=1)
     step = pair.bare.step
 
@@ -104,6 +106,8 @@ def test_the_collector_stays_out_of_the_rounds_and_comes_back_after():
         for _ in range(50_000):
             cycle: list = []
             cycle.append(cycle)
+        if collect:
+            gc.collect()
         return step(mbs)
 
     pair.bare.step = littering
@@ -112,7 +116,7 @@ def test_the_collector_stays_out_of_the_rounds_and_comes_back_after():
     finally:
         pair.close()
     assert gc.isenabled()
-    assert all(r["bare_gc_s"] == 0 and r["harness_gc_s"] == 0 for r in rows), rows
+    assert all((r["bare_gc_s"] > 0) is collect and r["harness_gc_s"] == 0 for r in rows), rows
 
 
 @pytest.mark.parametrize(

@@ -367,6 +367,15 @@ def test_gc_watch_keeps_the_collector_out_of_timed_steps_and_counts_it(keep):
         assert out["collections"] == [0, 0, 0] and out["seconds"] == 0
 
 
+def test_gc_watch_leaves_a_collector_that_was_off_off():
+    gc.disable()
+    try:
+        GcWatch(keep_collector=False).start().stop()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_split_jobs_train_like_the_one_shot_job(bench_reply):
     setup = bm.bench_setup(CPU, RunConfig.from_dict(TINY))
     assert bm.STATE_KEY in worker.STATE and len(setup["warmup_losses"]) == 2

@@ -1,10 +1,10 @@
 """measure/roundparts.py: each part of a round's time is read where it happened, so that an undecided claim
-names its noise's source. Each test plants one source (CPU work, a blocking wait, another thread's work, the
-collector, a competitor for the same core) and finds it in its own part."""
+names its noise's source. Each test plants one source (CPU work, a blocking wait, another thread's work, a
+competitor for the same core) and finds it in its own part; the collector's part is the fidelity rounds'
+(tests/test_fidelity.py)."""
 
 from __future__ import annotations
 
-import gc
 import os
 import subprocess
 import sys
@@ -43,17 +43,6 @@ def test_another_threads_work_is_the_ranks_other_threads():
     parts = timed_parts(CPU, work)
     assert parts["others_cpu_s"] >= 0.025  # the thread's 30 ms, less what it ran before the first reading
     assert parts["cpu_s"] < 0.02
-
-
-def test_the_collectors_time_is_its_own():
-    def garbage() -> None:
-        for _ in range(20_000):
-            a: list = []
-            a.append(a)  # a cycle: only the collector frees it
-        gc.collect()
-
-    assert timed_parts(CPU, garbage)["gc_s"] > 0
-    assert timed_parts(CPU, lambda: None)["gc_s"] == 0
 
 
 @pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists(), reason="needs Linux's schedstat")

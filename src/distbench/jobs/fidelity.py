@@ -38,6 +38,7 @@ from torch import nn
 
 from ..config import RunConfig
 from ..errors import ConfigError
+from ..measure.pygc import GcWatch
 from ..measure.roundparts import Readings, timed_parts
 from ..runtime import worker
 from ..runtime.context import RankContext
@@ -123,21 +124,21 @@ class Fidelity:
         readings = Readings(self.ctx)
         for r in range(self.done, self.done + n):
             row: dict[str, float] = {}
-            # The collector stays out of the round, as out of bench windows (measure/pygc.py): it ran 352 ms in
-            # one side of one fsdp_grad round on an H200, a 60% outlier.
-            collector_on = gc.isenabled()
-            gc.collect()
-            gc.disable()
+            sides = ("bare", "harness") if r % 2 == 0 else ("harness", "bare")
+            # The collector stays out of the round, as out of bench windows: it ran 352 ms in one side of one
+            # fsdp_grad round on an H200, a 60% outlier. The watch times what runs anyway (gc.collect calls).
+            collector = GcWatch(keep_collector=False).start()
             try:
                 readings.start()
-                for name in ("bare", "harness") if r % 2 == 0 else ("harness", "bare"):
+                for name in sides:
                     if self.ctx.world_size > 1:
                         dist.barrier()  # every rank starts the round together
                     row.update({f"{name}_{k}": v for k, v in timed_parts(self.ctx, loops[name]).items()})
+                    collector.step()
                 row.update(readings.stop())
             finally:
-                if collector_on:
-                    gc.enable()
+                gc_s = collector.stop()["step_seconds"]
+            row.update({f"{name}_gc_s": s for name, s in zip(sides, gc_s, strict=True)})
             got.append(row)
         self.done += n
         return _slowest(self.ctx, got)

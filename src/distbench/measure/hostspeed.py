@@ -115,8 +115,8 @@ def steal_share(before: list[int] | None, after: list[int] | None) -> float | No
 
 
 def host_jiffies() -> tuple[int, int] | None:
-    """(busy, total) CPU time of the whole host so far, in jiffies (cpu_stat); None where
-    unreadable. Busy is everything but idle and iowait."""
+    """(busy, total) CPU time of the whole host so far, in jiffies (cpu_stat); None where unreadable. Busy is
+    everything but idle and iowait."""
     fields = cpu_stat()
     if fields is None or len(fields) < 5:
         return None

@@ -29,6 +29,7 @@ class GcWatch:
         self._step = 0.0
         self._t0 = 0.0
         self._on = False
+        self._was_on = True  # whether the collector ran before start()
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -40,6 +41,7 @@ class GcWatch:
         self._step += dt
 
     def start(self) -> GcWatch:
+        self._was_on = gc.isenabled()
         gc.collect()
         if not self.keep_collector:
             gc.disable()
@@ -55,8 +57,8 @@ class GcWatch:
     def stop(self) -> dict[str, Any]:
         if self._on:
             gc.callbacks.remove(self._callback)
-            if not self.keep_collector:
-                gc.enable()
+            if not self.keep_collector and self._was_on:
+                gc.enable()  # as it was before start()
             self._on = False
         return {
             "collector_on": self.keep_collector,
@@ -64,27 +66,3 @@ class GcWatch:
             "seconds": self.seconds,
             "step_seconds": list(self.step_seconds),
         }
-
-
-class _CollectorClock:
-    """Seconds the collector has run in this process since this module was imported (gc.callbacks)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._t0 = 0.0
-        gc.callbacks.append(self._callback)
-
-    def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        now = time.perf_counter()
-        if phase == "start":
-            self._t0 = now
-        else:
-            self.seconds += now - self._t0
-
-
-_CLOCK = _CollectorClock()
-
-
-def collector_seconds() -> float:
-    """The collector's seconds in this process so far: a difference of two readings is its time between."""
-    return _CLOCK.seconds

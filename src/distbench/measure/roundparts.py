@@ -7,8 +7,9 @@ issuing the work: where it is close to the wall time the device waited on the ho
 it is far below, the host waited on the device. While it issued, the thread ran on a core for `cpu_s`, waited
 for one (other runnable threads held them all) for `runq_s` (over the whole round), and was blocked for the
 rest (on the device's launch queue, a lock, a synchronization); `others_cpu_s` is the CPU time of the rank's
-other threads over the round. `gc_s` is the collector's time. Beside the rounds (Readings): the whole host's
-busy share (`host_busy`: another process at work) and the device's clock, temperature and power.
+other threads over the round. The caller adds `gc_s`, the collector's time in the side (measure/pygc.GcWatch,
+which also keeps it off). Beside the rounds (Readings): the whole host's busy share (`host_busy`: another
+process at work) and the device's clock, temperature and power.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from ..machine import nvml
 from ..runtime.context import RankContext
 from .hostspeed import busy_share, host_jiffies, schedstat
 from .nvml import device_handle, read_sample
-from .pygc import collector_seconds
 
 #: The device's fields in Readings, with their units
 READINGS = {"sm_clock_mhz": "MHz", "temp_c": "C", "power_w": "W"}
@@ -39,7 +39,7 @@ def _runq_s() -> float:
 def timed_parts(ctx: RankContext, fn: Callable[[], Any]) -> dict[str, float]:
     """Run `fn()` between two device synchronizations: its wall seconds `s` and their parts."""
     ctx.synchronize()
-    q0, gc0, p0 = _runq_s(), collector_seconds(), time.process_time()
+    q0, p0 = _runq_s(), time.process_time()
     c0, t0 = time.thread_time(), time.perf_counter()
     fn()
     issued, cpu = time.perf_counter() - t0, time.thread_time() - c0
@@ -52,7 +52,6 @@ def timed_parts(ctx: RankContext, fn: Callable[[], Any]) -> dict[str, float]:
         "runq_s": _runq_s() - q0,
         # the process's CPU time counts threads that ended within the round too
         "others_cpu_s": max(0.0, time.process_time() - p0 - (time.thread_time() - c0)),
-        "gc_s": collector_seconds() - gc0,
     }
 
 
