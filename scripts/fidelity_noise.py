@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from distbench.config import RunConfig
 from distbench.jobs.fidelity import Fidelity, fidelity_finish, fidelity_rounds, fidelity_setup
-from distbench.lane_watch import GpuWatch
+from distbench.testsuite.lane_watch import GpuWatch
 from distbench.measure.roundparts import explain
 from distbench.runtime.context import RankContext
 from distbench.runtime.pool import RankPool

@@ -225,7 +225,7 @@ def test_bad_model_factory(refused, tmp_path, monkeypatch, request, source, need
 @pytest.mark.parametrize("args,needle", [c[1:] for c in PYTEST], ids=[c[0] for c in PYTEST])
 def test_bad_pytest_options(pytester, args, needle):
     pytester.makepyfile(test_x="def test_x(strategy, world_size):\n    pass\n")
-    result = pytester.runpytest("-p", "distbench.pytest_plugin", "--collect-only", *args)
+    result = pytester.runpytest("-p", "distbench.testsuite.plugin", "--collect-only", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = [ln for ln in result.stderr.lines if ln.strip()]
     assert len(err) == 1 and err[0].startswith("ERROR: ") and needle in err[0], result.stderr.str()

@@ -15,7 +15,7 @@ import statistics
 import pytest
 
 import rank_jobs
-from distbench.claims import Decision, decide, decide_time, settle
+from distbench.testsuite.claims import Decision, decide, decide_time, settle
 from distbench.jobs.bench import bench, bench_finish, bench_setup, bench_step, collective_bandwidth
 from distbench.jobs.fidelity import fidelity_finish, fidelity_rounds, fidelity_setup
 from distbench.matrix import run_benchmark, sweep_micro_batch

@@ -1,4 +1,4 @@
-"""Claims about time (distbench.claims) and how a session reports the ones the machine leaves undecided.
+"""Claims about time (distbench.testsuite.claims) and how a session reports the ones the machine leaves undecided.
 
 A bound holds where its interval lies inside, fails where the interval lies wholly outside, and is undecided
 in between; a claim draws samples until it is decided, spending its error rate over its looks; the pytest
@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 from scipy.stats import mstats
 
-from distbench.claims import (
+from distbench.testsuite.claims import (
     ALPHA,
     FAILS,
     HOLDS,
@@ -155,7 +155,7 @@ def test_decide_time_holds_on_one_undisturbed_sample_and_fails_only_on_a_lasting
 
 UNDECIDED_TESTS = """
 import pytest
-from distbench.claims import Undecided
+from distbench.testsuite.claims import Undecided
 
 def test_noisy():
     raise Undecided("overhead: 0.5% [-2%, +3%] (n=8); the step is host-bound")
@@ -166,7 +166,7 @@ def test_fine():
 
 
 def test_an_undecided_claim_is_reported_neither_failed_nor_passed(pytester):
-    pytester.makeconftest("pytest_plugins = ['distbench.pytest_plugin']")
+    pytester.makeconftest("pytest_plugins = ['distbench.testsuite.plugin']")
     pytester.makepyfile(test_claimed=UNDECIDED_TESTS)
     result = pytester.runpytest("-p", "no:cacheprovider", "--junitxml", "junit.xml")
     assert result.ret == 0

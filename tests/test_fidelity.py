@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from distbench.claims import decide, settle
+from distbench.testsuite.claims import decide, settle
 from distbench.config import RunConfig
 from distbench.errors import ConfigError
 from distbench.jobs.fidelity import Fidelity, harness_overhead

@@ -1,5 +1,5 @@
 """The A/B gate's statistics and runner on synthetic runs with known effects, at the noise levels measured on
-2x H200 (DESIGN.md, "Measuring"): it finds a 2% device-side slowdown, stays quiet on identical variants
+2x H200 (results/gate-ab-2xh200-2026-11-23): it finds a 2% device-side slowdown, stays quiet on identical variants
 (stalled windows included), and says UNDECIDED, never PASS, when the noise hides what it is asked about."""
 
 from __future__ import annotations

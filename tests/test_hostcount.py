@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from cpu_work import spin
-from distbench.claims import decide, settle
+from distbench.testsuite.claims import decide, settle
 from distbench.config import RunConfig
 from distbench.measure import hostcount
 from distbench.measure.timing import time_window

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from distbench.lane_watch import GpuWatch, Occupancy, dirty_bytes, sync_filesystem
+from distbench.testsuite.lane_watch import GpuWatch, Occupancy, dirty_bytes, sync_filesystem
 from distbench.measure.hostspeed import busy_share, host_jiffies
 
 

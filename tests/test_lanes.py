@@ -56,7 +56,7 @@ def test_one_b(): record("one_b", 0.2)
     "test_two.py": """
 from record import record
 def test_two_a(request):
-    from distbench.pytest_plugin import PHASES
+    from distbench.testsuite.plugin import PHASES
     from distbench.runtime.phases import PhaseLog
     request.config.stash.setdefault(PHASES, PhaseLog()).add(request.node.nodeid, {"training steps": 7.5})
     record("two_a", 0.2, wait_for="one_a")
@@ -127,7 +127,7 @@ def session(tmp: Path, files: dict[str, str], *args: str, **env: str) -> subproc
             "-m",
             "pytest",
             "-p",
-            "distbench.pytest_plugin",
+            "distbench.testsuite.plugin",
             "-p",
             "no:cacheprovider",
             "-rA",
@@ -392,7 +392,7 @@ def test_cpu():
 
 
 def test_auto_turns_lanes_on_when_two_lanes_would_run_at_once(pytester, monkeypatch):
-    import distbench.pytest_plugin as plugin
+    import distbench.testsuite.plugin as plugin
 
     gpus = {"n": 4}
     monkeypatch.setattr(plugin, "cuda_device_count", lambda: gpus["n"])
@@ -401,7 +401,7 @@ def test_auto_turns_lanes_on_when_two_lanes_would_run_at_once(pytester, monkeypa
     # imported afterwards, and torch._dynamo (which transformers' models import) cannot be imported twice
     monkeypatch.setattr(plugin, "_rank_peak_estimate", lambda config, cases, peaks: 5 * 2**30)
     monkeypatch.setattr(plugin.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    pytester.makeconftest("pytest_plugins = ['distbench.pytest_plugin']")
+    pytester.makeconftest("pytest_plugins = ['distbench.testsuite.plugin']")
     pytester.makepyfile(test_cases=GPU_CASES, test_more="def test_other():\n    pass\n")
     items, _ = pytester.inline_genitems("-m", "gpu or not gpu", "--world-sizes", "1,2")
     gpu_items = [it for it in items if "gpu" in it.nodeid]

@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: list[tuple[str, list[str]]] = [
     (
         "base: errors, the run configuration, the machine, claims about time",
-        ["distbench", "distbench.errors", "distbench.config", "distbench.machine", "distbench.claims"],
+        ["distbench", "distbench.errors", "distbench.config", "distbench.machine", "distbench.testsuite.claims"],
     ),
     ("process: rank pools, workers, launches", ["distbench.runtime"]),
     (
@@ -34,12 +34,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "running configurations: matrix, suite, lanes, A/B gate, doctor",
         [
             "distbench.matrix",
-            "distbench.suite",
-            "distbench.lanes",
-            "distbench.lane_child",
-            "distbench.lane_watch",
-            "distbench.session_watch",
-            "distbench.schedule",
+            "distbench.testsuite",
             "distbench.gate",
             "distbench.doctor",
         ],
@@ -47,7 +42,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("rendering: reports, comparisons", ["distbench.report", "distbench.compare"]),
     (
         "entry points: command line, pytest plugin",
-        ["distbench.cli", "distbench.commands", "distbench.pytest_plugin"],
+        ["distbench.cli", "distbench.commands", "distbench.testsuite.plugin"],
     ),
 ]
 

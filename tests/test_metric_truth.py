@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import distbench.jobs.bench as bm
 import distbench.results as results
 import metric_jobs
-from distbench.claims import decide, settle
+from distbench.testsuite.claims import decide, settle
 from distbench.config import RunConfig
 from distbench.measure import busbw, devicetime, mfu
 from distbench.measure.timing import time_window

@@ -70,7 +70,7 @@ def test_the_session_writes_its_phases_as_json_when_asked(pytester):
     """The data behind the phase table, per test, for committing a GPU tier's durations."""
     pytester.makepyfile(
         test_one="""
-        from distbench.pytest_plugin import PHASES
+        from distbench.testsuite.plugin import PHASES
         from distbench.runtime.phases import PhaseLog
 
         def test_a(request):
@@ -78,7 +78,7 @@ def test_the_session_writes_its_phases_as_json_when_asked(pytester):
     """
     )
     out = pytester.path / "phases.json"
-    result = pytester.runpytest_inprocess("-p", "distbench.pytest_plugin", f"--phases-json={out}")
+    result = pytester.runpytest_inprocess("-p", "distbench.testsuite.plugin", f"--phases-json={out}")
     result.assert_outcomes(passed=1)
     phases = json.loads(out.read_text())["test_one.py::test_a"]
     assert phases.pop("training steps") == 1.5 and set(phases) <= {OWN}  # and the test's own rest, if any
@@ -99,7 +99,7 @@ def test_the_session_writes_when_each_test_ran_when_asked(pytester):
     """
     )
     out = pytester.path / "timeline.json"
-    result = pytester.runpytest_inprocess("-p", "distbench.pytest_plugin", f"--timeline-json={out}")
+    result = pytester.runpytest_inprocess("-p", "distbench.testsuite.plugin", f"--timeline-json={out}")
     result.assert_outcomes(passed=2)
     spans = json.loads(out.read_text())
     assert list(spans) == ["test_two.py::test_a", "test_two.py::test_b"]

@@ -27,7 +27,7 @@ def collect(pytester: pytest.Pytester):
     pytester.makepyfile(test_ids=TESTS)
 
     def run(*args: str) -> list[str]:
-        result = pytester.runpytest("-p", "distbench.pytest_plugin", "--collect-only", "-q", *args)
+        result = pytester.runpytest("-p", "distbench.testsuite.plugin", "--collect-only", "-q", *args)
         return [ln for ln in result.outlines if "::" in ln]
 
     return run
@@ -55,7 +55,7 @@ def test_what_cannot_run_here_skips_with_the_reason(pytester):
     pytester.makepyfile(test_ids=TESTS)
     result = pytester.runpytest(
         "-p",
-        "distbench.pytest_plugin",
+        "distbench.testsuite.plugin",
         "-rs",
         "-m",
         "not gpu",
@@ -73,7 +73,7 @@ def test_the_header_names_a_known_breakage_and_its_fix(pytester, monkeypatch):
     pytester.makepyfile(test_ids=TESTS)
     result = pytester.runpytest(
         "-p",
-        "distbench.pytest_plugin",
+        "distbench.testsuite.plugin",
         "--collect-only",
         "-m",
         "not gpu",
@@ -91,8 +91,8 @@ def test_lanes_plan_for_a_typical_cases_peak_not_the_largest():
     """Seats come from the mean of the measured peaks per rank: a tenth of the cases holding 20 GiB must not
     cut a 141 GiB GPU's lanes to 5 when the rest hold 3 GiB (the lanes hold back work while a GPU is nearly
     full, and rerun alone a case that ran out of memory)."""
-    from distbench.pytest_plugin import _rank_peak_estimate
-    from distbench.schedule import Case
+    from distbench.testsuite.plugin import _rank_peak_estimate
+    from distbench.testsuite.schedule import Case
 
     gib = 2**30
     cases = [Case(f"t{i}", 1, "g") for i in range(20)]
@@ -110,7 +110,7 @@ def test_a_test_whose_jobs_leave_device_memory_is_named_in_the_summary(pytester)
     pool (on an H200, 2-8 GiB per lane). The test that left it is named, with the bytes."""
     pytester.makepyfile(
         test_leaks="""
-        from distbench.suite import Suite
+        from distbench.testsuite.suite import Suite
 
         def test_leaks(monkeypatch, suite):  # monkeypatch first: still in place when suite's teardown reads
             monkeypatch.setattr(Suite, "held_bytes", lambda self: 3 * 2**30)
@@ -119,7 +119,7 @@ def test_a_test_whose_jobs_leave_device_memory_is_named_in_the_summary(pytester)
             pass
     """
     )
-    result = pytester.runpytest_inprocess("-p", "distbench.pytest_plugin")
+    result = pytester.runpytest_inprocess("-p", "distbench.testsuite.plugin")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
         [
@@ -134,7 +134,7 @@ def test_committed_durations_order_a_fresh_runner_and_a_damaged_file_is_named(tm
     import json
     from types import SimpleNamespace
 
-    import distbench.pytest_plugin as plugin
+    import distbench.testsuite.plugin as plugin
 
     def config(name: str) -> Any:
         return SimpleNamespace(getini=lambda key: name, rootpath=tmp_path)
@@ -153,7 +153,7 @@ def test_committed_durations_order_a_fresh_runner_and_a_damaged_file_is_named(tm
 
 def test_the_committed_gpu_durations_name_tests_that_exist(pytestconfig):
     """The file is regenerated from a tier run (scripts/tier_durations.py): a renamed test would plan blind."""
-    import distbench.pytest_plugin as plugin
+    import distbench.testsuite.plugin as plugin
 
     table = plugin._committed_durations(pytestconfig)
     assert len(table) > 100

@@ -1,4 +1,4 @@
-"""The lane plan (distbench.schedule): units of work, largest first; seats that let lanes share devices, sized
+"""The lane plan (distbench.testsuite.schedule): units of work, largest first; seats that let lanes share devices, sized
 by memory and host cores; exclusive cases alone and last, skipped ones first. Pure planning, for any number of
 devices and world sizes: what `pytest -m gpu` does on N GPUs is shown here without them."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import queue
 import random
 
-from distbench.schedule import (
+from distbench.testsuite.schedule import (
     Case,
     Plan,
     Seats,
@@ -165,7 +165,7 @@ def test_a_module_units_cases_keep_every_groups_shared_runs_until_it_ends():
     strategy's runs go only once no such unit runs (LaneRunner._release_groups)."""
     from types import SimpleNamespace
 
-    from distbench.lanes import LaneRunner
+    from distbench.testsuite.lanes import LaneRunner
 
     p = plan([Case("m.py::t", 1, "m.py", reads_any=True), Case("s.py::t[zero3]", 1, "zero3")], devices=1)
     by_group = {u.group: u for u in p.units}
@@ -190,7 +190,7 @@ def test_no_unit_that_may_read_any_groups_runs_starts_while_shelved_runs_are_rem
     once the removal is done."""
     from types import SimpleNamespace
 
-    from distbench.lanes import LaneRunner
+    from distbench.testsuite.lanes import LaneRunner
 
     module_unit, strategy_unit = (
         Unit(1, ["m.py::t"], 9.0, "m.py", reads_any=True),

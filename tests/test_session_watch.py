@@ -7,13 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from distbench.session_watch import process_age_s
+from distbench.testsuite.session_watch import process_age_s
 
 
 def test_process_age_counts_from_the_interpreters_start():
     """A process that sleeps 0.5 s first is 0.5 s old when it asks, give or take the interpreter's start and
     the clock's tick (10 ms): the summary's "s of start" is the command's own, not the session's."""
-    code = "import time; time.sleep(0.5); from distbench.session_watch import process_age_s; print(process_age_s())"
+    code = "import time; time.sleep(0.5); from distbench.testsuite.session_watch import process_age_s; print(process_age_s())"
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)

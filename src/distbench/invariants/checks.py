@@ -1,7 +1,7 @@
 """The invariants' assertions, shared by the tests that assert them and the tests that prove they can fail.
 
 Each check raises AssertionError with a message naming the configuration and what diverged. Tolerances
-follow the policy in DESIGN.md: fp32 with TF32 off and deterministic kernels, so only reduction order
+follow the suite's precision policy (docs: what is asserted): fp32 with TF32 off and deterministic kernels, so only reduction order
 differs between strategies.
 """
 

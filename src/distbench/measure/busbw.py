@@ -9,7 +9,7 @@ For a collective over n ranks moving a buffer of S bytes in time t (nccl-tests, 
   reduce_scatter (n-1)/n.
 
 GB/s are 1e9 bytes/s. The reference ceiling is what a ring reaches over NVLink4 on H100/H200 SXM with
-NVLink multicast (NVLS) off, about 365 GB/s busbw (DESIGN.md); results report busbw as a fraction of it.
+NVLink multicast (NVLS) off, about 365 GB/s busbw (measured with nccl-tests' convention); results report busbw as a fraction of it.
 """
 
 from __future__ import annotations

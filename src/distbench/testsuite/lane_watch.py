@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .machine import nvml
-from .measure.hostspeed import busy_share, host_jiffies
+from ..machine import nvml
+from ..measure.hostspeed import busy_share, host_jiffies
 
 SAMPLE_S = 0.5
 

@@ -27,17 +27,17 @@ from typing import Any
 import pytest
 
 from .claims import UNDECIDED_KEY, Undecided
-from .config import PositiveFloat, PositiveInt, parse_list, parse_value
-from .errors import ConfigError
-from .runtime.phases import PhaseLog
-from .runtime.pool import cuda_device_count
-from .runtime.shelf import Shelf
-from .runtime.worker import LEFTOVER_BYTES
+from ..config import PositiveFloat, PositiveInt, parse_list, parse_value
+from ..errors import ConfigError
+from ..runtime.phases import PhaseLog
+from ..runtime.pool import cuda_device_count
+from ..runtime.shelf import Shelf
+from ..runtime.worker import LEFTOVER_BYTES
 from .schedule import Case, Plan, plan, seats_per_device
 from .session_watch import LEFT_KEY, SessionWatch, undecided_of
-from .strategies import REGISTRY, get_spec
+from ..strategies import REGISTRY, get_spec
 from .suite import TIER_DEFAULTS, Suite, tier_global_batch
-from .workloads.models import check_model_name
+from ..workloads.models import check_model_name
 
 TIERS = (("cpu", ""), ("cuda", "-gpu"))
 OPTIONS = pytest.StashKey[dict[str, Any]]()
@@ -184,7 +184,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     import importlib.util
     import os
 
-    from .doctor import FAIL, WARN, check_cuda_arch_list, check_multicast
+    from ..doctor import FAIL, WARN, check_cuda_arch_list, check_multicast
 
     checks = [
         check_cuda_arch_list(os.environ, importlib.util.find_spec("deepspeed") is not None),
@@ -331,7 +331,7 @@ def _rank_peak_estimate(config: pytest.Config, cases: list[Case], peaks: dict[st
     measured = [peaks[c.nodeid] for c in cases if c.nodeid in peaks]
     if measured:
         return statistics.fmean(measured)
-    from .workloads import count_params, get_model
+    from ..workloads import count_params, get_model
 
     models = config.stash[OPTIONS]["models"] or TIER_DEFAULTS["cuda"]["models"]
     n = max(count_params(get_model(m).build(0, "meta")) for m in models)
@@ -341,7 +341,7 @@ def _rank_peak_estimate(config: pytest.Config, cases: list[Case], peaks: dict[st
 def _gpu_memory_bytes() -> int | None:
     """The smallest visible GPU's memory, from NVML; None without it."""
     from .lane_watch import visible_handles
-    from .machine import nvml
+    from ..machine import nvml
 
     nv = nvml()
     if nv is None:
@@ -532,7 +532,7 @@ def _warm_up(session: pytest.Session, nodeids: list[str]) -> Callable[[], thread
     then overlap the lanes' last tests instead of following them. The ranks are spawned here, on the session's
     thread (they die with the thread that spawned them), the rest in the thread returned. A failure is left
     to the test that next uses the pool, which reports it."""
-    from .matrix import run_benchmark
+    from ..matrix import run_benchmark
 
     wanted = set(nodeids)
     needs = sorted(
@@ -663,7 +663,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 @pytest.fixture
 def save_result(request: pytest.FixtureRequest):
     """Write a result JSON into --results-dir when given (benchmark tests call it with every result)."""
-    from .results import save_result as _save
+    from ..results import save_result as _save
 
     out = request.config.getoption("--results-dir")
 

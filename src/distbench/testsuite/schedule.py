@@ -20,8 +20,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-#: Host cores a rank keeps busy: its Python thread and autograd's device thread (DESIGN.md: small models'
-#: steps wait on one host thread); also the seats' bound by cores. On one H200 (16 vCPUs) 8 lanes of world size
+#: Host cores a rank keeps busy: its Python thread and autograd's device thread (small models' steps wait on
+#: one host thread); also the seats' bound by cores. On one H200 (16 vCPUs) 8 lanes of world size
 #: 1 kept 57% of the cores busy and the GPU 72%, and took 205 s; 10 lanes (1.5 cores a rank) kept 67% of the
 #: cores and 52% of the GPU busy and took as long: the GPU's time slices, not the cores, bound them.
 CORES_PER_RANK = 2

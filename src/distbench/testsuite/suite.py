@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import RunConfig
-from .runtime.phases import SHARED, PhaseLog, job_phases
-from .runtime.pool import PoolManager
-from .runtime.shelf import TENSORS, Shelf, entry_key, load_tensors
+from ..config import RunConfig
+from ..runtime.phases import SHARED, PhaseLog, job_phases
+from ..runtime.pool import PoolManager
+from ..runtime.shelf import TENSORS, Shelf, entry_key, load_tensors
 
 #: Per-tier defaults: small enough for 2 CPU cores, real enough on GPUs. The global batch (tier_global_batch)
 #: makes every world size of the session accumulate at least 2 micro-batches, so the parity runs exercise
@@ -131,7 +131,7 @@ class Suite:
         gradients (return_params, return_grads) come back through a safetensors file rank 0 writes, not its
         pipe: a GPU-tier model's are a gigabyte, which pickling and unpickling cost seconds a test."""
         # Imported here: torch and the strategies, and the plugin loads this module in every session.
-        from .jobs.train import train
+        from ..jobs.train import train
 
         if not (kwargs.get("return_params") or kwargs.get("return_grads")) or "keep_tensors_at" in kwargs:
             return self.run_job(cfg.world_size, train, cfg=cfg, **kwargs)
@@ -160,7 +160,7 @@ class Suite:
         """The independent single-process reference for cfg's workload (losses, final params, last
         gradients), computed once per session."""
         ref_cfg = cfg.replace(strategy="single", world_size=1, options={})
-        from .jobs.checks import reference_job  # torch: see train
+        from ..jobs.checks import reference_job  # torch: see train
 
         def compute(entry: Path) -> dict[str, Any]:
             out = self.run_job(1, reference_job, cfg=ref_cfg, keep_tensors_at=str(entry / TENSORS))[0]
@@ -171,7 +171,7 @@ class Suite:
     def initial_weights(self, cfg: RunConfig) -> dict[str, Any]:
         """cfg's model's weights before training, as its ranks build them, once per session."""
         init_cfg = cfg.replace(strategy="single", world_size=1, options={})
-        from .jobs.checks import initial_weights_job  # torch: see train
+        from ..jobs.checks import initial_weights_job  # torch: see train
 
         def compute(entry: Path) -> dict[str, Any]:
             self.run_job(1, initial_weights_job, cfg=init_cfg, keep_tensors_at=str(entry / TENSORS))

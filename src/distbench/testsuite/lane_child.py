@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import pytest
 
-from .runtime.phases import PhaseLog
+from ..runtime.phases import PhaseLog
 
 ITEMS = "items.json"
 EVENTS = "events.jsonl"
