@@ -22,10 +22,10 @@ from collections.abc import Callable
 
 from distbench.config import RunConfig
 from distbench.jobs.fidelity import Fidelity, fidelity_finish, fidelity_rounds, fidelity_setup
-from distbench.testsuite.lane_watch import GpuWatch
 from distbench.measure.roundparts import explain
 from distbench.runtime.context import RankContext
 from distbench.runtime.pool import RankPool
+from distbench.testsuite.lane_watch import GpuWatch
 
 Round = dict[str, float]
 
