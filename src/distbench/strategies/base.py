@@ -84,6 +84,25 @@ def build_optimizer(params, cfg: RunConfig, impl: str = "foreach") -> torch.opti
     )
 
 
+def place_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Put every optimizer-state tensor where torch's own load_state_dict would: beside its parameter, and a
+    `step` on the parameter's device in float32 where the group is fused or capturable (a host scalar
+    otherwise, left as it is). A load that writes state by hand, as DeepSpeed's universal checkpoint does,
+    leaves `step` on the host, where torch's fused AdamW refuses the first step ("state_steps is on cpu")."""
+    for group in optimizer.param_groups:
+        step_on_device = bool(group.get("fused") or group.get("capturable"))
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            for key, value in state.items():
+                if not isinstance(value, torch.Tensor):
+                    continue
+                if key == "step":
+                    if step_on_device:
+                        state[key] = value.to(device=p.device, dtype=torch.float32)
+                elif value.device != p.device:
+                    state[key] = value.to(device=p.device)
+
+
 def build_scheduler(opt: torch.optim.Optimizer, cfg: RunConfig) -> torch.optim.lr_scheduler.LRScheduler:
     """Linear warm-up over `lr_warmup_steps`: makes LR state part of what a checkpoint must restore."""
     return torch.optim.lr_scheduler.LinearLR(

@@ -17,7 +17,7 @@ from torch import nn
 from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
 from ..runtime.context import RankContext
-from .base import Batch, Trainer, build_scheduler, lm_loss, model_logits, torch_load
+from .base import Batch, Trainer, build_scheduler, lm_loss, model_logits, place_optimizer_state, torch_load
 from .checkpoint_files import verify_manifest, weights_only_loads, write_manifest
 from .ds_config import build_ds_config
 
@@ -170,6 +170,9 @@ class DeepSpeedTrainer(Trainer):
             raise CheckpointError(
                 f"DeepSpeed checkpoint {path} is incomplete: its 'latest' tag file is missing"
             )
+        # The universal load writes the torch optimizer's state by hand (`step` on the host), which the fused
+        # AdamW of a GPU run refuses at its first step.
+        place_optimizer_state(getattr(self.engine.optimizer, "optimizer", self.engine.optimizer))
         if other_ws:
             self.load_progress(torch_load(os.path.join(path, "extra_rank0.pt")))
         else:
