@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError, JobSpecError, ResourceError
-from .context import RankContext
+from .context import RankContext, process_group_backend
 from .fingerprint import nodes_spanned
 from .jobspec import Admission, Job, JobRegistry, Stop, decode_outcome, encode_outcome
 from .pool import JobError, RankOutcome, check_configs, failure_summary
@@ -135,7 +135,7 @@ def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int
     try:
         kw: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(
-            backend,
+            process_group_backend(device.type),
             store=dist.PrefixStore(f"pg/{job_id}", store),
             rank=launch.rank,
             world_size=n,

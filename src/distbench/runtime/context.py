@@ -9,13 +9,21 @@ if TYPE_CHECKING:  # torch is loaded by what builds a context; the CLI imports t
     import torch
 
 
+def process_group_backend(device_type: str) -> str:
+    """The backends a rank's process group is built with. On GPUs NCCL for device tensors and gloo beside it
+    for host tensors, as torch's own distributed tests build theirs: FSDP2 with CPU offload keeps gradients on
+    the host, and clipping them by their global norm all-reduces host DTensors over the model's mesh, which a
+    group of NCCL alone refuses ("No backend type associated with device type cpu")."""
+    return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+
+
 @dataclass(frozen=True)
 class RankContext:
     rank: int
     world_size: int
     local_rank: int
     device: torch.device
-    backend: str  # "nccl" or "gloo"
+    backend: str  # the device's collectives: "nccl" or "gloo" (process_group_backend: what the group has)
     nodes: int = 1  # nodes the job's ranks span (torchrun launches); HSDP replicates across them
 
     @property

@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .channel import encode, read_message, write_message
-from .context import RankContext
+from .context import RankContext, process_group_backend
 
 #: State that outlives one job inside this rank process (e.g. a trainer kept between benchmark rounds).
 STATE: dict[str, Any] = {}
@@ -120,17 +120,17 @@ def _join_group(rank: int, world_size: int, device_type: str, store_port: int) -
     if device_type == "cuda":
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
-        backend = "nccl"
     else:
         device = torch.device("cpu")
-        backend = "gloo"
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     if os.environ.get(THREADS_ENV):  # a lane sharing its devices: this rank's share of the host's cores
         torch.set_num_threads(int(os.environ[THREADS_ENV]))
     kw: dict[str, Any] = {"device_id": device} if device_type == "cuda" else {}
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **kw)
-    return RankContext(rank, world_size, rank, device, backend)
+    dist.init_process_group(
+        process_group_backend(device_type), store=store, rank=rank, world_size=world_size, **kw
+    )
+    return RankContext(rank, world_size, rank, device, "nccl" if device_type == "cuda" else "gloo")
 
 
 def _run(ctx: RankContext, job_id: int, target: str, kwargs: dict[str, Any]) -> tuple[Any, ...]:
