@@ -53,6 +53,29 @@ def train_counting_attention_forwards(ctx: Any, **kwargs: Any) -> dict[str, Any]
     return {**out, "attention_modules": len(calls), "attention_forwards": sorted(set(calls.values()))}
 
 
+def train_recording_forward_end_memory(ctx: Any, **kwargs: Any) -> dict[str, Any]:
+    """jobs.train, plus the device memory allocated when the LM head is about to run: every block's forward
+    has run and what autograd keeps of it is held, and nothing of backward exists yet. Also the step's peak.
+    A global forward pre-hook on the head (the Linear whose outputs are the vocabulary), outside the trainer."""
+    from distbench.workloads import get_model
+
+    vocab = get_model(kwargs["cfg"].model).vocab_size
+    seen: list[int] = []
+
+    def record(module: torch.nn.Module, args: Any) -> None:
+        if isinstance(module, torch.nn.Linear) and module.out_features == vocab:
+            seen.append(torch.cuda.memory_allocated(ctx.device))
+
+    torch.cuda.reset_peak_memory_stats(ctx.device)
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(record)
+    try:
+        out = jobs.train(ctx, **kwargs)
+    finally:
+        handle.remove()
+    assert seen, "the LM head never ran: no Linear with the vocabulary as its outputs"
+    return {**out, "forward_end_bytes": seen[-1], "peak_bytes": torch.cuda.max_memory_allocated(ctx.device)}
+
+
 def _inf_at_first_element(grad: torch.Tensor) -> torch.Tensor:
     grad = grad.clone()
     grad[(0,) * grad.dim()] = math.inf

@@ -1,49 +1,49 @@
 """Activation checkpointing frees the activation memory autograd says the blocks hold (GPU tier).
 
 The expectation comes from autograd's own account: the bytes it keeps for backward from one forward, counted
-by saved-tensor hooks (recipe_jobs.saved_activation_bytes), with checkpointing off and on. The peak of a step
-falls in backward, where a checkpointed model recomputes one block at a time, so the peak should move by the
-account's difference less about one block's activations. The allocator's peak is what measure/ reports; the
-account is independent of measure/ and of the allocator.
+by saved-tensor hooks (recipe_jobs.saved_activation_bytes), with checkpointing off and on. The measurement is
+the device memory allocated when the LM head is about to run (recipe_jobs.train_recording_forward_end_memory):
+every block's forward has run, what autograd keeps of it is held, and nothing of backward exists yet, so the
+two runs differ by what the blocks keep and nothing else. The step's peak is printed beside it, not asserted:
+it is wherever the step's largest moment falls, which need not be the blocks' activations. At world size 4
+with FSDP2 full sharding it moved by 3.80 GiB where the account said 7.99 GiB (the checkpointed step's peak
+fell elsewhere); the account is independent of the trainer and of the allocator.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from distbench.matrix import run_benchmark
-from distbench.workloads import get_model
-from recipe_jobs import saved_activation_bytes
+from recipe_jobs import saved_activation_bytes, train_recording_forward_end_memory
 
-#: The measured saving over the account's. Below 1: a block's recomputed activations stand at the peak;
-#: above 1: the allocator's blocks round the freed tensors up. Checkpointing that does nothing saves ~0.
+#: The measured saving over the account's. Below 1: the account counts tensors the allocator shares; above 1:
+#: the allocator's blocks round the freed tensors up. Checkpointing that does nothing saves ~0.
 BAND = (0.7, 1.6)
 
 
 @pytest.mark.gpu  # not exclusive: torch's allocator counts this process's tensors alone, whoever shares the GPU
 @pytest.mark.strategies("ddp", "fsdp_full", "zero3")
 def test_activation_checkpointing_frees_the_blocks_activations(suite, strategy, world_size):
-    cfg = suite.bench_config(strategy, world_size, steps=2, warmup=1)
-    pool = suite.pool_manager.pool_for(world_size)
-    peaks = {}
+    micro = suite.bench_config(strategy, world_size).micro_batch
+    cfg = suite.bench_config(strategy, world_size, global_batch=2 * micro * world_size, steps=1, warmup=0)
+    held = {}
     for ac in (False, True):
-        result = run_benchmark(pool, cfg.replace(activation_checkpointing=ac), nvml=False)
-        assert result["status"] == "ok", result.get("error")
-        peaks[ac] = result["metrics"]["mem_allocated_peak_bytes"]
+        job = train_recording_forward_end_memory
+        held[ac] = suite.run_job(world_size, job, cfg=cfg.replace(activation_checkpointing=ac))[0]
     account = suite.run_job(1, saved_activation_bytes, cfg=cfg.replace(strategy="single", world_size=1))[0]
-    layers = get_model(cfg.model).hf_config().num_hidden_layers
-    one_block = (account["plain"] - account["checkpointed"]) / layers
-    expected = account["plain"] - account["checkpointed"] - one_block
-    saved = peaks[False] - peaks[True]
+    expected = account["plain"] - account["checkpointed"]
+    saved = held[False]["forward_end_bytes"] - held[True]["forward_end_bytes"]
     gib = 2.0**30
     print(
-        f"{strategy} ws{world_size}: peak {peaks[False] / gib:.2f} GiB plain, {peaks[True] / gib:.2f} GiB "
-        f"checkpointed, saved {saved / gib:.2f} GiB; autograd kept {account['plain'] / gib:.2f} GiB plain, "
-        f"{account['checkpointed'] / gib:.2f} GiB checkpointed, so {expected / gib:.2f} GiB expected"
+        f"{strategy} ws{world_size}: at the end of forward {held[False]['forward_end_bytes'] / gib:.2f} GiB "
+        f"plain, {held[True]['forward_end_bytes'] / gib:.2f} GiB checkpointed, saved {saved / gib:.2f} GiB; "
+        f"autograd kept {account['plain'] / gib:.2f} GiB plain, {account['checkpointed'] / gib:.2f} GiB "
+        f"checkpointed, so {expected / gib:.2f} GiB expected; the step's peak moved "
+        f"{(held[False]['peak_bytes'] - held[True]['peak_bytes']) / gib:.2f} GiB"
     )
     assert BAND[0] * expected <= saved <= BAND[1] * expected, (
-        f"{strategy} ws{world_size}: activation checkpointing saved {saved / gib:.2f} GiB of peak memory, "
-        f"autograd's account expects {expected / gib:.2f} GiB (allowed {BAND[0]}x to {BAND[1]}x)"
+        f"{strategy} ws{world_size}: activation checkpointing freed {saved / gib:.2f} GiB at the end of "
+        f"forward, autograd's account expects {expected / gib:.2f} GiB (allowed {BAND[0]}x to {BAND[1]}x)"
     )
 
 

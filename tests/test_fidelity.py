@@ -13,12 +13,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from distbench.testsuite.claims import decide, settle
 from distbench.config import RunConfig
 from distbench.errors import ConfigError
 from distbench.jobs.fidelity import Fidelity, harness_overhead
 from distbench.runtime.context import RankContext
 from distbench.strategies.single import SingleTrainer
+from distbench.testsuite.claims import decide, settle
 
 CPU = RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
 TINY = RunConfig(strategy="single", model="gpt2-tiny", global_batch=4, micro_batch=2, deterministic=False)
@@ -30,8 +30,10 @@ def test_harness_and_bare_loop_do_the_same_work(suite, strategy, world_size):
     agrees to float rounding) and both loops train."""
     if world_size < 2 and strategy != "single":
         pytest.skip("the multi-rank loops run at world size 2 (the CPU tier's budget)")
-    cfg = suite.bench_config(strategy, world_size)
-    assert cfg.accum_steps > 1  # the loops' skipped gradient syncs are exercised
+    # two micro-batches a rank at every world size, so the loops' skipped gradient syncs are exercised
+    micro = suite.bench_config(strategy, world_size).micro_batch
+    cfg = suite.bench_config(strategy, world_size, global_batch=2 * micro * world_size)
+    assert cfg.accum_steps == 2, cfg
     outs = suite.run_job(world_size, harness_overhead, cfg=cfg, steps=2, rounds=2, warmup=1)
     out = outs[0]
     assert (out["strategy"], out["world_size"]) == (strategy, world_size)
