@@ -1,8 +1,9 @@
-"""Users' model factories that fail on one node of a torchrun job: on the last launched rank one raises and one
-hangs, while the other ranks go on to their first collective."""
+"""Users' model factories that fail on one node of a torchrun job: on the last launched rank one raises, one
+hangs and one dies of a segfault inside a collective, while the other ranks go on to their first collective."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 
@@ -12,12 +13,53 @@ from user_models import tiny_lm
 
 
 def fails_on_last_rank() -> nn.Module:
-    if os.environ.get("RANK") is not None and int(os.environ["RANK"]) == int(os.environ["WORLD_SIZE"]) - 1:
+    if _last_rank():
         raise RuntimeError(f"planted failure on rank {os.environ['RANK']}")
     return tiny_lm()
 
 
 def hangs_on_last_rank() -> nn.Module:
-    if os.environ.get("RANK") is not None and int(os.environ["RANK"]) == int(os.environ["WORLD_SIZE"]) - 1:
+    if _last_rank():
         time.sleep(3600)
     return tiny_lm()
+
+
+def _last_rank() -> bool:
+    return os.environ.get("RANK") is not None and int(os.environ["RANK"]) == int(os.environ["WORLD_SIZE"]) - 1
+
+
+class _SegfaultsInACollective(nn.Module):
+    """A model whose forward enters an all-reduce on every rank and, on the last one, dies by SIGSEGV inside
+    it (a hook on the all-reduce's work reads address 0), as a crash in NCCL would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = tiny_lm()
+        self.vocab_size = self.inner.vocab_size
+
+    def forward(self, input_ids):  # type: ignore[no-untyped-def]
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.ones(1, device=input_ids.device)
+        if _last_rank():
+            segfault_inside_all_reduce(flag)
+        dist.all_reduce(flag)
+        return self.inner(input_ids)
+
+
+def segfault_inside_all_reduce(flag) -> None:  # type: ignore[no-untyped-def]
+    """Dies inside torch.distributed.all_reduce: the call's Python frame is on the stack when SIGSEGV comes."""
+    import torch.distributed as dist
+
+    real = dist.all_reduce
+
+    def all_reduce(*args, **kwargs):  # type: ignore[no-untyped-def]
+        ctypes.string_at(0)
+        return real(*args, **kwargs)
+
+    all_reduce(flag)
+
+
+def segfaults_on_last_rank() -> nn.Module:
+    return _SegfaultsInACollective()

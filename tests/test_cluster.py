@@ -266,6 +266,34 @@ def test_a_hung_rank_is_reported_with_its_stack_and_every_process_exits(tmp_path
     assert "Python stack at timeout" in rank1 and "hangs_on_last_rank" in rank1
 
 
+@pytest.mark.slow  # one 1x2 launch: ~25 s on 2 cores
+def test_a_rank_killed_by_a_signal_leaves_its_configuration_and_stack_in_the_log(tmp_path):
+    """A rank that dies by SIGSEGV (as in a crash inside NCCL) writes no traceback of its own: the log still
+    says which configuration it ran and, through faulthandler, the Python stack it died in, down to the
+    collective it had entered."""
+    out = tmp_path / "results"
+    model = "cluster_models:segfaults_on_last_rank"
+    (agent,) = torchrun_agents(
+        out,
+        1,
+        2,
+        [],
+        ["-s", "ddp", "-n", "2", "-m", model, "--steps", "1", "--warmup", "0", "--timeout", "30"],
+    )
+    try:
+        code = agent.wait(timeout=120)
+    finally:
+        agent.kill()
+    log = (tmp_path / "agent0.log").read_text()
+    assert code != 0, log[-3000:]
+    assert (
+        f"distbench launch rank 1: job 0: distbench.jobs.bench:bench (ddp ws2 {model}) on 2 ranks" in log
+    ), log[-3000:]
+    assert "Segmentation fault" in log, log[-3000:]
+    dying = log[log.index("Segmentation fault") :]
+    assert "all_reduce" in dying and "segfault_inside_all_reduce" in dying, dying[:3000]
+
+
 def test_hybrid_mesh_is_nodes_by_ranks_per_node_across_nodes():
     assert hybrid_shape(16, nodes=2) == (2, 8)
     assert hybrid_shape(12, nodes=3) == (3, 4)

@@ -128,10 +128,22 @@ def local_device(launch: Launch, device_type: str) -> torch.device:
     return torch.device("cpu")
 
 
+def describe_job(job: Job) -> str:
+    """One line naming a job and, where it trains a configuration, the configuration."""
+    cfg = job.kwargs.get("cfg")
+    if cfg is None or not hasattr(cfg, "strategy"):
+        return f"{job.name} on {job.world_size} ranks"
+    return f"{job.name} ({cfg.strategy} ws{cfg.world_size} {cfg.model}) on {job.world_size} ranks"
+
+
 def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int, job: Job) -> dict[str, Any]:
     """Join the job's world (the first n ranks) as the default group, run the job, leave; this rank's outcome."""
     n = job.world_size
     backend = "nccl" if device.type == "cuda" else "gloo"
+    # A rank killed by a signal (a segfault in NCCL, say) leaves no Python traceback: say first what it runs,
+    # and let faulthandler write the Python stack it died in (the collective it had entered) to the log.
+    print(f"distbench launch rank {launch.rank}: job {job_id}: {describe_job(job)}", flush=True)
+    faulthandler.enable(all_threads=True)
     try:
         kw: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(
