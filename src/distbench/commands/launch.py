@@ -104,7 +104,7 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
     from ..invariants.checks import assert_losses_match, assert_params_and_grads_match
     from ..results import write_json_atomic
     from ..runtime.pool import JobError
-    from ..suite import TIER_DEFAULTS, Suite
+    from ..testsuite.suite import TIER_DEFAULTS, Suite
     from .run import build_matrix
 
     n_dev = cluster.launch.world_size if cluster.device_type == "cuda" else 0
