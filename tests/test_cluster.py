@@ -319,7 +319,8 @@ def test_launch_topology_from_torchruns_environment(monkeypatch):
 @pytest.mark.slow  # a second 2x2 launch: ~40 s on 2 cores
 def test_the_hybrid_mesh_spans_the_nodes_at_parity(tmp_path):
     """fsdp_hybrid across two nodes: at world size 4 the mesh is (nodes x ranks per node), replicating across
-    the nodes and sharding within each, and the losses are the single-process reference's."""
+    the nodes and sharding within each, and the losses are the single-process reference's, also once its
+    checkpoint, saved across both nodes, continues on one."""
     out = tmp_path / "results"
     agents = torchrun_agents(
         out,
@@ -349,8 +350,13 @@ def test_the_hybrid_mesh_spans_the_nodes_at_parity(tmp_path):
     logs = "\n".join(p.read_text() for p in sorted(out.parent.glob("agent*.log")))
     assert codes == [0, 0], logs[-3000:]
     rows = json.loads((out / "parity.json").read_text())
-    assert {r["config"]["world_size"]: r["status"] for r in rows} == {2: "ok", 4: "ok"}, rows
+    assert {r["check"]: r["status"] for r in rows} == {
+        "fsdp_hybrid ws2 gpt2-tiny (1 node(s))": "ok",
+        "fsdp_hybrid ws4 gpt2-tiny (2 node(s))": "ok",
+        "fsdp_hybrid gpt2-tiny saved at ws4 (2 node(s)), resumed at ws2 (1 node(s))": "ok",
+    }, rows
     assert "parity fsdp_hybrid ws4 gpt2-tiny (2 node(s)): ok" in logs
+    assert not (out / "parity-runs").exists()  # the shared runs and checkpoints went with the launch
 
 
 @pytest.mark.slow  # a 1x2 launch per payload, stopped at its first job: ~15 s each on 2 cores

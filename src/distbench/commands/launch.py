@@ -100,10 +100,17 @@ def admission(run_args: argparse.Namespace, launch: Launch, device_type: str) ->
 
 def parity(cluster: Any, run_args: argparse.Namespace) -> int:
     """Each strategy x world size x model of the run's matrix (skips as `distbench run` skips them) against
-    the reference, in the tier's parity workload: a line each, parity.json; 1 when any fails."""
+    the reference, in the tier's parity workload; then, for each strategy whose checkpoints reshard and that
+    runs at two world sizes or more, a checkpoint saved at the largest continued at the smallest, against the
+    reference too. A line each, parity.json; 1 when any fails. Checkpoints and shared runs live under
+    --output (every rank writes and reads them: across hosts, a shared filesystem) and go when it is done."""
+    import shutil
+
     from ..invariants.checks import assert_losses_match, assert_params_and_grads_match
     from ..results import write_json_atomic
     from ..runtime.pool import JobError
+    from ..runtime.shelf import Shelf
+    from ..strategies import get_spec
     from ..testsuite.suite import TIER_DEFAULTS, Suite
     from .run import build_matrix
 
@@ -112,23 +119,58 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
         cluster.device_type, n_dev or None
     )
     cases = list(dict.fromkeys((c.model, c.strategy, c.world_size) for c in configs))
-    suite = Suite(cluster.device_type, pools=cluster, timeout=run_args.timeout, steps=run_args.steps or 4)
+    shelf = Shelf(Path(run_args.output) / "parity-runs")
+    suite = Suite(
+        cluster.device_type, pools=cluster, timeout=run_args.timeout, steps=run_args.steps or 4, shelf=shelf
+    )
     micro, global_batch = TIER_DEFAULTS[cluster.device_type]["micro_batch"], suite.global_batch
-    rows = []
-    for model, strategy, ws in cases:
+
+    def config(model: str, strategy: str, ws: int) -> Any:
         unit = micro * ws  # the tier's global batch, rounded up to whole micro-batches on every rank
-        cfg = suite.config(strategy, ws, model, global_batch=unit * max(1, -(-global_batch // unit)))
-        what = f"{strategy} ws{ws} {model} ({cluster.launch.job_nodes(ws)} node(s))"
+        return suite.config(strategy, ws, model, global_batch=unit * max(1, -(-global_batch // unit)))
+
+    def where(ws: int) -> str:
+        return f"ws{ws} ({cluster.launch.job_nodes(ws)} node(s))"
+
+    rows = []
+
+    def check(what: str, cfg: Any, body: Any) -> None:
         try:
-            out = suite.train(cfg, return_params=True, return_grads=True)[0]
-            ref = suite.reference(cfg)
-            assert_losses_match(out["losses"], ref["losses"], what)
-            assert_params_and_grads_match(out, ref, cfg.lr, what)
-            row = {"config": cfg.to_dict(), "status": "ok", "losses": out["losses"], "error": None}
+            losses = body()
+            row = {"config": cfg.to_dict(), "status": "ok", "losses": losses, "error": None}
         except (AssertionError, JobError) as e:
             row = {"config": cfg.to_dict(), "status": "error", "losses": None, "error": str(e)}
         print(f"parity {what}: {row['status']}" + (f"\n{row['error']}" if row["error"] else ""), flush=True)
-        rows.append(row)
-    suite.close()  # its shelf of references; the cluster's processes are the launch's to close
+        rows.append({"check": what, **row})
+
+    def trained(cfg: Any, what: str) -> list[float]:
+        out = suite.train(cfg, return_params=True, return_grads=True)[0]
+        ref = suite.reference(cfg)
+        assert_losses_match(out["losses"], ref["losses"], what)
+        assert_params_and_grads_match(out, ref, cfg.lr, what)
+        return list(out["losses"])
+
+    def resumed(cfg: Any, loaded_ws: int, what: str) -> list[float]:
+        run = suite.checkpointed_run(cfg)
+        out = suite.train(cfg.replace(world_size=loaded_ws), resume_from=run["checkpoint"], reshard=True)[0]
+        assert_losses_match(out["losses"], suite.reference(cfg)["losses"][run["save_at"] :], what)
+        return list(out["losses"])
+
+    try:
+        for model, strategy, ws in cases:
+            cfg = config(model, strategy, ws)
+            what = f"{strategy} ws{ws} {model} ({cluster.launch.job_nodes(ws)} node(s))"
+            check(what, cfg, lambda cfg=cfg, what=what: trained(cfg, what))
+        for model, strategy in dict.fromkeys((m, s) for m, s, _ in cases):
+            sizes = sorted(ws for m, s, ws in cases if (m, s) == (model, strategy))
+            fmt = get_spec(strategy).checkpoint
+            if len(sizes) < 2 or fmt is None or not fmt.reshards:
+                continue
+            cfg = config(model, strategy, sizes[-1])
+            what = f"{strategy} {model} saved at {where(sizes[-1])}, resumed at {where(sizes[0])}"
+            check(what, cfg, lambda cfg=cfg, ws=sizes[0], what=what: resumed(cfg, ws, what))
+    finally:
+        suite.close()  # the cluster's processes are the launch's to close
+        shutil.rmtree(shelf.root, ignore_errors=True)
     write_json_atomic(Path(run_args.output) / "parity.json", rows)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
