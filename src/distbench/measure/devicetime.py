@@ -9,13 +9,16 @@ and reads these figures per step from the raw Kineto events:
 * compute_s: summed duration of kernels other than communication (NCCL): the device's own work. It is
   the quiet device-side figure: on 2x H200 its spread across processes was 0.07% where wall medians spread 1%.
 * comm_s: summed duration of NCCL kernels, kept apart: they are mostly waiting for the other rank.
-* floor_s: each compute kernel's least disturbed duration across the sampled steps, summed over a step's
-  kernels (least_disturbed_s). NCCL kernels spin on some of the SMs while they wait for a peer, and compute
-  kernels that overlap them run slower: on 2x H200 (results/gate-ab-2xh200-2026-11-23, runs of no planted
-  change) a run's compute_s rose with its comm_s in ddp, fsdp_grad and zero3 (correlation 0.68, 0.81 and
-  0.78; 0.04-0.12 ms of compute per ms of NCCL), not in zero2 (-0.03), whose reductions do not overlap
-  compute. So at two or more ranks compute_s carries the other rank's jitter; a kernel's fastest run of
-  the sampled steps carries little of it, and a change of device work still moves it.
+* floor_s: each compute kernel's least disturbed duration across the sampled steps of every rank, summed
+  over a step's kernels (least_disturbed_s). NCCL kernels spin on some of the SMs while they wait for a
+  peer, and compute kernels that overlap them run slower: on 2x H200 (results/gate-ab-2xh200-2026-11-23,
+  runs of no planted change) a run's compute_s rose with its comm_s in ddp, fsdp_grad and zero3
+  (correlation 0.68, 0.81 and 0.78; 0.04-0.12 ms of compute per ms of NCCL), not in zero2 (-0.03), whose
+  reductions do not overlap compute. So at two or more ranks compute_s carries the other rank's jitter.
+  The rank that reaches a collective last does not wait in it, so the kernels beside it run slowed by the
+  transfer alone; the fastest run of each kernel over the steps and ranks carries little of the jitter,
+  and a change of device work on every rank still moves it (a change on one rank alone moves the step
+  time, which is gated beside it, and not the floor).
 * busy_s: the union of the GPU activity intervals other than NCCL kernels (compute kernels, copies,
   memsets, all streams): time the device worked on its own. NCCL kernels are left out because they occupy
   the device while they wait for a peer: on 2x H200, fsdp_grad at micro-batch 8 read busy 1.00 with them
@@ -99,20 +102,23 @@ def summarize_activity(events: Sequence[Row], steps: int, wall_s: float) -> dict
     return out
 
 
-def least_disturbed_s(steps: Sequence[Sequence[Row]]) -> float:
-    """Seconds per step of the compute kernels (not NCCL), each at its least disturbed: a kernel is the k-th
-    of its name on its stream in a step, and counts with the shortest of its runs across `steps` (the rows of
-    each sampled step), weighted by the share of the steps it ran in. The same work on a quieter device
-    gives the same figure; another kernel, or a slower one, moves it."""
+def kernel_runs(rows: Sequence[Row]) -> list[tuple[Any, str, int]]:
+    """A step's compute kernels (not NCCL) as (stream, name, duration_ns), in the order they started."""
+    kernels = sorted((e for e in rows if e[0] == "kernel" and not is_comm_kernel(e[1])), key=lambda e: e[2])
+    return [(e[4] if len(e) > 4 else 0, e[1], e[3]) for e in kernels]
+
+
+def least_disturbed_s(steps: Sequence[Sequence[tuple[Any, str, int]]]) -> float:
+    """Seconds per step of the compute kernels, each at its least disturbed: a kernel is the k-th of its name
+    on its stream in a step, and counts with the shortest of its runs across `steps` (kernel_runs of each
+    sampled step, of every rank), weighted by the share of the steps it ran in. The same work on a quieter
+    device gives the same figure; another kernel, or a slower one, moves it."""
     runs: dict[tuple[Any, str, int], list[int]] = {}
-    for rows in steps:
+    for step in steps:
         seen: dict[tuple[Any, str], int] = {}
-        for e in sorted(
-            (e for e in rows if e[0] == "kernel" and not is_comm_kernel(e[1])), key=lambda e: e[2]
-        ):
-            stream = e[4] if len(e) > 4 else 0
-            k = seen[stream, e[1]] = seen.get((stream, e[1]), -1) + 1
-            runs.setdefault((stream, e[1], k), []).append(e[3])
+        for stream, name, duration in step:
+            k = seen[stream, name] = seen.get((stream, name), -1) + 1
+            runs.setdefault((stream, name, k), []).append(duration)
     return sum(min(d) * len(d) for d in runs.values()) / max(1, len(steps)) * 1e-9
 
 
@@ -157,7 +163,15 @@ def sample_device_time(ctx: RankContext, step_fns: Sequence[Callable[[], Any]]) 
             ]
         )
         processing += time.perf_counter() - t1
+    t2 = time.perf_counter()
     out = summarize_activity([e for rows in steps for e in rows], len(steps), wall)
-    out["floor_s"] = least_disturbed_s(steps)
-    out["processing_s"] = processing
+    runs = [kernel_runs(rows) for rows in steps]
+    if ctx.world_size > 1:  # every rank's runs: the floor is the same figure on each
+        import torch.distributed as dist
+
+        every: list[Any] = [None] * ctx.world_size
+        dist.all_gather_object(every, runs)
+        runs = [step for rank in every for step in rank]
+    out["floor_s"] = least_disturbed_s(runs)
+    out["processing_s"] = processing + time.perf_counter() - t2
     return out
