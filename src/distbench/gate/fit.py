@@ -10,7 +10,8 @@ Predicted peak of one rank, on NVML's scale (what must fit on the card), for a s
 The measured terms come from `distbench recommend`'s probes on one H200 at world size 1
 (results/recommend-h200-2026-11-24/gpt2-large/probes.csv, NVML peaks at micro-batch 4 to 96): per family,
 the steepest rise per sample between two probes, and the largest remainder of a probe without
-checkpointing, so that every probe lies at or under the model (tests/test_fit.py reads them from the file).
+checkpointing, so that every probe lies at or under the model (tests/test_gate.py reads them from the
+file): 0-11% over the probes without checkpointing, 6-32% over them with it.
 The issue that asked for this measured DDP at world size 2 on an 80 GB H100: micro-batch 16 out of memory,
 micro-batch 8 48.1 GiB allocated a run, too much for two.
 
