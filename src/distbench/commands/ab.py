@@ -123,8 +123,8 @@ def add_comparison_flags(
         "--min-effect",
         type=float,
         default=0.005,
-        help="smallest significant change reported as a regression (default 0.005: a 1%% slowdown's estimate "
-        "falls below 1%% about half the time)",
+        help="smallest significant change reported as a regression (default 0.005: the estimate of a 1%% "
+        "slowdown falls on either side of 1%%)",
     )
     p.add_argument(
         "--device-metric",
