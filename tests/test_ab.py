@@ -93,7 +93,7 @@ def test_variant_parsing(tmp_path):
     [
         ["--alpha", "0.7"],
         ["--min-pairs", "2"],
-        ["--threshold", "0.005"],
+        ["--threshold", "0.004"],  # below --min-effect (0.005)
         ["--head", "bogus"],
         ["-s", "fsdp1_full"],
     ],
@@ -159,3 +159,27 @@ def test_a_run_in_pieces_is_a_whole_run_of_the_windows_asked_for():
     assert result["status"] == "ok" and result["step_time_s"]["n"] == 6  # every window asked for, not cfg's 4
     assert len(result["step_time_s"]["windows"]) == 3 and len(result["losses"]) == 1 + 6
     assert server.stepped is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "micro_batch", "checkpointing"), [([], 16, True), (["--micro-batch", "8"], 8, False)]
+)
+def test_gpu_defaults_are_sized_to_the_card_and_a_given_micro_batch_is_kept(
+    monkeypatch, flags, micro_batch, checkpointing
+):
+    """On an 80 GB H100 at world size 2 the default DDP run (micro-batch 16) fits neither once nor twice: the
+    gate turns activation checkpointing on; a micro-batch on the command line is run as given."""
+    import argparse
+
+    from distbench.commands import ab as command
+    from distbench.gate import fit
+
+    monkeypatch.setattr(fit, "card_bytes", lambda: 81559 * 2**20)
+    parser = argparse.ArgumentParser()
+    command.add_comparison_flags(parser)
+    (cfg,) = command.configurations(parser.parse_args(["-s", "ddp", "-n", "2", *flags]), "cuda", 2)
+    assert (cfg.micro_batch, cfg.activation_checkpointing, cfg.global_batch) == (
+        micro_batch,
+        checkpointing,
+        2 * micro_batch,
+    )

@@ -811,6 +811,87 @@ def test_union_length_check_catches_planted_defects(monkeypatch: pytest.MonkeyPa
         test_union_length_of_intervals_in_any_order()
 
 
+#: Kernels of a simulated step (ns): 240 compute kernels on stream 7 in 6 names, the 60 after the first
+#: third overlapping an NCCL kernel on stream 13, as DDP's backward overlaps its bucket all-reduces.
+KERNELS = [(f"kernel_{i % 6}", int(20_000 + 900_000 * (i % 7) / 6)) for i in range(240)]
+OVERLAPPED = range(80, 140)
+
+
+def contended_run(rng: np.random.Generator, plant_ns: int = 0, steps: int = 4) -> list[list[list[tuple]]]:
+    """One run of two ranks, its sampled steps' rows per rank. Each step one rank reaches the collective
+    late (by a lateness drawn anew each step, on a scale drawn per run); the other waits in NCCL for it,
+    and its overlapped kernels run up to 15% slower in proportion; every kernel has 0.1% jitter. `plant_ns`
+    of extra kernels at each step's end on both ranks (a device plant)."""
+    skew = rng.uniform(0.2, 1.0)
+    ranks: list[list[list[tuple]]] = [[], []]
+    for _ in range(steps):
+        late = rng.normal(0, skew)
+        for rank in (0, 1):
+            wait = min(1.0, abs(late)) if (late > 0) == (rank == 0) else 0.0
+            rows, t = [], 0
+            for i, (name, d) in enumerate(KERNELS):
+                slowed = 1 + 0.15 * wait * rng.uniform(0.5, 1.0) if i in OVERLAPPED else 1
+                rows.append(("kernel", name, t, int(d * (1 + rng.normal(0, 0.001)) * slowed), 7))
+                t += rows[-1][3]
+            rows.append(("kernel", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 0, int(2e6 + wait * 40e6), 13))
+            rows += [("kernel", "kernel_0", t + k, plant_ns // 4, 7) for k in range(4)] if plant_ns else []
+            ranks[rank].append(rows)
+    return ranks
+
+
+def busiest_compute(run: list[list[list[tuple]]]) -> float:
+    """compute_s as a result reports it: the busiest rank's summed compute kernels per step."""
+    return max(
+        devicetime.summarize_activity([r for s in steps for r in s], len(steps), 1.0)["compute_s"]
+        for steps in run
+    )
+
+
+def assert_the_floor_sees_device_work_through_nccl_contention(floor: Callable[..., float]) -> None:
+    """A/A pairs of runs whose contention differs: the floor's log ratios spread a third as much as the
+    busiest rank's summed compute's at most, and a 1% plant reads 0.9-1.2% on the floor in every pair."""
+    rng = np.random.default_rng(40)
+    intrinsic = sum(d for _, d in KERNELS)
+    aa_floor, aa_compute, planted = [], [], []
+    for _ in range(30):
+        a, b, h = contended_run(rng), contended_run(rng), contended_run(rng, plant_ns=intrinsic // 100)
+        aa_floor.append(np.log(floor(b) / floor(a)))
+        aa_compute.append(np.log(busiest_compute(b) / busiest_compute(a)))
+        planted.append(floor(h) / floor(a) - 1)
+    assert np.std(aa_floor) <= np.std(aa_compute) / 3, (np.std(aa_floor), np.std(aa_compute))
+    assert 0.009 <= min(planted) and max(planted) <= 0.012, (min(planted), max(planted))
+
+
+def floor_of(run: list[list[list[tuple]]]) -> float:
+    """floor_s as sample_device_time makes it: every rank's steps' kernel runs gathered."""
+    return devicetime.least_disturbed_s([devicetime.kernel_runs(s) for steps in run for s in steps])
+
+
+def test_the_least_disturbed_floor_sees_device_work_through_nccl_contention() -> None:
+    assert_the_floor_sees_device_work_through_nccl_contention(floor_of)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        busiest_compute,  # the summed compute: contention and all
+        # one rank's own steps only: that rank waits in some of them
+        lambda run: devicetime.least_disturbed_s([devicetime.kernel_runs(s) for s in run[0]]),
+        # every run of a name taken as one kernel: the fastest of all its shapes, not each kernel's own
+        lambda run: (
+            sum(
+                min(r[3] for s in run[0] for r in s if r[1] == n) * sum(r[1] == n for r in run[0][0])
+                for n in {r[1] for r in run[0][0] if "nccl" not in r[1]}
+            )
+            * 1e-9
+        ),
+    ],
+)
+def test_the_floor_check_catches_planted_defects(wrong: Any) -> None:
+    with pytest.raises(AssertionError):
+        assert_the_floor_sees_device_work_through_nccl_contention(wrong)
+
+
 # --- negative control: accumulation skips communication ----------------------------------------------------
 GRADS_JOB = metric_jobs.grads_across_accumulation
 ACCUM3 = {

@@ -209,7 +209,7 @@ def test_metric_entries_are_consistent():
     for m in METRICS.values():
         assert m.better in ("higher", "lower") and m.unit and m.description, m.name
         assert m.format in FORMATS, f"{m.name}: unknown format {m.format!r}"
-        assert m.ab in ("gate", "gate-host-bound", "report", ""), m.name
+        assert m.ab in ("gate", "gate-host-bound", "device", "report", ""), m.name
     assert COMPARED[:2] == ("tokens_per_s", "step_time_s")
     assert names(ab="gate")[0] == "step_time_s"  # the A/B gate always gates the step time
     assert fmt_metric("step_time_s", 0.0123) == "12.30 ms" and fmt_metric("mfu", 0.4) == "40.0%"

@@ -60,13 +60,20 @@ def job_timeouts(job: dict) -> list[int]:
     return [int(m[1]), int(m[2])] if m else []
 
 
-def test_a_pull_requests_gpu_job_fits_in_15_minutes():
-    """The pull-request job's whole limit, and its steps' limits, leave the runner within 15 minutes."""
+def test_a_pull_requests_gpu_job_holds_what_its_steps_may_take():
+    """The pull-request job's limit is its steps' limits and 3 minutes for checkout and install (a measured
+    figure for a 4x H100 runner stands beside it); the gate runs at world size 2 whatever the runner's GPU
+    count, and its budget leaves its step 2 minutes to start the variants and write the report (issue 40:
+    the PR gate in at most 10 minutes on 2 GPUs)."""
     job = load(GPU)["jobs"]["gpu"]
-    assert "pull_request" in job["timeout-minutes"] and job_timeouts(job)[0] == 15
+    assert "pull_request" in job["timeout-minutes"] and "MEASURED on a 4x H100 runner" in GPU.read_text()
     pr_steps = [s for s in job["steps"] if s.get("if") == "github.event_name == 'pull_request'"]
     assert pr_steps and all("timeout-minutes" in s for s in pr_steps), pr_steps
-    assert sum(s["timeout-minutes"] for s in pr_steps) <= 14  # a minute for checkout and install
+    assert sum(s["timeout-minutes"] for s in pr_steps) + 3 == job_timeouts(job)[0]
+    gate = next(s for s in pr_steps if "distbench ab" in s["run"])
+    budget = re.search(r"--budget (\d+)", gate["run"])
+    assert " -n 2 " in gate["run"] and gate["timeout-minutes"] <= 10
+    assert budget and int(budget[1]) <= (gate["timeout-minutes"] - 2) * 60
 
 
 def test_only_the_pages_job_may_write():
@@ -101,10 +108,14 @@ def test_ci_smoke_tests_asv_on_the_cpu_grid():
     )  # the README's PR recipe, built fresh
 
 
-def test_gpu_runs_on_the_self_hosted_h200_runner_one_job_at_a_time():
+def test_gpu_runs_on_a_runner_chosen_by_need_and_card_one_job_at_a_time():
+    """Runners by what the job needs (a self-hosted GPU runner with 2 GPUs or more) and the card the team
+    chose (a repository variable, H100 where unset), one job at a time on that card's runners."""
     job = load(GPU)["jobs"]["gpu"]
-    assert job["runs-on"] == ["self-hosted", "linux", "gpu", "h200"]
-    assert job["concurrency"]["group"] and job["concurrency"]["cancel-in-progress"] is False
+    card = "${{ vars.DISTBENCH_GPU || 'h100' }}"
+    assert job["runs-on"] == ["self-hosted", "linux", "gpu", "gpus-2", card]
+    assert job["concurrency"]["group"] == f"gpu-runner-{card}"
+    assert job["concurrency"]["cancel-in-progress"] is False
 
 
 def test_gpu_pull_requests_need_the_label_and_a_branch_of_this_repository():

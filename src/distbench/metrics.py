@@ -5,8 +5,9 @@ A result's `metrics` section is flat ({name: float}). For each name this registr
 - `unit` and `format`: what the stored value measures, and how reports print it (GiB, ms, %, GB/s);
 - `compare`: `distbench compare` compares it when no --metric is given;
 - `ab`: what the interleaved A/B gate (gate/ab.py) does with it: "gate" (gated wherever the base's first
-  run has it), "gate-host-bound" (gated unless the configuration is device-bound), "report" (shown beside
-  the gated ones, never gated), or "" (not shown);
+  run has it), "gate-host-bound" (gated unless the configuration is device-bound), "device" (a device-side
+  candidate: the one the comparison names before it starts is gated, the others reported), "report" (shown
+  beside the gated ones, never gated), or "" (not shown);
 - `time`: a time metric, throttle-sensitive: a regression of it is attributed to the trace's compute /
   non-compute / idle time;
 - `asv`: the asv benchmark that tracks it (benchmarks/bench_training.py builds its tracks from these);
@@ -26,7 +27,7 @@ from typing import Literal
 GIB = 1024**3
 
 Better = Literal["higher", "lower"]
-AbRole = Literal["gate", "gate-host-bound", "report", ""]
+AbRole = Literal["gate", "gate-host-bound", "device", "report", ""]
 Source = Literal["bench", "scaling", "trace", "busbw"]
 
 
@@ -112,13 +113,30 @@ _ENTRIES = [
         time=True,
         asv=AsvTrack("StepTime.track_step_time", "seconds"),
     ),
+    # The device-side candidates (measure/devicetime.py): one is gated, chosen before a comparison starts.
     Metric(
         "device_compute_s",
         "lower",
         "s",
         "device time per step in kernels other than NCCL (busiest rank)",
         "ms",
-        ab="gate",
+        ab="device",
+    ),
+    Metric(
+        "device_compute_mean_s",
+        "lower",
+        "s",
+        "device time per step in kernels other than NCCL (mean over ranks)",
+        "ms",
+        ab="device",
+    ),
+    Metric(
+        "device_compute_floor_s",
+        "lower",
+        "s",
+        "kernels other than NCCL per step, each at its fastest of the sampled steps (busiest rank)",
+        "ms",
+        ab="device",
     ),
     # Reported, not gated: on one H200 machine its run-to-run spread in a host-bound step was 10-20% (as the
     # wall's), and it misses backward, which autograd runs in a thread of its own.

@@ -227,11 +227,15 @@ def _window_step_times(replies: list[dict[str, Any]]) -> list[float]:
 
 
 def _device_time(replies: list[dict[str, Any]], step_time_s: float) -> dict[str, Any] | None:
-    """The device-time sample across ranks: the busiest rank's figures, regime judged against the wall."""
+    """The device-time sample across ranks: the busiest rank's figures and compute's mean over ranks, regime
+    judged against the wall."""
     got = [r["device_time"] for r in replies if r.get("device_time")]
     if not got:
         return None
     out = {k: max(d[k] for d in got) for k in ("compute_s", "comm_s", "busy_s", "wall_s", "processing_s")}
+    out["compute_mean_s"] = statistics.fmean(d["compute_s"] for d in got)
+    if all("floor_s" in d for d in got):  # a distbench from before the floor has none
+        out["floor_s"] = max(d["floor_s"] for d in got)
     out["busy_ratio"] = min(1.0, out["busy_s"] / step_time_s)
     out["regime"] = regime(out["busy_ratio"])
     out["steps"] = got[0]["steps"]
@@ -336,10 +340,13 @@ def _host_and_device_metrics(host: dict[str, Any] | None, device: dict[str, Any]
     if device:
         metrics.update(
             device_compute_s=device["compute_s"],
+            device_compute_mean_s=device["compute_mean_s"],
             device_comm_s=device["comm_s"],
             device_busy_s=device["busy_s"],
             busy_ratio=device["busy_ratio"],
         )
+        if "floor_s" in device:
+            metrics["device_compute_floor_s"] = device["floor_s"]
     return metrics
 
 

@@ -17,10 +17,12 @@ if TYPE_CHECKING:
     from ..gate.ab import ABReport, ConfigOutcome, Pair
     from ..gate.variants import Variant
 
-#: Per-tier defaults: GPUs as seed 004 measures (bf16, sequence 1024) at a device-bound micro-batch; at least
-#: three windows a run, so one stalled window costs the run's median nothing (with two, the median is their
-#: mean: on synthetic runs with a stalled window in 50, a 2% slowdown was found 54 times in 100 instead of
-#: 90+), and on GPUs six of two steps, so that interleaved windows follow the host's speed closely.
+#: Per-tier defaults: GPUs as seed 004 measures (bf16, sequence 1024) at a device-bound micro-batch, sized to
+#: the card when --micro-batch is not given (gate/fit.py); at least three windows a run, so one stalled
+#: window costs the run's median nothing (with two, the median is their mean: on synthetic runs with a
+#: stalled window in 50, a 2% slowdown was found 54 times in 100 instead of 90+), and on GPUs six of two
+#: steps, so that interleaved windows follow the host's speed closely; four steps profiled one by one, of
+#: which each kernel's least disturbed run counts (measure/devicetime.py).
 DEFAULTS: dict[str, dict[str, Any]] = {
     "cuda": {
         "model": "gpt2-large",
@@ -30,7 +32,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "steps": 12,
         "windows": 6,
         "warmup": 2,
-        "device_time_steps": 3,
+        "device_time_steps": 4,
     },
     "cpu": {
         "model": "gpt2-tiny",
@@ -83,6 +85,7 @@ def add_comparison_flags(
     ab`'s, and each probe's of `distbench bisect`, whose cap on pairs and seconds, `max_pairs` and `budget`,
     is its own). Long: one add_argument per flag, read best in one place."""
     from ..gate.ab import LOOK_EVERY, MAX_PAIRS, MIN_PAIRS
+    from ..metrics import names
 
     max_pairs = max_pairs or MAX_PAIRS
     from ..strategies import default_strategies
@@ -97,7 +100,12 @@ def add_comparison_flags(
         "--world-size", "-n", type=int, help="ranks per configuration (default: GPUs here, or 2 on CPU)"
     )
     p.add_argument("--model", "-m", help="model (default: gpt2-large on GPUs, gpt2-tiny on CPU)")
-    p.add_argument("--micro-batch", type=int, help="per-GPU micro-batch (default 16 on GPUs: device-bound)")
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        help="per-GPU micro-batch (default on GPUs: 16, device-bound, with activation checkpointing or "
+        "smaller where two runs would not fit on the card, as the memory model predicts: gate/fit.py)",
+    )
     p.add_argument("--seq-len", type=int)
     p.add_argument("--precision", choices=["fp32", "bf16"])
     p.add_argument("--steps", type=int, help="timed steps per run")
@@ -114,8 +122,15 @@ def add_comparison_flags(
     p.add_argument(
         "--min-effect",
         type=float,
-        default=0.01,
-        help="smallest significant change reported as a regression (default 0.01)",
+        default=0.005,
+        help="smallest significant change reported as a regression (default 0.005: the estimate of a 1%% "
+        "slowdown falls on either side of 1%%)",
+    )
+    p.add_argument(
+        "--device-metric",
+        choices=names(ab="device"),
+        help="the device-side metric to gate, fixed before the first pair (default: device_compute_s at one "
+        "rank, device_compute_floor_s at two or more); the others are reported beside it",
     )
     p.add_argument("--alpha", type=float, default=0.05, help="family-wise false-alarm rate (default 0.05)")
     p.add_argument(
@@ -161,10 +176,11 @@ def check_flags(args: argparse.Namespace) -> str | None:
 
 
 def configurations(args: argparse.Namespace, device: str, n_cuda: int) -> list[RunConfig]:
-    """One configuration per strategy at the tier's workload, flags on top; DistbenchError for one that cannot
-    run here."""
+    """One configuration per strategy at the tier's workload, flags on top, sized to the card where no
+    micro-batch is given (gate/fit.py); DistbenchError for one that cannot run here."""
     from ..config import RunConfig
     from ..errors import DistbenchError
+    from ..gate import fit
     from ..strategies import default_strategies, get_spec
 
     d = DEFAULTS[device]
@@ -173,28 +189,28 @@ def configurations(args: argparse.Namespace, device: str, n_cuda: int) -> list[R
     ws = args.world_size or (n_cuda if device == "cuda" else 2)
     mb = args.micro_batch or d["micro_batch"]
     configs = []
+    card = fit.card_bytes() if device == "cuda" and args.micro_batch is None else None
     precision = args.precision or d["precision"]
     for s in strategies:
         reason = get_spec(s).unsupported_reason(device, ws, n_cuda if device == "cuda" else None, precision)
         if reason:
             raise DistbenchError(reason)
-        configs.append(
-            RunConfig(
-                strategy=s,
-                world_size=ws,
-                model=args.model or d["model"],
-                precision=precision,
-                seq_len=d["seq_len"] if args.seq_len is None else args.seq_len,
-                micro_batch=mb,
-                global_batch=mb * ws,
-                steps=args.steps or d["steps"],
-                windows=args.windows or d["windows"],
-                warmup=d["warmup"] if args.warmup is None else args.warmup,
-                optimizer=args.optimizer,
-                device_time_steps=d["device_time_steps"],
-                deterministic=False,
-            )
+        cfg = RunConfig(
+            strategy=s,
+            world_size=ws,
+            model=args.model or d["model"],
+            precision=precision,
+            seq_len=d["seq_len"] if args.seq_len is None else args.seq_len,
+            micro_batch=mb,
+            global_batch=mb * ws,
+            steps=args.steps or d["steps"],
+            windows=args.windows or d["windows"],
+            warmup=d["warmup"] if args.warmup is None else args.warmup,
+            optimizer=args.optimizer,
+            device_time_steps=d["device_time_steps"],
+            deterministic=False,
         )
+        configs.append(fit.choose(cfg, fit.n_params(cfg.model), card) if card else cfg)
     return configs
 
 
@@ -247,6 +263,16 @@ def run(args: argparse.Namespace) -> int:
     report.base_desc, report.head_desc = base_v.describe(), head_v.describe()
     _publish(report, args)
     return report.exit_code
+
+
+def sizes(configs: list[RunConfig], device: str) -> tuple[str, ...]:
+    """What the memory model predicts of each configuration on this machine's card (gate/fit.py), on GPUs."""
+    if device != "cuda":
+        return ()
+    from ..gate import fit
+
+    card = fit.card_bytes()
+    return tuple(fit.describe(c, fit.n_params(c.model), card) for c in configs)
 
 
 def bind_cpus(args: argparse.Namespace) -> None:
@@ -343,7 +369,10 @@ def alternate(
                 f"distbench ab: {len(configs)} configuration(s) on {device}; base {base_v.describe()} "
                 f"vs head {head_v.describe()}; {interleave} interleaved; budget {args.budget:.0f} s"
             )
-            return run_ab(
+            sizing = sizes(configs, device)
+            for line in sizing:
+                console.print(f"  {line}")
+            report = run_ab(
                 configs,
                 runner("base"),
                 runner("head"),
@@ -358,7 +387,10 @@ def alternate(
                 between_rounds=recycle_all,
                 servers=Interleaved() if interleave == "windows" else None,
                 gate=gate,
+                device=args.device_metric,
             )
+            report.sizing = sizing
+            return report
         finally:
             for server in servers.values():
                 server.close()

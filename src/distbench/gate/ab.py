@@ -21,7 +21,12 @@ whose budget ran out between looks.
 Gated metrics follow the configuration's regime, read from the base's first run (the roles are each metric's
 `ab` in distbench/metrics.py):
     always                       step_time_s (the window wall clock per step: what users get)
-    with a device sample         device_compute_s (kernels other than NCCL: the quiet device-side figure)
+    with a device sample         one device-side candidate, fixed before the first pair (DEVICE_METRIC by
+                                 world size, or the comparison's choice): device_compute_s (kernels other
+                                 than NCCL, busiest rank) at one rank, where nothing communicates;
+                                 device_compute_floor_s (each kernel at its least disturbed) at two or more,
+                                 where NCCL's waiting kernels slow the compute beside them
+                                 (measure/devicetime.py); the other candidates are reported
     host-bound, with counters    host_instructions (user-mode instructions of the training thread per step)
     on GPUs                      mem_allocated_peak_bytes (nearly exact from run to run, so any change of at
                                  least min_effect is found in the first look; its interval is trimmed,
@@ -50,6 +55,14 @@ WINDOWED = "step_time_s"
 
 #: Pairs before the first judgement, most pairs, pairs between judgements (`distbench ab`'s defaults).
 MIN_PAIRS, MAX_PAIRS, LOOK_EVERY = 6, 12, 3
+
+#: The gated device-side metric by world size (1, and 2 or more), unless a comparison names another.
+DEVICE_METRIC = {1: "device_compute_s", 2: "device_compute_floor_s"}
+
+
+def device_metric(world_size: int, chosen: str | None = None) -> str:
+    """The device-side metric a configuration of `world_size` ranks is gated on: `chosen`, else DEVICE_METRIC's."""
+    return chosen or DEVICE_METRIC[min(world_size, 2)]
 
 
 @dataclass
@@ -95,6 +108,7 @@ class ConfigOutcome:
     note: str | None = None  # why it fell back from windows to runs
     failed: str | None = None  # "base" or "head": whose run failed, with `error`
     only: tuple[str, ...] | None = None  # the metrics to gate instead of the regime's (run_ab's `gate`)
+    device: str = DEVICE_METRIC[1]  # the device-side candidate gated (device_metric)
 
     @property
     def verdict(self) -> str:
@@ -111,16 +125,21 @@ def label_of(cfg: RunConfig) -> str:
     return f"{cfg.strategy} ws{cfg.world_size} {cfg.model} {cfg.precision} mb{cfg.micro_batch}"
 
 
-def gated_metrics(first_base: dict[str, Any], only: tuple[str, ...] | None = None) -> tuple[str, ...]:
-    """The registry's gated metrics (`ab` "gate", and "gate-host-bound" unless the configuration is
-    device-bound) that the base's first run has, in registry order; with `only`, those of `only` it has,
-    whatever the regime."""
+def gated_metrics(
+    first_base: dict[str, Any], only: tuple[str, ...] | None = None, device: str = DEVICE_METRIC[1]
+) -> tuple[str, ...]:
+    """The registry's gated metrics (`ab` "gate", the device-side candidate `device`, and "gate-host-bound"
+    unless the configuration is device-bound) that the base's first run has, in registry order; a base
+    without `device` (a distbench from before it) is gated on device_compute_s. With `only`, those of `only`
+    it has, whatever the regime."""
     m = first_base.get("metrics") or {}
     if only is not None:
         return tuple(k for k in only if m.get(k))
+    if not m.get(device):
+        device = DEVICE_METRIC[1]
     host_bound = (first_base.get("regime") or {}).get("regime") != "device-bound"
     roles = ("gate", "gate-host-bound") if host_bound else ("gate",)
-    return tuple(k for k, metric in METRICS.items() if metric.ab in roles and m.get(k))
+    return tuple(k for k, metric in METRICS.items() if (metric.ab in roles or k == device) and m.get(k))
 
 
 def trimmed(metric: str) -> bool:
@@ -142,7 +161,8 @@ def looks(min_pairs: int, max_pairs: int, look_every: int) -> list[int]:
 def judge(outcome: ConfigOutcome, *, alpha: float, threshold: float, min_effect: float) -> None:
     """Fill outcome.rows from its pairs."""
     outcome.rows = []
-    for metric in (*outcome.gated, *[m for m in names(ab="report") if m not in outcome.gated]):
+    reported = (*names(ab="device"), *names(ab="report"))
+    for metric in (*outcome.gated, *[m for m in reported if m not in outcome.gated]):
         base = [p.base["metrics"].get(metric) for p in outcome.pairs]
         head = [p.head["metrics"].get(metric) for p in outcome.pairs]
         if any(v is None or v <= 0 for v in base + head):
@@ -231,7 +251,7 @@ def _record(o: ConfigOutcome, pair: Pair) -> Pair | None:
         return None
     o.pairs.append(pair)
     if not o.gated:
-        o.gated = gated_metrics(pair.base, o.only)
+        o.gated = gated_metrics(pair.base, o.only, o.device)
         o.regime = pair.base.get("regime")
     return pair
 
@@ -248,6 +268,7 @@ class ABReport:
     base_desc: str
     head_desc: str
     looks: tuple[int, ...] = ()  # the pair counts at which configurations were judged
+    sizing: tuple[str, ...] = ()  # what the memory model predicts of each configuration on this card
 
     @property
     def status(self) -> str:
@@ -280,6 +301,7 @@ def run_ab(
     clock: Callable[[], float] = time.monotonic,
     servers: Servers | None = None,
     gate: tuple[str, ...] | None = None,
+    device: str | None = None,
 ) -> ABReport:
     """Alternate base and head over `configs` until decided or out of budget (see the module doc).
 
@@ -288,13 +310,17 @@ def run_ab(
     each pair's timed windows are interleaved instead (_play_interleaved), falling back to whole runs for a
     configuration whose two runs do not fit in device memory at once.
     `between_rounds` runs after every round but the last (the runner recycles the variants' rank processes).
-    `gate` names the metrics to gate instead of the regime's (a bisect probe asks about the one that moved).
+    `gate` names the metrics to gate instead of the regime's (a bisect probe asks about the one that moved);
+    `device` the device-side candidate to gate instead of device_metric's default for the world size.
     """
     if min_pairs < stats.MIN_RUNS or max_pairs < min_pairs:
         raise ValueError(f"need {stats.MIN_RUNS} <= min_pairs <= max_pairs, got {min_pairs}, {max_pairs}")
     schedule = looks(min_pairs, max_pairs, look_every)
     mode = "windows" if servers else "runs"
-    outcomes = [ConfigOutcome(c, label_of(c), interleave=mode, only=gate) for c in configs]
+    outcomes = [
+        ConfigOutcome(c, label_of(c), interleave=mode, only=gate, device=device_metric(c.world_size, device))
+        for c in configs
+    ]
     start = clock()
     open_ = list(outcomes)
     per_test = alpha

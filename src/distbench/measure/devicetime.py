@@ -4,11 +4,21 @@ A gate has to know whether a configuration is device-bound (the GPU is busy for 
 change of device work moves the step time) or host-bound (the GPU idles waiting for launches, so device-side
 changes hide in the gaps and host-side changes are what moves). So beside wall time every gated
 configuration samples a few steps under the profiler with only CUDA activity recorded (no CPU op tracing)
-and reads three figures per step from the raw Kineto events:
+and reads these figures per step from the raw Kineto events:
 
 * compute_s: summed duration of kernels other than communication (NCCL): the device's own work. It is
   the quiet device-side figure: on 2x H200 its spread across processes was 0.07% where wall medians spread 1%.
 * comm_s: summed duration of NCCL kernels, kept apart: they are mostly waiting for the other rank.
+* floor_s: each compute kernel's least disturbed duration across the sampled steps of every rank, summed
+  over a step's kernels (least_disturbed_s). NCCL kernels spin on some of the SMs while they wait for a
+  peer, and compute kernels that overlap them run slower: on 2x H200 (results/gate-ab-2xh200-2026-11-23,
+  runs of no planted change) a run's compute_s rose with its comm_s in ddp, fsdp_grad and zero3
+  (correlation 0.68, 0.81 and 0.78; 0.04-0.12 ms of compute per ms of NCCL), not in zero2 (-0.03), whose
+  reductions do not overlap compute. So at two or more ranks compute_s carries the other rank's jitter.
+  The rank that reaches a collective last does not wait in it, so the kernels beside it run slowed by the
+  transfer alone; the fastest run of each kernel over the steps and ranks carries little of the jitter,
+  and a change of device work on every rank still moves it (a change on one rank alone moves the step
+  time, which is gated beside it, and not the floor).
 * busy_s: the union of the GPU activity intervals other than NCCL kernels (compute kernels, copies,
   memsets, all streams): time the device worked on its own. NCCL kernels are left out because they occupy
   the device while they wait for a peer: on 2x H200, fsdp_grad at micro-batch 8 read busy 1.00 with them
@@ -16,6 +26,9 @@ and reads three figures per step from the raw Kineto events:
 
 regime = "device-bound" when busy / wall >= DEVICE_BOUND_RATIO, else "host-bound" (host, or a network the
 compute does not hide: comm_s beside it tells which).
+
+Each sampled step is profiled on its own (a device synchronization before and after it), so that a
+kernel's runs in different steps can be told apart.
 
 The raw events are read directly (`kineto_results.events()`), never through `prof.events()` or
 `key_averages()`: those build a Python object tree per event and cost tens of seconds per 10-step window of
@@ -61,14 +74,16 @@ def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
     return float((run_end - run_start).sum())
 
 
-def summarize_activity(
-    events: Sequence[tuple[str, str, int, int]], steps: int, wall_s: float
-) -> dict[str, Any]:
+#: (activity, name, start_ns, duration_ns), and the stream where Kineto gives it
+Row = tuple[Any, ...]
+
+
+def summarize_activity(events: Sequence[Row], steps: int, wall_s: float) -> dict[str, Any]:
     """Per-step compute, communication and busy seconds from (activity, name, start_ns, duration_ns) rows."""
     gpu = [e for e in events if e[0] in _GPU_ACTIVITIES]
     kernels = [e for e in gpu if e[0] == "kernel"]
-    comm = sum(d for _, n, _, d in kernels if is_comm_kernel(n))
-    compute = sum(d for _, n, _, d in kernels if not is_comm_kernel(n))
+    comm = sum(e[3] for e in kernels if is_comm_kernel(e[1]))
+    compute = sum(e[3] for e in kernels if not is_comm_kernel(e[1]))
     own = [e for e in gpu if not (e[0] == "kernel" and is_comm_kernel(e[1]))]
     starts = np.array([e[2] for e in own], dtype=np.int64)
     ends = starts + np.array([e[3] for e in own], dtype=np.int64)
@@ -85,6 +100,26 @@ def summarize_activity(
     out["busy_ratio"] = out["busy_s"] / out["wall_s"] if out["wall_s"] > 0 else 0.0
     out["regime"] = regime(out["busy_ratio"])
     return out
+
+
+def kernel_runs(rows: Sequence[Row]) -> list[tuple[Any, str, int]]:
+    """A step's compute kernels (not NCCL) as (stream, name, duration_ns), in the order they started."""
+    kernels = sorted((e for e in rows if e[0] == "kernel" and not is_comm_kernel(e[1])), key=lambda e: e[2])
+    return [(e[4] if len(e) > 4 else 0, e[1], e[3]) for e in kernels]
+
+
+def least_disturbed_s(steps: Sequence[Sequence[tuple[Any, str, int]]]) -> float:
+    """Seconds per step of the compute kernels, each at its least disturbed: a kernel is the k-th of its name
+    on its stream in a step, and counts with the shortest of its runs across `steps` (kernel_runs of each
+    sampled step, of every rank), weighted by the share of the steps it ran in. The same work on a quieter
+    device gives the same figure; another kernel, or a slower one, moves it."""
+    runs: dict[tuple[Any, str, int], list[int]] = {}
+    for step in steps:
+        seen: dict[tuple[Any, str], int] = {}
+        for stream, name, duration in step:
+            k = seen[stream, name] = seen.get((stream, name), -1) + 1
+            runs.setdefault((stream, name, k), []).append(duration)
+    return sum(min(d) * len(d) for d in runs.values()) / max(1, len(steps)) * 1e-9
 
 
 def regime(busy_ratio: float) -> str:
@@ -104,27 +139,39 @@ def _activity(event: Any) -> str:
 
 
 def sample_device_time(ctx: RankContext, step_fns: Sequence[Callable[[], Any]]) -> dict[str, Any] | None:
-    """Run `step_fns` under the profiler (CUDA activity only) and summarize the device's time per step.
-
-    None on CPU (no device timeline). The steps run the way timed windows do: one sync before, one after.
-    """
+    """Run `step_fns` under the profiler (CUDA activity only), one step a profile between two device
+    synchronizations, and summarize the device's time per step. None on CPU (no device timeline)."""
     if not ctx.is_cuda or not step_fns:
         return None
     from torch.profiler import ProfilerActivity, profile
 
-    ctx.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for fn in step_fns:
-            fn()
+    steps: list[list[Row]] = []
+    wall = processing = 0.0
+    for fn in step_fns:
         ctx.synchronize()
-        wall = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    rows = [
-        (_activity(e), e.name(), e.start_ns(), e.duration_ns())
-        for e in prof.profiler.kineto_results.events()
-        if e.device_type().name == "CUDA"
-    ]
-    out = summarize_activity(rows, len(step_fns), wall)
-    out["processing_s"] = time.perf_counter() - t1
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            fn()
+            ctx.synchronize()
+            wall += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        steps.append(
+            [
+                (_activity(e), e.name(), e.start_ns(), e.duration_ns(), e.device_resource_id())
+                for e in prof.profiler.kineto_results.events()
+                if e.device_type().name == "CUDA"
+            ]
+        )
+        processing += time.perf_counter() - t1
+    t2 = time.perf_counter()
+    out = summarize_activity([e for rows in steps for e in rows], len(steps), wall)
+    runs = [kernel_runs(rows) for rows in steps]
+    if ctx.world_size > 1:  # every rank's runs: the floor is the same figure on each
+        import torch.distributed as dist
+
+        every: list[Any] = [None] * ctx.world_size
+        dist.all_gather_object(every, runs)
+        runs = [step for rank in every for step in rank]
+    out["floor_s"] = least_disturbed_s(runs)
+    out["processing_s"] = processing + time.perf_counter() - t2
     return out

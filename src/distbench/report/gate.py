@@ -6,7 +6,7 @@ from typing import Any
 
 from ..gate.ab import ABReport, ConfigOutcome, Row
 from ..gate.stats import REGRESSION, UNDECIDED
-from ..metrics import fmt_metric
+from ..metrics import METRICS, fmt_metric
 from .tables import md_table
 
 HEAD = [
@@ -102,6 +102,27 @@ def criteria(report: ABReport) -> str:
     )
 
 
+def ruled_out(o: ConfigOutcome, threshold: float) -> str:
+    """What one configuration's comparison could and could not rule out, in a line: the largest slowdown its
+    gated metrics still allow (the top of their intervals, turned so that up is worse)."""
+    gated = [r for r in o.rows if r.gated and r.effect is not None]
+    if o.error or not gated:
+        return f"{o.label}: nothing ruled out ({o.error or 'too few pairs for an interval'})"
+    if o.verdict == REGRESSION:
+        found = [r for r in gated if r.verdict == REGRESSION]
+        return f"{o.label}: a regression, " + "; ".join(
+            f"{r.metric} {r.effect.estimate:+.2%}" for r in found if r.effect
+        )
+    tops = {r.metric: r.effect.worse(METRICS[r.metric].direction)[2] for r in gated if r.effect}
+    worst = max(tops, key=lambda m: tops[m])
+    if tops[worst] < threshold:
+        return f"{o.label}: a slowdown of more than {tops[worst]:+.2%} ruled out ({worst} the widest)"
+    return (
+        f"{o.label}: could not rule out a {threshold:.0%} slowdown ({worst} may be up to {tops[worst]:+.2%}; "
+        f"{len(o.pairs)} pairs)"
+    )
+
+
 def to_markdown(report: ABReport) -> str:
     lines = [
         f"## distbench ab: {summary(report)}",
@@ -111,7 +132,14 @@ def to_markdown(report: ABReport) -> str:
         "",
         criteria(report),
         "",
+        "What was ruled out:",
+        "",
+        *[f"- {ruled_out(o, report.threshold)}" for o in report.outcomes],
+        "",
     ]
+    if report.sizing:
+        lines += ["Sizes on this card:", ""]
+        lines += [f"- {line}" for line in report.sizing] + [""]
     lines += md_table(HEAD, rows(report))
     return "\n".join(lines) + "\n"
 
@@ -132,8 +160,12 @@ def to_rich(report: ABReport) -> Any:
         )
         table.add_row(*cells, style=style)
     style = {REGRESSION: "bold red", UNDECIDED: "bold yellow"}.get(report.status, "bold green")
+    ruled = "\n".join(ruled_out(o, report.threshold) for o in report.outcomes)
     return Group(
-        Text(f"base: {report.base_desc}\nhead: {report.head_desc}"), table, Text(summary(report), style=style)
+        Text(f"base: {report.base_desc}\nhead: {report.head_desc}"),
+        table,
+        Text(ruled),
+        Text(summary(report), style=style),
     )
 
 
@@ -161,6 +193,7 @@ def to_json(report: ABReport) -> dict[str, Any]:
         "elapsed_s": report.elapsed_s,
         "budget_exhausted": report.budget_exhausted,
         "looks": list(report.looks),
+        "sizing": list(report.sizing),
         "base": report.base_desc,
         "head": report.head_desc,
         "configs": [
@@ -171,6 +204,8 @@ def to_json(report: ABReport) -> dict[str, Any]:
                 "error": o.error,
                 "regime": o.regime,
                 "gated": list(o.gated),
+                "device_metric": o.device,
+                "ruled_out": ruled_out(o, report.threshold),
                 "interleave": o.interleave,
                 "note": o.note,
                 "orders": [p.order for p in o.pairs],
