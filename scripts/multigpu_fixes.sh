@@ -8,11 +8,12 @@ out=${1:?usage: scripts/multigpu_fixes.sh OUT}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
 export PYTHONUNBUFFERED=1
-sel="test_resharding or accumulation+clip-fsdp_offload or fp16+clip or test_harness_and_bare_loop_do_the_same_work"
-sel="$sel or test_activation_checkpointing_frees_the_blocks_activations or test_harness_overhead_at_most_1_percent"
+sel=${SELECT:-"test_resharding or accumulation+clip-fsdp_offload or fp16+clip or test_harness_and_bare_loop_do_the_same_work
+  or test_activation_checkpointing_frees_the_blocks_activations or test_harness_overhead_at_most_1_percent"}
 start=$(date +%s)
-timeout 290 python3 -m pytest -m gpu --world-sizes 2,4 -k "$sel" -rfEs --junitxml "$out/junit.xml" \
-  -o junit_logging=system-out -p no:cacheprovider > "$out/pytest.log" 2>&1
+# SIGINT at the limit: pytest still prints its summary of failures
+timeout -s INT -k 20 "${LIMIT_S:-290}" python3 -m pytest -m gpu --world-sizes "${WORLD_SIZES:-2,4}" -k "$sel" -rfEs \
+  --tb=short --junitxml "$out/junit.xml" -o junit_logging=system-out -p no:cacheprovider > "$out/pytest.log" 2>&1
 echo "pytest exit $? in $(( $(date +%s) - start )) s" > "$out/summary.txt"
 # Two nodes of one GPU each, then of two GPUs each, through torchrun's c10d rendezvous as between hosts.
 node_run() {  # node_run NAME NPROC DEVICES_NODE0 DEVICES_NODE1 WORLD_SIZES
@@ -20,7 +21,7 @@ node_run() {  # node_run NAME NPROC DEVICES_NODE0 DEVICES_NODE1 WORLD_SIZES
   t0=$(date +%s)
   for i in 0 1; do
     local devs=$3; [ "$i" = 1 ] && devs=$4
-    CUDA_VISIBLE_DEVICES=$devs NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 timeout 110 python3 -m torch.distributed.run \
+    CUDA_VISIBLE_DEVICES=$devs NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 timeout "${NODES_LIMIT_S:-110}" python3 -m torch.distributed.run \
       --nnodes 2 --nproc-per-node "$nproc" --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:$port --rdzv-id "$name" \
       --max-restarts 0 -m distbench.cli launch --parity -- -s ddp,fsdp_full,fsdp_hybrid,zero2 -n "$5" \
       -m gpt2-124m --steps 3 --warmup 1 --seq-len 256 -o "$out/$name" > "$out/$name-agent$i.log" 2>&1 &
@@ -31,6 +32,6 @@ node_run() {  # node_run NAME NPROC DEVICES_NODE0 DEVICES_NODE1 WORLD_SIZES
 }
 node_run nodes2x1 1 0 1 1,2
 node_run nodes2x2 2 0,1 2,3 2,4
-grep -E "^(FAILED|ERROR|UNDECIDED)|passed|failed" "$out/pytest.log" | tail -40
+grep -E "^(FAILED|ERROR|UNDECIDED|E   )|passed|failed" "$out/pytest.log" | cut -c1-300 | tail -40
 grep -h "Segmentation\|SIGSEGV\|job [0-9]*:\|Error\|error" "$out"/nodes*-agent*.log | sort | uniq -c | sort -rn | head -30
 cat "$out/summary.txt"

@@ -40,6 +40,15 @@ def test_state_moves_beside_its_parameter(fused):
     _assert_placed(opt, p, fused)
 
 
+def test_state_of_a_parameter_in_no_group_moves_too():
+    """ZeRO-3 steps one sub-group at a time, its groups holding only that sub-group's partition: the others'
+    state, keyed by parameters in no group, moves as the group's flags say (all of one AdamW)."""
+    opt, p = _loaded_by_hand(fused=True)
+    opt.param_groups[0]["params"] = [torch.nn.Parameter(torch.empty(1, device="meta"))]
+    place_optimizer_state(opt)
+    _assert_placed(opt, p, fused=True)
+
+
 def test_a_placement_that_leaves_step_on_the_host_is_caught():
     """The bite: a placement that moves every tensor beside its parameter but `step` (the defect a GPU run
     met as "state_steps is on cpu") fails the check above."""

@@ -145,14 +145,16 @@ def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int
     print(f"distbench launch rank {launch.rank}: job {job_id}: {describe_job(job)}", flush=True)
     faulthandler.enable(all_threads=True)
     try:
-        kw: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+        # No device_id: a group bound to its device makes DeviceMesh split sub-groups off its communicator
+        # (ncclCommSplit), and in this process, whose default group is made anew for every job, the split for
+        # fsdp_hybrid's 2D mesh across two nodes died by SIGSEGV in split_group (2x H200, torch 2.11).
+        # Unbound, the mesh makes its sub-groups with new_group, and NCCL connects each on first use.
         dist.init_process_group(
             process_group_backend(device.type),
             store=dist.PrefixStore(f"pg/{job_id}", store),
             rank=launch.rank,
             world_size=n,
             timeout=timedelta(seconds=job.timeout),
-            **kw,
         )
         ctx = RankContext(launch.rank, n, launch.local_rank, device, backend, nodes=launch.job_nodes(n))
         return {"status": "ok", "reply": job.fn(ctx, **job.kwargs)}

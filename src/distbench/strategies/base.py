@@ -88,19 +88,23 @@ def place_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     """Put every optimizer-state tensor where torch's own load_state_dict would: beside its parameter, and a
     `step` on the parameter's device in float32 where the group is fused or capturable (a host scalar
     otherwise, left as it is). A load that writes state by hand, as DeepSpeed's universal checkpoint does,
-    leaves `step` on the host, where torch's fused AdamW refuses the first step ("state_steps is on cpu")."""
-    for group in optimizer.param_groups:
-        step_on_device = bool(group.get("fused") or group.get("capturable"))
-        for p in group["params"]:
-            state = optimizer.state.get(p, {})
-            for key, value in state.items():
-                if not isinstance(value, torch.Tensor):
-                    continue
-                if key == "step":
-                    if step_on_device:
-                        state[key] = value.to(device=p.device, dtype=torch.float32)
-                elif value.device != p.device:
-                    state[key] = value.to(device=p.device)
+    leaves `step` on the host, where torch's fused AdamW refuses the first step ("state_steps is on cpu").
+    Every state counts, also of parameters in no group now: ZeRO-3 puts one sub-group's partition at a time
+    into the optimizer's groups, and its state stays keyed by the others."""
+    flags = [bool(g.get("fused") or g.get("capturable")) for g in optimizer.param_groups]
+    on_device = {id(p): f for g, f in zip(optimizer.param_groups, flags, strict=True) for p in g["params"]}
+    for p, state in optimizer.state.items():
+        if not isinstance(p, torch.Tensor):
+            continue
+        step_on_device = on_device.get(id(p), bool(flags) and all(flags))
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            if key == "step":
+                if step_on_device:
+                    state[key] = value.to(device=p.device, dtype=torch.float32)
+            elif value.device != p.device:
+                state[key] = value.to(device=p.device)
 
 
 def build_scheduler(opt: torch.optim.Optimizer, cfg: RunConfig) -> torch.optim.lr_scheduler.LRScheduler:
