@@ -77,7 +77,11 @@ def _meaning(action: argparse.Action, parser: argparse.ArgumentParser) -> str:
     if action.choices and action.option_strings:
         text += f" (one of: {', '.join(map(str, action.choices))})"
     default = action.default
-    if action.option_strings and default not in (None, False, [], argparse.SUPPRESS) and "default" not in text:
+    if (
+        action.option_strings
+        and default not in (None, False, [], argparse.SUPPRESS)
+        and "default" not in text
+    ):
         text += f" (default: {default})"
     return text
 
@@ -133,7 +137,10 @@ def pytest_reference() -> list[str]:
             help_text += f" (default: {default})"
         rows.append([", ".join(code(f"{n} VALUE") for n in opt.names()), help_text])
     out = ["## Options", "", *table(["option", "what it does"], rows)]
-    ini = [[code(name), help_text, code(repr(default))] for name, (help_text, _, default) in parser._inidict.items()]
+    ini = [
+        [code(name), help_text, code(repr(default))]
+        for name, (help_text, _, default) in parser._inidict.items()
+    ]
     ini_opts = _pyproject()["tool"]["pytest"]["ini_options"]
     out += ["## Ini keys", "", *table(["key", "what it holds", "default"], ini)]
     out += ["Set in `pyproject.toml` (`[tool.pytest.ini_options]`):", ""]
@@ -189,7 +196,9 @@ def _comments(path: Path, cls: str) -> dict[str, str]:
     out = {}
     for stmt in node.body:
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            inline = [by_line[i] for i in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if i in by_line]
+            inline = [
+                by_line[i] for i in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if i in by_line
+            ]
             above, i = [], stmt.lineno - 1
             while i in by_line and lines[i - 1].lstrip().startswith("#"):
                 above.insert(0, by_line[i])
@@ -201,7 +210,9 @@ def _comments(path: Path, cls: str) -> dict[str, str]:
 def module_constant(path: Path, name: str) -> Any:
     """A literal assigned at the top of a module, read without importing it (distbench.matrix imports torch)."""
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
             return ast.literal_eval(node.value)
     raise LookupError(f"{path} assigns no {name}")
 
@@ -222,7 +233,9 @@ def config_reference() -> list[str]:
     for f in dataclasses.fields(RunConfig):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         flag = code(flags[f.name]) if f.name in flags else ""
-        rows.append([code(f.name), type_text(hints[f.name]), code(repr(default)), flag, comments.get(f.name, "")])
+        rows.append(
+            [code(f.name), type_text(hints[f.name]), code(repr(default)), flag, comments.get(f.name, "")]
+        )
     out = table(["field", "type", "default", "`distbench run` flag", "notes"], rows)
     keys = module_constant(SRC / "distbench" / "matrix.py", "MATRIX_KEYS")
     out += [
@@ -318,7 +331,11 @@ def layers_reference() -> list[str]:
     art = []
     for i in reversed(range(len(names))):
         title = lay.LAYERS[i][0]
-        art += ["┌" + "─" * width + "┐", f"│ {i + 1}. {title}".ljust(width + 1) + "│", "└" + "─" * width + "┘"]
+        art += [
+            "┌" + "─" * width + "┐",
+            f"│ {i + 1}. {title}".ljust(width + 1) + "│",
+            "└" + "─" * width + "┘",
+        ]
         if i:
             art.append(" " * (width // 2) + "▼ imports only from the layers below")
     out = ["```text", *art, "```", ""]
@@ -326,7 +343,9 @@ def layers_reference() -> list[str]:
     for i, (title, prefixes) in enumerate(lay.LAYERS):
         short = sorted(m.removeprefix("distbench.") for m in members[i])
         imports_from = ", ".join(f"{names[j]} ({n})" for j, n in sorted(crossing[i].items()))
-        rows.append([f"{i + 1}. {title}", ", ".join(map(code, prefixes)), ", ".join(short), imports_from or "-"])
+        rows.append(
+            [f"{i + 1}. {title}", ", ".join(map(code, prefixes)), ", ".join(short), imports_from or "-"]
+        )
     out += table(["layer (lowest first)", "prefixes", "modules", "imports from (count)"], rows)
     return out
 
@@ -363,7 +382,9 @@ def setup(app: Any) -> dict[str, Any]:
             def run(self) -> list[nodes.Node]:
                 container = nodes.container()
                 lines = generate()
-                self.state.nested_parse(StringList(lines, source=self.get_source_info()[0]), 0, container, True)
+                self.state.nested_parse(
+                    StringList(lines, source=self.get_source_info()[0]), 0, container, True
+                )
                 return container.children
 
         return Generated
