@@ -21,6 +21,8 @@ exclude_patterns = ["_build", "_ext"]
 
 # Strict: every reference must resolve (with -n), headings get anchors pages can link to (`page.md#a-heading`).
 nitpicky = True
+# Commands are quoted in prose too: `--lanes` must stay two hyphens, not become an en dash.
+smartquotes = False
 myst_heading_anchors = 3
 myst_enable_extensions = ["deflist"]
 

@@ -98,7 +98,7 @@ def add_comparison_flags(
     )
     p.add_argument("--model", "-m", help="model (default: gpt2-large on GPUs, gpt2-tiny on CPU)")
     p.add_argument("--micro-batch", type=int, help="per-GPU micro-batch (default 16 on GPUs: device-bound)")
-    p.add_argument("--seq-len", type=int)
+    p.add_argument("--seq-len", type=int, help="sequence length (default: 1024 on GPUs, the model's on CPU)")
     p.add_argument("--precision", choices=["fp32", "bf16"])
     p.add_argument("--steps", type=int, help="timed steps per run")
     p.add_argument("--windows", type=int, help="timed windows per run (the run's value is their median)")
