@@ -369,7 +369,7 @@ def _lane_plan(session: pytest.Session) -> tuple[Plan, bool] | None:
         item_device_type(it) == "cuda" for it, c in zip(session.items, cases, strict=True) if not c.inert
     )
     if mode == "auto":
-        if not gpus:  # the CPU tier: lanes cost more than they give on 2 cores (README, GPU tier)
+        if not gpus:  # the CPU tier: lanes cost more than they give on 2 cores (docs/gpu-tier.md)
             return None
         devices = cuda_device_count()
     else:
