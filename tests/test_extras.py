@@ -1,4 +1,4 @@
-"""The install stays two commands: the runtime needs no test, trace, history or lint tool, a test of an
+"""The install stays two commands: the runtime needs no test, trace, history, lint or docs tool, a test of an
 opt-in extra skips with the install line where it is absent, and CI installs everything and fails on such a
 skip; asv's environments install the same torch as the README and CI where they see none."""
 
@@ -26,15 +26,15 @@ def project() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
-def test_runtime_dependencies_leave_test_trace_history_and_lint_tools_to_extras():
+def test_runtime_dependencies_leave_test_trace_history_lint_and_docs_tools_to_extras():
     runtime = {re.split(r"[<>=\[ ]", d)[0] for d in project()["dependencies"]}
     extras = project()["optional-dependencies"]
-    for extra in ("test", "trace", "history", "lint"):
+    for extra in ("test", "trace", "history", "lint", "docs"):
         for dep in extras[extra]:
             assert re.split(r"[<>=\[ ]", dep)[0] not in runtime, (
                 f"{dep} of [{extra}] is also a runtime dependency"
             )
-    assert extras["dev"] == ["distbench[test,trace,history,lint]"]
+    assert extras["dev"] == ["distbench[test,trace,history,lint,docs]"]
 
 
 def test_a_missing_extra_skips_with_the_install_line(monkeypatch):

@@ -424,5 +424,5 @@ def test_auto_turns_lanes_on_when_two_lanes_would_run_at_once(pytester, monkeypa
     with pytest.raises(pytest.exit.Exception, match="this machine has 2 CUDA devices"):
         lanes(2, gpu_items, 3)
     cpu_items = [it for it in items if "gpu" not in it.nodeid]
-    assert lanes(2, cpu_items) is None  # the CPU tier: off unless asked for (README: measured slower)...
+    assert lanes(2, cpu_items) is None  # the CPU tier: off unless asked for (docs: measured slower)...
     assert lanes(0, cpu_items, 2) == (1, 2)  # ...on 2 CPU slots when asked, one lane per slot

@@ -99,6 +99,21 @@ def test_ci_matrix_installs_cpu_torch_and_runs_the_linters():
         assert re.search(rf"^{linter}\b", script, re.M), f"ci.yml does not run {linter}"
 
 
+def test_ci_builds_the_docs_strictly_with_a_pinned_toolchain():
+    """Every pull request and push to main builds the docs site with warnings as errors and every reference
+    resolved, from docs/requirements.txt, each of whose lines pins a version; the job is short."""
+    job = load(CI)["jobs"]["docs"]
+    script = "\n".join(s["run"] for s in job["steps"] if "run" in s)
+    assert re.search(r"^sphinx-build -W --keep-going -n -b html docs \S+$", script, re.M)
+    assert re.search(r"pip install -r docs/requirements\.txt$", script, re.M)
+    lines = (ROOT / "docs" / "requirements.txt").read_text().splitlines()
+    pins = [line for line in lines if line.strip() and not line.startswith("#")]
+    assert {"sphinx", "myst-parser", "furo"} <= {p.split("==")[0] for p in pins}
+    for pin in pins:
+        assert re.fullmatch(r"[\w.-]+==[\w.]+", pin), f"docs/requirements.txt: {pin} is unpinned"
+    assert job["timeout-minutes"] <= 10
+
+
 def test_ci_smoke_tests_asv_on_the_cpu_grid():
     script = "\n".join(s["run"] for s in load(CI)["jobs"]["asv-smoke"]["steps"] if "run" in s)
     assert re.search(r"asv run --python=same --quick --set-commit-hash", script)  # results are saved

@@ -68,23 +68,23 @@ class RunConfig:
     not depend on the world size (see workloads/data.py).
     """
 
-    strategy: Name = "ddp"
-    world_size: PositiveInt = 1
-    model: Name = "gpt2-tiny"
+    strategy: Name = "ddp"  # a registry name (`distbench strategies`)
+    world_size: PositiveInt = 1  # ranks
+    model: Name = "gpt2-tiny"  # a built-in model, or a factory as package.module:function
     seq_len: NonNegativeInt = 0  # 0: the model's default
-    global_batch: PositiveInt = 8
-    micro_batch: PositiveInt = 2
-    precision: Precision = "fp32"
-    steps: PositiveInt = 5
+    global_batch: PositiveInt = 8  # samples per optimizer step, over all ranks
+    micro_batch: PositiveInt = 2  # samples per forward/backward on a rank; the rest is accumulation
+    precision: Precision = "fp32"  # bf16 or fp16 compute over fp32 master weights; fp16 scales the loss
+    steps: PositiveInt = 5  # optimizer steps (timed, in performance runs)
     warmup: NonNegativeInt = 0  # steps not timed (performance runs)
-    lr: NonNegativeFloat = 1e-3
-    weight_decay: NonNegativeFloat = 0.01
-    betas: tuple[Beta, Beta] = (0.9, 0.95)
-    eps: PositiveFloat = 1e-8
-    lr_warmup_steps: NonNegativeInt = 3
-    seed: NonNegativeInt = 1234
-    compile: bool = False
-    deterministic: bool = True
+    lr: NonNegativeFloat = 1e-3  # peak learning rate
+    weight_decay: NonNegativeFloat = 0.01  # AdamW's decoupled weight decay (SGD: L2)
+    betas: tuple[Beta, Beta] = (0.9, 0.95)  # AdamW's
+    eps: PositiveFloat = 1e-8  # AdamW's
+    lr_warmup_steps: NonNegativeInt = 3  # linear warm-up of the learning rate from a quarter of it
+    seed: NonNegativeInt = 1234  # weights, data and every global generator derive from it
+    compile: bool = False  # torch.compile each transformer block
+    deterministic: bool = True  # deterministic kernels (parity runs); performance runs turn it off
     # True: Python's collector may run inside timed steps (measure/pygc.py)
     gc_during_steps: bool = False
     optimizer: Optimizer = "auto"  # AdamW implementation
@@ -98,7 +98,7 @@ class RunConfig:
     # fp16's dynamic loss scale: it starts at 2**loss_scale_power, halves on a step whose gradients overflow (the
     # step is skipped), doubles after loss_scale_window overflow-free steps in a row (torch's GradScaler defaults)
     loss_scale_power: ScalePower = 16
-    loss_scale_window: PositiveInt = 2000
+    loss_scale_window: PositiveInt = 2000  # overflow-free steps before fp16's loss scale doubles
     lora_rank: NonNegativeInt = 0  # LoRA through peft: base weights frozen, rank-r adapters trained (0: off)
     lora_alpha: PositiveInt = 16  # adapter output scaled by lora_alpha / lora_rank (an int, as peft takes it)
     lora_targets: tuple[

@@ -106,7 +106,7 @@ def add_comparison_flags(
         help="per-GPU micro-batch (default on GPUs: 16, device-bound, with activation checkpointing or "
         "smaller where two runs would not fit on the card, as the memory model predicts: gate/fit.py)",
     )
-    p.add_argument("--seq-len", type=int)
+    p.add_argument("--seq-len", type=int, help="sequence length (default: 1024 on GPUs, the model's on CPU)")
     p.add_argument("--precision", choices=["fp32", "bf16"])
     p.add_argument("--steps", type=int, help="timed steps per run")
     p.add_argument("--windows", type=int, help="timed windows per run (the run's value is their median)")

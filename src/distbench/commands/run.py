@@ -106,8 +106,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--steps", type=_typed(PositiveInt), help="timed steps")
     p.add_argument("--warmup", type=_typed(NonNegativeInt), help="untimed warm-up steps")
-    p.add_argument("--global-batch", type=_typed(PositiveInt))
-    p.add_argument("--micro-batch", type=_typed(PositiveInt))
+    p.add_argument(
+        "--global-batch", type=_typed(PositiveInt), help="samples per optimizer step, over all ranks"
+    )
+    p.add_argument(
+        "--micro-batch",
+        type=_typed(PositiveInt),
+        help="samples per forward/backward on a rank (the rest of a rank's share is accumulated)",
+    )
     p.add_argument("--seq-len", type=_typed(PositiveInt), help="default: the model's")
     p.add_argument(
         "--repeats",

@@ -191,7 +191,7 @@ def _single(precision: str, ws: int, m: ModelFacts) -> Table:
 
 Policy = Callable[[str, int, ModelFacts], Table]
 
-#: Each strategy's declared layout, as the registry describes it (README, `distbench strategies`).
+#: Each strategy's declared layout, as the registry describes it (docs/strategies.md, `distbench strategies`).
 POLICIES: dict[str, Policy] = {
     "single": _single,
     "ddp": _ddp,

@@ -4,7 +4,7 @@ Adding a strategy is one module (its Trainer) plus one entry here. The entry's S
 every fact the rest of distbench reads about a strategy: the memory model, export and resharding, DeepSpeed's
 config check, the default grids of `distbench run`, asv and `distbench ab`, the user options and where it
 runs; tests/test_registries.py fails on an entry that lacks one. Only a new checkpoint format is more: its
-exporter goes into invariants/export.py's EXPORTERS. (README's table of strategies is prose, kept by hand.)
+exporter goes into invariants/export.py's EXPORTERS. (docs/strategies.md's table is generated from it.)
 """
 
 from __future__ import annotations

@@ -154,15 +154,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--distbench-lane", default=None, help=argparse.SUPPRESS)  # set by lanes.py in a lane process
 
 
+#: The markers the plugin registers (the docs' pytest reference lists them with pyproject.toml's).
+MARKERS = (
+    "gpu: GPU tier (NCCL, GPU-size models); run with `pytest -m gpu`",
+    "world_size(n): the test needs n ranks",
+    "strategies(*names): restrict a strategy-parametrized test to these",
+    "exclusive: measures time or memory of the machine; under lanes it runs last, with nothing else running",
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: GPU tier (NCCL, GPU-size models); run with `pytest -m gpu`")
-    config.addinivalue_line("markers", "world_size(n): the test needs n ranks")
-    config.addinivalue_line("markers", "strategies(*names): restrict a strategy-parametrized test to these")
-    config.addinivalue_line(
-        "markers",
-        "exclusive: measures time or memory of the machine; under lanes it runs "
-        "last, with nothing else running",
-    )
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
     try:
         config.stash[OPTIONS] = _parse_options(config)
     except ConfigError as e:  # a usage error, not an INTERNALERROR: one line with the fix
@@ -366,7 +369,7 @@ def _lane_plan(session: pytest.Session) -> tuple[Plan, bool] | None:
         item_device_type(it) == "cuda" for it, c in zip(session.items, cases, strict=True) if not c.inert
     )
     if mode == "auto":
-        if not gpus:  # the CPU tier: lanes cost more than they give on 2 cores (README, GPU tier)
+        if not gpus:  # the CPU tier: lanes cost more than they give on 2 cores (docs/gpu-tier.md)
             return None
         devices = cuda_device_count()
     else:
