@@ -109,7 +109,7 @@ def choose(cfg: RunConfig, n_params: int, card: int | None) -> RunConfig:
 
 def describe(cfg: RunConfig, n_params: int, card: int | None) -> str:
     """The report's line on a configuration's size: what the memory model predicts of it on this card."""
-    what = f"{label_of(cfg)}" + (" with activation checkpointing" if cfg.activation_checkpointing else "")
+    what = label_of(cfg)
     peak = predicted_peak(cfg, n_params)
     if peak is None or card is None:
         return f"{what}: no memory model for it, or no card to hold it against"
