@@ -23,11 +23,11 @@ from torch.utils.flop_counter import FlopCounterMode
 import distbench.jobs.bench as bm
 import distbench.results as results
 import metric_jobs
-from distbench.testsuite.claims import decide, settle
 from distbench.config import RunConfig
 from distbench.measure import busbw, devicetime, mfu
 from distbench.measure.timing import time_window
 from distbench.runtime.context import RankContext
+from distbench.testsuite.claims import decide, settle
 from distbench.workloads.models import get_model
 from metric_jobs import (
     HostStream,
