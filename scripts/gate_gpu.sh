@@ -77,4 +77,7 @@ for log in sorted(out.glob("*.log")):
               f"{c['verdict'].upper():10} " + "; ".join(cell(x) for x in rows if x["gated"]))
         # the device-side candidates side by side, the gated one among them (fixed before the first pair)
         print(f"{'':22} device: " + "; ".join(cell(x) for x in rows if x["metric"].startswith("device_compute")))
+        print(f"{'':22} {c.get('ruled_out', '')}")
+    for line in r.get("sizing", []):
+        print(f"{'':22} size: {line}")
 EOF

@@ -122,7 +122,9 @@ class ConfigOutcome:
 
 
 def label_of(cfg: RunConfig) -> str:
-    return f"{cfg.strategy} ws{cfg.world_size} {cfg.model} {cfg.precision} mb{cfg.micro_batch}"
+    """A configuration as the report names it (+AC: activation checkpointing)."""
+    ac = " +AC" if cfg.activation_checkpointing else ""
+    return f"{cfg.strategy} ws{cfg.world_size} {cfg.model} {cfg.precision} mb{cfg.micro_batch}{ac}"
 
 
 def gated_metrics(

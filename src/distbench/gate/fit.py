@@ -15,10 +15,11 @@ file): 0-11% over the probes without checkpointing, 6-32% over them with it.
 The issue that asked for this measured DDP at world size 2 on an 80 GB H100: micro-batch 16 out of memory,
 micro-batch 8 48.1 GiB allocated a run, too much for two.
 
-choose() keeps the tier's micro-batch (16: device-bound on 2x H200, device busy 0.97-0.99 of the step) when
-two runs fit; else it turns activation checkpointing on (recomputation adds device work, so the step stays
-device-bound), then lowers the micro-batch until two runs fit; a configuration where even one micro-batch
-does not fit twice runs alone at the largest that fits once (the gate then alternates whole runs).
+choose() keeps the tier's micro-batch (16: on 2x H200 ddp, fsdp_grad and zero2 were device-bound there, the
+device busy 0.89-1.0 of the step, zero3 host-bound at 0.56-0.75) when two runs fit; else it turns activation
+checkpointing on (recomputation adds device work, so the step stays device-bound), then lowers the micro-batch
+until two runs fit; a configuration where even one micro-batch does not fit twice runs alone at the largest
+that fits once (the gate then alternates whole runs).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def choose(cfg: RunConfig, n_params: int, card: int | None) -> RunConfig:
 
 def describe(cfg: RunConfig, n_params: int, card: int | None) -> str:
     """The report's line on a configuration's size: what the memory model predicts of it on this card."""
-    what = f"{label_of(cfg)}" + (" with activation checkpointing" if cfg.activation_checkpointing else "")
+    what = label_of(cfg)
     peak = predicted_peak(cfg, n_params)
     if peak is None or card is None:
         return f"{what}: no memory model for it, or no card to hold it against"

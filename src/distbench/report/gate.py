@@ -116,7 +116,7 @@ def ruled_out(o: ConfigOutcome, threshold: float) -> str:
     tops = {r.metric: r.effect.worse(METRICS[r.metric].direction)[2] for r in gated if r.effect}
     worst = max(tops, key=lambda m: tops[m])
     if tops[worst] < threshold:
-        return f"{o.label}: a slowdown of more than {tops[worst]:+.2%} ruled out ({worst} the widest)"
+        return f"{o.label}: a slowdown of more than {tops[worst]:+.2%} ruled out (widest: {worst})"
     return (
         f"{o.label}: could not rule out a {threshold:.0%} slowdown ({worst} may be up to {tops[worst]:+.2%}; "
         f"{len(o.pairs)} pairs)"
@@ -138,7 +138,7 @@ def to_markdown(report: ABReport) -> str:
         "",
     ]
     if report.sizing:
-        lines += ["Sizes on this card:", ""]
+        lines += ["Sizes on this card (+AC: activation checkpointing):", ""]
         lines += [f"- {line}" for line in report.sizing] + [""]
     lines += md_table(HEAD, rows(report))
     return "\n".join(lines) + "\n"
