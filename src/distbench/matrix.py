@@ -294,8 +294,8 @@ def run_matrix(
                 save_result(result, out_dir)
             if on_result:
                 on_result(cfg, result)
-    scaling.annotate(results)  # one rule for speedup and efficiency (scaling.py), once every baseline ran
     annotate(results)  # judged on the whole matrix: a speedup needs its reference, a run its repeats
+    scaling.annotate(results)  # one rule for speedup and efficiency (scaling.py), from unflagged baselines
     if out_dir is not None:
         for result in results:
             save_result(result, out_dir)
