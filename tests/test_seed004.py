@@ -196,3 +196,29 @@ def test_the_matrix_runs_side_by_side_on_disjoint_gpus_and_cpus(monkeypatch, tmp
     assert {p.spawned_in for p in FakeRankPool.made} == {threading.main_thread().name}
     alive = [p for p in FakeRankPool.made if p.alive]
     assert [p.gpus for p in alive] == [(0, 1, 2, 3)]  # every pool that held one of its GPUs closed first
+
+
+def test_fsdp1_prefetch_switches_are_options_of_fsdp1_alone_and_reach_fsdp():
+    import inspect
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from distbench.errors import ConfigError
+    from distbench.strategies import get_spec
+    from distbench.strategies.fsdp1 import FSDP1Trainer
+
+    cfg = RunConfig(strategy="fsdp1_grad", world_size=2, options={"forward_prefetch": True})
+    assert get_spec("fsdp1_grad").options_for(cfg) == {"sharding": "SHARD_GRAD_OP", "forward_prefetch": True}
+    with pytest.raises(ConfigError, match="limit_all_gathers"):
+        get_spec("fsdp1_full").options_for(
+            cfg.replace(strategy="fsdp1_full", options={"limit_all_gathers": "no"})
+        )
+    m = Matrix(["ddp", "fsdp1_full"], [2], ["gpt2-tiny"], ["bf16"], {"options": {"limit_all_gathers": False}})
+    assert [c.options for c in m.configs("cuda", 2)[0]] == [{}, {"limit_all_gathers": False}]
+    ours, torchs = (
+        inspect.signature(FSDP1Trainer).parameters,
+        inspect.signature(FullyShardedDataParallel).parameters,
+    )
+    assert {"forward_prefetch", "limit_all_gathers"} <= set(ours) & set(
+        torchs
+    ) and "backward_prefetch" in torchs
