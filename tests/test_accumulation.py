@@ -62,3 +62,20 @@ def test_shard_grad_op_gathers_its_parameters_once_per_step_while_accumulating(s
         assert gathers[1] > gathers[0], (
             f"{strategy}: {gathers} all-gathers per step without/with accumulation"
         )
+
+
+@pytest.mark.strategies("fsdp_full")
+def test_full_shard_gathers_each_block_twice_and_the_root_once(suite, strategy, world_size):
+    """FULL_SHARD re-gathers each block for backward; the root (embeddings and head) stays gathered from its
+    forward into backward, as FSDP2 and torchtitan leave it: a resharded root would be gathered again first
+    thing in backward, with nothing to overlap it."""
+    from distbench.strategies.base import transformer_blocks
+    from distbench.workloads import get_model
+
+    if world_size < 2:
+        pytest.skip("one rank gathers nothing")
+    cfg = suite.config(strategy, world_size)
+    cfg = cfg.replace(micro_batch=cfg.per_rank_batch)
+    blocks = len(transformer_blocks(get_model(cfg.model).build(cfg.seed, "meta")))
+    gathers = suite.run_job(world_size, count_collectives, cfg=cfg)[0].get("all_gather", 0)
+    assert gathers == 2 * blocks + 1, f"{gathers} all-gathers per step for {blocks} blocks and the root"

@@ -3,7 +3,7 @@
 Configured as torchtitan applies FSDP2 (torchtitan/models/llama3/infra/parallelize.py, apply_fsdp): each
 transformer block its own unit, then the root, which keeps the embeddings, the final norm and the head
 (GPT-2 ties its head to the token embedding, so the two stay in one unit) and which FSDP2 does not reshard
-after forward; bf16 parameters with fp32 reduction (MixedPrecisionPolicy); FSDP2's implicit prefetch of the
+after forward (its default for the root); bf16 parameters with fp32 reduction (MixedPrecisionPolicy); FSDP2's implicit prefetch of the
 next unit. Per-block wrapping is also what seed 004 found critical for prefetching and peak memory. Under
 gradient accumulation, fsdp_grad keeps its parameters unsharded between the micro-batches of a step, as
 FSDP1's SHARD_GRAD_OP does inside no_sync (docs/strategies-tuning.md).
@@ -73,13 +73,15 @@ class FSDP2Trainer(DCPCheckpointMixin):
         )
         kw: dict[str, Any] = {
             "mesh": self.mesh,
-            "reshard_after_forward": reshard_after_forward,
             "mp_policy": mp,
             "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
         }
         maybe_compile(model, cfg)
         for block in transformer_blocks(model):
-            fully_shard(block, **kw)
+            fully_shard(block, reshard_after_forward=reshard_after_forward, **kw)
+        # The root's reshard_after_forward left to FSDP2 (None: not after forward, its parameters being the
+        # first that backward needs), as torchtitan leaves it: a root resharded after forward all-gathers
+        # the embeddings and head again at every micro-batch's backward, before anything can overlap it.
         self.model = cast(nn.Module, fully_shard(model, **kw))
         self.optimizer = self.make_optimizer(self.model.parameters(), offload=offload)
         self.scheduler = build_scheduler(self.optimizer, cfg)
