@@ -38,3 +38,44 @@ def test_accumulation_preserves_losses(suite, strategy, world_size):
     a = suite.train(one)[0]["losses"]
     b = suite.checkpointed_run(many)["losses"]
     assert_losses_match(b, a, f"{strategy} ws{world_size} accumulating {many.accum_steps} micro-batches")
+
+
+@pytest.mark.strategies("fsdp_grad", "fsdp_full")
+def test_shard_grad_op_gathers_its_parameters_once_per_step_while_accumulating(suite, strategy, world_size):
+    """fsdp_grad keeps its parameters unsharded between the micro-batches of a step, as FSDP1's SHARD_GRAD_OP
+    does in no_sync: its all-gathers per step do not grow with the micro-batches. fsdp_full reshards after
+    every forward and backward, so they do."""
+    if world_size < 2:
+        pytest.skip("one rank gathers nothing")
+    one = suite.config(strategy, world_size)
+    one = one.replace(micro_batch=one.per_rank_batch)
+    many = one.replace(micro_batch=1)
+    assert many.accum_steps > 1
+    gathers = [
+        suite.run_job(world_size, count_collectives, cfg=c)[0].get("all_gather", 0) for c in (one, many)
+    ]
+    if strategy == "fsdp_grad":
+        assert gathers[1] == gathers[0], (
+            f"{strategy}: {gathers} all-gathers per step without/with accumulation"
+        )
+    else:
+        assert gathers[1] > gathers[0], (
+            f"{strategy}: {gathers} all-gathers per step without/with accumulation"
+        )
+
+
+@pytest.mark.strategies("fsdp_full")
+def test_full_shard_gathers_each_block_twice_and_the_root_once(suite, strategy, world_size):
+    """FULL_SHARD re-gathers each block for backward; the root (embeddings and head) stays gathered from its
+    forward into backward, as FSDP2 and torchtitan leave it: a resharded root would be gathered again first
+    thing in backward, with nothing to overlap it."""
+    from distbench.strategies.base import transformer_blocks
+    from distbench.workloads import get_model
+
+    if world_size < 2:
+        pytest.skip("one rank gathers nothing")
+    cfg = suite.config(strategy, world_size)
+    cfg = cfg.replace(micro_batch=cfg.per_rank_batch)
+    blocks = len(transformer_blocks(get_model(cfg.model).build(cfg.seed, "meta")))
+    gathers = suite.run_job(world_size, count_collectives, cfg=cfg)[0].get("all_gather", 0)
+    assert gathers == 2 * blocks + 1, f"{gathers} all-gathers per step for {blocks} blocks and the root"

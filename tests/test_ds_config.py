@@ -26,7 +26,7 @@ def test_harness_keys_follow_the_run_config():
         ds["train_micro_batch_size_per_gpu"],
         ds["gradient_accumulation_steps"],
     ) == (8, 2, 2)
-    assert ds["zero_optimization"] == {"stage": 2}
+    assert ds["zero_optimization"] == {"stage": 2, "overlap_comm": True}  # as DeepSpeed's users run it
     assert ds["bf16"] == {"enabled": False} and ds["fp16"] == {"enabled": False}
     assert "optimizer" not in ds and "scheduler" not in ds
 
@@ -97,7 +97,7 @@ def test_auto_takes_the_harness_value_or_deepspeed_default():
     )
     assert ds["train_batch_size"] == 8 and ds["train_micro_batch_size_per_gpu"] == 2
     assert ds["gradient_clipping"] == 0.0 and ds["bf16"] == {"enabled": False}
-    assert ds["zero_optimization"] == {"stage": 2}
+    assert ds["zero_optimization"] == {"stage": 2, "overlap_comm": True}
 
 
 def test_hf_style_optimizer_and_scheduler_sections_that_agree_are_dropped():

@@ -399,3 +399,55 @@ def test_options_reach_only_the_strategies_that_take_them():
     base = {"steps": 2, "lora_rank": 4, "options": {"ds_config": '{"zero_optimization": {}}'}}
     assert _for_strategy(base, "zero3")["options"] == base["options"]
     assert _for_strategy(base, "ddp") == {"steps": 2, "lora_rank": 4, "options": {}}
+
+
+def measured(strategy: str, tps: float, mb: int, spread: float = 0.02) -> dict[str, Any]:
+    """An ok 2-GPU result of `strategy` at micro-batch `mb`, step times spread `spread` (p10-p90 / median)."""
+    from distbench.results import make_result
+
+    st = 2 * mb * 1024 / tps
+    config = {"strategy": strategy, "world_size": 2, "model": "gpt2-large", "precision": "bf16", "seq_len": 1024,
+              "global_batch": 32, "micro_batch": mb}  # fmt: skip
+    return make_result(
+        config,
+        metrics={"tokens_per_s": tps, "step_time_s": st},
+        step_time_s={"median": st, "p10": st * (1 - spread / 2), "p90": st * (1 + spread / 2), "n": 10},
+    )
+
+
+def test_the_ranking_is_held_against_a_measured_table_and_each_disagreement_says_why():
+    """Issue 41: recommend at 2 and 4 GPUs agrees with the measured table, or says where and why not."""
+    from distbench.recommend import agreement
+
+    table = [measured("single", 33468, 8), measured("ddp", 63370, 8), measured("fsdp_full", 50223, 8),
+             measured("zero2", 65206, 8)]  # fmt: skip
+    table[0]["config"]["world_size"] = 1
+    same = [
+        Outcome(Candidate(s, False), best=measured(s, t, 16)) for s, t in (("zero2", 70000), ("ddp", 68000))
+    ]
+    assert agreement(same, table, 2) == ["agrees with the table at 2 GPUs: both put zero2 first"]
+    bigger = [Outcome(Candidate("fsdp_full", False), best=measured("fsdp_full", 72000, 40)), *same]
+    lines = agreement(bigger, table, 2)
+    assert lines[0] == "differs from the table at 2 GPUs in 2 pair(s); the table's fastest is zero2"
+    assert lines[1] == (
+        "fsdp_full above zero2 here, below it in the table (50,223 vs 65,206): different micro-batches: here "
+        "fsdp_full ran at 40 and zero2 at 16 without accumulation, the table at 8 and 8"
+    )
+    noisy = [*table[:2], measured("fsdp_full", 50223, 8, spread=1.5), table[3]]
+    assert (
+        "the table's fsdp_full figure is flagged (step times spread wider than their median)"
+        in agreement(bigger, noisy, 2)[1]
+    )
+    close = [*table[:2], measured("fsdp_full", 63000, 8, spread=0.05), table[3]]
+    assert agreement(bigger, close, 2)[2].endswith("inside the table's step-time spread: its order is noise")
+    assert agreement(same, table, 4) == [
+        "nothing to compare: the table has 0 strategy(ies) at 4 GPUs, 0 of them here"
+    ]
+
+
+def test_a_table_that_is_not_there_is_refused_before_anything_runs(capsys, monkeypatch, tmp_path):
+    import distbench.matrix
+
+    monkeypatch.setattr(distbench.matrix, "run_matrix", lambda *a, **kw: pytest.fail("ran"))
+    assert main(["recommend", "-m", "gpt2-tiny", "--table", str(tmp_path / "none")]) == 2
+    assert f"no results at {tmp_path / 'none'}" in capsys.readouterr().err

@@ -1,15 +1,21 @@
 """A benchmark matrix (strategies x world sizes x models x precisions), from flags or YAML, and running it:
 one configuration in a pool (run_benchmark, run_trace: the `bench` and `trace` jobs of jobs/bench.py), or all.
 
-Configurations run smallest world size first; once the matrix has run, every result gets its speedup and
-scaling efficiency against the workload's 1-GPU baseline (scaling.py).
+Configurations run smallest world size first; once the matrix has run, every result gets its plausibility
+warnings (plausibility.py), then its speedup and scaling efficiency against the workload's 1-GPU baseline
+(scaling.py). A matrix may carry a published reference (a seed's figures): each result it covers gets the
+figure beside its own. `trace` profiles every configuration, or, given world sizes, only those more than 5%
+below DDP or their reference there, with DDP beside them (gaps.py explains them).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,7 +24,17 @@ import yaml
 from pydantic import Field
 
 from . import scaling
-from .config import Name, PositiveInt, Precision, RunConfig, check_field, check_fields, check_keys, from_json
+from .config import (
+    Name,
+    PositiveFloat,
+    PositiveInt,
+    Precision,
+    RunConfig,
+    check_field,
+    check_fields,
+    check_keys,
+    from_json,
+)
 from .errors import ConfigError
 from .jobs.bench import bench, bench_finish, bench_setup, bench_window, trace
 from .metrics import names
@@ -29,7 +45,24 @@ from .runtime.pool import JobError, PoolManager, cuda_device_count
 from .strategies import REGISTRY, default_strategies, get_spec
 from .workloads import get_model
 
-MATRIX_KEYS = ("strategies", "world_sizes", "models", "precisions", "repeats", "trace")
+MATRIX_KEYS = ("strategies", "world_sizes", "models", "precisions", "repeats", "trace", "reference")
+
+
+@dataclass
+class Reference:
+    """Published figures the matrix is compared with: `tokens_per_s[strategy][world size]`, under `title` (the
+    source and its setup, e.g. "seed 004: 2x H100 SXM5, GPT-2 Large, FSDP1")."""
+
+    title: Annotated[str, Field(min_length=1)]
+    tokens_per_s: dict[Name, dict[PositiveInt, PositiveFloat]]
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    def figure(self, cfg: RunConfig) -> dict[str, Any] | None:
+        """What a result of `cfg` carries as its `reference`: the title and the figure, where there is one."""
+        tps = self.tokens_per_s.get(cfg.strategy, {}).get(cfg.world_size)
+        return None if tps is None else {"title": self.title, "tokens_per_s": tps}
 
 
 @dataclass
@@ -42,7 +75,9 @@ class Matrix:
     precisions: Annotated[list[Precision], Field(min_length=1)]
     base: dict[str, Any] = field(default_factory=dict)  # other RunConfig fields
     repeats: PositiveInt = 1
-    trace: bool = False  # also profile each configuration, attach HTA's breakdown
+    #: True: profile each configuration and attach HTA's breakdown; world sizes: only the shortfalls there
+    trace: bool | list[PositiveInt] = False
+    reference: Reference | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -118,7 +153,8 @@ def default_matrix(device_type: str, device_count: int) -> Matrix:
 
 def load_matrix(path: str | Path) -> Matrix:
     """Read a matrix YAML: lists under strategies/world_sizes/models/precisions (or one value under the singular
-    key), repeats, trace; every other key is a RunConfig field. ConfigError naming the file on anything wrong."""
+    key), repeats, trace, reference (title and tokens_per_s); every other key is a RunConfig field. ConfigError
+    naming the file on anything wrong."""
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
@@ -142,7 +178,11 @@ def load_matrix(path: str | Path) -> Matrix:
     data.setdefault("precisions", ["bf16"])
     try:
         check_keys({k: v for k, v in data.items() if k not in MATRIX_KEYS}, extra=MATRIX_KEYS)
+        if isinstance(data.get("reference"), dict):
+            data["reference"] = Reference(**data["reference"])
         return Matrix(**{k: data.pop(k) for k in MATRIX_KEYS if k in data}, base=data)
+    except TypeError as e:  # a reference with keys other than title and tokens_per_s
+        raise ConfigError(f"matrix file {path}: reference: {e}") from None
     except ConfigError as e:
         raise ConfigError(f"matrix file {path}: {e}") from None
 
@@ -246,6 +286,60 @@ def run_trace(
     return analyze_traces(out_dir, steps=steps)
 
 
+class Placement:
+    """Configurations side by side on disjoint GPUs: each on an aligned block of world-size GPUs (ranks 0-1 of
+    a ws2 run on GPUs 0-1 or 2-3, never 1-2), started in the order given as soon as its block is free, so that
+    on 4 GPUs two 1-GPU runs and a 2-GPU run go at once, as the pytest lanes place them. No two runs share a
+    GPU; under DISTBENCH_BIND_CPUS each GPU's ranks get its own equal share of this process's CPUs too.
+
+    Pools are made and their ranks spawned in the calling thread (a rank dies with the thread that spawned
+    it); the jobs run in worker threads."""
+
+    def __init__(self, pools: PoolManager, n_gpus: int) -> None:
+        self.pools, self.n_gpus = pools, n_gpus
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        per_gpu = len(cpus) // n_gpus
+        self.shares = [cpus[g * per_gpu : (g + 1) * per_gpu] for g in range(n_gpus)]
+
+    @staticmethod
+    def applies(pools: Any, n_gpus: int | None, sizes: list[int]) -> bool:
+        """Whether runs of these world sizes can go side by side in `pools`: this machine's CUDA pools, and
+        GPUs for two of the smallest at once."""
+        return (
+            isinstance(pools, PoolManager)
+            and pools.device_type == "cuda"
+            and len(sizes) > 1
+            and bool(n_gpus)
+            and 2 * min(sizes) <= (n_gpus or 0)
+        )
+
+    def blocks(self, world_size: int) -> list[tuple[int, ...]]:
+        return [tuple(range(b, b + world_size)) for b in range(0, self.n_gpus - world_size + 1, world_size)]
+
+    def run(self, items: list[tuple[int, Any]], work: Callable[[Any, Any], None]) -> None:
+        """`work(pool, item)` for every (world size, item), each in a pool on its own free block."""
+        free, pending = set(range(self.n_gpus)), list(items)
+        running: dict[Future[None], tuple[int, ...]] = {}
+        with ThreadPoolExecutor(max_workers=self.n_gpus) as ex:
+            while pending or running:
+                for ws, item in list(pending):
+                    block = next((b for b in self.blocks(ws) if free.issuperset(b)), None)
+                    if block is None:
+                        continue
+                    cpus = [c for g in block for c in self.shares[g]] or None
+                    pool = self.pools.pool_on(block, cpus)
+                    pool.spawn()  # here, in the thread that outlives the pool
+                    running[ex.submit(work, pool, item)] = block
+                    free -= set(block)
+                    pending.remove((ws, item))
+                if not running:
+                    raise ValueError(f"world size {pending[0][0]} does not fit {self.n_gpus} GPU(s)")
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    free |= set(running.pop(fut))
+                    fut.result()  # a failure of the harness itself (JobErrors are results) stops the matrix
+
+
 def run_matrix(
     matrix: Matrix,
     *,
@@ -256,47 +350,100 @@ def run_matrix(
     timeout: float = 1800.0,
     device_count: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every configuration `repeats` times in the rank pools; save each result as it lands.
+    """Run every configuration `repeats` times in the rank pools (side by side on disjoint GPUs where they fit:
+    Placement); save each result as it lands. Results come back in the matrix's order.
 
     `device_count`: GPUs the pools can place ranks on (default: this machine's; a multi-node launch has more).
 
     A configuration that fails (an exception, a hang, a crashed rank) becomes a result with status "error"
-    carrying every rank's traceback, and the matrix goes on. At the end every result gets its speedup and
-    scaling efficiency (scaling.py) and its plausibility `warnings`, and is saved again.
+    carrying every rank's traceback, and the matrix goes on. At the end every result gets its plausibility
+    `warnings`, its speedup and scaling efficiency (scaling.py), and the traces `matrix.trace` asks for at
+    the shortfalls (gaps.py), and is saved again.
     """
     pools = pools or PoolManager(device_type)
     n_dev = (device_count or cuda_device_count()) if pools.device_type == "cuda" else None
     configs, _ = matrix.configs(pools.device_type, n_dev)
-    results: list[dict[str, Any]] = []
-    for cfg in configs:
-        for _ in range(matrix.repeats):
-            try:
-                result = run_benchmark(pools.pool_for(cfg.world_size), cfg, timeout=timeout)
-            except JobError as e:  # recorded, and the matrix goes on: one broken strategy is one red row
-                result = failure_result(cfg, pools.device_type, e)
-            if matrix.trace and result["status"] == "ok" and out_dir is not None:
-                tdir = Path(out_dir) / "traces" / result["id"]
-                try:
-                    result["trace"] = run_trace(
-                        pools.pool_for(cfg.world_size), cfg, str(tdir), timeout=timeout
-                    )
-                except Exception as e:  # a trace HTA cannot analyse costs its breakdown, not the matrix
-                    result["trace"] = {"error": f"{type(e).__name__}: {e}", "trace_dir": str(tdir)}
-                result["metrics"].update(
-                    {
-                        k: result["trace"][k]
-                        for k in names(source="trace")
-                        if result["trace"].get(k) is not None
-                    }
-                )
-            results.append(result)
+    jobs = [(i, cfg) for i, cfg in enumerate(c for c in configs for _ in range(matrix.repeats))]
+    placed = (
+        Placement(pools, n_dev or 1)
+        if Placement.applies(pools, n_dev, [c.world_size for _, c in jobs])
+        else None
+    )
+    lock = threading.Lock()
+    done: dict[int, tuple[RunConfig, dict[str, Any]]] = {}
+
+    def one(pool: Any, job: tuple[int, RunConfig]) -> None:
+        i, cfg = job
+        try:
+            result = run_benchmark(pool, cfg, timeout=timeout)
+        except JobError as e:  # recorded, and the matrix goes on: one broken strategy is one red row
+            result = failure_result(cfg, pools.device_type, e)
+        figure = matrix.reference.figure(cfg) if matrix.reference else None
+        if figure:
+            result["reference"] = figure
+        if matrix.trace is True and result["status"] == "ok" and out_dir is not None:
+            _attach_trace(pool, cfg, result, out_dir, timeout)
+        with lock:
+            done[i] = (cfg, result)
             if out_dir is not None:
                 save_result(result, out_dir)
             if on_result:
                 on_result(cfg, result)
-    scaling.annotate(results)  # one rule for speedup and efficiency (scaling.py), once every baseline ran
+
+    _each(placed, pools, [(cfg.world_size, (i, cfg)) for i, cfg in jobs], one)
+    results = [done[i][1] for i in sorted(done)]
     annotate(results)  # judged on the whole matrix: a speedup needs its reference, a run its repeats
+    scaling.annotate(results)  # one rule for speedup and efficiency (scaling.py), from unflagged baselines
+    if isinstance(matrix.trace, list) and out_dir is not None:
+        _trace_shortfalls(matrix.trace, [done[i] for i in sorted(done)], placed, pools, out_dir, timeout)
     if out_dir is not None:
         for result in results:
             save_result(result, out_dir)
     return results
+
+
+def _each(
+    placed: Placement | None, pools: Any, items: list[tuple[int, Any]], work: Callable[[Any, Any], None]
+) -> None:
+    """`work(pool, item)` for every (world size, item): side by side where placed, else one at a time."""
+    if placed is not None:
+        placed.run(items, work)
+        return
+    for ws, item in items:
+        work(pools.pool_for(ws), item)
+
+
+def _attach_trace(
+    pool: Any, cfg: RunConfig, result: dict[str, Any], out_dir: str | Path, timeout: float
+) -> None:
+    """Profile `cfg` into out_dir/traces/<id> and put HTA's breakdown into the result (and its trace metrics)."""
+    tdir = Path(out_dir) / "traces" / result["id"]
+    try:
+        result["trace"] = run_trace(pool, cfg, str(tdir), timeout=timeout)
+    except Exception as e:  # a trace HTA cannot analyse costs its breakdown, not the matrix
+        result["trace"] = {"error": f"{type(e).__name__}: {e}", "trace_dir": str(tdir)}
+    result["metrics"].update(
+        {k: result["trace"][k] for k in names(source="trace") if result["trace"].get(k) is not None}
+    )
+
+
+def _trace_shortfalls(
+    world_sizes: list[int],
+    ran: list[tuple[RunConfig, dict[str, Any]]],
+    placed: Placement | None,
+    pools: Any,
+    out_dir: str | Path,
+    timeout: float,
+) -> None:
+    """Trace one run of each configuration more than gaps.GAP short of DDP or its reference at `world_sizes`,
+    and DDP's there, so that the report can split the gap (gaps.explain)."""
+    from .gaps import ddp_runs, shortfalls
+
+    results = [r for _, r in ran]
+    wanted: dict[int, dict[str, Any]] = {}
+    for short in shortfalls(results, world_sizes):
+        for r in (short.runs[0], *ddp_runs(results, short)[:1]):
+            wanted[id(r)] = r
+    cfg_of = {id(r): cfg for cfg, r in ran}
+    items = [(r["config"]["world_size"], r) for r in wanted.values()]
+    _each(placed, pools, items, lambda pool, r: _attach_trace(pool, cfg_of[id(r)], r, out_dir, timeout))

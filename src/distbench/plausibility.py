@@ -2,22 +2,42 @@
 
 A suite whose job is trustworthy numbers must not show "8.07x on 2 ranks" as a finding: a contended or cold
 1-rank reference inflates every speedup against it. `check` reads a set of results (one matrix, or every
-result a report loads) and returns, per result id, one warning per implausibility:
+result a report loads) and returns, per result id, one warning per implausibility.
 
-- superlinear scaling beyond noise: tokens/s on N ranks above N x a 1-rank reference of the same workload (the
-  same strategy on 1 rank, or `single`) by more than the step-time spread of the two;
-- superlinear within noise: above linear by more than 10% but inside that spread, an artefact of noisy runs
-  (the CPU default run's zero2 at 2 ranks, 5.75x against a 1-rank run whose p90 was 3x its median);
-- a speedup within noise: |speedup - 1| no larger than that spread, so it supports neither a gain nor a loss;
+A run's own measurement (`measurement_warnings`):
+
 - a run far below its repeats: tokens/s below the median of the other runs of its configuration by more
   than their spread (at least 10%); named as a cold start when it is the first run of the set, and as an
   inflating reference when it runs on 1 rank;
 - a step-time spread (p10-p90, or the standard deviation) wider than the median step time;
-- a host that ran at different speeds: the reference launch work timed around the windows
-  (measure/hostspeed.py) varied by more than HOST_SPEED_RATIO, in a step that is not device-bound, whose
-  time then moves with the host (one H200 virtual machine's vCPUs ran at two speeds, x1.7 apart).
+- a contended host: the training threads (main and autograd, measure/hostspeed.py's ThreadTimes) of some rank
+  waited on a CPU run queue for more than CONTENDED_SHARE of the timed windows: another process had their
+  cores;
+- a host that ran at different speeds and moved the step: on one rank, the reference launch work timed around
+  the windows (measure/hostspeed.py) varied by more than HOST_SPEED_RATIO, in a step that is not
+  device-bound, and the step times spread by more than HOST_MOVED.
+
+Its speedup against the 1-rank reference of its workload (scaling.py), at every world size but the
+reference's own runs:
+
+- superlinear beyond noise: above world size x the reference by more than the step-time spread of the two
+  (at 1 rank: a wrapped strategy faster than the unwrapped model);
+- superlinear within noise: above linear by more than 10% but inside that spread, an artefact of noisy runs
+  (the CPU default run's zero2 at 2 ranks, 5.75x against a 1-rank run whose p90 was 3x its median);
+- a speedup within noise (more than 1 rank): |speedup - 1| no larger than that spread, so it supports
+  neither a gain nor a loss;
+- a flagged reference: every 1-rank reference run has a measurement warning of its own, so no speedup is
+  stated (scaling.py leaves flagged runs out of the baseline).
 
 Noise is the relative p10-p90 width of a run's step times, (p90 - p10) / median.
+
+Why the host checks read as they do: on idle H200 virtual machines the reference launch work moved x1.3-1.5
+between two readings of one process while the step times of the same runs spread 0.1-0.6% (the probes under
+results/recommend-h200-2026-11-24): a vCPU's speed changes within seconds, whatever the binding (a loop
+pinned to one vCPU took 3.1-6.0 ms, results/gate-host-h200-2026-11-24/cpuprobe.log), and moves a step only
+where the host paces it. The reference alone flagged every step that was not device-bound; the step must
+have moved too. The training threads' run-queue wait is what a CPU-bound neighbour leaves: 0.0-0.2% of the
+timed time in those idle unbound runs.
 """
 
 from __future__ import annotations
@@ -26,12 +46,17 @@ import statistics
 from typing import Any
 
 from .results import config_key
+from .runtime.affinity import ENV as BIND_ENV
 from .scaling import baseline_runs, tokens_per_s
 
 #: a run must fall this far below the median of its repeats to be flagged, whatever their spread
 MIN_GAP = 0.10
-#: slowest / fastest reference launch time within one run beyond which the host's speed is called unsteady
+#: slowest / fastest reference launch time of one rank beyond which the host's speed is called unsteady
 HOST_SPEED_RATIO = 1.25
+#: ... and the step times' relative p10-p90 spread beyond which the step moved with it
+HOST_MOVED = 0.10
+#: the share of the timed windows a rank's training threads may wait for a CPU before the host is contended
+CONTENDED_SHARE = 0.05
 
 
 def rel_spread(result: dict[str, Any]) -> float:
@@ -42,14 +67,15 @@ def rel_spread(result: dict[str, Any]) -> float:
 
 
 def _scaling(result: dict[str, Any], refs: list[dict[str, Any]]) -> list[str]:
-    """Superlinear or within-noise speedup of a multi-rank result against one reference group."""
+    """Superlinear or within-noise speedup of a result against one reference group. At 1 rank only above
+    it: a wrapped strategy at the unwrapped model's speed is what one GPU should show."""
     ws, tps = result["config"]["world_size"], tokens_per_s(result)
     ref_tps = statistics.median(t for r in refs if (t := tokens_per_s(r)))
     speedup = tps / ref_tps
     noise = rel_spread(result) + statistics.median(rel_spread(r) for r in refs)
     against = (
         f"{speedup:.2f}x the tokens/s of {refs[0]['config'].get('strategy')} on 1 rank ({ref_tps:,.0f}, "
-        f"median of {len(refs)} run(s)) on {ws} ranks"
+        f"median of {len(refs)} run(s)) on {ws} rank(s)"
     )
     if speedup > ws * (1 + noise):
         return [
@@ -61,12 +87,21 @@ def _scaling(result: dict[str, Any], refs: list[dict[str, Any]]) -> list[str]:
             f"superlinear within noise: {against}, above linear only inside a step-time spread of "
             f"+-{noise:.0%}: an artefact of noisy runs, not a result; take more steps or repeats"
         ]
-    if abs(speedup - 1) <= noise:
+    if ws > 1 and abs(speedup - 1) <= noise:
         return [
             f"speedup within noise: {against}, inside the step-time spread (+-{noise:.0%}): it shows "
             "neither a gain nor a loss; take more steps or repeats"
         ]
     return []
+
+
+def _flagged_reference(refs: list[dict[str, Any]], own: dict[int, list[str]]) -> list[str]:
+    first = own[id(refs[0])][0]
+    return [
+        f"against a flagged reference: every 1-rank run of {refs[0]['config'].get('strategy')} it would be "
+        f'measured against is flagged itself ("{first.split(":")[0]}"), so it has no speedup or efficiency; '
+        "rerun the reference"
+    ]
 
 
 def _below_repeats(result: dict[str, Any], others: list[dict[str, Any]], first: bool) -> list[str]:
@@ -99,19 +134,58 @@ def _spread(result: dict[str, Any]) -> list[str]:
     ]
 
 
-def _host_speed(result: dict[str, Any]) -> list[str]:
-    if (result.get("regime") or {}).get("regime") == "device-bound":
+def _speed_windows(result: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """Per rank, the host-speed readings of its timed windows (measure/hostspeed.py; results.py keeps them)."""
+    return [[w for w in rank if w] for rank in (result.get("host") or {}).get("speed") or []]
+
+
+def _contended(result: dict[str, Any]) -> list[str]:
+    """The run-queue wait of the most delayed rank's training threads over the run's timed steps. Not under
+    pinned binding, whose main and autograd threads share one CPU by design and wait for each other."""
+    timed = sum((result.get("step_time_s") or {}).get("steps") or [])
+    mode = ((result.get("env") or {}).get("env") or {}).get(BIND_ENV)
+    if not timed or mode == "pinned":
         return []
-    speed = (result.get("host") or {}).get("speed") or []
-    refs = [x for rank in speed for w in rank if w for x in w.get("ref_s") or []]
-    if len(refs) < 2 or min(refs) <= 0 or max(refs) / min(refs) <= HOST_SPEED_RATIO:
+    waits = [
+        sum(w["threads"]["main_wait_s"] + w["threads"]["autograd_wait_s"] for w in rank if w.get("threads"))
+        for rank in _speed_windows(result)
+    ]
+    worst = max(waits, default=0.0)
+    if worst <= CONTENDED_SHARE * timed:
         return []
     return [
-        f"the host ran at different speeds: the same launch work took {min(refs) * 1000:.2f}-"
-        f"{max(refs) * 1000:.2f} ms (x{max(refs) / min(refs):.2f}) around this run's windows, and a step that "
-        "is not device-bound moves with it; compare such runs with `distbench ab --bind-cpus` (interleaved "
+        f"a contended host: the training threads of rank {waits.index(worst)} waited {worst * 1000:,.0f} ms "
+        f"for a CPU, {worst / timed:.0%} of the {timed:.2f} s of timed steps: another process had their "
+        "cores; rerun on a quiet machine"
+    ]
+
+
+def _host_speed(result: dict[str, Any]) -> list[str]:
+    """A rank whose reference launch work moved by more than HOST_SPEED_RATIO over the run, in a step that is not
+    device-bound and whose step times moved too."""
+    if (result.get("regime") or {}).get("regime") == "device-bound" or rel_spread(result) <= HOST_MOVED:
+        return []
+    ratios = []
+    for rank in _speed_windows(result):
+        refs = [x for w in rank for x in w.get("ref_s") or []]
+        if len(refs) >= 2 and min(refs) > 0:
+            ratios.append((max(refs) / min(refs), min(refs), max(refs)))
+    if not ratios or max(ratios)[0] <= HOST_SPEED_RATIO:
+        return []
+    ratio, fast, slow = max(ratios)
+    return [
+        f"the host ran at different speeds: the same launch work took {fast * 1000:.2f}-{slow * 1000:.2f} ms "
+        f"(x{ratio:.2f}) on one rank around this run's windows, and its step times, not device-bound, spread "
+        f"{rel_spread(result):.0%} with it; compare such runs with `distbench ab --bind-cpus` (interleaved "
         "windows on one core), not as separate runs"
     ]
+
+
+def measurement_warnings(result: dict[str, Any], repeats: list[dict[str, Any]], first: bool) -> list[str]:
+    """What is wrong with a run's own measurement, whatever it is compared with; `repeats` are the other runs
+    of its configuration, `first` whether it ran first of the set."""
+    found = _spread(result) + _contended(result) + _host_speed(result)
+    return found + (_below_repeats(result, repeats, first) if repeats else [])
 
 
 def check(results: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -122,16 +196,18 @@ def check(results: list[dict[str, Any]]) -> dict[str, list[str]]:
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in ok:
         groups.setdefault(config_key(r), []).append(r)
+    own = {
+        id(r): measurement_warnings(r, [o for o in groups[config_key(r)] if o is not r], r is first)
+        for r in ok
+    }
     out: dict[str, list[str]] = {}
     for r in ok:
-        c = r["config"]
-        found = _spread(r) + _host_speed(r)
-        others = [o for o in groups[config_key(r)] if o is not r]
-        if others:
-            found += _below_repeats(r, others, first=r is first)
-        if c.get("world_size", 1) > 1:
-            refs = baseline_runs(ok, r)  # the speedup the results and the report state (scaling.py)
-            found += _scaling(r, refs) if refs else []
+        found = list(own[id(r)])
+        # the speedup the results and the report state (scaling.py), from the references' own measurements
+        refs = baseline_runs(ok, r, usable=lambda x: not own[id(x)])
+        candidates = refs or baseline_runs(ok, r, usable=lambda x: True)
+        if candidates and config_key(candidates[0]) != config_key(r):  # no reference against itself
+            found += _scaling(r, refs) if refs else _flagged_reference(candidates, own)
         if found:
             out[r["id"]] = found
     return out

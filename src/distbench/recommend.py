@@ -13,7 +13,8 @@ ranking uses.
 
 No CLI and no training here: the search takes a `probe` callable (micro-batch -> result dict, the schema
 results.py writes), so tests drive it with a made-up memory limit; commands/recommend.py supplies probes
-that run the benchmark.
+that run the benchmark. `agreement` holds the ranking against a measured table (`distbench run`'s results)
+at the same GPU count and says where and why the two order strategies differently.
 """
 
 from __future__ import annotations
@@ -211,12 +212,18 @@ def rank(outcomes: Iterable[Outcome]) -> list[Outcome]:
     return fitting + [o for o in outcomes if o.best is None]
 
 
-def _tokens_per_s_range(o: Outcome) -> tuple[float, float]:
-    """The candidate's tokens/s at its p90 and p10 step times (its slowest and fastest usual steps)."""
-    tps, st = o.tokens_per_s or 0.0, (o.best or {}).get("step_time_s") or {}
+def tokens_per_s_range(result: dict[str, Any]) -> tuple[float, float]:
+    """A result's tokens/s at its p90 and p10 step times (its slowest and fastest usual steps)."""
+    tps = float((result.get("metrics") or {}).get("tokens_per_s") or 0.0)
+    st = result.get("step_time_s") or {}
     if not st.get("p10") or not st.get("p90"):
         return tps, tps
     return tps * st["median"] / st["p90"], tps * st["median"] / st["p10"]
+
+
+def _overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    (lo_a, hi_a), (lo_b, hi_b) = tokens_per_s_range(a), tokens_per_s_range(b)
+    return lo_a <= hi_b and lo_b <= hi_a
 
 
 def rivals(ranked: list[Outcome]) -> list[Outcome]:
@@ -224,8 +231,75 @@ def rivals(ranked: list[Outcome]) -> list[Outcome]:
     timed steps per probe their order behind the top is noise, not merit."""
     if not ranked or ranked[0].best is None:
         return []
-    floor = _tokens_per_s_range(ranked[0])[0]
-    return [o for o in ranked[1:] if o.best is not None and _tokens_per_s_range(o)[1] >= floor]
+    floor = tokens_per_s_range(ranked[0].best)[0]
+    return [o for o in ranked[1:] if o.best is not None and tokens_per_s_range(o.best)[1] >= floor]
+
+
+def table_rows(results: list[dict[str, Any]], gpus: int) -> dict[str, dict[str, Any]]:
+    """A measured table's configurations at `gpus` GPUs, one run each (the fastest of its repeats), by
+    strategy; with `flagged`: its plausibility warnings."""
+    from .plausibility import check
+
+    found = check(results)
+    rows: dict[str, dict[str, Any]] = {}
+    for r in results:
+        c = r.get("config") or {}
+        if r.get("status") != "ok" or c.get("world_size") != gpus or c.get("activation_checkpointing"):
+            continue
+        tps = (r.get("metrics") or {}).get("tokens_per_s") or 0.0
+        if tps > ((rows.get(c["strategy"]) or {}).get("metrics") or {}).get("tokens_per_s", 0.0):
+            rows[c["strategy"]] = {**r, "flagged": found.get(r["id"], [])}
+    return rows
+
+
+def agreement(ranked: list[Outcome], results: list[dict[str, Any]], gpus: int) -> list[str]:
+    """Whether recommend's order at `gpus` GPUs agrees with a measured table's (`results`, a `distbench run`),
+    one line per pair of strategies both measured (checkpointing off) that the two order differently, with
+    why: a flagged table figure, an order inside either's step-time spread, or micro-batches that differ
+    (recommend measures each strategy at its largest, without accumulation; the table all at one)."""
+    table = table_rows(results, gpus)
+    mine = {
+        o.candidate.strategy: o.best for o in ranked if o.best and not o.candidate.activation_checkpointing
+    }
+    both = [s for s in sorted(mine, key=lambda s: -float(mine[s]["metrics"]["tokens_per_s"])) if s in table]
+    if len(both) < 2:
+        return [
+            f"nothing to compare: the table has {len(table)} strategy(ies) at {gpus} GPUs, {len(both)} of them here"
+        ]
+    lines = []
+    for i, a in enumerate(both):
+        for b in both[i + 1 :]:  # recommend has a above b
+            ta, tb = (table[s]["metrics"]["tokens_per_s"] for s in (a, b))
+            if ta >= tb:
+                continue
+            lines.append(
+                f"{a} above {b} here, below it in the table ({ta:,.0f} vs {tb:,.0f}): {_why(a, b, mine, table)}"
+            )
+    top = both[0]
+    head = max(table, key=lambda s: table[s]["metrics"]["tokens_per_s"])
+    verdict = (
+        f"agrees with the table at {gpus} GPUs: both put {top} first"
+        if head == top and not lines
+        else f"differs from the table at {gpus} GPUs in {len(lines)} pair(s); the table's fastest is {head}"
+    )
+    return [verdict, *lines]
+
+
+def _why(a: str, b: str, mine: dict[str, Any], table: dict[str, dict[str, Any]]) -> str:
+    flagged = [s for s in (a, b) if table[s]["flagged"]]
+    if flagged:
+        return f"the table's {', '.join(flagged)} figure is flagged ({table[flagged[0]]['flagged'][0].split(':')[0]})"
+    if _overlap(table[a], table[b]):
+        return "inside the table's step-time spread: its order is noise"
+    if _overlap(mine[a], mine[b]):
+        return "inside the step-time spread of recommend's probes: this order is noise"
+    mb = {s: (mine[s]["config"]["micro_batch"], table[s]["config"]["micro_batch"]) for s in (a, b)}
+    if any(here != there for here, there in mb.values()):
+        return (
+            f"different micro-batches: here {a} ran at {mb[a][0]} and {b} at {mb[b][0]} without accumulation, "
+            f"the table at {mb[a][1]} and {mb[b][1]}"
+        )
+    return "the same micro-batches, outside both spreads: unexplained, rerun both"
 
 
 def summary(outcomes: list[Outcome], evidence: dict[str, str]) -> list[dict[str, Any]]:

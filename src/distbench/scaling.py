@@ -3,8 +3,10 @@
 speedup = a configuration's tokens/s over the tokens/s of the 1-GPU baseline of the same workload (model,
 precision, sequence, batch, micro-batch, compile). The baseline is `single` at world size 1 when it ran (as
 seed 004 measures: against the unwrapped model on one GPU), else the same strategy at world size 1; its
-repeats count by their median. scaling efficiency = speedup / world size. A world-size-1 run of a wrapped
-strategy gets its speedup too (0.9x: what the wrapper costs on one GPU).
+repeats count by their median, less those whose own measurement the plausibility checks flagged (their
+`warnings`, plausibility.py): where every baseline run is flagged, no speedup is stated. scaling efficiency
+= speedup / world size. A world-size-1 run of a wrapped strategy gets its speedup too (0.9x: what the
+wrapper costs on one GPU).
 
 `distbench run` and the asv grid write both into each result (`annotate`), the report prints them and the
 plausibility checks judge them, all through `baseline_runs`, so no two places can disagree.
@@ -13,6 +15,7 @@ plausibility checks judge them, all through `baseline_runs`, so no two places ca
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from .results import config_key
@@ -28,8 +31,18 @@ def tokens_per_s(result: dict[str, Any]) -> float:
     return float((result.get("metrics") or {}).get("tokens_per_s") or 0.0)
 
 
-def baseline_runs(results: list[dict[str, Any]], result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The ok 1-GPU runs `result`'s speedup is measured against: `single`'s, else its own strategy's."""
+def unflagged(result: dict[str, Any]) -> bool:
+    """Whether a run carries no plausibility warning (plausibility.annotate writes them)."""
+    return not result.get("warnings")
+
+
+def baseline_runs(
+    results: list[dict[str, Any]],
+    result: dict[str, Any],
+    usable: Callable[[dict[str, Any]], bool] = unflagged,
+) -> list[dict[str, Any]]:
+    """The ok, `usable` 1-GPU runs `result`'s speedup is measured against: `single`'s where it ran, else its
+    own strategy's; none where every run of that strategy is unusable."""
     ones = [
         r
         for r in results
@@ -41,7 +54,7 @@ def baseline_runs(results: list[dict[str, Any]], result: dict[str, Any]) -> list
     for strategy in ("single", result["config"].get("strategy")):
         runs = [r for r in ones if r["config"].get("strategy") == strategy]
         if runs:
-            return runs
+            return [r for r in runs if usable(r)]
     return []
 
 

@@ -27,6 +27,7 @@ from ..recommend import (
     Candidate,
     Headroom,
     Outcome,
+    agreement,
     headroom_bytes,
     peak_bytes,
     rank,
@@ -34,6 +35,7 @@ from ..recommend import (
     search,
     summary,
 )
+from ..results import load_results
 from .run import _arg, _output_dir, _typed
 
 AC_CHOICES = ("both", "off", "on")
@@ -126,6 +128,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=3,
         help="untimed steps per probe (default 3: after 1, ZeRO-3 ran GPT-2 Large 3x slower on an H200)",
     )
+    p.add_argument(
+        "--table",
+        type=Path,
+        help="results of a `distbench run` (file or directory): say where its order at --gpus GPUs agrees "
+        "with this ranking, and why not where it does not",
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is present")
     p.add_argument(
         "--output",
@@ -187,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             runnable.append(name)
     try:
+        table = load_results(args.table) if args.table else None
         base = _base(args)
         if (
             runnable
@@ -197,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
             for cfg in configs:  # a strategy's own checks of what the user passed it (a --ds-config)
                 get_spec(cfg.strategy).check_config(cfg)
         ac_ok = _checkpointable(args.model, RunConfig().seed)
-    except (DistbenchError, ValueError) as e:
+    except (DistbenchError, ValueError, FileNotFoundError) as e:
         return _usage_error(" ".join(str(e).split()))
     if not runnable:
         return _usage_error(
@@ -227,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         f"micro-batch up to {args.max_micro_batch}; results -> {args.output}"
     )
     searched = _search_all(candidates, args, base, (gpus, device, precision, n_cuda), headroom, console)
-    return _report(outcomes + searched, notes, args, gpus, device, precision, headroom, console)
+    return _report(outcomes + searched, notes, args, gpus, device, precision, headroom, console, table)
 
 
 def _base(args: argparse.Namespace) -> dict[str, Any]:
@@ -323,8 +332,10 @@ def _report(
     precision: str,
     headroom: Headroom,
     console: Any,
+    table: list[dict[str, Any]] | None = None,
 ) -> int:
-    """The ranked table, the recommendation with its evidence, recommendation.json; exit 1 when nothing fits."""
+    """The ranked table, the recommendation with its evidence, recommendation.json (with the agreement with a
+    measured `table`, when given); exit 1 when nothing fits."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -375,6 +386,7 @@ def _report(
     console.print(t)
     top = ranked[0] if ranked and ranked[0].best else None
     rows, close = summary(ranked, evidence), rivals(ranked)
+    agreed = agreement(ranked, table, gpus) if table is not None else None
     path = write_json_atomic(
         out / "recommendation.json",
         {
@@ -394,8 +406,11 @@ def _report(
                 }
                 for o in close
             ],
+            "table_agreement": agreed,
         },
     )
+    for line in agreed or []:
+        console.print(f"Against {escape(str(args.table))}: {escape(line)}", highlight=False)
     if top is None:
         console.print("[red]No recommendation[/]: no candidate fits (the status column says why)")
         return 1

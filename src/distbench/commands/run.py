@@ -169,9 +169,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
     p.add_argument(
         "--bind-cpus",
-        action="store_true",
-        help="bind each rank to its own equal slice of this "
-        "process's CPUs (sets DISTBENCH_BIND_CPUS=exclusive; recorded in each result's env)",
+        action=argparse.BooleanOptionalAction,
+        help="bind each rank to its own equal slice of this process's CPUs, its GPU's share where "
+        "configurations run side by side (DISTBENCH_BIND_CPUS=exclusive, recorded in each result's env); "
+        "default: on GPUs, where ranks then never compete for a core",
     )
     p.add_argument(
         "--gc-during-steps",
@@ -181,9 +182,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--trace",
-        action="store_true",
-        help="also profile each configuration (GPU) and record "
-        "HolisticTraceAnalysis's compute/non-compute/idle and overlap breakdown",
+        action=argparse.BooleanOptionalAction,
+        help="also profile each configuration (GPU) and record HolisticTraceAnalysis's compute/non-compute/"
+        "idle and overlap breakdown; --no-trace: none, whatever the --config file's `trace` says",
     )
     p.add_argument("--ds-config", help="DeepSpeed config JSON merged into the zero* strategies' config")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is present")
@@ -256,7 +257,7 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
         precisions=args.precision or m.precisions,
         base=base,
         repeats=args.repeats or m.repeats,
-        trace=args.trace or m.trace,
+        trace=m.trace if args.trace is None else args.trace,
     )
 
 
@@ -286,8 +287,11 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
         return _usage_error("--device cuda but no CUDA device is visible; use --device cpu")
     try:
         matrix = build_matrix(args, device_type, n_cuda)
-        if args.bind_cpus:
+        bind = device_type == "cuda" if args.bind_cpus is None else args.bind_cpus
+        if bind:
             os.environ[affinity.ENV] = "exclusive"
+        elif args.bind_cpus is False:
+            os.environ.pop(affinity.ENV, None)
         affinity.rank_cpus(0, max(matrix.world_sizes))  # a bad setting or too few CPUs: say so now
         listen = parse_listen(args.prometheus) if args.prometheus else None
         pools = pools or PoolManager(device_type)

@@ -99,7 +99,8 @@ def analyze_traces(trace_dir: str, steps: int | None = None) -> dict[str, Any]:
 
     Times are in ms (kernel table in us) per profiled step when `steps` is given, else totals over the
     trace. Percentages are HTA's per rank, averaged over ranks. Exposed communication follows seed 004:
-    communication kernel time x (1 - overlap). `top_kernels` lists every kernel, largest total first,
+    communication kernel time x (1 - overlap). `host_wait_ms` is HTA's host-wait idle time of the compute
+    stream: the GPU waiting for the host to launch, what a launch-bound step loses. `top_kernels` lists every kernel, largest total first,
     averaged over ranks, so that `kernel_diff` sees kernels that are small in one run.
     """
     if steps is not None and steps < 1:
@@ -113,17 +114,19 @@ def analyze_traces(trace_dir: str, steps: int | None = None) -> dict[str, Any]:
     _, kernels = analysis.get_gpu_kernel_breakdown(
         visualize=False, duration_ratio=1.0, num_kernels=1 << 30, include_memory_kernels=True
     )
+    idle, _ = analysis.get_idle_time_breakdown(ranks=ranks, visualize=False)
     sym = trace.symbol_table.get_sym_table()
     per_rank: dict[str, dict[str, Any]] = {}
     kernel_rows: dict[str, dict[str, Any]] = {}
     for rank in ranks:
         rk = kernels[kernels["rank"].eq(rank)]
         comm_us = float(rk.loc[rk["kernel_type"].eq("COMMUNICATION"), "sum (us)"].sum())
+        df = trace.traces[rank]
         per_rank[str(rank)] = _rank_breakdown(
             temporal.loc[rank], _num(overlap.loc[rank, "comp_comm_overlap_pctg"]), comm_us, div
         )
+        per_rank[str(rank)]["host_wait_ms"] = _host_wait_us(idle, rank, _compute_stream(df, sym)) / 1e3 / div
         # HTA's breakdown gives sum and mean but no count; count the same kernels (stream != -1) HTA summed.
-        df = trace.traces[rank]
         counts = {sym[i]: int(c) for i, c in df.loc[df["stream"].ne(-1), "name"].value_counts().items()}
         for name, ktype, total in zip(rk["name"], rk["kernel_type"], rk["sum (us)"], strict=True):
             k = kernel_rows.setdefault(name, {"name": name, "type": ktype, "total_us": 0.0, "count": 0.0})
@@ -150,7 +153,24 @@ _AVERAGED = (
     "non_compute_pct",
     "comm_ms",
     "exposed_comm_ms",
+    "host_wait_ms",
 )
+
+
+def _compute_stream(df: Any, sym: list[str]) -> int:
+    """The stream that ran the most kernel time outside NCCL: the one the training thread feeds."""
+    from .devicetime import is_comm_kernel
+
+    gpu = df[df["stream"].ne(-1)]
+    own = gpu[[not is_comm_kernel(sym[i]) for i in gpu["name"]]]
+    return int(own.groupby("stream")["dur"].sum().idxmax())
+
+
+def _host_wait_us(idle: Any, rank: int, stream: int) -> float:
+    """HTA's "host wait" idle time of `stream` on `rank`: the GPU idle because the host had not yet launched
+    the next kernel (HTA's idle time breakdown)."""
+    rows = idle[idle["rank"].eq(rank) & idle["stream"].eq(stream) & idle["idle_category"].eq("host_wait")]
+    return float(rows["idle_time"].sum())
 
 
 def _trace_analysis(trace_dir: str) -> Any:

@@ -12,6 +12,7 @@ from ..config import config_label
 from ..measure.timing import step_stats
 from ..metrics import METRICS, fmt_metric
 from ..plausibility import check
+from .gaps import SHORTFALL_NOTE, reference_table, shortfall_table
 from .tables import MEMORY_METRICS, Cell, cells_by_workload, fmt_value, md_table, scaling_of, workload_title
 
 
@@ -198,6 +199,12 @@ def report_markdown(results: list[dict[str, Any]], images: dict[tuple, list[tupl
         warned = warnings_list(cells, found)
         if warned:
             lines += ["", "### Implausible figures (warnings, not results)", ""] + warned
+        against = reference_table(cells)
+        if against:
+            lines += ["", "### Against the reference", ""] + against
+        short = shortfall_table([r for c in cells for r in c.runs])
+        if short:
+            lines += ["", "### Shortfalls and their trace breakdown", "", SHORTFALL_NOTE, ""] + short
         nodes = node_scaling_table(cells)
         if nodes:
             lines += ["", "### Within a node and across nodes", ""] + nodes

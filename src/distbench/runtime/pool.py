@@ -14,7 +14,7 @@ import multiprocessing as mp
 import os
 import select
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -92,7 +92,14 @@ class RankPool:
         *,
         start_timeout: float = 180.0,
         error_grace: float = 10.0,
+        gpus: Sequence[int] | None = None,
+        cpus: Collection[int] | None = None,
     ) -> None:
+        """`gpus`: the GPUs (indices among this process's) its ranks run on, rank r on the r-th; default the
+        first world_size. `cpus`: the CPUs its ranks' binding slices (affinity.rank_cpus) are cut from; default
+        this process's."""
+        if gpus is not None and len(gpus) != world_size:
+            raise ValueError(f"a pool of {world_size} rank(s) needs as many GPUs, got {list(gpus)}")
         if start_timeout <= 0 or error_grace < 0:
             raise ValueError(
                 f"start_timeout must be > 0 and error_grace >= 0, not {start_timeout}, {error_grace}"
@@ -101,6 +108,8 @@ class RankPool:
         self.device_type = device_type
         self.start_timeout = start_timeout
         self.error_grace = error_grace
+        self.gpus = tuple(gpus) if gpus is not None else None
+        self.cpus = cpus
         self.last_start_s = 0.0  # seconds the last run() spent starting the ranks (0 when they were up)
         #: device bytes the fullest rank held after the last job: what earlier jobs left (0 on CPU)
         self.held_bytes = 0
@@ -142,12 +151,15 @@ class RankPool:
         in a thread that outlives the pool, and wait for the join in any."""
         if self._procs:
             return
-        cpus = [rank_cpus(r, self.world_size) for r in range(self.world_size)]  # a bad setting raises here
+        # a bad setting raises here
+        cpus = [rank_cpus(r, self.world_size, self.cpus) for r in range(self.world_size)]
         import torch.distributed as dist
 
         ctx = mp.get_context("spawn")
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         env = rank_env(self.device_type)
+        if self.gpus is not None and self.device_type == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(self.gpus)
         for r in range(self.world_size):
             task_r, task_w = ctx.Pipe(duplex=False)
             reply_r, reply_w = ctx.Pipe(duplex=False)
@@ -360,6 +372,13 @@ def failure_summary(outcomes: list[RankOutcome], timeout: float) -> str:
     return "; ".join(parts)
 
 
+def visible_devices(gpus: Sequence[int]) -> str:
+    """CUDA_VISIBLE_DEVICES for ranks on `gpus`, indices among this process's own visible devices."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(max(gpus) + 1)]
+    return ",".join(ids[g] for g in gpus)
+
+
 def cuda_device_count() -> int:
     try:
         import torch
@@ -367,6 +386,11 @@ def cuda_device_count() -> int:
         return torch.cuda.device_count()
     except Exception:
         return 0
+
+
+def _gpus_of(key: tuple[int, tuple[int, ...] | None]) -> Sequence[int]:
+    """The GPUs of a PoolManager key: its own, or the first world-size ones."""
+    return key[1] if key[1] is not None else range(key[0])
 
 
 class PoolManager:
@@ -381,7 +405,7 @@ class PoolManager:
         self.device_type = device_type
         self.max_alive = max_alive
         self.pool_options = pool_options
-        self._pools: dict[int, RankPool] = {}
+        self._pools: dict[tuple[int, tuple[int, ...] | None], RankPool] = {}
         atexit.register(self.close_all)
 
     def check_world_size(self, world_size: int) -> None:
@@ -397,13 +421,31 @@ class PoolManager:
 
     def pool_for(self, world_size: int) -> RankPool:
         self.check_world_size(world_size)
-        pool = self._pools.pop(world_size, None) or RankPool(
-            world_size, self.device_type, **self.pool_options
-        )
-        self._pools[world_size] = pool  # most recently used last
+        pool = self._take(world_size, None)
         while len([p for p in self._pools.values() if p.alive]) > self.max_alive:
-            oldest = next(ws for ws, p in self._pools.items() if p.alive)
+            oldest = next(k for k, p in self._pools.items() if p.alive)
             self._pools.pop(oldest).close()
+        return pool
+
+    def pool_on(self, gpus: Sequence[int], cpus: Collection[int] | None = None) -> RankPool:
+        """A pool with one rank on each of `gpus`, bound within `cpus` (see RankPool), for configurations that
+        run side by side on disjoint GPUs (matrix.py). The caller places them, from one thread: pools that
+        hold any of these GPUs otherwise are idle then, and are closed, so that no two pools share a GPU."""
+        self.check_world_size(max(gpus) + 1)
+        key = (len(gpus), tuple(gpus))
+        for k in [k for k in self._pools if k != key and set(_gpus_of(k)) & set(gpus)]:
+            self._pools.pop(k).close()
+        return self._take(*key, cpus)
+
+    def _take(
+        self, world_size: int, gpus: tuple[int, ...] | None, cpus: Collection[int] | None = None
+    ) -> RankPool:
+        """The pool of this key, started on first use, moved to the most recently used end."""
+        key = (world_size, gpus)
+        pool = self._pools.pop(key, None) or RankPool(
+            world_size, self.device_type, gpus=gpus, cpus=cpus, **self.pool_options
+        )
+        self._pools[key] = pool
         return pool
 
     def held_bytes(self) -> int:

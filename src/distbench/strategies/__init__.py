@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 #: A DeepSpeed config JSON (path or dict) merged into the harness's, see ds_config.py.
 DS_OPTIONS = (Option("ds_config", dict[str, Any] | str),)
 DS_CHECK = "distbench.strategies.ds_config:check_run_config"
+#: FSDP1's prefetch and rate-limiter switches (fsdp1.py), for CPU-bound runs with memory to spare.
+FSDP1_OPTIONS = (Option("forward_prefetch", bool), Option("limit_all_gathers", bool))
 ALL_GRIDS: frozenset[Grid] = frozenset({"cpu", "cuda", "asv-cpu"})
 _FSDP2 = "distbench.strategies.fsdp:FSDP2Trainer"
 _FSDP1 = "distbench.strategies.fsdp1:FSDP1Trainer"
@@ -110,6 +112,7 @@ _ENTRIES = [
         cpu=False,
         gpu_only_why="legacy FSDP1 requires CUDA",
         defaults=(("sharding", "FULL_SHARD"),),
+        user_options=FSDP1_OPTIONS,
     ),
     StrategySpec(
         "fsdp1_grad",
@@ -120,6 +123,7 @@ _ENTRIES = [
         cpu=False,
         gpu_only_why="legacy FSDP1 requires CUDA",
         defaults=(("sharding", "SHARD_GRAD_OP"),),
+        user_options=FSDP1_OPTIONS,
     ),
     StrategySpec(
         "zero1",

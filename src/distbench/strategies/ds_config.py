@@ -36,6 +36,10 @@ _SCALARS: dict[str, Any] = {
 
 #: DeepSpeed's default reduce/allgather bucket size in elements (deepspeed.runtime.zero.config).
 DS_DEFAULT_BUCKET = 500_000_000
+#: How DeepSpeed's users run ZeRO for throughput where DeepSpeed's default differs: overlap the gradient
+#: reduction with backward (DeepSpeed 0.19 defaults overlap_comm to true at stage 3 only; its ZeRO tutorial's
+#: stage 2 config and Transformers' DeepSpeed guide set it at stage 2 too). docs/strategies-tuning.md.
+THROUGHPUT = {"overlap_comm": True}
 
 
 def build_ds_config(
@@ -63,14 +67,15 @@ def check_run_config(cfg: RunConfig) -> None:
 
 
 def harness_config(cfg: RunConfig, stage: int, offload: bool, n_params: int | None = None) -> dict[str, Any]:
-    """What distbench sets unless the user's ds_config says otherwise (harness-owned keys: see _controlled).
+    """What distbench sets unless the user's ds_config says otherwise (harness-owned keys: see _controlled),
+    with ZeRO's THROUGHPUT settings.
 
     Bucket sizes default to DeepSpeed's 5e8 elements, capped at the model's parameter count: ZeRO-1/2 allocate
     their reduction buckets eagerly, so a tiny model on CPU spent seconds per step zeroing a 2 GB buffer it
     never fills. A bucket at least as large as the model holds every gradient either way, so the collectives
     (and the numerics) are those of the default; GPU-size models (>= 5e8 parameters) keep the default as is.
     """
-    zero: dict[str, Any] = {"stage": stage}
+    zero: dict[str, Any] = {"stage": stage, **THROUGHPUT}
     if n_params is not None:
         bucket = max(1, min(DS_DEFAULT_BUCKET, n_params))
         zero["reduce_bucket_size"] = zero["allgather_bucket_size"] = bucket

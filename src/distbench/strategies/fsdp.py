@@ -1,7 +1,12 @@
 """FSDP2 (`fully_shard`): fsdp_full, fsdp_grad, fsdp_hybrid and fsdp_offload.
 
-Each transformer block is its own FSDP unit, then the root: the per-block wrapping seed 004 found critical
-for prefetching and peak memory.
+Configured as torchtitan applies FSDP2 (torchtitan/models/llama3/infra/parallelize.py, apply_fsdp): each
+transformer block its own unit, then the root, which keeps the embeddings, the final norm and the head
+(GPT-2 ties its head to the token embedding, so the two stay in one unit) and which FSDP2 does not reshard
+after forward (its default for the root); bf16 parameters with fp32 reduction (MixedPrecisionPolicy); FSDP2's implicit prefetch of the
+next unit. Per-block wrapping is also what seed 004 found critical for prefetching and peak memory. Under
+gradient accumulation, fsdp_grad keeps its parameters unsharded between the micro-batches of a step, as
+FSDP1's SHARD_GRAD_OP does inside no_sync (docs/strategies-tuning.md).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class FSDP2Trainer(DCPCheckpointMixin):
         offload: bool = False,
     ) -> None:
         super().__init__(ctx, cfg, model)
+        self.reshard_after_forward = reshard_after_forward
         if hybrid:
             self.mesh = init_device_mesh(
                 ctx.device_type,
@@ -67,19 +73,24 @@ class FSDP2Trainer(DCPCheckpointMixin):
         )
         kw: dict[str, Any] = {
             "mesh": self.mesh,
-            "reshard_after_forward": reshard_after_forward,
             "mp_policy": mp,
             "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
         }
         maybe_compile(model, cfg)
         for block in transformer_blocks(model):
-            fully_shard(block, **kw)
+            fully_shard(block, reshard_after_forward=reshard_after_forward, **kw)
+        # The root's reshard_after_forward left to FSDP2 (None: not after forward, its parameters being the
+        # first that backward needs), as torchtitan leaves it: a root resharded after forward all-gathers
+        # the embeddings and head again at every micro-batch's backward, before anything can overlap it.
         self.model = cast(nn.Module, fully_shard(model, **kw))
         self.optimizer = self.make_optimizer(self.model.parameters(), offload=offload)
         self.scheduler = build_scheduler(self.optimizer, cfg)
 
     def forward_backward(self, batch: Batch, sync: bool) -> torch.Tensor:
-        cast(FSDPModule, self.model).set_requires_gradient_sync(sync)
+        model = cast(FSDPModule, self.model)
+        model.set_requires_gradient_sync(sync)
+        if not self.reshard_after_forward:  # no all-gather again before the next micro-batch's forward
+            model.set_reshard_after_backward(sync)
         return self.accumulate(self.model, batch)
 
     def full_grads(self) -> dict[str, torch.Tensor]:

@@ -1,4 +1,11 @@
-"""Legacy FSDP1 (FullyShardedDataParallel): fsdp1_full and fsdp1_grad. GPU only: FSDP1 needs CUDA."""
+"""Legacy FSDP1 (FullyShardedDataParallel): fsdp1_full and fsdp1_grad. GPU only: FSDP1 needs CUDA.
+
+As seed 004 ran it: one unit per transformer block (ModuleWrapPolicy), bf16 MixedPrecision with fp32
+reduction, and FSDP1's own throughput defaults written out: backward prefetch BACKWARD_PRE, no forward
+prefetch, the all-gather rate limiter on. The PyTorch FSDP docs advise forward_prefetch=True and
+limit_all_gathers=False only for CPU-bound workloads with memory to spare; both are user options
+(docs/strategies-tuning.md).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,13 @@ from typing import cast
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FullStateDictConfig, MixedPrecision, ShardingStrategy, StateDictType
+from torch.distributed.fsdp import (
+    BackwardPrefetch,
+    FullStateDictConfig,
+    MixedPrecision,
+    ShardingStrategy,
+    StateDictType,
+)
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -39,7 +52,14 @@ class FSDP1Trainer(DCPCheckpointMixin):
     autocast_bf16 = False  # FSDP1's MixedPrecision owns the precision
 
     def __init__(
-        self, ctx: RankContext, cfg: RunConfig, model: nn.Module, *, sharding: str = "FULL_SHARD"
+        self,
+        ctx: RankContext,
+        cfg: RunConfig,
+        model: nn.Module,
+        *,
+        sharding: str = "FULL_SHARD",
+        forward_prefetch: bool = False,
+        limit_all_gathers: bool = True,
     ) -> None:
         super().__init__(ctx, cfg, model)
         if cfg.lora_rank and ctx.world_size == 1:
@@ -62,6 +82,9 @@ class FSDP1Trainer(DCPCheckpointMixin):
             mixed_precision=mp,
             device_id=ctx.device,
             use_orig_params=True,
+            backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+            forward_prefetch=forward_prefetch,
+            limit_all_gathers=limit_all_gathers,
         )
         if mp is not None:
             _allow_low_precision_grads(self.model)

@@ -38,6 +38,7 @@ import pytest
 
 from ..measure.hostspeed import cpu_stat, steal_share
 from ..runtime.phases import PhaseLog
+from ..runtime.pool import visible_devices
 from ..runtime.worker import THREADS_ENV
 from .lane_child import EVENTS, ITEMS, OUTPUT, WORK_FD_ENV
 from .lane_watch import GpuWatch, Occupancy, dirty_bytes, session_of, sync_filesystem
@@ -90,9 +91,7 @@ def lane_env(slots: Sequence[int], gpus: bool, shared: bool = False) -> dict[str
     src = str(Path(__file__).resolve().parents[1])  # this distbench, whatever else is installed
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     if gpus:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = visible.split(",") if visible else [str(i) for i in range(max(slots) + 1)]
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[s] for s in slots)
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(slots)
     if shared:
         env[THREADS_ENV] = env["OMP_NUM_THREADS"] = str(CORES_PER_RANK)
     return env

@@ -1,0 +1,108 @@
+"""Where a strategy falls short, and what its trace says the missing time was.
+
+A configuration on more than one GPU falls short when its tokens/s (median of its runs) is more than GAP below
+DDP's at the same world size and workload, or below the figure its reference (a published seed, carried in
+each result's `reference`: matrix.Reference) states for it. The matrix traces such configurations, with DDP
+beside them (`trace: [2]` in a matrix file), and `explain` reads the gap off the two traces' breakdowns per
+step (measure/trace.py): compute, non-compute (exposed communication and copies), idle, and of the idle what
+HTA calls host wait (the GPU waiting for the host to launch): measured, not guessed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from .scaling import tokens_per_s, workload
+
+#: a configuration this far below DDP or its reference figure is a shortfall to explain
+GAP = 0.05
+#: the parts of a traced step (measure/trace.py's keys, ms per step) a gap is split into, with their names
+PARTS = (
+    ("compute_ms", "compute"),
+    ("non_compute_ms", "non-compute (exposed communication, copies)"),
+    ("idle_ms", "idle"),
+)
+
+
+@dataclass
+class Shortfall:
+    """A configuration more than GAP below `against` (DDP's median tokens/s, or the reference figure)."""
+
+    runs: list[dict[str, Any]]
+    against: str  # "ddp", or the reference's title
+    target: float
+
+    @property
+    def strategy(self) -> str:
+        return str(self.runs[0]["config"]["strategy"])
+
+    @property
+    def world_size(self) -> int:
+        return int(self.runs[0]["config"]["world_size"])
+
+    @property
+    def tokens_per_s(self) -> float:
+        return statistics.median(tokens_per_s(r) for r in self.runs)
+
+    @property
+    def gap(self) -> float:
+        """How far below the target, as a fraction of it."""
+        return 1 - self.tokens_per_s / self.target
+
+
+def _cells(results: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+    """ok runs by (workload, strategy, world size)."""
+    cells: dict[tuple, list[dict[str, Any]]] = {}
+    for r in results:
+        if r.get("status") == "ok" and tokens_per_s(r):
+            c = r["config"]
+            cells.setdefault((workload(r), c["strategy"], c["world_size"]), []).append(r)
+    return cells
+
+
+def shortfalls(results: list[dict[str, Any]], world_sizes: list[int] | None = None) -> list[Shortfall]:
+    """Every configuration on more than one GPU (of `world_sizes`, default all) more than GAP below DDP or its
+    reference figure, in the order of `results`."""
+    cells = _cells(results)
+    out = []
+    for (wk, strategy, ws), runs in cells.items():
+        if ws < 2 or (world_sizes is not None and ws not in world_sizes):
+            continue
+        targets = []
+        ddp = cells.get((wk, "ddp", ws))
+        if ddp and strategy != "ddp":
+            targets.append(("ddp", statistics.median(tokens_per_s(r) for r in ddp)))
+        ref = runs[0].get("reference")
+        if ref:
+            targets.append((ref["title"], float(ref["tokens_per_s"])))
+        out += [s for against, target in targets if (s := Shortfall(runs, against, target)).gap > GAP]
+    return out
+
+
+def ddp_runs(results: list[dict[str, Any]], short: Shortfall) -> list[dict[str, Any]]:
+    """DDP's runs at the shortfall's world size and workload: the traced baseline of its explanation."""
+    return _cells(results).get((workload(short.runs[0]), "ddp", short.world_size), [])
+
+
+def _trace(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((r["trace"] for r in runs if (r.get("trace") or {}).get("compute_ms") is not None), None)
+
+
+def explain(results: list[dict[str, Any]], short: Shortfall) -> dict[str, Any] | None:
+    """The shortfall's traced step in ms (its parts, host wait, their sum `step_ms`) and, for a strategy other
+    than DDP whose DDP was traced too, `vs_ddp`: each part's difference, host wait's, and the part that grew
+    most; None where it was not traced."""
+    mine = _trace(short.runs)
+    if mine is None:
+        return None
+    keys = [k for k, _ in PARTS] + ["host_wait_ms"]
+    out: dict[str, Any] = {k: mine.get(k) or 0.0 for k in keys}
+    out["step_ms"] = sum(out[k] for k, _ in PARTS)
+    base = _trace(ddp_runs(results, short)) if short.strategy != "ddp" else None
+    if base is not None:
+        delta = {k: out[k] - (base.get(k) or 0.0) for k in keys}
+        grew = max((k for k, _ in PARTS), key=lambda k: delta[k])
+        out["vs_ddp"] = {**delta, "step_ms": sum(delta[k] for k, _ in PARTS), "largest": dict(PARTS)[grew]}
+    return out
