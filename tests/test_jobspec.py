@@ -4,30 +4,35 @@ torchrun's store takes writes from anyone who reaches its port. Every hostile or
 stranger could write there (a pickle whose load would create a marker file, in binary and in protocol 0's
 ASCII; JSON naming os.system or torch.save as the job; unknown, missing, duplicated and mistyped keys; a
 model factory, strategy option or path this rank's command line does not name; a world size or timeout
-beyond the launch's; malformed outcomes) must be a JobSpecError of one line naming the key, and never run.
-A follower refuses one, says so in one line, posts why and stops; rank 0 stops when a job key it posts was
-written before it, or changed while the job ran. The bites plant from outside the decoders a tired engineer
-would write (unpickling, resolving any name, skipping the admission of models or paths, lax types) and
-expect these checks to fail. tests/test_cluster.py has a stranger do this to a live torchrun launch.
+beyond the launch's; malformed outcomes) must be a JobSpecError of one line naming the key, and never
+run. A follower refuses one, says so in one line, posts why and stops; rank 0 stops when a
+job key it posts was written before it, or changed while the job ran. Issue 45: a job swapped in right after
+rank 0's post is refused by the follower when any path argument of any registered job leaves --output. The
+bites plant from outside the decoders a
+tired engineer would write (unpickling, resolving any name, skipping the admission of models or paths, lax
+types) and expect these checks to fail. tests/test_cluster.py has a stranger do this to a live torchrun
+launch.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import pickle
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from distbench.config import RunConfig
-from distbench.errors import JobSpecError
+from distbench.config import LocalPath, RunConfig, check_value
+from distbench.errors import ConfigError, JobSpecError
 from distbench.jobs.bench import bench, collective_bandwidth, trace
 from distbench.jobs.registry import LAUNCH_JOBS
-from distbench.runtime import jobspec
+from distbench.runtime import cluster, jobspec
 from distbench.runtime.cluster import REFUSED, Cluster, Launch, follow
 from distbench.runtime.context import RankContext
 from distbench.runtime.jobspec import Admission, Job, JobRegistry, Stop, decode_outcome
@@ -207,7 +212,12 @@ def _launch(rank: int) -> Launch:
     return Launch(rank=rank, world_size=2, local_rank=rank, local_world_size=2)
 
 
-FOLLOWED = ["pickle", "job-torch.save", "model-factory-not-on-the-command-line", "path-outside-output"]
+FOLLOWED = [
+    "pickle",
+    "job-torch.save",
+    "model-factory-not-on-the-command-line",
+    "path-outside-output",
+]
 
 
 @pytest.mark.parametrize("spec", FOLLOWED)
@@ -227,6 +237,81 @@ def test_a_follower_refuses_a_hostile_job_in_one_line_runs_nothing_and_stops_the
         line.startswith("distbench launch: rank 1 refused job/0 from torchrun's store: ") and expected in line
     )
     assert store.get(REFUSED).decode().startswith("rank 1 refused job/0")  # every other rank stops on it
+
+
+def _text_parameters() -> list[tuple[str, str]]:
+    """(job, parameter) for every parameter of every registered job that takes a string, whatever its name or
+    its annotation's metadata say: each could name a file on the rank's machine."""
+    cases = []
+    for name, fn in LAUNCH_JOBS.jobs.items():
+        hints = typing.get_type_hints(fn, include_extras=True)
+        for param in list(inspect.signature(fn).parameters)[1:]:
+            try:
+                check_value(hints[param], "/a/path", param)
+            except ConfigError:
+                continue
+            cases.append((name, param))
+    return cases
+
+
+def _job_naming(name: str, param: str, path: str) -> bytes:
+    """Job `name` with `param` naming `path` and its other required arguments in order (1 s timeout)."""
+    fn = LAUNCH_JOBS.jobs[name]
+    kwargs: dict[str, Any] = {}
+    for p in list(inspect.signature(fn).parameters.values())[1:]:
+        if p.name == param or p.default is p.empty:
+            kwargs[p.name] = CFG if p.annotation in (RunConfig, "RunConfig") else path
+    kwargs[param] = path
+    return LAUNCH_JOBS.encode(fn, kwargs, 2, 1.0)
+
+
+@pytest.mark.parametrize("name,param", _text_parameters())
+def test_a_path_of_any_job_swapped_in_after_rank_0_posts_is_refused_before_anything_runs(
+    name, param, tmp_path, capsys
+):
+    """Issue 45: a stranger swaps job/0, right after rank 0 posts a job, for a registered job whose
+    path-valued argument names an existing file outside --output. The follower refuses it in one line naming
+    the key and writes nothing; rank 0, with the same rules, would not post it."""
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not the launch's")
+    before = outside.stat().st_mtime_ns
+    swapped = _job_naming(name, param, str(outside))
+    store = dist.HashStore()
+    cluster._post(store, "job/0", LAUNCH_JOBS.encode(bench, {"cfg": CFG, "nvml": False}, 2, 60.0))
+    store.set("job/0", swapped)  # the stranger
+    store.set("job/1", b'{"stop": true, "status": 0}')
+    assert follow(_launch(1), store, torch.device("cpu"), LAUNCH_JOBS, admission(tmp_path)) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(
+        f"distbench launch: rank 1 refused job/0 from torchrun's store: key 'kwargs.{param}': "
+    )
+    assert "lies outside this rank's --output" in line
+    assert (outside.read_bytes(), outside.stat().st_mtime_ns) == (b"not the launch's", before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outside.bin"]
+    rank_0 = Cluster(_launch(0), dist.HashStore(), torch.device("cpu"), LAUNCH_JOBS, admission(tmp_path))
+    with pytest.raises(JobSpecError, match=f"key 'kwargs.{param}'"):
+        rank_0.run_job(2, LAUNCH_JOBS.jobs[name], json.loads(swapped)["kwargs"] | {"cfg": CFG}, timeout=1.0)
+    assert not rank_0.store.check(["job/0"])
+
+
+def writes_where_told(ctx: RankContext, cfg: RunConfig, dump_to: str | None = None) -> dict[str, Any]:
+    """A job whose path parameter is annotated as plain text."""
+    return {}
+
+
+def takes_declared_text(
+    ctx: RankContext, cfg: RunConfig, at: LocalPath | None = None, mode: Literal["a", "b"] = "a"
+) -> dict[str, Any]:
+    """A job whose text parameters are a LocalPath and a Literal."""
+    return {}
+
+
+def test_a_job_taking_text_other_than_a_local_path_cannot_be_registered():
+    with pytest.raises(
+        TypeError, match="parameter dump_to takes text, which could name a file; annotate it LocalPath"
+    ):
+        JobRegistry([writes_where_told])
+    assert list(JobRegistry([takes_declared_text]).jobs) == ["test_jobspec:takes_declared_text"]
 
 
 def test_a_launch_admits_what_its_own_command_line_names(tmp_path):

@@ -4,12 +4,14 @@ torchrun's store is a TCP endpoint without authentication: whoever reaches its p
 nothing read from it may be executable. A job travels as a JSON object, {"job": NAME, "kwargs": {...},
 "world_size": N, "timeout": S}, and the end of a launch as {"stop": true, "status": N}. NAME must be one of
 the registry's (the jobs `distbench launch` runs, jobs/registry.py); each argument is checked against that
-function's own annotation (a RunConfig through its pydantic validation, anything else strictly as
-annotated); and whatever a job names on this rank's machine must be what this rank's own command line names
-(its Admission): a model factory (code the rank would import), a strategy option (a ds_config file it would
-read), a path (only inside its --output), and the world size and timeout (at most the launch's). Anything
-else is a JobSpecError naming the key, raised before any of the job runs. A rank's outcome comes back as
-JSON of a fixed shape and is read back the same way.
+function's own annotation, its one schema (a RunConfig through its pydantic validation, anything else
+strictly as annotated); and whatever a job names on this rank's machine must be what this rank's own command
+line names (its Admission): a model factory (code the rank would import), a strategy option (a ds_config file
+it would read), a path (only inside its --output), and the world size and timeout (at most the launch's). A
+job whose parameter takes text other than as a LocalPath cannot be registered, whatever the parameter's
+name: text could name a file, which only a LocalPath keeps inside --output. Anything else is a JobSpecError
+naming the key, raised before any of the job runs. A rank's outcome comes back as JSON of a fixed shape and
+is read back the same way.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, Union
 
 from ..config import NonNegativeInt, OnRank, PositiveFloat, PositiveInt, RunConfig, check_value
 from ..errors import ConfigError, JobSpecError
@@ -126,21 +129,34 @@ def _checked(annotation: Any, value: Any, key: str) -> Any:
         raise JobSpecError(str(e)) from None
 
 
-def _on_rank(annotation: Any) -> bool:
-    """Whether `annotation` (or a member of its union) is a LocalPath."""
-    if any(isinstance(m, OnRank) for m in getattr(annotation, "__metadata__", ())):
+def _takes_text(annotation: Any) -> bool:
+    """Whether an argument of this annotation can hold free text anywhere in it (a str or Any, not a
+    Literal's values): text that could name a file on the rank's machine."""
+    if annotation is str or annotation is Any:
         return True
-    return any(_on_rank(a) for a in typing.get_args(annotation))
+    if typing.get_origin(annotation) is Literal:
+        return False
+    return any(_takes_text(a) for a in typing.get_args(annotation))
+
+
+def _is_path(annotation: Any) -> bool:
+    """Whether `annotation` is LocalPath or LocalPath | None: the one form of free text a job may take."""
+    union = typing.get_origin(annotation) in (Union, types.UnionType)
+    members = [a for a in (typing.get_args(annotation) if union else (annotation,)) if a is not type(None)]
+    return len(members) == 1 and any(isinstance(m, OnRank) for m in getattr(members[0], "__metadata__", ()))
 
 
 @dataclass(frozen=True)
 class _Param:
     annotation: Any
     required: bool
+    path: bool  # a LocalPath: confined to the rank's --output
 
 
 def _params(fn: Callable[..., Any]) -> dict[str, _Param]:
-    """A job's parameters after its RankContext, with their resolved annotations."""
+    """A job's parameters after its RankContext, with their resolved annotations: its signature is the one
+    schema its arguments from the network are checked against. TypeError for a parameter that takes free text
+    other than as a LocalPath, whatever its name: a path it was not declared to be would escape --output."""
     hints = typing.get_type_hints(fn, include_extras=True)
     out = {}
     for p in list(inspect.signature(fn).parameters.values())[1:]:
@@ -149,7 +165,14 @@ def _params(fn: Callable[..., Any]) -> dict[str, _Param]:
                 f"{job_name(fn)} cannot run under a launch: its parameter {p.name} needs a name and an "
                 "annotation, which its arguments from the network are checked against"
             )
-        out[p.name] = _Param(hints[p.name], p.default is p.empty)
+        path = _is_path(hints[p.name])
+        if not path and _takes_text(hints[p.name]):
+            raise TypeError(
+                f"{job_name(fn)} cannot run under a launch: its parameter {p.name} takes text, which could "
+                "name a file; annotate it LocalPath (or LocalPath | None), which each rank confines to its "
+                "--output, or a Literal of the values it takes"
+            )
+        out[p.name] = _Param(hints[p.name], p.default is p.empty, path)
     return out
 
 
@@ -223,12 +246,12 @@ class JobRegistry:
         for key, param in params.items():
             if param.required and key not in raw:
                 raise JobSpecError(f"key 'kwargs.{key}' is missing: {name} needs it")
-        return {k: _argument(params[k].annotation, v, f"kwargs.{k}", admission) for k, v in raw.items()}
+        return {k: _argument(params[k], v, f"kwargs.{k}", admission) for k, v in raw.items()}
 
 
-def _argument(annotation: Any, value: Any, key: str, admission: Admission) -> Any:
+def _argument(param: _Param, value: Any, key: str, admission: Admission) -> Any:
     """One argument checked against its parameter's annotation and this rank's admission."""
-    if annotation is RunConfig:
+    if param.annotation is RunConfig:
         if not isinstance(value, dict):
             raise JobSpecError(
                 f"key '{key}' must be an object of RunConfig fields, not {type(value).__name__}"
@@ -239,8 +262,8 @@ def _argument(annotation: Any, value: Any, key: str, admission: Admission) -> An
             raise JobSpecError(f"key '{key}': {e}") from None
         admission.check_config(cfg, key)
         return cfg
-    value = _checked(annotation, value, key)
-    if value is not None and _on_rank(annotation):
+    value = _checked(param.annotation, value, key)
+    if value is not None and param.path:
         admission.check_path(value, key)
     return value
 
