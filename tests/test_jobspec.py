@@ -4,8 +4,8 @@ torchrun's store takes writes from anyone who reaches its port. Every hostile or
 stranger could write there (a pickle whose load would create a marker file, in binary and in protocol 0's
 ASCII; JSON naming os.system or torch.save as the job; unknown, missing, duplicated and mistyped keys; a
 model factory, strategy option or path this rank's command line does not name; a world size or timeout
-beyond the launch's; malformed outcomes) must be a JobSpecError of one line naming the key, and never
-run. A follower refuses one, says so in one line, posts why and stops; rank 0 stops when a
+beyond the launch's; malformed outcomes; 8 MiB values) must be a JobSpecError of one short line naming the
+key, and never run. A follower refuses one, says so in one line, posts why and stops; rank 0 stops when a
 job key it posts was written before it, or changed while the job ran. Issue 45: a job swapped in right after
 rank 0's post is refused by the follower when any path argument of any registered job leaves --output. The
 bites plant from outside the decoders a
@@ -16,6 +16,7 @@ launch.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import pickle
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from distbench.config import LocalPath, RunConfig, check_value
-from distbench.errors import ConfigError, JobSpecError
+from distbench.errors import QUOTED_CHARS, ConfigError, JobSpecError
 from distbench.jobs.bench import bench, collective_bandwidth, trace
 from distbench.jobs.registry import LAUNCH_JOBS
 from distbench.runtime import cluster, jobspec
@@ -41,6 +42,10 @@ from hostile_pickles import Call, Glob, assemble
 
 CFG = RunConfig(strategy="ddp", world_size=2, model="gpt2-tiny", global_batch=4, micro_batch=2, steps=2)
 DELETE = object()
+#: The held-out audit's oversized job name (issue 45): 8 MiB, which a refusal once echoed whole.
+BIG = "x" * (8 << 20)
+#: "A few hundred characters": the longest refusal a follower prints, whatever a stranger wrote.
+LINE_CHARS = 700
 
 
 def admission(root: Path) -> Admission:
@@ -61,6 +66,11 @@ def _with(data: bytes, **changes: Any) -> bytes:
         else:
             node[last] = value
     return json.dumps(msg).encode()
+
+
+def cut(value: str) -> str:
+    """How a refusal quotes a long string: its start and its length."""
+    return f"{value[:QUOTED_CHARS]!r}... ({len(value):,} characters)"
 
 
 def hostile_specs(root: Path) -> dict[str, tuple[bytes, str]]:
@@ -118,6 +128,45 @@ def hostile_specs(root: Path) -> dict[str, tuple[bytes, str]]:
         "stop-false": (b'{"stop": false, "status": 0}', "key 'stop'"),
         "a-json-array": (b"[]", "not an object"),
         "deep-nesting": (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
+        **oversized_specs(),
+    }
+
+
+@functools.cache
+def oversized_specs() -> dict[str, tuple[bytes, str]]:
+    """Each place a refusal quotes what the stranger wrote, given 8 MiB of it: the refusal holds its start and
+    its size, not all of it (built once: megabytes each)."""
+    good = LAUNCH_JOBS.encode(bench, {"cfg": CFG, "nvml": False}, 2, 60.0)
+    traced = LAUNCH_JOBS.encode(trace, {"cfg": CFG, "out_dir": "/"}, 2, 60.0)
+    return {
+        "oversized-job-name": (_with(good, job=BIG), f"key 'job': {cut(BIG)} is not a job a launch runs"),
+        "oversized-unknown-key": (_with(good, **{BIG: 1}), f"unknown key {cut(BIG)} (a job message"),
+        "oversized-parameter-name": (
+            _with(good, **{f"kwargs__{BIG}": 1}),
+            f"key {cut(f'kwargs.{BIG}')}: distbench.jobs.bench:bench has no such parameter",
+        ),
+        "oversized-argument": (_with(good, kwargs__nvml=BIG), f"key 'kwargs.nvml' = {cut(BIG)} is invalid"),
+        "oversized-model": (
+            _with(good, kwargs__cfg__model=BIG),
+            f"key 'kwargs.cfg.model': {cut(BIG)} is not a model",
+        ),
+        "oversized-config-key": (
+            _with(good, **{f"kwargs__cfg__{BIG}": 1}),
+            f"unknown config key {cut(BIG)}.",
+        ),
+        "oversized-option-name": (
+            _with(good, kwargs__cfg__options={BIG: 1}),
+            f"key {cut(f'kwargs.cfg.options.{BIG}')}: not the value",
+        ),
+        "oversized-path": (
+            _with(traced, kwargs__out_dir=f"/{BIG}"),
+            f"key 'kwargs.out_dir': {cut(f'/{BIG}')} lies outside",
+        ),
+        "oversized-stop": (json.dumps({"stop": BIG, "status": 0}).encode(), f"must be true, not {cut(BIG)}"),
+        "oversized-status": (
+            b'{"stop": true, "status": 1' + b"0" * 4000 + b"}",
+            "0000 is no exit status (0-255)",
+        ),
     }
 
 
@@ -126,6 +175,7 @@ def hostile_outcomes(root: Path) -> dict[str, bytes]:
     return {
         "pickle": assemble(Call(Glob("builtins", "open"), (f"{root}/ran-outcome", "w")), 4),
         "extra-key": b'{"status": "ok", "reply": 1, "eval": "x"}',
+        "oversized-key": json.dumps({"status": "ok", "reply": 1, BIG: 1}).encode(),
         "unknown-status": b'{"status": "crashed", "text": ""}',
         "error-without-text": b'{"status": "error", "exc_type": "E"}',
         "text-not-a-string": b'{"status": "error", "exc_type": "E", "text": ["x"]}',
@@ -134,7 +184,7 @@ def hostile_outcomes(root: Path) -> dict[str, bytes]:
 
 def spec_problems(root: Path) -> Iterator[str]:
     """Each hostile job and outcome through the decoders: a problem unless refused with one JobSpecError
-    line holding the expected text, and nothing ran."""
+    line of at most a few hundred characters holding the expected text, and nothing ran."""
     root.mkdir(exist_ok=True)
     checks: list[tuple[str, Callable[[], Any], str]] = [
         (f"job {name}", lambda d=data: LAUNCH_JOBS.decode(d, admission(root)), expected)
@@ -149,8 +199,11 @@ def spec_problems(root: Path) -> Iterator[str]:
             got = decode()
             yield f"{what} was accepted: {got!r}"[:300]
         except JobSpecError as e:
-            if expected not in str(e) or "\n" in str(e):
-                yield f"{what}: refused as {str(e)!r}, which should be one line holding {expected!r}"
+            if expected not in str(e) or "\n" in str(e) or len(str(e)) > LINE_CHARS:
+                yield (
+                    f"{what}: refused as {str(e)[:LINE_CHARS]!r} ({len(str(e)):,} characters), which should "
+                    f"be one short line holding {expected!r}"
+                )
         except Exception as e:  # noqa: BLE001 - anything but a refusal is a finding
             yield f"{what} raised {type(e).__name__}: {e}"[:300]
         if any(root.glob("ran-*")):
@@ -217,6 +270,7 @@ FOLLOWED = [
     "job-torch.save",
     "model-factory-not-on-the-command-line",
     "path-outside-output",
+    "oversized-job-name",
 ]
 
 
@@ -236,6 +290,7 @@ def test_a_follower_refuses_a_hostile_job_in_one_line_runs_nothing_and_stops_the
     assert (
         line.startswith("distbench launch: rank 1 refused job/0 from torchrun's store: ") and expected in line
     )
+    assert len(line) <= LINE_CHARS
     assert store.get(REFUSED).decode().startswith("rank 1 refused job/0")  # every other rank stops on it
 
 
@@ -312,6 +367,18 @@ def test_a_job_taking_text_other_than_a_local_path_cannot_be_registered():
     ):
         JobRegistry([writes_where_told])
     assert list(JobRegistry([takes_declared_text]).jobs) == ["test_jobspec:takes_declared_text"]
+
+
+def test_rank_0_quotes_a_forged_refusal_in_one_short_line():
+    """The refusal every rank stops on is itself a key a stranger can write: 8 MiB with newlines in it."""
+    store = dist.HashStore()
+    forged = "a\nforged\x1b[2J" + BIG
+    store.set(REFUSED, forged)
+    with pytest.raises(JobSpecError) as refused:
+        cluster._wait_key(store, "out/0/1", None)
+    said = str(refused.value)
+    assert said.startswith("a\\nforged\\x1b[2J") and said.endswith(f"({len(forged):,} characters)")
+    assert "\n" not in said and len(said) <= LINE_CHARS
 
 
 def test_a_launch_admits_what_its_own_command_line_names(tmp_path):

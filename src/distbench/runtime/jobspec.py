@@ -10,8 +10,8 @@ line names (its Admission): a model factory (code the rank would import), a stra
 it would read), a path (only inside its --output), and the world size and timeout (at most the launch's). A
 job whose parameter takes text other than as a LocalPath cannot be registered, whatever the parameter's
 name: text could name a file, which only a LocalPath keeps inside --output. Anything else is a JobSpecError
-naming the key, raised before any of the job runs. A rank's outcome comes back as JSON of a fixed shape and
-is read back the same way.
+naming the key and quoting a short start of the value (errors.shown), raised before any of the job runs. A
+rank's outcome comes back as JSON of a fixed shape and is read back the same way.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 from ..config import NonNegativeInt, OnRank, PositiveFloat, PositiveInt, RunConfig, check_value
-from ..errors import ConfigError, JobSpecError
+from ..errors import ConfigError, JobSpecError, shown
 from .pool import check_configs
 from .worker import job_name
 
@@ -49,20 +49,20 @@ class Admission:
     def check_config(self, cfg: RunConfig, key: str) -> None:
         if cfg.model not in self.models:
             raise JobSpecError(
-                f"key '{key}.model': {cfg.model!r} is not a model this rank's command line names (a "
+                f"key '{key}.model': {shown(cfg.model)} is not a model this rank's command line names (a "
                 "factory is code the rank would import); name it with --model on every node"
             )
         for name, value in cfg.options.items():
             if name not in self.options or self.options[name] != value:
                 raise JobSpecError(
-                    f"key '{key}.options.{name}': not the value this rank's command line gives it; give every "
-                    "node the same --ds-config / --config"
+                    f"key {shown(f'{key}.options.{name}')}: not the value this rank's command line gives it; "
+                    "give every node the same --ds-config / --config"
                 )
 
     def check_path(self, path: str, key: str) -> None:
         root, target = os.path.realpath(self.output), os.path.realpath(path)
         if os.path.commonpath([root, target]) != root:
-            raise JobSpecError(f"key '{key}': {path!r} lies outside this rank's --output {self.output}")
+            raise JobSpecError(f"key '{key}': {shown(path)} lies outside this rank's --output {self.output}")
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise JobSpecError(f"key {k!r} appears twice")
+            raise JobSpecError(f"key {shown(k)} appears twice")
         out[k] = v
     return out
 
@@ -116,7 +116,7 @@ def _json_object(data: bytes) -> dict[str, Any]:
 def _exact_keys(msg: dict[str, Any], keys: tuple[str, ...]) -> None:
     for key in msg:
         if key not in keys:
-            raise JobSpecError(f"unknown key {key!r} (a {keys[0]} message has {', '.join(keys)})")
+            raise JobSpecError(f"unknown key {shown(key)} (a {keys[0]} message has {', '.join(keys)})")
     for key in keys:
         if key not in msg:
             raise JobSpecError(f"key {key!r} is missing")
@@ -206,21 +206,23 @@ class JobRegistry:
         if "stop" in msg:
             _exact_keys(msg, _STOP_KEYS)
             if msg["stop"] is not True:
-                raise JobSpecError(f"key 'stop' must be true, not {msg['stop']!r}")
+                raise JobSpecError(f"key 'stop' must be true, not {shown(msg['stop'])}")
             status = _checked(NonNegativeInt, msg["status"], "status")
             if status > 255:
-                raise JobSpecError(f"key 'status': {status} is no exit status (0-255)")
+                raise JobSpecError(f"key 'status': {shown(status)} is no exit status (0-255)")
             return Stop(status)
         _exact_keys(msg, _JOB_KEYS)
         name = msg["job"]
         if not isinstance(name, str) or name not in self.jobs:
             raise JobSpecError(
-                f"key 'job': {name!r} is not a job a launch runs (registered: {', '.join(sorted(self.jobs))})"
+                f"key 'job': {shown(name)} is not a job a launch runs (registered: "
+                f"{', '.join(sorted(self.jobs))})"
             )
         world_size = _checked(PositiveInt, msg["world_size"], "world_size")
         if world_size > admission.world_size:
             raise JobSpecError(
-                f"key 'world_size': {world_size} exceeds the {admission.world_size} ranks of this launch"
+                f"key 'world_size': {shown(world_size)} exceeds the {admission.world_size} ranks of this "
+                "launch"
             )
         timeout = _checked(PositiveFloat, msg["timeout"], "timeout")
         if timeout > admission.timeout:
@@ -241,7 +243,8 @@ class JobRegistry:
         for key in raw:
             if key not in params:
                 raise JobSpecError(
-                    f"key 'kwargs.{key}': {name} has no such parameter (it takes {', '.join(params) or 'none'})"
+                    f"key {shown(f'kwargs.{key}')}: {name} has no such parameter (it takes "
+                    f"{', '.join(params) or 'none'})"
                 )
         for key, param in params.items():
             if param.required and key not in raw:
@@ -295,5 +298,5 @@ def decode_outcome(data: bytes, rank: int) -> dict[str, Any]:
     ):
         return msg
     raise JobSpecError(
-        f"the outcome posted for rank {rank} is not one a follower writes (keys {sorted(msg)})"
+        f"the outcome posted for rank {rank} is not one a follower writes (keys {shown(sorted(msg))})"
     )
