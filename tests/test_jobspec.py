@@ -7,8 +7,8 @@ model factory, strategy option or path this rank's command line does not name; a
 beyond the launch's; malformed outcomes; 8 MiB values) must be a JobSpecError of one short line naming the
 key, and never run. A follower refuses one, says so in one line, posts why and stops; rank 0 stops when a
 job key it posts was written before it, or changed while the job ran. Issue 45: a job swapped in right after
-rank 0's post is refused by the follower when any path argument of any registered job leaves --output. The
-bites plant from outside the decoders a
+rank 0's post is refused by the follower when any path argument of any registered job leaves --output, and
+run by no rank when it passes every check but is not rank 0's. The bites plant from outside the decoders a
 tired engineer would write (unpickling, resolving any name, skipping the admission of models or paths, lax
 types) and expect these checks to fail. tests/test_cluster.py has a stranger do this to a live torchrun
 launch.
@@ -17,12 +17,18 @@ launch.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import json
+import os
 import pickle
+import sys
+import time
 import typing
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import pytest
@@ -223,8 +229,11 @@ def test_the_launch_jobs_travel_and_arrive_as_sent(tmp_path):
         (bench, {"cfg": CFG, "nvml": False}),
         (trace, {"cfg": CFG, "out_dir": out_dir, "steps": 2}),
     ]:
-        job = LAUNCH_JOBS.decode(LAUNCH_JOBS.encode(fn, kwargs, 2, 60.0), adm)
-        assert job == Job(f"distbench.jobs.bench:{fn.__name__}", fn, kwargs, 2, 60.0)
+        data = LAUNCH_JOBS.encode(fn, kwargs, 2, 60.0)
+        digest = hashlib.sha256(data).digest()
+        assert LAUNCH_JOBS.decode(data, adm) == Job(
+            f"distbench.jobs.bench:{fn.__name__}", fn, kwargs, 2, 60.0, digest
+        )
     assert LAUNCH_JOBS.decode(b'{"stop": true, "status": 3}', adm) == Stop(3)
     assert decode_outcome(b'{"status": "ok", "reply": {"x": [1.5]}}', 1) == {
         "status": "ok",
@@ -243,7 +252,7 @@ def _decode_any_name(self: JobRegistry, data: bytes, adm: Admission) -> Job | St
     msg = json.loads(data)
     if "stop" in msg:
         return Stop(msg["status"])
-    return Job(msg["job"], resolve(msg["job"]), msg["kwargs"], msg["world_size"], msg["timeout"])
+    return Job(msg["job"], resolve(msg["job"]), msg["kwargs"], msg["world_size"], msg["timeout"], b"")
 
 
 SPEC_MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
@@ -436,3 +445,83 @@ def test_rank_0_stops_when_its_posted_job_changes_while_it_runs(tmp_path):
     with pytest.raises(JobSpecError, match="job/0 in torchrun's store was changed after rank 0 posted it"):
         cluster.run_job(1, overwrites_its_own_job, {}, timeout=60.0)
     assert cluster.refused
+
+
+def leaves_a_mark(ctx: RankContext, at: LocalPath) -> dict[str, Any]:
+    """A job that leaves a file for each rank that runs it, in the directory it is told."""
+    Path(at).mkdir(parents=True, exist_ok=True)
+    (Path(at) / f"rank{ctx.rank}").touch()
+    return {"rank": ctx.rank}
+
+
+MARKS = JobRegistry([leaves_a_mark])
+
+
+def _exit_status(pid: int, within_s: float) -> int:
+    """The forked rank's exit status; it is killed, and the test fails, when it takes longer."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"rank 1 did not exit within {within_s:.0f} s")
+
+
+@pytest.mark.parametrize("swapped", [False, True])
+def test_a_job_swapped_after_rank_0_posts_it_is_run_by_no_rank(swapped, monkeypatch, tmp_path):
+    """Two ranks over gloo, rank 1 a forked process. A stranger swaps job/0 right after rank 0 posts it (a
+    hook on the post; rank 1 reads only after it) for the same job told to mark another directory inside
+    --output: a job every check passes, yet not rank 0's. The ranks' digests of what they read differ, so
+    both refuse and neither marks anything. Unswapped, both run it."""
+    out = tmp_path / "out"
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    post = cluster._post
+
+    def post_then_swap(s: dist.Store, key: str, data: bytes) -> None:
+        post(s, key, data)
+        if swapped:
+            s.set(key, MARKS.encode(leaves_a_mark, {"at": str(out / "swapped")}, 2, 30.0))
+        s.set("posted", "1")
+
+    monkeypatch.setattr(cluster, "_post", post_then_swap)
+    monkeypatch.setattr(cluster, "_JOB_POLL_S", 0.02)  # rank 1 waiting for its next job
+    # After each job a rank collects its garbage: seconds in a pytest process's heap; this job leaves none.
+    monkeypatch.setattr(cluster, "gc", SimpleNamespace(collect=lambda: 0))
+    pid = os.fork()
+    if pid == 0:  # rank 1: follow the launch, its stderr to a file
+        code = 3
+        try:
+            with open(tmp_path / "rank1.err", "w") as sys.stderr:
+                mine = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=30))
+                mine.wait(["posted"])
+                code = follow(_launch(1), mine, torch.device("cpu"), MARKS, admission(tmp_path))
+        finally:
+            os._exit(code)
+    rank_0 = Cluster(_launch(0), store, torch.device("cpu"), MARKS, admission(tmp_path))
+    try:
+        if swapped:
+            with pytest.raises(
+                JobSpecError, match=r"job/0 .* was changed after rank 0 posted it \(rank\(s\) 1 read"
+            ):
+                rank_0.run_job(2, leaves_a_mark, {"at": str(out / "posted")}, timeout=30.0)
+        else:
+            assert rank_0.run_job(2, leaves_a_mark, {"at": str(out / "posted")}, timeout=30.0) == [
+                {"rank": 0},
+                {"rank": 1},
+            ]
+    finally:
+        rank_0.release(int(swapped))  # a rank 1 that ran the job waits for the next
+        status = _exit_status(pid, 30.0)
+    said = (tmp_path / "rank1.err").read_text().splitlines()
+    marks = sorted(str(p.relative_to(out)) for p in out.rglob("rank*")) if out.exists() else []
+    if swapped:
+        assert (status, marks) == (1, [])
+        (line,) = said
+        assert line.startswith("distbench launch: rank 1 refused job/0 from torchrun's store: job/0 ") and (
+            "rank(s) 1 read other bytes, so no rank ran it" in line
+        )
+    else:
+        assert (status, marks, said) == (0, ["posted/rank0", "posted/rank1"], [])

@@ -11,11 +11,13 @@ it would read), a path (only inside its --output), and the world size and timeou
 job whose parameter takes text other than as a LocalPath cannot be registered, whatever the parameter's
 name: text could name a file, which only a LocalPath keeps inside --output. Anything else is a JobSpecError
 naming the key and quoting a short start of the value (errors.shown), raised before any of the job runs. A
-rank's outcome comes back as JSON of a fixed shape and is read back the same way.
+decoded Job carries the SHA-256 of the bytes it was read from, which its ranks compare before running it
+(cluster.py). A rank's outcome comes back as JSON of a fixed shape and is read back the same way.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
@@ -67,13 +69,15 @@ class Admission:
 
 @dataclass(frozen=True)
 class Job:
-    """A job read from the store and checked: the function, its arguments, where and how long it runs."""
+    """A job read from the store and checked: the function, its arguments, where and how long it runs, and
+    the SHA-256 of the bytes it was read from, which every rank of its world must share before any runs it."""
 
     name: str
     fn: Callable[..., Any]
     kwargs: dict[str, Any]
     world_size: int
     timeout: float
+    digest: bytes
 
 
 @dataclass(frozen=True)
@@ -234,7 +238,7 @@ class JobRegistry:
             check_configs(kwargs, world_size)
         except ConfigError as e:
             raise JobSpecError(f"key 'kwargs': {e}") from None
-        return Job(name, self.jobs[name], kwargs, world_size, timeout)
+        return Job(name, self.jobs[name], kwargs, world_size, timeout, hashlib.sha256(data).digest())
 
     def _kwargs(self, name: str, raw: Any, admission: Admission) -> dict[str, Any]:
         if not isinstance(raw, dict):
