@@ -360,17 +360,37 @@ def test_the_hybrid_mesh_spans_the_nodes_at_parity(tmp_path):
 
 
 @pytest.mark.slow  # a 1x2 launch per payload, stopped at its first job: ~15 s each on 2 cores
-@pytest.mark.parametrize("payload", ["pickle", "json-os.system"])
-def test_a_stranger_writing_a_job_into_the_store_runs_nothing_and_stops_the_launch(payload, tmp_path):
+@pytest.mark.parametrize(
+    "payload,when",
+    [
+        ("pickle", "now"),
+        ("json-os.system", "now"),
+        ("json-path-outside-output", "now"),
+        ("json-path-outside-output", "after-post"),
+    ],
+)
+def test_a_stranger_writing_a_job_into_the_store_runs_nothing_and_stops_the_launch(payload, when, tmp_path):
     """A stranger process writes job/0 into a live launch's store (found where torchrun's rendezvous
-    publishes it) before rank 0 posts it: a pickle whose load would create a marker, or JSON naming
-    os.system. The follower refuses it in one line naming the key, rank 0 finds its key taken, nothing ran,
-    the launch exits non-zero and no process of it remains."""
-    marker = tmp_path / "payload-ran"
+    publishes it): a pickle whose load would create a marker, JSON naming os.system, or the held-out audit's
+    reference_job told to keep its tensors in an existing file outside --output (issue 45). `now`: before
+    rank 0 posts job/0, so the follower refuses it in one line naming the key and rank 0 finds its key
+    taken. `after-post`: it replaces rank 0's job/0 as soon as it is there. Either way nothing ran, the file
+    outside is as it was, the launch exits non-zero and no process of it remains."""
+    marker, outside = tmp_path / "payload-ran", tmp_path / "outside.bin"
+    outside.write_bytes(b"not the launch's")
+    cfg = {"strategy": "ddp", "world_size": 2, "model": "gpt2-tiny", "global_batch": 4, "steps": 1}
     spec = {
         "pickle": assemble(Call(Glob("builtins", "open"), (str(marker), "w")), 4),
         "json-os.system": json.dumps(
             {"job": "os:system", "kwargs": {"command": f"touch {marker}"}, "world_size": 2, "timeout": 10}
+        ).encode(),
+        "json-path-outside-output": json.dumps(
+            {
+                "job": "distbench.jobs.checks:reference_job",
+                "kwargs": {"cfg": cfg, "keep_tensors_at": str(outside)},
+                "world_size": 2,
+                "timeout": 30,
+            }
         ).encode(),
     }[payload]
     (tmp_path / "payload").write_bytes(spec)
@@ -379,7 +399,7 @@ def test_a_stranger_writing_a_job_into_the_store_runs_nothing_and_stops_the_laun
     tagged = {**os.environ, TAG_ENV: tag}
     stranger = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "stranger.py"), "127.0.0.1", str(port), out.name]
-        + ["distbench/attempt_0/job/0", str(tmp_path / "payload")],
+        + ["distbench/attempt_0/job/0", str(tmp_path / "payload"), when],
         env=tagged,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -397,11 +417,23 @@ def test_a_stranger_writing_a_job_into_the_store_runs_nothing_and_stops_the_laun
     assert "stranger wrote distbench/attempt_0/job/0" in said, said
     assert code != 0, log[-3000:]
     assert not marker.exists()
+    assert outside.read_bytes() == b"not the launch's", log[-3000:]
     refusals = [line for line in log.splitlines() if "refused job/0 from torchrun's store" in line]
-    expected = {"pickle": "not UTF-8 JSON", "json-os.system": "key 'job': 'os:system' is not a job"}[payload]
-    assert len(refusals) == 1 and expected in refusals[0], log[-3000:]
-    assert refusals[0].startswith("distbench launch: rank 1 refused job/0")
-    assert "job/0 was in torchrun's store before rank 0 posted it" in log, log[-3000:]
+    expected = {
+        "pickle": "not UTF-8 JSON",
+        "json-os.system": "key 'job': 'os:system' is not a job",
+        "json-path-outside-output": f"key 'kwargs.keep_tensors_at': '{outside}' lies outside",
+    }[payload]
+    if when == "now":
+        assert len(refusals) == 1 and expected in refusals[0], log[-3000:]
+        assert refusals[0].startswith("distbench launch: rank 1 refused job/0")
+        assert "job/0 was in torchrun's store before rank 0 posted it" in log, log[-3000:]
+    else:
+        # The follower polls for its job every 0.5 s, the stranger every 0.5 ms: the follower all but always
+        # reads the swapped job and refuses it; in the rare read before the swap both ranks run rank 0's job
+        # and rank 0 finds its key changed once the replies are in.
+        refused = len(refusals) == 1 and expected in refusals[0]
+        assert refused or "job/0 in torchrun's store was changed after rank 0 posted it" in log, log[-3000:]
     end = time.monotonic() + 10
     while tagged_processes(tag) and time.monotonic() < end:
         time.sleep(0.1)

@@ -4,30 +4,42 @@ torchrun's store takes writes from anyone who reaches its port. Every hostile or
 stranger could write there (a pickle whose load would create a marker file, in binary and in protocol 0's
 ASCII; JSON naming os.system or torch.save as the job; unknown, missing, duplicated and mistyped keys; a
 model factory, strategy option or path this rank's command line does not name; a world size or timeout
-beyond the launch's; malformed outcomes) must be a JobSpecError of one line naming the key, and never run.
-A follower refuses one, says so in one line, posts why and stops; rank 0 stops when a job key it posts was
-written before it, or changed while the job ran. The bites plant from outside the decoders a tired engineer
-would write (unpickling, resolving any name, skipping the admission of models or paths, lax types) and
-expect these checks to fail. tests/test_cluster.py has a stranger do this to a live torchrun launch.
+beyond the launch's; malformed outcomes; 8 MiB values) must be a JobSpecError of one short line naming the
+key, and never run. A follower refuses one, says so in one line, posts why and stops; rank 0 stops when a
+job key it posts was written before it, or changed while the job ran. Issue 45: a job swapped in right after
+rank 0's post is refused by the follower when any path argument of any registered job leaves --output, and
+run by no rank when it passes every check but is not rank 0's. The bites plant from outside the decoders a
+tired engineer would write (unpickling, resolving any name, skipping the admission of models or paths, lax
+types) and expect these checks to fail. tests/test_cluster.py has a stranger do this to a live torchrun
+launch.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
 import json
+import os
 import pickle
+import sys
+import time
+import typing
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Literal
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from distbench.config import RunConfig
-from distbench.errors import JobSpecError
+from distbench.config import LocalPath, RunConfig, check_value
+from distbench.errors import QUOTED_CHARS, ConfigError, JobSpecError
 from distbench.jobs.bench import bench, collective_bandwidth, trace
 from distbench.jobs.registry import LAUNCH_JOBS
-from distbench.runtime import jobspec
+from distbench.runtime import cluster, jobspec
 from distbench.runtime.cluster import REFUSED, Cluster, Launch, follow
 from distbench.runtime.context import RankContext
 from distbench.runtime.jobspec import Admission, Job, JobRegistry, Stop, decode_outcome
@@ -36,6 +48,10 @@ from hostile_pickles import Call, Glob, assemble
 
 CFG = RunConfig(strategy="ddp", world_size=2, model="gpt2-tiny", global_batch=4, micro_batch=2, steps=2)
 DELETE = object()
+#: The held-out audit's oversized job name (issue 45): 8 MiB, which a refusal once echoed whole.
+BIG = "x" * (8 << 20)
+#: "A few hundred characters": the longest refusal a follower prints, whatever a stranger wrote.
+LINE_CHARS = 700
 
 
 def admission(root: Path) -> Admission:
@@ -56,6 +72,11 @@ def _with(data: bytes, **changes: Any) -> bytes:
         else:
             node[last] = value
     return json.dumps(msg).encode()
+
+
+def cut(value: str) -> str:
+    """How a refusal quotes a long string: its start and its length."""
+    return f"{value[:QUOTED_CHARS]!r}... ({len(value):,} characters)"
 
 
 def hostile_specs(root: Path) -> dict[str, tuple[bytes, str]]:
@@ -113,6 +134,45 @@ def hostile_specs(root: Path) -> dict[str, tuple[bytes, str]]:
         "stop-false": (b'{"stop": false, "status": 0}', "key 'stop'"),
         "a-json-array": (b"[]", "not an object"),
         "deep-nesting": (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
+        **oversized_specs(),
+    }
+
+
+@functools.cache
+def oversized_specs() -> dict[str, tuple[bytes, str]]:
+    """Each place a refusal quotes what the stranger wrote, given 8 MiB of it: the refusal holds its start and
+    its size, not all of it (built once: megabytes each)."""
+    good = LAUNCH_JOBS.encode(bench, {"cfg": CFG, "nvml": False}, 2, 60.0)
+    traced = LAUNCH_JOBS.encode(trace, {"cfg": CFG, "out_dir": "/"}, 2, 60.0)
+    return {
+        "oversized-job-name": (_with(good, job=BIG), f"key 'job': {cut(BIG)} is not a job a launch runs"),
+        "oversized-unknown-key": (_with(good, **{BIG: 1}), f"unknown key {cut(BIG)} (a job message"),
+        "oversized-parameter-name": (
+            _with(good, **{f"kwargs__{BIG}": 1}),
+            f"key {cut(f'kwargs.{BIG}')}: distbench.jobs.bench:bench has no such parameter",
+        ),
+        "oversized-argument": (_with(good, kwargs__nvml=BIG), f"key 'kwargs.nvml' = {cut(BIG)} is invalid"),
+        "oversized-model": (
+            _with(good, kwargs__cfg__model=BIG),
+            f"key 'kwargs.cfg.model': {cut(BIG)} is not a model",
+        ),
+        "oversized-config-key": (
+            _with(good, **{f"kwargs__cfg__{BIG}": 1}),
+            f"unknown config key {cut(BIG)}.",
+        ),
+        "oversized-option-name": (
+            _with(good, kwargs__cfg__options={BIG: 1}),
+            f"key {cut(f'kwargs.cfg.options.{BIG}')}: not the value",
+        ),
+        "oversized-path": (
+            _with(traced, kwargs__out_dir=f"/{BIG}"),
+            f"key 'kwargs.out_dir': {cut(f'/{BIG}')} lies outside",
+        ),
+        "oversized-stop": (json.dumps({"stop": BIG, "status": 0}).encode(), f"must be true, not {cut(BIG)}"),
+        "oversized-status": (
+            b'{"stop": true, "status": 1' + b"0" * 4000 + b"}",
+            "0000 is no exit status (0-255)",
+        ),
     }
 
 
@@ -121,6 +181,7 @@ def hostile_outcomes(root: Path) -> dict[str, bytes]:
     return {
         "pickle": assemble(Call(Glob("builtins", "open"), (f"{root}/ran-outcome", "w")), 4),
         "extra-key": b'{"status": "ok", "reply": 1, "eval": "x"}',
+        "oversized-key": json.dumps({"status": "ok", "reply": 1, BIG: 1}).encode(),
         "unknown-status": b'{"status": "crashed", "text": ""}',
         "error-without-text": b'{"status": "error", "exc_type": "E"}',
         "text-not-a-string": b'{"status": "error", "exc_type": "E", "text": ["x"]}',
@@ -129,7 +190,7 @@ def hostile_outcomes(root: Path) -> dict[str, bytes]:
 
 def spec_problems(root: Path) -> Iterator[str]:
     """Each hostile job and outcome through the decoders: a problem unless refused with one JobSpecError
-    line holding the expected text, and nothing ran."""
+    line of at most a few hundred characters holding the expected text, and nothing ran."""
     root.mkdir(exist_ok=True)
     checks: list[tuple[str, Callable[[], Any], str]] = [
         (f"job {name}", lambda d=data: LAUNCH_JOBS.decode(d, admission(root)), expected)
@@ -144,8 +205,11 @@ def spec_problems(root: Path) -> Iterator[str]:
             got = decode()
             yield f"{what} was accepted: {got!r}"[:300]
         except JobSpecError as e:
-            if expected not in str(e) or "\n" in str(e):
-                yield f"{what}: refused as {str(e)!r}, which should be one line holding {expected!r}"
+            if expected not in str(e) or "\n" in str(e) or len(str(e)) > LINE_CHARS:
+                yield (
+                    f"{what}: refused as {str(e)[:LINE_CHARS]!r} ({len(str(e)):,} characters), which should "
+                    f"be one short line holding {expected!r}"
+                )
         except Exception as e:  # noqa: BLE001 - anything but a refusal is a finding
             yield f"{what} raised {type(e).__name__}: {e}"[:300]
         if any(root.glob("ran-*")):
@@ -165,8 +229,11 @@ def test_the_launch_jobs_travel_and_arrive_as_sent(tmp_path):
         (bench, {"cfg": CFG, "nvml": False}),
         (trace, {"cfg": CFG, "out_dir": out_dir, "steps": 2}),
     ]:
-        job = LAUNCH_JOBS.decode(LAUNCH_JOBS.encode(fn, kwargs, 2, 60.0), adm)
-        assert job == Job(f"distbench.jobs.bench:{fn.__name__}", fn, kwargs, 2, 60.0)
+        data = LAUNCH_JOBS.encode(fn, kwargs, 2, 60.0)
+        digest = hashlib.sha256(data).digest()
+        assert LAUNCH_JOBS.decode(data, adm) == Job(
+            f"distbench.jobs.bench:{fn.__name__}", fn, kwargs, 2, 60.0, digest
+        )
     assert LAUNCH_JOBS.decode(b'{"stop": true, "status": 3}', adm) == Stop(3)
     assert decode_outcome(b'{"status": "ok", "reply": {"x": [1.5]}}', 1) == {
         "status": "ok",
@@ -185,7 +252,7 @@ def _decode_any_name(self: JobRegistry, data: bytes, adm: Admission) -> Job | St
     msg = json.loads(data)
     if "stop" in msg:
         return Stop(msg["status"])
-    return Job(msg["job"], resolve(msg["job"]), msg["kwargs"], msg["world_size"], msg["timeout"])
+    return Job(msg["job"], resolve(msg["job"]), msg["kwargs"], msg["world_size"], msg["timeout"], b"")
 
 
 SPEC_MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
@@ -207,7 +274,13 @@ def _launch(rank: int) -> Launch:
     return Launch(rank=rank, world_size=2, local_rank=rank, local_world_size=2)
 
 
-FOLLOWED = ["pickle", "job-torch.save", "model-factory-not-on-the-command-line", "path-outside-output"]
+FOLLOWED = [
+    "pickle",
+    "job-torch.save",
+    "model-factory-not-on-the-command-line",
+    "path-outside-output",
+    "oversized-job-name",
+]
 
 
 @pytest.mark.parametrize("spec", FOLLOWED)
@@ -226,7 +299,95 @@ def test_a_follower_refuses_a_hostile_job_in_one_line_runs_nothing_and_stops_the
     assert (
         line.startswith("distbench launch: rank 1 refused job/0 from torchrun's store: ") and expected in line
     )
+    assert len(line) <= LINE_CHARS
     assert store.get(REFUSED).decode().startswith("rank 1 refused job/0")  # every other rank stops on it
+
+
+def _text_parameters() -> list[tuple[str, str]]:
+    """(job, parameter) for every parameter of every registered job that takes a string, whatever its name or
+    its annotation's metadata say: each could name a file on the rank's machine."""
+    cases = []
+    for name, fn in LAUNCH_JOBS.jobs.items():
+        hints = typing.get_type_hints(fn, include_extras=True)
+        for param in list(inspect.signature(fn).parameters)[1:]:
+            try:
+                check_value(hints[param], "/a/path", param)
+            except ConfigError:
+                continue
+            cases.append((name, param))
+    return cases
+
+
+def _job_naming(name: str, param: str, path: str) -> bytes:
+    """Job `name` with `param` naming `path` and its other required arguments in order (1 s timeout)."""
+    fn = LAUNCH_JOBS.jobs[name]
+    kwargs: dict[str, Any] = {}
+    for p in list(inspect.signature(fn).parameters.values())[1:]:
+        if p.name == param or p.default is p.empty:
+            kwargs[p.name] = CFG if p.annotation in (RunConfig, "RunConfig") else path
+    kwargs[param] = path
+    return LAUNCH_JOBS.encode(fn, kwargs, 2, 1.0)
+
+
+@pytest.mark.parametrize("name,param", _text_parameters())
+def test_a_path_of_any_job_swapped_in_after_rank_0_posts_is_refused_before_anything_runs(
+    name, param, tmp_path, capsys
+):
+    """Issue 45: a stranger swaps job/0, right after rank 0 posts a job, for a registered job whose
+    path-valued argument names an existing file outside --output. The follower refuses it in one line naming
+    the key and writes nothing; rank 0, with the same rules, would not post it."""
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not the launch's")
+    before = outside.stat().st_mtime_ns
+    swapped = _job_naming(name, param, str(outside))
+    store = dist.HashStore()
+    cluster._post(store, "job/0", LAUNCH_JOBS.encode(bench, {"cfg": CFG, "nvml": False}, 2, 60.0))
+    store.set("job/0", swapped)  # the stranger
+    store.set("job/1", b'{"stop": true, "status": 0}')
+    assert follow(_launch(1), store, torch.device("cpu"), LAUNCH_JOBS, admission(tmp_path)) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(
+        f"distbench launch: rank 1 refused job/0 from torchrun's store: key 'kwargs.{param}': "
+    )
+    assert "lies outside this rank's --output" in line
+    assert (outside.read_bytes(), outside.stat().st_mtime_ns) == (b"not the launch's", before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outside.bin"]
+    rank_0 = Cluster(_launch(0), dist.HashStore(), torch.device("cpu"), LAUNCH_JOBS, admission(tmp_path))
+    with pytest.raises(JobSpecError, match=f"key 'kwargs.{param}'"):
+        rank_0.run_job(2, LAUNCH_JOBS.jobs[name], json.loads(swapped)["kwargs"] | {"cfg": CFG}, timeout=1.0)
+    assert not rank_0.store.check(["job/0"])
+
+
+def writes_where_told(ctx: RankContext, cfg: RunConfig, dump_to: str | None = None) -> dict[str, Any]:
+    """A job whose path parameter is annotated as plain text."""
+    return {}
+
+
+def takes_declared_text(
+    ctx: RankContext, cfg: RunConfig, at: LocalPath | None = None, mode: Literal["a", "b"] = "a"
+) -> dict[str, Any]:
+    """A job whose text parameters are a LocalPath and a Literal."""
+    return {}
+
+
+def test_a_job_taking_text_other_than_a_local_path_cannot_be_registered():
+    with pytest.raises(
+        TypeError, match="parameter dump_to takes text, which could name a file; annotate it LocalPath"
+    ):
+        JobRegistry([writes_where_told])
+    assert list(JobRegistry([takes_declared_text]).jobs) == ["test_jobspec:takes_declared_text"]
+
+
+def test_rank_0_quotes_a_forged_refusal_in_one_short_line():
+    """The refusal every rank stops on is itself a key a stranger can write: 8 MiB with newlines in it."""
+    store = dist.HashStore()
+    forged = "a\nforged\x1b[2J" + BIG
+    store.set(REFUSED, forged)
+    with pytest.raises(JobSpecError) as refused:
+        cluster._wait_key(store, "out/0/1", None)
+    said = str(refused.value)
+    assert said.startswith("a\\nforged\\x1b[2J") and said.endswith(f"({len(forged):,} characters)")
+    assert "\n" not in said and len(said) <= LINE_CHARS
 
 
 def test_a_launch_admits_what_its_own_command_line_names(tmp_path):
@@ -284,3 +445,83 @@ def test_rank_0_stops_when_its_posted_job_changes_while_it_runs(tmp_path):
     with pytest.raises(JobSpecError, match="job/0 in torchrun's store was changed after rank 0 posted it"):
         cluster.run_job(1, overwrites_its_own_job, {}, timeout=60.0)
     assert cluster.refused
+
+
+def leaves_a_mark(ctx: RankContext, at: LocalPath) -> dict[str, Any]:
+    """A job that leaves a file for each rank that runs it, in the directory it is told."""
+    Path(at).mkdir(parents=True, exist_ok=True)
+    (Path(at) / f"rank{ctx.rank}").touch()
+    return {"rank": ctx.rank}
+
+
+MARKS = JobRegistry([leaves_a_mark])
+
+
+def _exit_status(pid: int, within_s: float) -> int:
+    """The forked rank's exit status; it is killed, and the test fails, when it takes longer."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"rank 1 did not exit within {within_s:.0f} s")
+
+
+@pytest.mark.parametrize("swapped", [False, True])
+def test_a_job_swapped_after_rank_0_posts_it_is_run_by_no_rank(swapped, monkeypatch, tmp_path):
+    """Two ranks over gloo, rank 1 a forked process. A stranger swaps job/0 right after rank 0 posts it (a
+    hook on the post; rank 1 reads only after it) for the same job told to mark another directory inside
+    --output: a job every check passes, yet not rank 0's. The ranks' digests of what they read differ, so
+    both refuse and neither marks anything. Unswapped, both run it."""
+    out = tmp_path / "out"
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    post = cluster._post
+
+    def post_then_swap(s: dist.Store, key: str, data: bytes) -> None:
+        post(s, key, data)
+        if swapped:
+            s.set(key, MARKS.encode(leaves_a_mark, {"at": str(out / "swapped")}, 2, 30.0))
+        s.set("posted", "1")
+
+    monkeypatch.setattr(cluster, "_post", post_then_swap)
+    monkeypatch.setattr(cluster, "_JOB_POLL_S", 0.02)  # rank 1 waiting for its next job
+    # After each job a rank collects its garbage: seconds in a pytest process's heap; this job leaves none.
+    monkeypatch.setattr(cluster, "gc", SimpleNamespace(collect=lambda: 0))
+    pid = os.fork()
+    if pid == 0:  # rank 1: follow the launch, its stderr to a file
+        code = 3
+        try:
+            with open(tmp_path / "rank1.err", "w") as sys.stderr:
+                mine = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=30))
+                mine.wait(["posted"])
+                code = follow(_launch(1), mine, torch.device("cpu"), MARKS, admission(tmp_path))
+        finally:
+            os._exit(code)
+    rank_0 = Cluster(_launch(0), store, torch.device("cpu"), MARKS, admission(tmp_path))
+    try:
+        if swapped:
+            with pytest.raises(
+                JobSpecError, match=r"job/0 .* was changed after rank 0 posted it \(rank\(s\) 1 read"
+            ):
+                rank_0.run_job(2, leaves_a_mark, {"at": str(out / "posted")}, timeout=30.0)
+        else:
+            assert rank_0.run_job(2, leaves_a_mark, {"at": str(out / "posted")}, timeout=30.0) == [
+                {"rank": 0},
+                {"rank": 1},
+            ]
+    finally:
+        rank_0.release(int(swapped))  # a rank 1 that ran the job waits for the next
+        status = _exit_status(pid, 30.0)
+    said = (tmp_path / "rank1.err").read_text().splitlines()
+    marks = sorted(str(p.relative_to(out)) for p in out.rglob("rank*")) if out.exists() else []
+    if swapped:
+        assert (status, marks) == (1, [])
+        (line,) = said
+        assert line.startswith("distbench launch: rank 1 refused job/0 from torchrun's store: job/0 ") and (
+            "rank(s) 1 read other bytes, so no rank ran it" in line
+        )
+    else:
+        assert (status, marks, said) == (0, ["posted/rank0", "posted/rank1"], [])

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from .errors import ConfigError, did_you_mean
+from .errors import ConfigError, did_you_mean, shown
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -171,7 +171,7 @@ def check_keys(d: dict[str, Any], extra: typing.Collection[str] = ()) -> None:
     unknown = sorted(set(d) - set(known))
     if unknown:
         raise ConfigError(
-            f"unknown config key {unknown[0]!r}.{did_you_mean(unknown[0], known)} "
+            f"unknown config key {shown(unknown[0])}.{did_you_mean(unknown[0], known)} "
             f"Known keys: {', '.join(sorted(known))}"
         )
 
@@ -205,7 +205,7 @@ def check_value(annotation: Any, value: Any, what: str) -> Any:
     except ValidationError as e:
         err = e.errors()[0]
         where = "".join(f"[{p}]" for p in err["loc"])
-        raise ConfigError(f"{what}{where} = {value!r} is invalid: {err['msg'].lower()}") from None
+        raise ConfigError(f"{what}{where} = {shown(value)} is invalid: {err['msg'].lower()}") from None
 
 
 def check_field(name: str, value: Any) -> Any:

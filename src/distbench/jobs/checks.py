@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ..config import RunConfig
+from ..config import LocalPath, RunConfig
 from ..invariants.collectives import CollectiveRecorder, collectives_per_step, profiled_kinds
 from ..invariants.reference import reference_run
 from ..runtime.context import RankContext
@@ -19,7 +19,9 @@ from ..workloads import count_params, get_model
 from .train import make_trainer, run_steps
 
 
-def reference_job(ctx: RankContext, cfg: RunConfig, keep_tensors_at: str | None = None) -> dict[str, Any]:
+def reference_job(
+    ctx: RankContext, cfg: RunConfig, keep_tensors_at: LocalPath | None = None
+) -> dict[str, Any]:
     """The reference (world size 1) in a pool rank, so it runs on the same device type as the strategies.
     With `keep_tensors_at` its tensors (parameters, gradients, LoRA's initial and merged weights) go to that
     safetensors file (runtime/shelf.py) instead of through the pipe."""
@@ -31,7 +33,7 @@ def reference_job(ctx: RankContext, cfg: RunConfig, keep_tensors_at: str | None 
     return {**out, "phases": {"reference run": time.perf_counter() - t0}}
 
 
-def initial_weights_job(ctx: RankContext, cfg: RunConfig, keep_tensors_at: str) -> dict[str, Any]:
+def initial_weights_job(ctx: RankContext, cfg: RunConfig, keep_tensors_at: LocalPath) -> dict[str, Any]:
     """The model's weights before training as a rank builds them (on its device, from cfg's seed), written to
     a safetensors file under "initial"."""
     model = get_model(cfg.model).build(cfg.seed, ctx.device)

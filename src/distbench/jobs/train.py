@@ -70,7 +70,7 @@ def train(
     reshard: bool = False,
     return_params: bool = False,
     return_grads: bool = False,
-    keep_tensors_at: str | None = None,
+    keep_tensors_at: LocalPath | None = None,
 ) -> dict[str, Any]:
     """Train cfg.steps optimizer steps and return the per-step global-batch losses.
 

@@ -9,10 +9,13 @@ function runs unchanged; the other ranks wait for the next job. Every rank's out
 traceback) comes back to the controller through the store.
 
 The store takes writes from anyone who reaches its port, so what it carries is data only (jobspec.py): a
-registered job's name with JSON arguments each follower checks against its own command line, and JSON
+registered job's name with JSON arguments every rank checks against its own command line, and JSON
 outcomes. A message distbench did not send is refused before any of it runs, and stops the launch: a
 follower that refuses one says so in one line and posts why (`refused`), on which every rank exits; rank 0
-posts each job under a new key and checks that it is still its own once the replies are in.
+posts each job under a new key and checks that it is still its own once the replies are in. A job swapped
+in between rank 0's post and a follower's read may pass every check and still not be rank 0's: so the
+ranks of a job's world first all-gather the SHA-256 of the bytes each read (rank 0: of those it posted)
+over the job's own process group, and none runs the job unless all are equal.
 
 No process waits without a bound: a job's collectives time out with the job (`--timeout`); the controller
 gives up on a rank that has not answered shortly after, asks every follower for its Python stack and to
@@ -137,7 +140,8 @@ def describe_job(job: Job) -> str:
 
 
 def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int, job: Job) -> dict[str, Any]:
-    """Join the job's world (the first n ranks) as the default group, run the job, leave; this rank's outcome."""
+    """Join the job's world (the first n ranks) as the default group, run the job once every rank of it read
+    the same bytes, leave; this rank's outcome. JobSpecError, and nothing run, when one read other bytes."""
     n = job.world_size
     backend = "nccl" if device.type == "cuda" else "gloo"
     # A rank killed by a signal (a segfault in NCCL, say) leaves no Python traceback: say first what it runs,
@@ -156,8 +160,11 @@ def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int
             world_size=n,
             timeout=timedelta(seconds=job.timeout),
         )
+        _same_bytes(f"job/{job_id}", job.digest, device)
         ctx = RankContext(launch.rank, n, launch.local_rank, device, backend, nodes=launch.job_nodes(n))
         return {"status": "ok", "reply": job.fn(ctx, **job.kwargs)}
+    except JobSpecError:
+        raise  # the job in the store is not rank 0's: a refusal that stops the launch, not a failed job
     except BaseException as e:  # everything reaches the controller, KeyboardInterrupt included
         return {"status": "error", "exc_type": type(e).__name__, "text": traceback.format_exc()}
     finally:
@@ -166,6 +173,24 @@ def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _same_bytes(key: str, digest: bytes, device: torch.device) -> None:
+    """All-gather every rank's digest of `key` over the job's process group (not the store, which a stranger
+    can write); JobSpecError on every rank when one differs from rank 0's."""
+    mine = torch.frombuffer(bytearray(digest), dtype=torch.uint8).to(device)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    other = [str(r) for r, d in enumerate(everyone) if not torch.equal(d, everyone[0])]
+    if other:
+        raise _changed(key, f"rank(s) {','.join(other)} read other bytes, so no rank ran it")
+
+
+def _changed(key: str, how: str) -> JobSpecError:
+    return JobSpecError(
+        f"{key} in torchrun's store was changed after rank 0 posted it ({how}): another process writes to "
+        "the store (anyone who reaches its port can)"
+    )
 
 
 def _wait_key(store: dist.Store, key: str, deadline: float | None, poll_s: float = _POLL_S) -> bool:
@@ -261,10 +286,7 @@ class Cluster:
             if _wait_key(self.store, f"out/{job_id}/{r}", deadline):
                 outs[r] = decode_outcome(self.store.get(f"out/{job_id}/{r}"), r)
         if self.store.get(key) != data:
-            raise JobSpecError(
-                f"{key} in torchrun's store was changed after rank 0 posted it: another process writes to the "
-                "store (anyone who reaches its port can)"
-            )
+            raise _changed(key, "while the job ran")
         return outs
 
     def _abort(self, ranks: list[int]) -> dict[int, str]:
@@ -350,14 +372,14 @@ def follow(
                 return 1  # another rank refused a message, and said so
             try:
                 job = jobs.decode(store.get(key), admission)
+                if isinstance(job, Stop):
+                    return job.status
+                if launch.rank < job.world_size:
+                    outcome = encode_outcome(run_job(launch, store, device, job_id, job), job.name)
+                    store.set(f"out/{job_id}/{launch.rank}", outcome)  # type: ignore[arg-type]
             except JobSpecError as e:
                 done.set()  # before the refusal is posted: this rank returns its status rather than exit here
                 return _refuse(store, f"rank {launch.rank} refused {key} from torchrun's store: {e}")
-            if isinstance(job, Stop):
-                return job.status
-            if launch.rank < job.world_size:
-                outcome = run_job(launch, store, device, job_id, job)
-                store.set(f"out/{job_id}/{launch.rank}", encode_outcome(outcome, job.name))  # type: ignore[arg-type]
             job_id += 1
     finally:
         done.set()
