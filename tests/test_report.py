@@ -188,3 +188,64 @@ def test_report_spread_and_kernel_diff(tmp_path):
 
     spread = table_rows(md, "| Strategy | GPUs | Separate runs")
     assert spread == [["zero2", "2", "3", "90", "100", "110", "10.00%"]]
+
+
+SMALL = dict(WORKLOAD, model="gpt2-tiny", precision="fp32", seq_len=32, global_batch=4, micro_batch=2)
+
+
+def cpu_run(tps: dict[tuple[str, int], float]) -> list[dict]:
+    """`distbench run`'s CPU results: no MFU, no device memory, speedups and warnings annotated as the matrix
+    does."""
+    from distbench import plausibility, scaling
+
+    out = []
+    for (strategy, ws), t in tps.items():
+        r = result(strategy, ws, t, 0.0, cfg={**SMALL, "device": "cpu"})
+        for m in ("mfu", "mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes"):
+            r["metrics"].pop(m)
+        r["losses"] = [6.2, 6.1295]
+        out.append(r)
+    scaling.annotate(out)
+    plausibility.annotate(out)
+    return out
+
+
+def test_the_console_table_fits_100_columns_and_leaves_out_what_is_not_measured():
+    from rich.console import Console
+
+    from distbench.report.tables import CONSOLE_WIDTH, results_table
+    from distbench.strategies import default_strategies
+
+    def render(results) -> list[str]:
+        console = Console(width=300)
+        with console.capture() as out:
+            console.print(results_table(results))
+        return out.get().rstrip().splitlines()
+
+    cpu = cpu_run(
+        {(s, ws): 6000.0 * ws for s in default_strategies("cpu") for ws in (1, 2) if ws == 1 or s != "single"}
+    )
+    cpu[-1]["warnings"] = ["a figure the checks reject"]
+    lines = render(cpu)
+    assert max(map(len, lines)) <= CONSOLE_WIDTH
+    head = "\n".join(lines[:3])
+    assert "step ms" in head and "MFU" not in head and "GiB" not in head  # CPU runs measure neither
+    assert "No values in these runs: MFU, peak GiB." in [line.strip() for line in lines]
+    st = cpu[0]["step_time_s"]["median"] * 1000
+    assert any(f"{st:.0f} [{st * 0.98:.0f}-{st * 1.02:.0f}]" in line for line in lines)  # ms, 3 digits
+    # the default GPU run (gpt2-124m, up to 8 GPUs) keeps MFU and memory and still fits
+    gpu = [
+        result(s, ws, 150_000.0 * ws, 2.1)
+        for s in default_strategies("cuda")
+        for ws in (1, 2, 4, 8)
+        if ws == 1 or s != "single"
+    ]
+    from distbench import scaling
+
+    scaling.annotate(gpu)
+    for r in gpu:
+        r["losses"] = [6.2, 6.1295]
+    gpu[-1]["warnings"] = ["one", "two"]
+    lines = render(gpu)
+    assert max(map(len, lines)) <= CONSOLE_WIDTH
+    assert any("MFU" in line and "alloc/resv/nvml" in line for line in lines)
