@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from distbench.commands import report as report_cmd
 from distbench.report import job_summary_markdown, write_report
 from distbench.results import make_result, save_result
@@ -208,6 +210,55 @@ def cpu_run(tps: dict[tuple[str, int], float]) -> list[dict]:
     scaling.annotate(out)
     plausibility.annotate(out)
     return out
+
+
+#: single and ddp on 1 rank, ddp 8x faster on 2: superlinear, flagged (the issue's CPU run)
+SUPERLINEAR = {("single", 1): 100.0, ("ddp", 1): 95.0, ("ddp", 2): 807.0}
+
+
+def drawn_throughput(results, tmp_path, monkeypatch):
+    """The throughput figure's axes, kept open."""
+    from distbench.plausibility import check
+    from distbench.report import plots
+    from distbench.report.tables import cells_by_workload
+
+    figs = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
+    (cells,) = cells_by_workload(results).values()
+    plots.throughput_plot(cells, tmp_path / "t.png", check(results))
+    return figs[0].axes[0]
+
+
+def test_flagged_points_are_hollow_off_their_line_and_every_point_has_its_spread(tmp_path, monkeypatch):
+    results = cpu_run(SUPERLINEAR)
+    ax = drawn_throughput(results, tmp_path, monkeypatch)
+    (ddp_line,) = [ln for ln in ax.lines if ln.get_label() == "ddp"]
+    assert list(ddp_line.get_xdata()) == [1]  # ws2 is no result: no line runs to it
+    points = {
+        (ln.get_color(), float(ln.get_xdata()[0])): ln.get_markerfacecolor()
+        for ln in ax.lines
+        if len(ln.get_xdata()) == 1 and ln.get_marker() == "o" and not ln.get_label().startswith("ddp")
+    }
+    ddp = ddp_line.get_color()
+    assert points[(ddp, 2.0)] == "white" and points[(ddp, 1.0)] == ddp  # flagged hollow, the sound one solid
+    assert "flagged: not a result" in [t.get_text() for t in ax.get_legend().get_texts()]
+    # a bar per point, from the tokens/s of its p90 step time to that of its p10
+    bars = [c for c in ax.containers if len(c.lines[0].get_xdata()) == 1]
+    assert len(bars) == 3
+    (bar,) = [c for c in bars if c.lines[0].get_xdata()[0] == 2]
+    lo, hi = bar.lines[2][0].get_segments()[0][:, 1]
+    assert (lo, hi) == pytest.approx((807 / 1.02, 807 / 0.98))
+
+
+def test_cpu_runs_are_labelled_cpu(tmp_path, monkeypatch):
+    results = cpu_run({("single", 1): 6300.0, ("ddp", 1): 6200.0, ("ddp", 2): 11000.0})
+    assert drawn_throughput(results, tmp_path, monkeypatch).get_xlabel() == "CPU ranks"
+    md = write_report(results, tmp_path).read_text()
+    assert table_rows(
+        md, "| Strategy | CPU ranks | Runs | Tokens/s | Tokens/s/CPU rank | Speedup vs 1 CPU rank"
+    )
+    assert "![Throughput vs CPU rank count]" in md
+    assert "GPU" not in md.split("## ")[2]  # the workload's section: no GPU anywhere (no memory table either)
 
 
 def test_the_console_table_fits_100_columns_and_leaves_out_what_is_not_measured():

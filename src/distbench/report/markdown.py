@@ -12,7 +12,17 @@ from ..config import config_label
 from ..measure.timing import step_stats
 from ..metrics import METRICS, fmt_metric
 from ..plausibility import check
-from .tables import MEMORY_METRICS, Cell, cells_by_workload, fmt_value, md_table, scaling_of, workload_title
+from .tables import (
+    MEMORY_METRICS,
+    Cell,
+    cells_by_workload,
+    fmt_value,
+    has_device_memory,
+    md_table,
+    rank_noun,
+    scaling_of,
+    workload_title,
+)
 
 
 def machine_line(env: dict[str, Any]) -> str:
@@ -53,14 +63,15 @@ def throughput_table(cells: list[Cell], found: dict[str, list[str]]) -> list[str
                 f"**{n}**" if (n := len(cell_warnings(c, found))) else "—",
             ]
         )
+    noun = rank_noun(cells[0].cfg)
     return md_table(
         [
             "Strategy",
-            "GPUs",
+            f"{noun}s",
             "Runs",
             "Tokens/s",
-            "Tokens/s/GPU",
-            "Speedup vs 1 GPU",
+            f"Tokens/s/{noun}",
+            f"Speedup vs 1 {noun}",
             "Scaling eff.",
             "Step time ms median [p10–p90]",
             "MFU",
@@ -201,7 +212,8 @@ def report_markdown(results: list[dict[str, Any]], images: dict[tuple, list[tupl
         nodes = node_scaling_table(cells)
         if nodes:
             lines += ["", "### Within a node and across nodes", ""] + nodes
-        lines += ["", "### Peak memory per GPU", ""] + memory_table(cells)
+        if has_device_memory(cells):
+            lines += ["", "### Peak memory per GPU", ""] + memory_table(cells)
         if any(c.has_trace for c in cells):
             lines += ["", "### Trace breakdown (compute / non-compute / idle)", ""] + trace_table(cells)
             diffs = kernel_diff_sections(cells)

@@ -96,6 +96,11 @@ def cells_by_workload(results: list[dict[str, Any]]) -> dict[tuple, list[Cell]]:
     return out
 
 
+def has_device_memory(cells: list[Cell]) -> bool:
+    """Whether any cell measured device memory (CPU runs measure none: no memory table or figure for them)."""
+    return any(c.metric(m) for c in cells for m in MEMORY_METRICS)
+
+
 def scaling_of(cells: list[Cell], cell: Cell) -> tuple[float | None, float | None]:
     """(speedup vs 1 GPU, scaling efficiency) of a cell's median tokens/s, by the one rule of scaling.py."""
     runs = [r for c in cells for r in c.runs]
@@ -108,6 +113,11 @@ def scaling_of(cells: list[Cell], cell: Cell) -> tuple[float | None, float | Non
 def fmt_value(v: float | None, spec: str, suffix: str = "") -> str:
     """`v` formatted by `spec` with `suffix`, or a dash for a missing value."""
     return "—" if v is None else f"{v:{spec}}{suffix}"
+
+
+def rank_noun(cfg: dict[str, Any]) -> str:
+    """What one rank of a run is, for labels: "GPU", or "CPU rank" for a run on CPU (gloo)."""
+    return "CPU rank" if cfg.get("device") == "cpu" else "GPU"
 
 
 #: `distbench run` prints at this width when its output is not a terminal; its table fits in it
