@@ -1,9 +1,10 @@
 """The asv layer stores what `distbench run` would show as results, and its dashboard says what it shows:
-names, units and which runs have data."""
+names, units, which runs have data, and links to the commits."""
 
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -82,3 +83,21 @@ def test_the_dashboard_names_each_benchmark_with_its_unit_and_the_runs_that_have
         assert fn.pretty_source == fn.__doc__ and m.description.rstrip(".") in fn.pretty_source
         if m.name in not_on_cpu:  # empty on a CPU machine: the dashboard's name says why
             assert fn.pretty_name.endswith("(GPU runs only)"), fn.pretty_name
+
+
+def test_asv_links_its_commits():
+    conf = json.loads((ROOT / "asv.conf.json").read_text())
+    assert conf["project_url"].startswith("https://github.com/") and conf["project_url"].endswith("/")
+    assert conf["show_commit_url"] == conf["project_url"] + "commit/"
+
+
+def test_the_dashboard_page_lists_what_the_registry_names():
+    """docs/asv.md's table of benchmarks, units and which runs have data is the registry's."""
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in (ROOT / "docs" / "asv.md").read_text().splitlines()
+        if line.startswith("| ") and not line.startswith("| Benchmark")
+    ]
+    assert sorted(rows) == sorted(
+        [m.asv.title, m.asv.unit, m.asv.where or "every run"] for m in METRICS.values() if m.asv is not None
+    )
