@@ -1,7 +1,7 @@
 """Markdown tables in the shape of seed 004: strategy x world size, throughput, scaling, time, MFU, memory.
 
 Repeated runs of one configuration are aggregated by their median. Speedup and scaling efficiency follow
-the one rule of distbench.scaling (the 1-GPU baseline: `single` when it ran, else the same strategy).
+the one rule of distbench.scaling (the 1-rank baseline: `single` when it ran, else the same strategy).
 """
 
 from __future__ import annotations
@@ -195,8 +195,8 @@ def report_markdown(results: list[dict[str, Any]], images: dict[tuple, list[tupl
     ]
     lines += [
         "",
-        "Speedup is tokens/s over the 1-GPU baseline of the same workload (`single` when it ran, "
-        "else the same strategy on 1 GPU); scaling efficiency = speedup / GPUs. Step times are medians "
+        "Speedup is tokens/s over the 1-rank baseline of the same workload (`single` when it ran, "
+        "else the same strategy on 1 rank); scaling efficiency = speedup / ranks. Step times are medians "
         "over steady-state steps, [p10–p90] their spread; repeated runs are aggregated by median. "
         "Throttled runs are not comparable. Figures the plausibility checks reject (superlinear scaling "
         "beyond noise, a speedup within noise, a run far below its repeats, a step-time spread wider than "
