@@ -19,6 +19,14 @@ configuration runs once however often the grid asks for it; speedup and scaling 
 distbench.scaling over the whole grid, as for `distbench run`.
 Unsupported strategy x world size pairs are skipped (n/a); a run that fails or runs out of memory is a
 failed benchmark, which `asv continuous` reports as a regression.
+
+asv stores only what `distbench run` shows as results: `judge` writes the speedups and the plausibility
+warnings over the grid as the matrix does, and a result with a warning stores none of the figures the checks
+judge (step time, MFU, scaling efficiency); asv records them as skipped (n/a) and its log says why. A cold
+1-rank run once put a 405% scaling efficiency, and a 4.19x "regression" after it, into the history.
+
+On the dashboard each benchmark has the registry's title (asv's pretty_name), unit and description (its
+tooltip); those with data on GPU runs only say so in their names. docs/asv.md describes the dashboard.
 """
 
 from __future__ import annotations
@@ -99,12 +107,19 @@ def _busbw(world_size: int) -> dict[str, Any]:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+def judge(train: dict[str, dict[str, Any]]) -> None:
+    """Speedups and plausibility warnings on the grid's results, as `distbench run` writes them (matrix.py)."""
+    from distbench import plausibility, scaling
+
+    results = [r for r in train.values() if "config" in r]
+    scaling.annotate(results)
+    plausibility.annotate(results)
+
+
 def setup_cache() -> dict[str, Any]:
     """Everything, once: training results per strategy/world size, collective tables per world size > 1."""
-    from distbench.scaling import annotate
-
     train = {f"{s}/{ws}": _train(s, ws) for s in STRATEGIES for ws in WORLD_SIZES}
-    annotate([r for r in train.values() if "config" in r])  # speedup by the rule `distbench run` uses
+    judge(train)
     busbw = {ws: _busbw(ws) for ws in WORLD_SIZES if ws > 1}
     return {"train": train, "busbw": busbw}
 
@@ -112,12 +127,20 @@ def setup_cache() -> dict[str, Any]:
 setup_cache.timeout = 4 * 3600 if GPUS else 1800  # the whole grid runs inside it
 
 
+def _judged(metric: Any) -> bool:
+    """Whether the plausibility checks judge the metric: throughput, step times and what derives from them
+    (their warnings say "not a result"); device memory is measured apart from the clock."""
+    return bool(metric.time or metric.source == "scaling")
+
+
 class _Training:
-    """Common setup: pick the configuration's result, skip it where the metric cannot exist."""
+    """Common setup: pick the configuration's result, skip it where the metric cannot exist or is judged
+    implausible."""
 
     params = (STRATEGIES, WORLD_SIZES)
     param_names = ("strategy", "world_size")
     needs: tuple[str, ...] = ("step_time_s",)
+    judged = True  # the class's metrics are _judged: a flagged result stores none of them
 
     def setup(self, cache: dict[str, Any], strategy: str, world_size: int) -> None:
         r = cache["train"][f"{strategy}/{world_size}"]
@@ -129,6 +152,8 @@ class _Training:
                 f"no {missing[0]} in this result (not measured on {DEVICE}, "
                 "or no 1-GPU baseline of its workload ran)"
             )
+        if self.judged and r.get("warnings"):
+            raise NotImplementedError("implausible, not a result: " + "; ".join(r["warnings"]))
         self.result = r
 
     def metric(self, name: str) -> float:
@@ -137,21 +162,42 @@ class _Training:
         return float(self.result["metrics"][name])
 
 
+def _on_dashboard(track: Any, metric: Any) -> Any:
+    """`track` with what asv records and shows of a registry metric: its unit, a version that survives
+    refactors of this file, its title (pretty_name, with the runs that have data where not all do) and a
+    description, which is also the dashboard's tooltip (pretty_source; the method's own source is generic)."""
+    a = metric.asv
+    doc = " ".join(
+        filter(
+            None,
+            [
+                metric.description.rstrip(".") + ".",
+                track.__doc__,
+                "" if metric.better == "lower" else f"Tracked as {a.scale:g} / value: lower is better.",
+                f"Data: {a.where}." if a.where else "",
+                "Left out for a result the plausibility checks flag, as `distbench run` flags it."
+                if _judged(metric)
+                else "",
+            ],
+        )
+    )
+    track.__doc__ = track.pretty_source = doc
+    track.__name__ = a.benchmark.split(".")[1]
+    track.__qualname__ = a.benchmark  # the tooltip names the class it is in, not _track.<locals>
+    track.unit = a.unit
+    track.version = f"{metric.name}:{a.unit}:{a.version}"
+    track.pretty_name = a.pretty_name
+    return track
+
+
 def _track(metric: Any) -> Any:
     """The asv track method of one registry metric (distbench/metrics.py): its value in asv's lower-is-better
-    form, with the registry's unit and a version that survives refactors of this file."""
+    form."""
 
     def track(self: _Training, cache: dict[str, Any], strategy: str, world_size: int) -> float:
         return metric.asv_value(self.metric(metric.name))
 
-    inverted = (
-        "" if metric.better == "lower" else f" Tracked as {metric.asv.scale:g} / value: lower is better."
-    )
-    track.__doc__ = metric.description.rstrip(".") + "." + inverted
-    track.__name__ = metric.asv.benchmark.split(".")[1]
-    track.unit = metric.asv.unit  # type: ignore[attr-defined]
-    track.version = f"{metric.name}:{metric.asv.unit}:{metric.asv.version}"  # type: ignore[attr-defined]
-    return track
+    return _on_dashboard(track, metric)
 
 
 def _training_classes() -> dict[str, type]:
@@ -167,6 +213,7 @@ def _training_classes() -> dict[str, type]:
             (_Training,),
             {
                 "needs": tuple(m.name for m in ms),
+                "judged": any(map(_judged, ms)),
                 "__module__": __name__,
                 **{m.asv.benchmark.split(".")[1]: _track(m) for m in ms},
             },
@@ -193,9 +240,7 @@ class BusBandwidth:
             raise NotImplementedError(f"{table['backend']} did not run {op}")
         self.row = max(rows, key=lambda r: r["size_bytes"])
 
+    @_functools.partial(_on_dashboard, metric=_BUSBW)
     def track_ms_per_bus_gb(self, cache: dict[str, Any], op: str, world_size: int) -> float:
-        """1000 / busbw (nccl-tests convention) at the largest message size: ms per GB (lower is better)."""
+        """At the largest message size."""
         return _BUSBW.asv_value(self.row[_BUSBW.name])
-
-    track_ms_per_bus_gb.unit = _BUSBW.asv.unit
-    track_ms_per_bus_gb.version = f"{_BUSBW.name}:{_BUSBW.asv.unit}:{_BUSBW.asv.version}"

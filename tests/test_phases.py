@@ -44,6 +44,15 @@ def test_the_table_lists_phases_and_the_slowest_tests():
     assert any(line.endswith("t::a (training steps 4.0, transfer and rest 1.0)") for line in lines)
 
 
+def test_the_phase_table_aligns_its_longest_phase_names():
+    """The seconds and shares stand in one column however long a phase's name ("shared runs: wait and read")."""
+    log = PhaseLog()
+    log.add("t::a", {"training steps": 3.0, SHARED: 1.0, OWN: 0.5})
+    rows = log.table()[:4]
+    assert len({len(row) for row in rows}) == 1, rows
+    assert {row.index("%") for row in rows[1:]} == {len(rows[0]) - 1}
+
+
 def test_each_tests_rest_goes_to_its_own_process():
     """With the remainders the table accounts for the tests' whole time, not only their rank jobs."""
     log = PhaseLog()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from distbench.commands import report as report_cmd
 from distbench.report import job_summary_markdown, write_report
 from distbench.results import make_result, save_result
@@ -188,3 +190,113 @@ def test_report_spread_and_kernel_diff(tmp_path):
 
     spread = table_rows(md, "| Strategy | GPUs | Separate runs")
     assert spread == [["zero2", "2", "3", "90", "100", "110", "10.00%"]]
+
+
+SMALL = dict(WORKLOAD, model="gpt2-tiny", precision="fp32", seq_len=32, global_batch=4, micro_batch=2)
+
+
+def cpu_run(tps: dict[tuple[str, int], float]) -> list[dict]:
+    """`distbench run`'s CPU results: no MFU, no device memory, speedups and warnings annotated as the matrix
+    does."""
+    from distbench import plausibility, scaling
+
+    out = []
+    for (strategy, ws), t in tps.items():
+        r = result(strategy, ws, t, 0.0, cfg={**SMALL, "device": "cpu"})
+        for m in ("mfu", "mem_allocated_peak_bytes", "mem_reserved_peak_bytes", "nvml_mem_used_peak_bytes"):
+            r["metrics"].pop(m)
+        r["losses"] = [6.2, 6.1295]
+        out.append(r)
+    scaling.annotate(out)
+    plausibility.annotate(out)
+    return out
+
+
+#: single and ddp on 1 rank, ddp 8x faster on 2: superlinear, flagged (the issue's CPU run)
+SUPERLINEAR = {("single", 1): 100.0, ("ddp", 1): 95.0, ("ddp", 2): 807.0}
+
+
+def drawn_throughput(results, tmp_path, monkeypatch):
+    """The throughput figure's axes, kept open."""
+    from distbench.plausibility import check
+    from distbench.report import plots
+    from distbench.report.tables import cells_by_workload
+
+    figs = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
+    (cells,) = cells_by_workload(results).values()
+    plots.throughput_plot(cells, tmp_path / "t.png", check(results))
+    return figs[0].axes[0]
+
+
+def test_flagged_points_are_hollow_off_their_line_and_every_point_has_its_spread(tmp_path, monkeypatch):
+    results = cpu_run(SUPERLINEAR)
+    ax = drawn_throughput(results, tmp_path, monkeypatch)
+    (ddp_line,) = [ln for ln in ax.lines if ln.get_label() == "ddp"]
+    assert list(ddp_line.get_xdata()) == [1]  # ws2 is no result: no line runs to it
+    points = {
+        (ln.get_color(), float(ln.get_xdata()[0])): ln.get_markerfacecolor()
+        for ln in ax.lines
+        if len(ln.get_xdata()) == 1 and ln.get_marker() == "o" and not ln.get_label().startswith("ddp")
+    }
+    ddp = ddp_line.get_color()
+    assert points[(ddp, 2.0)] == "white" and points[(ddp, 1.0)] == ddp  # flagged hollow, the sound one solid
+    assert "flagged: not a result" in [t.get_text() for t in ax.get_legend().get_texts()]
+    # a bar per point, from the tokens/s of its p90 step time to that of its p10
+    bars = [c for c in ax.containers if len(c.lines[0].get_xdata()) == 1]
+    assert len(bars) == 3
+    (bar,) = [c for c in bars if c.lines[0].get_xdata()[0] == 2]
+    lo, hi = bar.lines[2][0].get_segments()[0][:, 1]
+    assert (lo, hi) == pytest.approx((807 / 1.02, 807 / 0.98))
+
+
+def test_cpu_runs_are_labelled_cpu(tmp_path, monkeypatch):
+    results = cpu_run({("single", 1): 6300.0, ("ddp", 1): 6200.0, ("ddp", 2): 11000.0})
+    assert drawn_throughput(results, tmp_path, monkeypatch).get_xlabel() == "CPU ranks"
+    md = write_report(results, tmp_path).read_text()
+    assert table_rows(
+        md, "| Strategy | CPU ranks | Runs | Tokens/s | Tokens/s/CPU rank | Speedup vs 1 CPU rank"
+    )
+    assert "![Throughput vs CPU rank count]" in md
+    assert "GPU" not in md  # its prose, headers and captions; no memory table either
+
+
+def test_the_console_table_fits_100_columns_and_leaves_out_what_is_not_measured():
+    from rich.console import Console
+
+    from distbench.report.tables import CONSOLE_WIDTH, results_table
+    from distbench.strategies import default_strategies
+
+    def render(results) -> list[str]:
+        console = Console(width=300)
+        with console.capture() as out:
+            console.print(results_table(results))
+        return out.get().rstrip().splitlines()
+
+    cpu = cpu_run(
+        {(s, ws): 6000.0 * ws for s in default_strategies("cpu") for ws in (1, 2) if ws == 1 or s != "single"}
+    )
+    cpu[-1]["warnings"] = ["a figure the checks reject"]
+    lines = render(cpu)
+    assert max(map(len, lines)) <= CONSOLE_WIDTH
+    head = "\n".join(lines[:3])
+    assert "step ms" in head and "MFU" not in head and "GiB" not in head  # CPU runs measure neither
+    assert "No values in these runs: MFU, peak GiB." in [line.strip() for line in lines]
+    st = cpu[0]["step_time_s"]["median"] * 1000
+    assert any(f"{st:.0f} [{st * 0.98:.0f}-{st * 1.02:.0f}]" in line for line in lines)  # ms, 3 digits
+    # the default GPU run (gpt2-124m, up to 8 GPUs) keeps MFU and memory and still fits
+    gpu = [
+        result(s, ws, 150_000.0 * ws, 2.1)
+        for s in default_strategies("cuda")
+        for ws in (1, 2, 4, 8)
+        if ws == 1 or s != "single"
+    ]
+    from distbench import scaling
+
+    scaling.annotate(gpu)
+    for r in gpu:
+        r["losses"] = [6.2, 6.1295]
+    gpu[-1]["warnings"] = ["one", "two"]
+    lines = render(gpu)
+    assert max(map(len, lines)) <= CONSOLE_WIDTH
+    assert any("MFU" in line and "alloc/resv/nvml" in line for line in lines)

@@ -38,8 +38,14 @@ class AsvTrack:
 
     benchmark: str  # "Class.track_method" in benchmarks/bench_training.py: asv's history is keyed by it
     unit: str
+    title: str  # the dashboard's name for it (asv's pretty_name)
+    where: str = ""  # which runs have it, where not all do: the dashboard says so beside the title
     scale: float = 1.0
     version: str = "1"  # asv keeps results across code changes while this stays the same
+
+    @property
+    def pretty_name(self) -> str:
+        return f"{self.title} ({self.where})" if self.where else self.title
 
 
 @dataclass(frozen=True)
@@ -111,7 +117,7 @@ _ENTRIES = [
         compare=True,
         ab="gate",
         time=True,
-        asv=AsvTrack("StepTime.track_step_time", "seconds"),
+        asv=AsvTrack("StepTime.track_step_time", "seconds", "Step time"),
     ),
     # The device-side candidates (measure/devicetime.py): one is gated, chosen before a comparison starts.
     Metric(
@@ -165,7 +171,12 @@ _ENTRIES = [
         "fraction",
         compare=True,
         time=True,
-        asv=AsvTrack("Mfu.track_inverse_mfu", "x peak-FLOP time"),
+        asv=AsvTrack(
+            "Mfu.track_inverse_mfu",
+            "x peak-FLOP time",
+            "1 / MFU",
+            where="GPU runs only",
+        ),
     ),
     Metric("tflops_per_gpu", "higher", "TFLOP/s", "model TFLOP/s per GPU", time=True),
     Metric(
@@ -176,7 +187,12 @@ _ENTRIES = [
         "GiB",
         compare=True,
         ab="gate",
-        asv=AsvTrack("Memory.track_peak_mem_allocated", "bytes"),
+        asv=AsvTrack(
+            "Memory.track_peak_mem_allocated",
+            "bytes",
+            "Peak memory allocated per GPU",
+            where="GPU runs only",
+        ),
         label="Peak allocated",
     ),
     Metric(
@@ -186,7 +202,12 @@ _ENTRIES = [
         "torch caching-allocator peak reserved bytes per GPU (max over ranks)",
         "GiB",
         compare=True,
-        asv=AsvTrack("Memory.track_peak_mem_reserved", "bytes"),
+        asv=AsvTrack(
+            "Memory.track_peak_mem_reserved",
+            "bytes",
+            "Peak memory reserved per GPU",
+            where="GPU runs only",
+        ),
         label="Peak reserved",
     ),
     Metric(
@@ -196,7 +217,12 @@ _ENTRIES = [
         "NVML device memory peak: adds NCCL buffers and the CUDA context, which torch does not see",
         "GiB",
         compare=True,
-        asv=AsvTrack("DeviceMemory.track_peak_mem_nvml", "bytes"),
+        asv=AsvTrack(
+            "DeviceMemory.track_peak_mem_nvml",
+            "bytes",
+            "Peak device memory per GPU, NVML",
+            where="GPU runs only",
+        ),
         label="Peak NVML (device)",
     ),
     Metric(
@@ -207,7 +233,13 @@ _ENTRIES = [
         "GB/s",
         compare=True,
         source="busbw",
-        asv=AsvTrack("BusBandwidth.track_ms_per_bus_gb", "ms/GB", scale=1000.0),
+        asv=AsvTrack(
+            "BusBandwidth.track_ms_per_bus_gb",
+            "ms/GB",
+            "1 / bus bandwidth",
+            where="world size > 1",
+            scale=1000.0,
+        ),
     ),
     Metric("algbw_gbps", "higher", "GB/s", "collective algorithm bandwidth", "GB/s", source="busbw"),
     Metric(
@@ -220,7 +252,11 @@ _ENTRIES = [
         "speedup / world size: 1.0 is linear scaling",
         "fraction",
         source="scaling",
-        asv=AsvTrack("Scaling.track_inverse_scaling_efficiency", "x ideal time"),
+        asv=AsvTrack(
+            "Scaling.track_inverse_scaling_efficiency",
+            "x ideal time",
+            "1 / scaling efficiency",
+        ),
     ),
     Metric(
         "step_gcycles", "lower", "Gcycles", "SM clock cycles per step, where NVML read the clock", ab="report"

@@ -274,13 +274,13 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
 
     from ..errors import DistbenchError
     from ..measure.telemetry import parse_listen
-    from ..report.tables import results_table
+    from ..report.tables import CONSOLE_WIDTH, results_table
     from ..runtime import affinity
     from ..runtime.pool import PoolManager, cuda_device_count
     from ..strategies import get_spec
     from ..strategies.lora import check_lora
 
-    console = Console(width=None if Console().is_terminal else 140)
+    console = Console(width=None if Console().is_terminal else CONSOLE_WIDTH)
     n_cuda = cuda_device_count() if device_count is None else device_count
     device_type = args.device or ("cuda" if n_cuda else "cpu")
     if device_type == "cuda" and not n_cuda:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from .markdown import job_summary_markdown, report_markdown
-from .tables import MEMORY_METRICS, cells_by_workload
+from .tables import Cell, cells_by_workload, has_device_memory, rank_noun
 
 __all__ = ["write_report", "job_summary_markdown"]
 
@@ -26,15 +28,23 @@ def _slug(cfg: dict[str, Any]) -> str:
 
 def write_report(results: list[dict[str, Any]], out_dir: str | os.PathLike[str]) -> Path:
     """Write `out_dir/report.md` and its figures (one set per workload); return the report's path."""
+    from ..plausibility import check
     from . import plots
 
     out = Path(out_dir)
+    found = check(results)
     out.mkdir(parents=True, exist_ok=True)
     images: dict[tuple, list[tuple[str, str]]] = {}
     for wk, cells in cells_by_workload(results).items():
         slug = _slug(cells[0].cfg)
-        figs = [("Throughput vs GPU count", plots.throughput_plot, f"throughput-{slug}.png")]
-        if any(c.metric(m) for c in cells for m in MEMORY_METRICS):  # device memory: not measured on CPU
+        figs: list[tuple[str, Callable[[list[Cell], Path], Path], str]] = [
+            (
+                f"Throughput vs {rank_noun(cells[0].cfg)} count",
+                partial(plots.throughput_plot, found=found),
+                f"throughput-{slug}.png",
+            )
+        ]
+        if has_device_memory(cells):
             figs.append(("Peak memory per GPU", plots.memory_plot, f"memory-{slug}.png"))
         if any(c.has_trace for c in cells):
             figs.append(

@@ -1,7 +1,7 @@
 """Markdown tables in the shape of seed 004: strategy x world size, throughput, scaling, time, MFU, memory.
 
 Repeated runs of one configuration are aggregated by their median. Speedup and scaling efficiency follow
-the one rule of distbench.scaling (the 1-GPU baseline: `single` when it ran, else the same strategy).
+the one rule of distbench.scaling (the 1-rank baseline: `single` when it ran, else the same strategy).
 """
 
 from __future__ import annotations
@@ -13,7 +13,17 @@ from ..measure.timing import step_stats
 from ..metrics import METRICS, fmt_metric
 from ..plausibility import check
 from .gaps import SHORTFALL_NOTE, reference_table, shortfall_table
-from .tables import MEMORY_METRICS, Cell, cells_by_workload, fmt_value, md_table, scaling_of, workload_title
+from .tables import (
+    MEMORY_METRICS,
+    Cell,
+    cells_by_workload,
+    fmt_value,
+    has_device_memory,
+    md_table,
+    rank_noun,
+    scaling_of,
+    workload_title,
+)
 
 
 def machine_line(env: dict[str, Any]) -> str:
@@ -54,14 +64,15 @@ def throughput_table(cells: list[Cell], found: dict[str, list[str]]) -> list[str
                 f"**{n}**" if (n := len(cell_warnings(c, found))) else "—",
             ]
         )
+    noun = rank_noun(cells[0].cfg)
     return md_table(
         [
             "Strategy",
-            "GPUs",
+            f"{noun}s",
             "Runs",
             "Tokens/s",
-            "Tokens/s/GPU",
-            "Speedup vs 1 GPU",
+            f"Tokens/s/{noun}",
+            f"Speedup vs 1 {noun}",
             "Scaling eff.",
             "Step time ms median [p10–p90]",
             "MFU",
@@ -185,8 +196,8 @@ def report_markdown(results: list[dict[str, Any]], images: dict[tuple, list[tupl
     ]
     lines += [
         "",
-        "Speedup is tokens/s over the 1-GPU baseline of the same workload (`single` when it ran, "
-        "else the same strategy on 1 GPU); scaling efficiency = speedup / GPUs. Step times are medians "
+        "Speedup is tokens/s over the 1-rank baseline of the same workload (`single` when it ran, "
+        "else the same strategy on 1 rank); scaling efficiency = speedup / ranks. Step times are medians "
         "over steady-state steps, [p10–p90] their spread; repeated runs are aggregated by median. "
         "Throttled runs are not comparable. Figures the plausibility checks reject (superlinear scaling "
         "beyond noise, a speedup within noise, a run far below its repeats, a step-time spread wider than "
@@ -208,7 +219,8 @@ def report_markdown(results: list[dict[str, Any]], images: dict[tuple, list[tupl
         nodes = node_scaling_table(cells)
         if nodes:
             lines += ["", "### Within a node and across nodes", ""] + nodes
-        lines += ["", "### Peak memory per GPU", ""] + memory_table(cells)
+        if has_device_memory(cells):
+            lines += ["", "### Peak memory per GPU", ""] + memory_table(cells)
         if any(c.has_trace for c in cells):
             lines += ["", "### Trace breakdown (compute / non-compute / idle)", ""] + trace_table(cells)
             diffs = kernel_diff_sections(cells)

@@ -10,8 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..metrics import GIB, METRICS  # noqa: E402
-from ..scaling import baseline_tokens_per_s  # noqa: E402
-from .tables import MEMORY_METRICS, Cell, workload_title  # noqa: E402
+from ..scaling import baseline_runs, baseline_tokens_per_s  # noqa: E402
+from .markdown import cell_warnings  # noqa: E402
+from .tables import MEMORY_METRICS, Cell, rank_noun, workload_title  # noqa: E402
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
@@ -21,30 +22,66 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-def throughput_plot(cells: list[Cell], path: Path) -> Path:
-    """tokens/s vs GPU count, one line per strategy, with ideal linear scaling from the 1-GPU baseline."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+def _tps_spread(c: Cell, tps: float) -> tuple[float, float]:
+    """How far below and above `tps` the tokens/s of the cell's p90 and p10 step times lie; (0, 0) where
+    the step times' spread was not recorded."""
+    med, p10, p90 = c.step("median"), c.step("p10"), c.step("p90")
+    if not (med and p10 and p90):
+        return 0.0, 0.0
+    return tps - tps * med / p90, tps * med / p10 - tps
+
+
+def throughput_plot(cells: list[Cell], path: Path, found: dict[str, list[str]]) -> Path:
+    """tokens/s vs world size, one line per strategy, with ideal linear scaling from the 1-rank baseline.
+
+    `found` is plausibility.check of the report: a point with a warning (listed by the report as implausible,
+    not a result) is drawn hollow and left off its strategy's line, and an ideal line from a flagged baseline
+    is dotted and says so. Bars span the tokens/s of the p10 and p90 step times.
+    """
+    noun = rank_noun(cells[0].cfg)
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
     sizes: set[int] = set()
-    for strategy in sorted({c.strategy for c in cells}):
+    flagged_any = False
+    for i, strategy in enumerate(sorted({c.strategy for c in cells})):
         pts = sorted(
-            (c.world_size, c.metric("tokens_per_s"))
-            for c in cells
-            if c.strategy == strategy and c.metric("tokens_per_s") is not None
+            (
+                (c.world_size, tps, bool(cell_warnings(c, found)), c)
+                for c in cells
+                if c.strategy == strategy and (tps := c.metric("tokens_per_s")) is not None
+            ),
+            key=lambda p: p[0],
         )
-        if pts:
-            ax.plot(*zip(*pts, strict=True), marker="o", label=strategy)
-            sizes.update(ws for ws, _ in pts)
-    # the ideal line starts at the workload's 1-GPU baseline, the one the speedups are stated against
-    base = baseline_tokens_per_s(
-        [r for c in cells for r in c.runs], {"config": {**cells[0].cfg, "strategy": "single"}}
-    )
+        sound = [(ws, tps) for ws, tps, flagged, _ in pts if not flagged]
+        ax.plot([ws for ws, _ in sound], [tps for _, tps in sound], marker="o", color=f"C{i}", label=strategy)
+        for ws, tps, flagged, c in pts:
+            ax.errorbar(
+                ws,
+                tps,
+                yerr=[[v] for v in _tps_spread(c, tps)],
+                color=f"C{i}",
+                marker="o",
+                markerfacecolor="white" if flagged else f"C{i}",
+                capsize=3,
+                alpha=0.6 if flagged else 1.0,
+            )
+            flagged_any |= flagged
+            sizes.add(ws)
+    # the ideal line starts at the workload's 1-rank baseline, the one the speedups are stated against
+    runs = [r for c in cells for r in c.runs]
+    probe = {"config": {**cells[0].cfg, "strategy": "single"}}
+    base = baseline_tokens_per_s(runs, probe)
     if base and sizes:
+        cold = any(found.get(r["id"]) for r in baseline_runs(runs, probe))
         xs = sorted(sizes | {1})
-        ax.plot(xs, [base * x for x in xs], "k--", linewidth=0.8, label="ideal (linear)")
-    ax.set(xlabel="GPUs", ylabel="tokens/s", title=workload_title(cells[0].cfg))
+        label = "ideal (linear) from a flagged baseline" if cold else "ideal (linear)"
+        ax.plot(xs, [base * x for x in xs], "k:" if cold else "k--", linewidth=0.8, label=label)
+    if flagged_any:
+        ax.plot([], [], "o", color="grey", markerfacecolor="white", label="flagged: not a result")
+    ax.errorbar([], [], yerr=[], color="grey", capsize=3, label="bars: step time p10-p90")
+    ax.set(xlabel=f"{noun}s", ylabel="tokens/s", title=workload_title(cells[0].cfg))
     ax.set_xticks(sorted(sizes) or [1])
     ax.title.set_fontsize(9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the points, never on them
     ax.grid(alpha=0.3)
     return _save(fig, path)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..metrics import names
+from ..metrics import GIB, names
 from ..results import config_key
 from ..scaling import baseline_tokens_per_s
 
@@ -96,6 +96,11 @@ def cells_by_workload(results: list[dict[str, Any]]) -> dict[tuple, list[Cell]]:
     return out
 
 
+def has_device_memory(cells: list[Cell]) -> bool:
+    """Whether any cell measured device memory (CPU runs measure none: no memory table or figure for them)."""
+    return any(c.metric(m) for c in cells for m in MEMORY_METRICS)
+
+
 def scaling_of(cells: list[Cell], cell: Cell) -> tuple[float | None, float | None]:
     """(speedup vs 1 GPU, scaling efficiency) of a cell's median tokens/s, by the one rule of scaling.py."""
     runs = [r for c in cells for r in c.runs]
@@ -110,13 +115,56 @@ def fmt_value(v: float | None, spec: str, suffix: str = "") -> str:
     return "—" if v is None else f"{v:{spec}}{suffix}"
 
 
-def _gib(x: float | None) -> str:
-    return "-" if x is None else f"{x / 2**30:.2f}"
+def rank_noun(cfg: dict[str, Any]) -> str:
+    """What one rank of a run is, for labels: "GPU", or "CPU rank" for a run on CPU (gloo)."""
+    return "CPU rank" if cfg.get("device") == "cpu" else "GPU"
+
+
+#: `distbench run` prints at this width when its output is not a terminal; its table fits in it
+CONSOLE_WIDTH = 100
+
+
+def fmt_ms(seconds: float) -> str:
+    """Seconds as milliseconds to 3 significant digits (12.3, 123, 1.23)."""
+    ms = seconds * 1000
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"
+
+
+def _step_ms(r: dict[str, Any]) -> str:
+    st = r.get("step_time_s") or {}
+    return f"{fmt_ms(st['median'])} [{fmt_ms(st['p10'])}-{fmt_ms(st['p90'])}]" if st else "—"
+
+
+def _peak_gib(r: dict[str, Any]) -> str:
+    peaks = [(r.get("metrics") or {}).get(k) for k in MEMORY_METRICS]
+    if all(v is None for v in peaks):
+        return "—"
+    return "/".join(fmt_value(None if v is None else v / GIB, ".1f") for v in peaks)
+
+
+def _metric(name: str, spec: str, suffix: str = "") -> Callable[[dict[str, Any]], str]:
+    return lambda r: fmt_value((r.get("metrics") or {}).get(name), spec, suffix)
+
+
+#: The console table's columns but the status: header (rich markup) and a result's cell, "—" for no value.
+#: A column with no value in any row is left out (MFU and device memory on CPU).
+CONSOLE_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("strategy", lambda r: r["config"]["strategy"]),
+    ("ws", lambda r: str(r["config"]["world_size"])),
+    ("tok/s", _metric("tokens_per_s", ",.0f")),
+    ("speedup", _metric("speedup", ".2f", "x")),
+    ("eff", _metric("scaling_efficiency", ".0%")),
+    ("step ms\n\\[p10-p90]", _step_ms),
+    ("MFU", _metric("mfu", ".1%")),
+    ("peak GiB\nalloc/resv/nvml", _peak_gib),
+    ("loss", lambda r: f"{r['losses'][-1]:.4f}" if r.get("losses") else "—"),
+)
 
 
 def results_table(results: list[dict[str, Any]]):
-    """A seed-004-style console table: throughput, speedup, efficiency, step time, MFU, memory; each
-    plausibility warning is a numbered footnote, marked in its row's status ("! 1,2")."""
+    """`distbench run`'s table, within CONSOLE_WIDTH: throughput, speedup, efficiency, step time, MFU, memory,
+    loss and status. Each plausibility warning is a numbered footnote, marked in its row's status ("! 1,2")."""
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
 
@@ -127,49 +175,34 @@ def results_table(results: list[dict[str, Any]]):
             for r in results
         }
     )
+    cells = [[cell(r) for _, cell in CONSOLE_COLUMNS] for r in results]
+    shown = [i for i in range(len(CONSOLE_COLUMNS)) if any(row[i] != "—" for row in cells)]
     t = Table(
-        "strategy",
-        "ws",
-        "tok/s",
-        "tok/s/GPU",
-        "speedup",
-        "eff",
-        "step s [p10-p90]",
-        "MFU",
-        "peak GiB alloc/resv/nvml",
-        "loss",
+        *(CONSOLE_COLUMNS[i][0] for i in shown),
         "status",
         title="; ".join(workloads),
         caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        collapse_padding=True,
+        pad_edge=False,
+        show_edge=False,
     )
+    t.columns[0].no_wrap = True  # a terminal narrower than the table wraps the figures, never a strategy name
     notes: list[str] = []
-    for r in results:
-        c, m = r["config"], r["metrics"]
-        st = r.get("step_time_s") or {}
-        step = f"{st['median']:.3f} [{st['p10']:.3f}-{st['p90']:.3f}]" if st else "-"
-        nvml = r.get("nvml") or {}
-        status = r["status"] + (" throttled" if nvml.get("throttled") else "")
+    for r, row in zip(results, cells, strict=True):
+        c = r["config"]
+        throttled = r["status"] == "ok" and (r.get("nvml") or {}).get("throttled")
+        status = "throttled" if throttled else r["status"]
         marks = []
         for w in r.get("warnings") or []:
             notes.append(f"[yellow]! {len(notes) + 1}[/] {c['strategy']} ws{c['world_size']}: {escape(w)}")
             marks.append(str(len(notes)))
         if marks:
             status += f" [yellow]! {','.join(marks)}[/]"
-        losses = r.get("losses") or []
-        mem = "/".join(_gib(m.get(k)) for k in MEMORY_METRICS)
-        t.add_row(
-            c["strategy"],
-            str(c["world_size"]),
-            f"{m['tokens_per_s']:,.0f}" if "tokens_per_s" in m else "-",
-            f"{m['tokens_per_s_per_gpu']:,.0f}" if "tokens_per_s_per_gpu" in m else "-",
-            f"{m['speedup']:.2f}x" if "speedup" in m else "-",
-            f"{m['scaling_efficiency']:.0%}" if "scaling_efficiency" in m else "-",
-            step,
-            f"{m['mfu']:.1%}" if "mfu" in m else "-",
-            mem,
-            f"{losses[-1]:.4f}" if losses else "-",
-            status,
-        )
+        t.add_row(*(row[i] for i in shown), status)
+    empty = [CONSOLE_COLUMNS[i][0].split("\n")[0] for i in range(len(CONSOLE_COLUMNS)) if i not in shown]
+    caption = [f"No values in these runs: {', '.join(empty)}."] if empty else []
     if notes:
-        t.caption = "Implausible, not results:\n" + "\n".join(notes)
+        caption += ["Implausible, not results:", *notes]
+    t.caption = "\n".join(caption) or None
     return t

@@ -78,9 +78,11 @@ class PhaseLog:
             for name, s in phases.items():
                 totals[name] = totals.get(name, 0.0) + s
         whole = sum(totals.values()) or 1.0
-        lines = [f"{'phase':<20} {'seconds':>9} {'share':>6}"]
+        w = max(map(len, ["phase", *totals]))
+        lines = [f"{'phase':<{w}} {'seconds':>9} {'share':>6}"]
         lines += [
-            f"{name:<20} {s:9.1f} {s / whole:6.1%}" for name, s in sorted(totals.items(), key=lambda x: -x[1])
+            f"{name:<{w}} {s:9.1f} {s / whole:6.1%}"
+            for name, s in sorted(totals.items(), key=lambda x: -x[1])
         ]
         top = sorted(self.by_test.items(), key=lambda x: -sum(x[1].values()))[:slowest]
         lines += ["", f"slowest {len(top)} test(s):"]

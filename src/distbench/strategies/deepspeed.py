@@ -5,8 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib
+import io
 import json
 import os
+import re
+import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -306,8 +311,40 @@ def _parameters_printed_by_shape() -> Iterator[None]:
         nn.Parameter.__repr__ = original  # type: ignore[method-assign,assignment]
 
 
+#: torch 2.13 deprecates the collectives DeepSpeed 0.19's comm backend hands out as its own
+#: (deepspeed/comm/torch.py, get_all_gather_function and get_reduce_scatter_function): DeepSpeed's call to change
+_DEPRECATED_FOR_DEEPSPEED = (
+    r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
+)
+#: what DeepSpeed's build_shm_op prints on stdout in every rank that starts its comm backend
+_BUILT = re.compile(r"DeepSpeed \S+ built successfully")
+
+
+def quiet_deepspeed(comm_torch: Any) -> None:
+    """Silence DeepSpeed's chatter at its sources, nothing else: torch's FutureWarnings for the deprecated
+    collectives DeepSpeed calls, and the "DeepSpeed ... built successfully" line of `comm_torch.build_shm_op`
+    (the module deepspeed.comm.torch), whose other output passes through."""
+    warnings.filterwarnings("ignore", message=_DEPRECATED_FOR_DEEPSPEED, category=FutureWarning)
+    build = comm_torch.build_shm_op
+    if getattr(build, "quiet", False):
+        return
+
+    def build_quietly() -> Any:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            op = build()
+        sys.stdout.write(
+            "".join(ln for ln in out.getvalue().splitlines(True) if not _BUILT.fullmatch(ln.strip()))
+        )
+        return op
+
+    build_quietly.quiet = True  # type: ignore[attr-defined]
+    comm_torch.build_shm_op = build_quietly
+
+
 def _import_deepspeed(ctx: RankContext) -> Any:
-    """deepspeed, with its accelerator matching the rank's device (it would pick CUDA on a GPU host)."""
+    """deepspeed, with its accelerator matching the rank's device (it would pick CUDA on a GPU host), and
+    quiet (quiet_deepspeed)."""
     os.environ.setdefault("DS_ACCELERATOR", ctx.device_type)
     import deepspeed
     from deepspeed.accelerator import get_accelerator, set_accelerator
@@ -321,4 +358,5 @@ def _import_deepspeed(ctx: RankContext) -> Any:
         from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
         set_accelerator(CPU_Accelerator())
+    quiet_deepspeed(importlib.import_module("deepspeed.comm.torch"))  # deepspeed.comm.torch is torch itself
     return deepspeed
