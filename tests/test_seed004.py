@@ -222,3 +222,18 @@ def test_fsdp1_prefetch_switches_are_options_of_fsdp1_alone_and_reach_fsdp():
     assert {"forward_prefetch", "limit_all_gathers"} <= set(ours) & set(
         torchs
     ) and "backward_prefetch" in torchs
+
+
+def test_a_config_serves_a_machine_with_fewer_gpus_than_it_lists():
+    """configs/seed004.yaml lists 1, 2 and 4 GPUs: on a 2-GPU runner the 4 is left out with a note (a 2x H200
+    run refused the whole config), while world sizes asked for on the command line are all kept, for the
+    pool to refuse by name."""
+    from distbench.commands.run import fit_world_sizes
+
+    assert fit_world_sizes([1, 2, 4], 2, asked=False) == (
+        [1, 2],
+        ["world size 4: the config lists it, this machine has 2 GPU(s)"],
+    )
+    assert fit_world_sizes([1, 2, 4], 4, asked=False) == ([1, 2, 4], [])
+    assert fit_world_sizes([1, 2, 4], 2, asked=True) == ([1, 2, 4], [])
+    assert fit_world_sizes([4, 8], 2, asked=False) == ([4, 8], [])  # nothing fits: the pool says why

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -261,6 +262,22 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
     )
 
 
+def fit_world_sizes(world_sizes: list[int], gpus: int, *, asked: bool) -> tuple[list[int], list[str]]:
+    """The world sizes to run on `gpus` GPUs, and a skip note for each left out. Sizes a config file lists
+    beyond the machine are left out, so one config serves a 2- and a 4-GPU runner; sizes asked for on the
+    command line are all kept (the pool refuses what cannot run, naming the GPUs it has), as is every size
+    when none would fit."""
+    fits = [ws for ws in world_sizes if ws <= gpus]
+    if asked or not fits:
+        return list(world_sizes), []
+    notes = [
+        f"world size {ws}: the config lists it, this machine has {gpus} GPU(s)"
+        for ws in world_sizes
+        if ws > gpus
+    ]
+    return fits, notes
+
+
 def _usage_error(message: str) -> int:
     """A refused run: one line on stderr, exit 2 (the same shape as argparse's own usage errors)."""
     print(f"distbench run: error: {message}", file=sys.stderr)
@@ -295,10 +312,14 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
         affinity.rank_cpus(0, max(matrix.world_sizes))  # a bad setting or too few CPUs: say so now
         listen = parse_listen(args.prometheus) if args.prometheus else None
         pools = pools or PoolManager(device_type)
+        fitted: list[str] = []
         if device_type == "cuda":
+            kept, fitted = fit_world_sizes(matrix.world_sizes, n_cuda, asked=bool(_flat(args.world_size)))
+            matrix = dataclasses.replace(matrix, world_sizes=kept)
             for ws in matrix.world_sizes:
                 pools.check_world_size(ws)
         configs, skipped = matrix.configs(device_type, n_cuda if device_type == "cuda" else None)
+        skipped = fitted + skipped
         for cfg in configs:
             if cfg.options:  # what a user passes to a strategy is checked by the strategy before ranks start
                 get_spec(cfg.strategy).check_config(cfg)
