@@ -23,7 +23,7 @@ t0=$(date +%s)
 printf 'stage\tstart\twall_s\texit\tlimit_s\n' > "$out/stages.tsv"
 
 stage() {  # stage NAME LIMIT_S distbench-run-args...: one `distbench run` into OUT/NAME, cut at LIMIT_S
-  local name=$1 limit=$2 s e rc; shift 2
+  local name=$1 limit=$(( $2 > 1 ? $2 : 1 )) s e rc; shift 2  # timeout 0 would mean no limit at all
   s=$(date +%s)
   timeout --signal=INT --kill-after=20 "$limit" python3 -m distbench.cli run --config configs/seed004.yaml \
     --output "$out/$name" "$@" > "$out/$name.log" 2>&1
@@ -31,7 +31,7 @@ stage() {  # stage NAME LIMIT_S distbench-run-args...: one `distbench run` into 
   e=$(date +%s)
   printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$s" "$((e - s))" "$rc" "$limit" >> "$out/stages.tsv"
 }
-left() { echo $((budget - ($(date +%s) - t0))); }
+left() { local n=$((budget - ($(date +%s) - t0))); echo $(( n > 1 ? n : 1 )); }
 
 stage matrix 360
 for i in 1 2; do  # what is left, less a minute for the planted run, in two

@@ -18,7 +18,13 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: list[tuple[str, list[str]]] = [
     (
         "base: errors, the run configuration, the machine, claims about time",
-        ["distbench", "distbench.errors", "distbench.config", "distbench.machine", "distbench.testsuite.claims"],
+        [
+            "distbench",
+            "distbench.errors",
+            "distbench.config",
+            "distbench.machine",
+            "distbench.testsuite.claims",
+        ],
     ),
     ("process: rank pools, workers, launches", ["distbench.runtime"]),
     (
@@ -27,8 +33,14 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     ("in-rank jobs", ["distbench.jobs"]),
     (
-        "results: building, metrics, scaling, plausibility",
-        ["distbench.results", "distbench.metrics", "distbench.scaling", "distbench.plausibility"],
+        "results: building, metrics, scaling, plausibility, shortfalls",
+        [
+            "distbench.results",
+            "distbench.metrics",
+            "distbench.scaling",
+            "distbench.plausibility",
+            "distbench.gaps",
+        ],
     ),
     (
         "running configurations: matrix, suite, lanes, A/B gate, doctor",

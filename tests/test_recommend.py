@@ -417,7 +417,11 @@ def measured(strategy: str, tps: float, mb: int, spread: float = 0.02) -> dict[s
 
 def test_the_ranking_is_held_against_a_measured_table_and_each_disagreement_says_why():
     """Issue 41: recommend at 2 and 4 GPUs agrees with the measured table, or says where and why not."""
-    from distbench.recommend import agreement
+    from distbench.plausibility import check
+    from distbench.recommend import agreement as judge
+
+    def agreement(ranked, results, gpus):
+        return judge(ranked, results, gpus, check(results))
 
     table = [measured("single", 33468, 8), measured("ddp", 63370, 8), measured("fsdp_full", 50223, 8),
              measured("zero2", 65206, 8)]  # fmt: skip

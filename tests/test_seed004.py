@@ -50,6 +50,21 @@ def test_the_config_runs_the_seeds_strategies_beside_fsdp2_and_zero_with_its_fig
     assert len(configs) == 22  # single at 1 GPU, the 7 others at 1, 2 and 4
 
 
+def test_the_command_line_keeps_the_configs_reference_and_trace_unless_told_otherwise():
+    from distbench.cli import COMMANDS
+    from distbench.commands.parser import build_parser
+    from distbench.commands.run import build_matrix
+
+    def built(*flags: str) -> Matrix:
+        return build_matrix(
+            build_parser(COMMANDS).parse_args(["run", "--config", str(CONFIG), *flags]), "cuda", 4
+        )
+
+    m = built("-n", "1,2")
+    assert m.world_sizes == [1, 2] and m.trace == [2] and m.reference == load_matrix(CONFIG).reference
+    assert built("--no-trace").trace is False and built("--trace").trace is True
+
+
 def test_a_reference_with_a_stray_key_is_refused(tmp_path):
     bad = tmp_path / "m.yaml"
     bad.write_text("strategies: [ddp]\nworld_sizes: [2]\nreference: {title: x, tokens_per_s: {}, gpus: 2}\n")

@@ -31,10 +31,10 @@ reference's own runs:
 
 Noise is the relative p10-p90 width of a run's step times, (p90 - p10) / median.
 
-Why the host checks read as they do: on idle H200 virtual machines the reference launch work moved x1.3-1.5
-between two readings of one process while the step times of the same runs spread 0.1-0.6% (the probes under
-results/recommend-h200-2026-11-24): a vCPU's speed changes within seconds, whatever the binding (a loop
-pinned to one vCPU took 3.1-6.0 ms, results/gate-host-h200-2026-11-24/cpuprobe.log), and moves a step only
+Why the host checks read as they do: on an idle H200 virtual machine the reference launch work moved up to
+x1.49 between two readings of one process while the step times of the same runs spread 0.0-5.9% (the probes
+under results/recommend-h200-2026-11-24): a vCPU's speed changes within seconds, whatever the binding (a loop
+pinned to one vCPU took 3.05-6.06 ms, results/gate-host-h200-2026-11-24/cpuprobe.log), and moves a step only
 where the host paces it. The reference alone flagged every step that was not device-bound; the step must
 have moved too. The training threads' run-queue wait is what a CPU-bound neighbour leaves: 0.0-0.2% of the
 timed time in those idle unbound runs.

@@ -235,12 +235,11 @@ def rivals(ranked: list[Outcome]) -> list[Outcome]:
     return [o for o in ranked[1:] if o.best is not None and tokens_per_s_range(o.best)[1] >= floor]
 
 
-def table_rows(results: list[dict[str, Any]], gpus: int) -> dict[str, dict[str, Any]]:
+def table_rows(
+    results: list[dict[str, Any]], gpus: int, found: dict[str, list[str]]
+) -> dict[str, dict[str, Any]]:
     """A measured table's configurations at `gpus` GPUs, one run each (the fastest of its repeats), by
-    strategy; with `flagged`: its plausibility warnings."""
-    from .plausibility import check
-
-    found = check(results)
+    strategy; with `flagged`: its warnings in `found` (plausibility.check of the table)."""
     rows: dict[str, dict[str, Any]] = {}
     for r in results:
         c = r.get("config") or {}
@@ -252,12 +251,15 @@ def table_rows(results: list[dict[str, Any]], gpus: int) -> dict[str, dict[str, 
     return rows
 
 
-def agreement(ranked: list[Outcome], results: list[dict[str, Any]], gpus: int) -> list[str]:
-    """Whether recommend's order at `gpus` GPUs agrees with a measured table's (`results`, a `distbench run`),
-    one line per pair of strategies both measured (checkpointing off) that the two order differently, with
-    why: a flagged table figure, an order inside either's step-time spread, or micro-batches that differ
-    (recommend measures each strategy at its largest, without accumulation; the table all at one)."""
-    table = table_rows(results, gpus)
+def agreement(
+    ranked: list[Outcome], results: list[dict[str, Any]], gpus: int, found: dict[str, list[str]]
+) -> list[str]:
+    """Whether recommend's order at `gpus` GPUs agrees with a measured table's (`results`, a `distbench run`,
+    `found` its plausibility warnings), one line per pair of strategies both measured (checkpointing off)
+    that the two order differently, with why: a flagged table figure, an order inside either's step-time
+    spread, or micro-batches that differ (recommend measures each strategy at its largest, without
+    accumulation; the table all at one)."""
+    table = table_rows(results, gpus, found)
     mine = {
         o.candidate.strategy: o.best for o in ranked if o.best and not o.candidate.activation_checkpointing
     }

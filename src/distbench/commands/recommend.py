@@ -22,6 +22,7 @@ from ..config import (
     Precision,
     parse_list,
 )
+from ..plausibility import check
 from ..recommend import (
     GIB,
     Candidate,
@@ -386,7 +387,7 @@ def _report(
     console.print(t)
     top = ranked[0] if ranked and ranked[0].best else None
     rows, close = summary(ranked, evidence), rivals(ranked)
-    agreed = agreement(ranked, table, gpus) if table is not None else None
+    agreed = agreement(ranked, table, gpus, check(table)) if table is not None else None
     path = write_json_atomic(
         out / "recommendation.json",
         {

@@ -259,6 +259,7 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
         base=base,
         repeats=args.repeats or m.repeats,
         trace=m.trace if args.trace is None else args.trace,
+        reference=m.reference,
     )
 
 

@@ -75,7 +75,7 @@ def shortfall_table(results: list[dict[str, Any]]) -> list[str]:
 
 
 SHORTFALL_NOTE = (
-    f"Configurations more than {GAP:.0%} below DDP at the same GPU count, or below their reference figure. "
+    f"Configurations more than {GAP:.0%} below DDP at the same GPU count or below their reference figure. "
     "A traced one is split against DDP's traced step (ms per step, HolisticTraceAnalysis): compute, "
     "non-compute (exposed communication and copies) and idle, and of the idle the host wait, the GPU "
     "waiting for the host to launch its next kernel. Traced steps synchronize after each step, so their "
