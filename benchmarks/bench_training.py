@@ -26,7 +26,7 @@ judge (step time, MFU, scaling efficiency); asv records them as skipped (n/a) an
 1-rank run once put a 405% scaling efficiency, and a 4.19x "regression" after it, into the history.
 
 On the dashboard each benchmark has the registry's title (asv's pretty_name), unit and description (its
-tooltip); those with data on GPU runs only say so in their names. docs/asv.md describes the dashboard.
+tooltip); those with data on GPU runs only say so in their names. docs/asv-history.md describes the dashboard.
 """
 
 from __future__ import annotations

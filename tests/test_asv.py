@@ -92,10 +92,10 @@ def test_asv_links_its_commits():
 
 
 def test_the_dashboard_page_lists_what_the_registry_names():
-    """docs/asv.md's table of benchmarks, units and which runs have data is the registry's."""
+    """docs/asv-history.md's table of benchmarks, units and which runs have data is the registry's."""
     rows = [
         [c.strip() for c in line.strip("|").split("|")]
-        for line in (ROOT / "docs" / "asv.md").read_text().splitlines()
+        for line in (ROOT / "docs" / "asv-history.md").read_text().splitlines()
         if line.startswith("| ") and not line.startswith("| Benchmark")
     ]
     assert sorted(rows) == sorted(

@@ -259,6 +259,7 @@ SOURCES = {
 AB_ROLES = {
     "gate": "gated by `ab`",
     "gate-host-bound": "gated by `ab` when host-bound",
+    "device": "a device-side candidate of `ab`: gated when chosen, else shown",
     "report": "shown by `ab`",
     "": "",
 }
