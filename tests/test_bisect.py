@@ -11,6 +11,7 @@ import math
 import pickle
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -37,11 +38,27 @@ def setup_of(n: int, mode: str = "perf", **rule) -> Setup:
     return Setup(mode="perf", source="simulated", candidates=candidates, config=CFG.to_dict(), rule=r)
 
 
+def unimportable() -> str:
+    """The error of a failure result where the model's module does not import in the rank: a JobError's text,
+    whose first line says only where it failed, the rank's traceback of the ImportError below it."""
+    from distbench.errors import ConfigError
+    from distbench.runtime.pool import JobError, RankOutcome, failure_summary
+
+    try:
+        try:
+            import sleepy_missing_module  # noqa: F401
+        except ImportError as e:
+            raise ConfigError(f"model factory 'sleepy.model:build' raised ImportError: {e}") from None
+    except ConfigError:
+        rank = RankOutcome(0, "error", "ConfigError", traceback.format_exc())
+    return str(JobError("bench_setup", 1, [rank], failure_summary([rank], 900)))
+
+
 class History:
     """Candidates with a true step time each (a step function of regressions); a run is that time times a
     process bias (fresh processes every round) times the median of 3 window noises. `broken` candidates do
-    not start, the runs of `crashes` fail; `device` adds a device compute time that moves with
-    `device_slower` only."""
+    not start, the runs of `crashes` fail (their module does not import in the rank); `device` adds a device
+    compute time that moves with `device_slower` only."""
 
     def __init__(
         self,
@@ -66,10 +83,7 @@ class History:
 
     def run(self, k: int) -> dict:
         if k in self.crashes:
-            return {
-                "status": "error",
-                "error": "ModuleNotFoundError: No module named 'sleepy_missing_module'",
-            }
+            return {"status": "error", "error": unimportable()}
         noise = math.exp(self.rng.normal(0, self.run_sd))
         value = 0.05 * self.level[k] * noise * float(np.median(np.exp(self.rng.normal(0, self.window_sd, 3))))
         metrics = {"step_time_s": value}
@@ -305,7 +319,12 @@ def test_a_revision_that_does_not_run_is_skipped_and_reported():
     b, v = bisect_sim(History(16, {9: 1.10}, 8, crashes=frozenset({9})), 16)
     assert v.status == "candidates" and v.first_bad == (9, 10) and v.exit_code == 1, v.message
     skip = next(p for p in b.probes if p.outcome == "skip")
-    assert "skipped" in v.message and skip.head == 9 and "head run failed" in skip.error
+    assert "skipped" in v.message and skip.head == 9
+    # its real error, in one line: not where it failed ("job bench_setup failed ... raised ConfigError")
+    assert skip.error == (
+        "head run failed (error): distbench.errors.ConfigError: model factory 'sleepy.model:build' raised "
+        "ImportError: No module named 'sleepy_missing_module'"
+    )
 
 
 @pytest.mark.parametrize("as_", ["good", "bad"])

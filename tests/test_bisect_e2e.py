@@ -101,7 +101,7 @@ def test_the_first_of_two_regressions_among_16_commits_after_a_kill_and_a_resume
     steps = comparisons(rep)
     assert len(steps) == len(set(steps)) <= math.ceil(math.log2(16)) + 2  # none twice, within the bound
     (skip,) = [p for p in rep["probes"] if p["outcome"] == "skip"]
-    assert skip["head"] == 8 and "sleepy_missing_module" in skip["error"]
+    assert skip["head"] == 8 and "No module named 'sleepy_missing_module'" in skip["error"]
     assert rep["metric"] == "step_time_s" and rep["remainder"] == "bad"  # the second regression
     md = (out / "bisect.md").read_text()
     assert md.startswith(f"## distbench bisect: the first bad one is 3/16 {ids[3][:10]} revision 3 (exit 1)")
