@@ -671,3 +671,37 @@ def test_distbench_s_own_history_runs_each_revision_s_own_src_and_a_rev_line_is_
         assert co.variant(1, "head").tree == v.tree  # once
     finally:
         co.close()
+
+
+# ---- what a test-mode run counts as good: a node that did not run is not a pass ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("rc", "output", "outcome"),
+    [
+        (0, "1 passed in 6.04s", "good"),
+        (1, "E   assert 1 == 2\n=== short test summary info ===\n1 failed in 2.72s", "bad"),
+        (0, "1 skipped in 4.06s", "skip"),
+        (0, "1 xfailed in 3.46s", "skip"),
+        (1, "E       ImportError: No module named 'x'\n1 error in 4.01s", "skip"),  # a fixture's error
+        (2, "E   ModuleNotFoundError: No module named 'y'\nInterrupted: 1 error\n1 error in 1.6s", "skip"),
+        (1, "/usr/bin/python: No module named pytest", "skip"),  # a candidate without pytest
+        (4, "ERROR: not found: tests/test_a.py::nope", "skip"),
+        (None, "", "skip"),  # killed at the timeout
+    ],
+    ids=[
+        "passed",
+        "failed",
+        "skipped",
+        "xfailed",
+        "fixture-error",
+        "collection-error",
+        "no-pytest",
+        "not-found",
+        "timeout",
+    ],
+)
+def test_what_pytest_printed_at_a_candidate_is_judged_as_it_ran(rc, output, outcome):
+    from distbench.gate.history import node_outcome
+
+    assert node_outcome(rc, output)[0] == outcome

@@ -135,3 +135,4 @@ def test_the_first_revision_where_a_test_fails(tmp_path, env):
     assert heads[:2] == [8, 0] and 4 in heads and len(heads) <= math.ceil(math.log2(8)) + 3
     (skip,) = [p for p in rep["probes"] if p["outcome"] == "skip"]
     assert skip["head"] == 4 and "exited" in skip["error"] and "(log: test-4.log)" in skip["error"]
+    assert "ModuleNotFoundError: No module named 'sleepy_missing_module'" in skip["error"]  # its real error

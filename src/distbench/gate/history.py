@@ -181,18 +181,35 @@ def run_logged(
 
 
 def run_test(variant: Variant, nodeid: str, timeout: float, log: Path) -> tuple[Outcome, str]:
-    """The pytest node at one candidate: ("good", ...) passed, ("bad", ...) failed, ("skip", why) when it
-    could not tell (not collected, skipped, a collection error, a timeout). Marker filters of the
+    """The pytest node at one candidate, judged by node_outcome; a skip says why. Marker filters of the
     candidate's configuration are lifted (`-m ""`): the node was named."""
     env = {**os.environ, **variant.env}
     code = [str(Path(variant.tree) / "src")] if variant.tree else []
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*code, *variant.path, env.get("PYTHONPATH")]))
     cwd = variant.tree or next(iter(variant.path), None)
     argv = [variant.python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "", nodeid]
-    rc, last = run_logged(argv, cwd, env, timeout, log)
-    if rc == 0 and re.search(r"\b\d+ passed\b", last):
-        return "good", last
-    if rc == 1:
-        return "bad", last
-    why = "nothing ran (skipped or deselected)" if rc == 0 else _ended(rc, timeout)
-    return "skip", f"{nodeid}: {why}: {last} (log: {log.name})"
+    rc, _ = run_logged(argv, cwd, env, timeout, log)
+    outcome, said = node_outcome(rc, log.read_text(errors="replace"))
+    if outcome != "skip":
+        return outcome, said
+    why = "nothing ran (skipped, deselected or xfailed)" if rc == 0 else _ended(rc, timeout)
+    return "skip", f"{nodeid}: {why}: {said} (log: {log.name})"
+
+
+def node_outcome(rc: int | None, output: str) -> tuple[Outcome, str]:
+    """What one pytest run of a node says of its candidate, from its exit status (None: killed at the
+    timeout) and output: "good" only when the node ran and passed (exit 0, a count passed, none failed or
+    errored), "bad" only when it ran and failed (exit 1, a count failed). Anything else is a "skip": a node
+    that did not run (skipped, deselected, xfailed, not collected, an error in collection or in a fixture,
+    no pytest at that candidate, a timeout) is neither a pass nor a failure. With pytest's summary line and
+    the first error it printed (its first `E` line), in one line."""
+    lines = output.strip().splitlines()
+    last = lines[-1] if lines else "(no output)"
+    counts = {word.rstrip("s"): int(k) for k, word in re.findall(r"\b(\d+) (passed|failed|errors?)\b", last)}
+    raised = next((m[1] for line in lines if (m := re.match(r"E {3}\s*(\S.*)", line))), None)
+    said = f"{last}: {raised}" if raised else last
+    if rc == 0 and counts.get("passed") and not counts.get("failed") and not counts.get("error"):
+        return "good", said
+    if rc == 1 and counts.get("failed"):
+        return "bad", said
+    return "skip", said
