@@ -54,6 +54,22 @@ def unimportable() -> str:
     return str(JobError("bench_setup", 1, [rank], failure_summary([rank], 900)))
 
 
+def effect_of(effect: tuple[float, float, float], alpha: float) -> stats.Effect:
+    return stats.Effect(9, *effect, 1 - alpha, 0.01, 0.5, 0.01)
+
+
+def ab_report(metric, verdict, effect, *, alpha, threshold, error=None, failed=None):
+    """run_ab's report of one configuration over 9 pairs, gating `metric`: its verdict and effect (estimate,
+    low, high); or, with `error`, the `failed` side's run failed at the first pair, no pair kept."""
+    from distbench.gate.ab import ABReport, ConfigOutcome, Pair, Row
+
+    row = Row("cfg", metric, True, [1.0] * 9, [1 + effect[0]] * 9, verdict, effect_of(effect, alpha))
+    pairs = [] if error else [Pair("AB", {"id": "base"}, {"id": "head"})] * 9
+    o = ConfigOutcome(CFG, "cfg", pairs=pairs, gated=(metric,), rows=[] if error else [row])
+    o.error, o.failed = error, failed
+    return ABReport([o], alpha, alpha, threshold, 0.01, 1.0, False, "", "")
+
+
 class History:
     """Candidates with a true step time each (a step function of regressions); a run is that time times a
     process bias (fresh processes every round) times the median of 3 window noises. `broken` candidates do
@@ -234,15 +250,11 @@ def test_a_regression_below_the_gate_threshold_is_bisected_on_its_own_size():
 def _probe_of(effect: tuple[float, float, float], b: Bisection) -> ProbeRecord:
     """The search probe of a midpoint whose comparison with good came out at `effect` (estimate, low, high),
     judged by the gate's verdict rule at the threshold the probe asks for."""
-    from distbench.gate.ab import ABReport, ConfigOutcome, Row
 
     def compare(step, *, gate, alpha, threshold):
-        e = stats.Effect(9, *effect, 1 - alpha, 0.01, 0.5, 0.01)
+        e = effect_of(effect, alpha)
         verdict = stats.verdict(e, -1, threshold=threshold, min_effect=b.setup.gate.min_effect)
-        o = ConfigOutcome(
-            CFG, "cfg", pairs=[None] * 9, gated=gate, rows=[Row("cfg", gate[0], True, [], [], verdict, e)]
-        )
-        return ABReport([o], alpha, alpha, threshold, b.setup.gate.min_effect, 1.0, False, "", "")
+        return ab_report(gate[0], verdict, effect, alpha=alpha, threshold=threshold)
 
     return bisect.compare_probe(b, Step("search", 0, 4), compare)
 
@@ -273,7 +285,7 @@ def test_two_regressions_report_the_first_and_a_remainder_still_slower():
     for seed in range(4):
         b, v = bisect_sim(History(16, {5: 1.10, 12: 1.10}, 300 + seed), 16)
         assert v.status == "culprit" and v.first_bad == (5,), v.message
-        assert v.remainder == "bad"
+        assert v.remainder == "bad" and "a further regression lies after 5/16 rev5" in v.message  # both named
         (rest,) = [p for p in b.probes if p.kind == "remainder"]
         assert (rest.base, rest.head) == (5, 16) and rest.row().verdict == stats.REGRESSION
 
@@ -705,3 +717,22 @@ def test_what_pytest_printed_at_a_candidate_is_judged_as_it_ran(rc, output, outc
     from distbench.gate.history import node_outcome
 
     assert node_outcome(rc, output)[0] == outcome
+
+
+# ---- bisect's words ---------------------------------------------------------------------------------------
+
+
+def test_an_undecided_bisect_over_two_regressions_says_more_than_one_change_may_lie_there():
+    """Two 10% slowdowns (3 and 12 of 16) at a 2% spread: a probe near the first stays undecided at its cap.
+    The range narrowed (after 0, up to 4) holds only the first; the bad end's +21% lies past the interval of
+    4's own slowdown, so the summary says a further change may lie after it. One slowdown says nothing so."""
+    b, v = bisect_sim(History(16, {3: 1.10, 12: 1.10}, 0, run_sd=0.02), 16)
+    assert v.status == "undecided" and (v.lo, v.hi) == (0, 4) and not v.first_bad
+    assert (
+        "no culprit named; more than one change may lie in the history: bad is +21.1% against good on "
+        in (v.message)
+    )
+    assert "past 4/16 rev4's +8.7% [+4.0%, +13.7%], so a further change may lie after it" in v.message
+    b, v = bisect_sim(History(16, {5: 1.10}, 0, run_sd=0.02), 16)
+    assert v.status == "undecided" and "the first change lies after 0/16 rev0, up to 8/16 rev8" in v.message
+    assert "more than one" not in v.message
