@@ -736,3 +736,17 @@ def test_an_undecided_bisect_over_two_regressions_says_more_than_one_change_may_
     b, v = bisect_sim(History(16, {5: 1.10}, 0, run_sd=0.02), 16)
     assert v.status == "undecided" and "the first change lies after 0/16 rev0, up to 8/16 rev8" in v.message
     assert "more than one" not in v.message
+
+
+def test_a_comparison_in_which_nothing_ran_is_not_headed_as_one():
+    """The sub-report (ab.md) of a probe whose head never ran is headed by its error, not by a verdict."""
+    from distbench.report import gate as render
+
+    h = History(2, {}, 0, crashes=frozenset({1}))
+    b = Bisection(setup_of(2), [])
+    report = h.compare(b)(Step("search", 0, 1), gate=None, alpha=0.05, threshold=0.02)
+    md = render.to_markdown(report)
+    assert md.startswith(
+        "## distbench ab: NOT COMPARED: head run failed (error): distbench.errors.ConfigError: model factory"
+    )
+    assert "UNDECIDED" not in md and "No module named 'sleepy_missing_module' (exit 3); " in md
