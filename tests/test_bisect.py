@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
+import signal
 import subprocess
 import sys
 import traceback
@@ -750,3 +752,47 @@ def test_a_comparison_in_which_nothing_ran_is_not_headed_as_one():
         "## distbench ab: NOT COMPARED: head run failed (error): distbench.errors.ConfigError: model factory"
     )
     assert "UNDECIDED" not in md and "No module named 'sleepy_missing_module' (exit 3); " in md
+
+
+# ---- a killed bisect's worktrees go at the next bisect command ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command", [["--cleanup"], ["--good", "no-such-rev"]], ids=["cleanup", "usage-error"]
+)
+def test_a_killed_bisect_s_worktrees_are_removed_by_the_next_bisect_command(
+    history, tmp_path, monkeypatch, command
+):
+    """A bisect killed after checking two candidates out leaves their worktrees; the next `distbench bisect`,
+    with --cleanup or with flags that fail (a usage error), removes them, and leaves a running bisect's."""
+    from distbench.cli import main
+    from distbench.gate.history import Checkouts, from_git
+
+    repo, ids = history
+    hist = from_git(repo, ids[0], ids[2])
+    pid = os.fork()  # the killed bisect: a copy of this process, killed once it checked two candidates out
+    if pid == 0:
+        try:
+            killed = Checkouts(hist, tmp_path / "killed", tmp_path / "logs")
+            killed.variant(1, "head")
+            killed.variant(2, "head")
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+    assert os.waitpid(pid, 0)[1] == signal.SIGKILL
+    running = Checkouts(hist, tmp_path / "running", tmp_path / "logs")
+    try:
+        running.variant(0, "base")
+        assert len(worktrees(repo)) == 4  # the repository's own, two of the killed bisect's, one running
+        monkeypatch.chdir(repo)
+        assert main(["bisect", *command]) == (0 if command == ["--cleanup"] else 2)
+        assert worktrees(repo) == [str(repo), str(tmp_path / "running" / "candidate-0")]
+        assert not (tmp_path / "killed" / "candidate-1").exists()
+    finally:
+        running.close()
+
+
+def worktrees(repo: Path) -> list[str]:
+    listed = subprocess.run(
+        ["git", "worktree", "list", "--porcelain"], cwd=repo, capture_output=True, text=True
+    )
+    return [line.split(" ", 1)[1] for line in listed.stdout.splitlines() if line.startswith("worktree ")]

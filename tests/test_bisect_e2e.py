@@ -65,7 +65,8 @@ def comparisons(rep: dict) -> list[tuple[str, int, int]]:
 def test_the_first_of_two_regressions_among_16_commits_after_a_kill_and_a_resume(tmp_path, env):
     """16 commits: 3 makes the step 10% slower, 12 another 10%, 8 does not import. The search skips 8 (its
     first midpoint), names 3 in six comparisons, says the remainder is slower still; killed after two
-    probes, run again, it goes on without redoing them and leaves no process or worktree behind."""
+    probes, its worktrees stay until `distbench bisect --cleanup`; run again, it goes on without redoing its
+    probes and leaves no process or worktree behind."""
     repo, out = tmp_path / "repo", tmp_path / "out"
     ids = build_history(repo, 16, slower={3: 1.10, 12: 1.10}, broken={8})
     cmd = bisect_cmd(out, "--good", ids[0], "--bad", ids[16])
@@ -89,6 +90,10 @@ def test_the_first_of_two_regressions_among_16_commits_after_a_kill_and_a_resume
     # what a SIGKILL leaves: the comparison's empty temporary directory (its worktrees are under --output)
     for stale in Path(env["TMPDIR"]).glob("distbench-ab-*"):
         stale.rmdir()
+    assert len(run(["git", "worktree", "list"], repo, env).stdout.splitlines()) > 1  # the killed one's
+    cleanup = run([sys.executable, "-m", "distbench.cli", "bisect", "--cleanup"], repo, env)
+    assert cleanup.returncode == 0 and "that killed bisects left" in cleanup.stdout, cleanup.stdout
+    assert len(run(["git", "worktree", "list"], repo, env).stdout.splitlines()) == 1
 
     done = run(cmd, repo, env)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
