@@ -687,6 +687,59 @@ def test_distbench_s_own_history_runs_each_revision_s_own_src_and_a_rev_line_is_
         co.close()
 
 
+# ---- the command's path from its flags to each comparison -------------------------------------------------
+
+
+def test_the_command_line_s_threshold_is_the_one_every_probe_s_comparison_runs_with(
+    history, tmp_path, monkeypatch
+):
+    """`distbench bisect --threshold 0.05` over two commits, the first making the step 3% slower: through the
+    command's own path (the candidates' worktrees, each probe's flags, `distbench ab`'s alternate) run_ab is
+    given 0.05 for the confirm and the remainder, half the bad end's 3% for the search, and each probe's share
+    of the bisect's alpha; bisect.json records the same. Only the variants' servers and run_ab stand in."""
+    from distbench.cli import main
+
+    repo, ids = history
+    given_to_run_ab = []
+
+    class Server:
+        protocol = 2
+
+        def __init__(self, variant, workdir, device, log_dir):
+            self.candidate = int(Path(variant.path[0]).name.removeprefix("candidate-"))
+
+        def run(self, cfg, timeout):
+            return {"status": "ok", "candidate": self.candidate}
+
+        def start(self): ...
+        def recycle(self): ...
+        def close(self): ...
+        def remove_checkout(self): ...
+
+    def run_ab(configs, run_base, run_head, *, threshold, alpha, **_):
+        given_to_run_ab.append((threshold, alpha))
+        base, head = (run(configs[0])["candidate"] for run in (run_base, run_head))
+        slower = 0.03 * ((head >= 1) - (base >= 1))
+        effect = (slower, slower - 0.004, slower + 0.004)
+        verdict = stats.verdict(effect_of(effect, alpha), -1, threshold=threshold, min_effect=0.01)
+        return ab_report("step_time_s", verdict, effect, alpha=alpha, threshold=threshold)
+
+    monkeypatch.setattr("distbench.gate.variants.VariantProcess", Server)
+    monkeypatch.setattr("distbench.gate.ab.run_ab", run_ab)
+    monkeypatch.chdir(repo)
+    out = tmp_path / "out"
+    flags = ["--device", "cpu", "-s", "single", "-n", "1", "--threshold", "0.05", "--min-effect", "0.01"]
+    assert main(["bisect", *flags, "--good", ids[0], "-o", str(out)]) == 1
+    share = 0.05 / 3  # the bisect's alpha over ceil(log2 2) + 2 planned comparisons
+    assert given_to_run_ab == pytest.approx([(0.05, share), (0.015, share), (0.05, share)])
+    probes = json.loads((out / "bisect.json").read_text())["probes"]
+    assert [(p["kind"], p["threshold"]) for p in probes] == [
+        ("confirm", 0.05),
+        ("search", 0.015),
+        ("remainder", 0.05),
+    ]
+
+
 # ---- what a test-mode run counts as good: a node that did not run is not a pass ----------------------------
 
 
