@@ -1,8 +1,10 @@
 """`distbench bisect`'s search over simulated histories: every probe is a real run_ab comparison of synthetic
 runs drawn from each candidate's true step time with noise, so the search, its statistics and its honesty
 are held to what each history really is, over many seeds. Each property comes with a bite: a search with
-that property broken (planted from outside by monkeypatching) fails the same check. The end-to-end runs on
-git histories are in tests/test_bisect_e2e.py."""
+that property broken (planted from outside by monkeypatching) fails the same check. Below them: the command's
+path from its flags to each comparison, what a test-mode run counts as good, the outcome's words, and the
+clean-up after a kill. The decision as a state machine over generated histories is in
+tests/test_bisect_decision.py; the end-to-end runs on git histories are in tests/test_bisect_e2e.py."""
 
 from __future__ import annotations
 
