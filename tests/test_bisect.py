@@ -1,16 +1,21 @@
 """`distbench bisect`'s search over simulated histories: every probe is a real run_ab comparison of synthetic
 runs drawn from each candidate's true step time with noise, so the search, its statistics and its honesty
 are held to what each history really is, over many seeds. Each property comes with a bite: a search with
-that property broken (planted from outside by monkeypatching) fails the same check. The end-to-end runs on
-git histories are in tests/test_bisect_e2e.py."""
+that property broken (planted from outside by monkeypatching) fails the same check. Below them: the command's
+path from its flags to each comparison, what a test-mode run counts as good, the outcome's words, and the
+clean-up after a kill. The decision as a state machine over generated histories is in
+tests/test_bisect_decision.py; the end-to-end runs on git histories are in tests/test_bisect_e2e.py."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
+import signal
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -37,11 +42,43 @@ def setup_of(n: int, mode: str = "perf", **rule) -> Setup:
     return Setup(mode="perf", source="simulated", candidates=candidates, config=CFG.to_dict(), rule=r)
 
 
+def unimportable() -> str:
+    """The error of a failure result where the model's module does not import in the rank: a JobError's text,
+    whose first line says only where it failed, the rank's traceback of the ImportError below it."""
+    from distbench.errors import ConfigError
+    from distbench.runtime.pool import JobError, RankOutcome, failure_summary
+
+    try:
+        try:
+            import sleepy_missing_module  # noqa: F401
+        except ImportError as e:
+            raise ConfigError(f"model factory 'sleepy.model:build' raised ImportError: {e}") from None
+    except ConfigError:
+        rank = RankOutcome(0, "error", "ConfigError", traceback.format_exc())
+    return str(JobError("bench_setup", 1, [rank], failure_summary([rank], 900)))
+
+
+def effect_of(effect: tuple[float, float, float], alpha: float) -> stats.Effect:
+    return stats.Effect(9, *effect, 1 - alpha, 0.01, 0.5, 0.01)
+
+
+def ab_report(metric, verdict, effect, *, alpha, threshold, error=None, failed=None):
+    """run_ab's report of one configuration over 9 pairs, gating `metric`: its verdict and effect (estimate,
+    low, high); or, with `error`, the `failed` side's run failed at the first pair, no pair kept."""
+    from distbench.gate.ab import ABReport, ConfigOutcome, Pair, Row
+
+    row = Row("cfg", metric, True, [1.0] * 9, [1 + effect[0]] * 9, verdict, effect_of(effect, alpha))
+    pairs = [] if error else [Pair("AB", {"id": "base"}, {"id": "head"})] * 9
+    o = ConfigOutcome(CFG, "cfg", pairs=pairs, gated=(metric,), rows=[] if error else [row])
+    o.error, o.failed = error, failed
+    return ABReport([o], alpha, alpha, threshold, 0.01, 1.0, False, "", "")
+
+
 class History:
     """Candidates with a true step time each (a step function of regressions); a run is that time times a
     process bias (fresh processes every round) times the median of 3 window noises. `broken` candidates do
-    not start, the runs of `crashes` fail; `device` adds a device compute time that moves with
-    `device_slower` only."""
+    not start, the runs of `crashes` fail (their module does not import in the rank); `device` adds a device
+    compute time that moves with `device_slower` only."""
 
     def __init__(
         self,
@@ -66,10 +103,7 @@ class History:
 
     def run(self, k: int) -> dict:
         if k in self.crashes:
-            return {
-                "status": "error",
-                "error": "ModuleNotFoundError: No module named 'sleepy_missing_module'",
-            }
+            return {"status": "error", "error": unimportable()}
         noise = math.exp(self.rng.normal(0, self.run_sd))
         value = 0.05 * self.level[k] * noise * float(np.median(np.exp(self.rng.normal(0, self.window_sd, 3))))
         metrics = {"step_time_s": value}
@@ -220,15 +254,11 @@ def test_a_regression_below_the_gate_threshold_is_bisected_on_its_own_size():
 def _probe_of(effect: tuple[float, float, float], b: Bisection) -> ProbeRecord:
     """The search probe of a midpoint whose comparison with good came out at `effect` (estimate, low, high),
     judged by the gate's verdict rule at the threshold the probe asks for."""
-    from distbench.gate.ab import ABReport, ConfigOutcome, Row
 
     def compare(step, *, gate, alpha, threshold):
-        e = stats.Effect(9, *effect, 1 - alpha, 0.01, 0.5, 0.01)
+        e = effect_of(effect, alpha)
         verdict = stats.verdict(e, -1, threshold=threshold, min_effect=b.setup.gate.min_effect)
-        o = ConfigOutcome(
-            CFG, "cfg", pairs=[None] * 9, gated=gate, rows=[Row("cfg", gate[0], True, [], [], verdict, e)]
-        )
-        return ABReport([o], alpha, alpha, threshold, b.setup.gate.min_effect, 1.0, False, "", "")
+        return ab_report(gate[0], verdict, effect, alpha=alpha, threshold=threshold)
 
     return bisect.compare_probe(b, Step("search", 0, 4), compare)
 
@@ -259,7 +289,7 @@ def test_two_regressions_report_the_first_and_a_remainder_still_slower():
     for seed in range(4):
         b, v = bisect_sim(History(16, {5: 1.10, 12: 1.10}, 300 + seed), 16)
         assert v.status == "culprit" and v.first_bad == (5,), v.message
-        assert v.remainder == "bad"
+        assert v.remainder == "bad" and "a further regression lies after 5/16 rev5" in v.message  # both named
         (rest,) = [p for p in b.probes if p.kind == "remainder"]
         assert (rest.base, rest.head) == (5, 16) and rest.row().verdict == stats.REGRESSION
 
@@ -305,7 +335,12 @@ def test_a_revision_that_does_not_run_is_skipped_and_reported():
     b, v = bisect_sim(History(16, {9: 1.10}, 8, crashes=frozenset({9})), 16)
     assert v.status == "candidates" and v.first_bad == (9, 10) and v.exit_code == 1, v.message
     skip = next(p for p in b.probes if p.outcome == "skip")
-    assert "skipped" in v.message and skip.head == 9 and "head run failed" in skip.error
+    assert "skipped" in v.message and skip.head == 9
+    # its real error, in one line: not where it failed ("job bench_setup failed ... raised ConfigError")
+    assert skip.error == (
+        "head run failed (error): distbench.errors.ConfigError: model factory 'sleepy.model:build' raised "
+        "ImportError: No module named 'sleepy_missing_module'"
+    )
 
 
 @pytest.mark.parametrize("as_", ["good", "bad"])
@@ -652,3 +687,167 @@ def test_distbench_s_own_history_runs_each_revision_s_own_src_and_a_rev_line_is_
         assert co.variant(1, "head").tree == v.tree  # once
     finally:
         co.close()
+
+
+# ---- the command's path from its flags to each comparison -------------------------------------------------
+
+
+def test_the_command_line_s_threshold_is_the_one_every_probe_s_comparison_runs_with(
+    history, tmp_path, monkeypatch
+):
+    """`distbench bisect --threshold 0.05` over two commits, the first making the step 3% slower: through the
+    command's own path (the candidates' worktrees, each probe's flags, `distbench ab`'s alternate) run_ab is
+    given 0.05 for the confirm and the remainder, half the bad end's 3% for the search, and each probe's share
+    of the bisect's alpha; bisect.json records the same. Only the variants' servers and run_ab stand in."""
+    from distbench.cli import main
+
+    repo, ids = history
+    given_to_run_ab = []
+
+    class Server:
+        protocol = 2
+
+        def __init__(self, variant, workdir, device, log_dir):
+            self.candidate = int(Path(variant.path[0]).name.removeprefix("candidate-"))
+
+        def run(self, cfg, timeout):
+            return {"status": "ok", "candidate": self.candidate}
+
+        def start(self): ...
+        def recycle(self): ...
+        def close(self): ...
+        def remove_checkout(self): ...
+
+    def run_ab(configs, run_base, run_head, *, threshold, alpha, **_):
+        given_to_run_ab.append((threshold, alpha))
+        base, head = (run(configs[0])["candidate"] for run in (run_base, run_head))
+        slower = 0.03 * ((head >= 1) - (base >= 1))
+        effect = (slower, slower - 0.004, slower + 0.004)
+        verdict = stats.verdict(effect_of(effect, alpha), -1, threshold=threshold, min_effect=0.01)
+        return ab_report("step_time_s", verdict, effect, alpha=alpha, threshold=threshold)
+
+    monkeypatch.setattr("distbench.gate.variants.VariantProcess", Server)
+    monkeypatch.setattr("distbench.gate.ab.run_ab", run_ab)
+    monkeypatch.chdir(repo)
+    out = tmp_path / "out"
+    flags = ["--device", "cpu", "-s", "single", "-n", "1", "--threshold", "0.05", "--min-effect", "0.01"]
+    assert main(["bisect", *flags, "--good", ids[0], "-o", str(out)]) == 1
+    share = 0.05 / 3  # the bisect's alpha over ceil(log2 2) + 2 planned comparisons
+    assert given_to_run_ab == pytest.approx([(0.05, share), (0.015, share), (0.05, share)])
+    probes = json.loads((out / "bisect.json").read_text())["probes"]
+    assert [(p["kind"], p["threshold"]) for p in probes] == [
+        ("confirm", 0.05),
+        ("search", 0.015),
+        ("remainder", 0.05),
+    ]
+
+
+# ---- what a test-mode run counts as good: a node that did not run is not a pass ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("rc", "output", "outcome"),
+    [
+        (0, "1 passed in 6.04s", "good"),
+        (1, "E   assert 1 == 2\n=== short test summary info ===\n1 failed in 2.72s", "bad"),
+        (0, "1 skipped in 4.06s", "skip"),
+        (0, "1 xfailed in 3.46s", "skip"),
+        (1, "E       ImportError: No module named 'x'\n1 error in 4.01s", "skip"),  # a fixture's error
+        (2, "E   ModuleNotFoundError: No module named 'y'\nInterrupted: 1 error\n1 error in 1.6s", "skip"),
+        (1, "/usr/bin/python: No module named pytest", "skip"),  # a candidate without pytest
+        (4, "ERROR: not found: tests/test_a.py::nope", "skip"),
+        (None, "", "skip"),  # killed at the timeout
+    ],
+    ids=[
+        "passed",
+        "failed",
+        "skipped",
+        "xfailed",
+        "fixture-error",
+        "collection-error",
+        "no-pytest",
+        "not-found",
+        "timeout",
+    ],
+)
+def test_what_pytest_printed_at_a_candidate_is_judged_as_it_ran(rc, output, outcome):
+    from distbench.gate.history import node_outcome
+
+    assert node_outcome(rc, output)[0] == outcome
+
+
+# ---- bisect's words ---------------------------------------------------------------------------------------
+
+
+def test_an_undecided_bisect_over_two_regressions_says_more_than_one_change_may_lie_there():
+    """Two 10% slowdowns (3 and 12 of 16) at a 2% spread: a probe near the first stays undecided at its cap.
+    The range narrowed (after 0, up to 4) holds only the first; the bad end's +21% lies past the interval of
+    4's own slowdown, so the summary says a further change may lie after it. One slowdown says nothing so."""
+    b, v = bisect_sim(History(16, {3: 1.10, 12: 1.10}, 0, run_sd=0.02), 16)
+    assert v.status == "undecided" and (v.lo, v.hi) == (0, 4) and not v.first_bad
+    assert (
+        "no culprit named; more than one change may lie in the history: bad is +21.1% against good on "
+        in (v.message)
+    )
+    assert "past 4/16 rev4's +8.7% [+4.0%, +13.7%], so a further change may lie after it" in v.message
+    b, v = bisect_sim(History(16, {5: 1.10}, 0, run_sd=0.02), 16)
+    assert v.status == "undecided" and "the first change lies after 0/16 rev0, up to 8/16 rev8" in v.message
+    assert "more than one" not in v.message
+
+
+def test_a_comparison_in_which_nothing_ran_is_not_headed_as_one():
+    """The sub-report (ab.md) of a probe whose head never ran is headed by its error, not by a verdict."""
+    from distbench.report import gate as render
+
+    h = History(2, {}, 0, crashes=frozenset({1}))
+    b = Bisection(setup_of(2), [])
+    report = h.compare(b)(Step("search", 0, 1), gate=None, alpha=0.05, threshold=0.02)
+    md = render.to_markdown(report)
+    assert md.startswith(
+        "## distbench ab: NOT COMPARED: head run failed (error): distbench.errors.ConfigError: model factory"
+    )
+    assert "UNDECIDED" not in md and "No module named 'sleepy_missing_module' (exit 3); " in md
+
+
+# ---- a killed bisect's worktrees go at the next bisect command ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command", [["--cleanup"], ["--good", "no-such-rev"]], ids=["cleanup", "usage-error"]
+)
+def test_a_killed_bisect_s_worktrees_are_removed_by_the_next_bisect_command(
+    history, tmp_path, monkeypatch, command
+):
+    """A bisect killed after checking two candidates out leaves their worktrees; the next `distbench bisect`,
+    with --cleanup or with flags that fail (a usage error), removes them, and leaves a running bisect's."""
+    from distbench.cli import main
+    from distbench.gate.history import Checkouts, from_git
+
+    repo, ids = history
+    hist = from_git(repo, ids[0], ids[2])
+    pid = os.fork()  # the killed bisect: a copy of this process, killed once it checked two candidates out
+    if pid == 0:
+        try:
+            killed = Checkouts(hist, tmp_path / "killed", tmp_path / "logs")
+            killed.variant(1, "head")
+            killed.variant(2, "head")
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+    assert os.waitpid(pid, 0)[1] == signal.SIGKILL
+    running = Checkouts(hist, tmp_path / "running", tmp_path / "logs")
+    try:
+        running.variant(0, "base")
+        assert len(worktrees(repo)) == 4  # the repository's own, two of the killed bisect's, one running
+        monkeypatch.chdir(repo)
+        assert main(["bisect", *command]) == (0 if command == ["--cleanup"] else 2)
+        assert worktrees(repo) == [str(repo), str(tmp_path / "running" / "candidate-0")]
+        assert not (tmp_path / "killed" / "candidate-1").exists()
+    finally:
+        running.close()
+
+
+def worktrees(repo: Path) -> list[str]:
+    listed = subprocess.run(
+        ["git", "worktree", "list", "--porcelain"], cwd=repo, capture_output=True, text=True
+    )
+    return [line.split(" ", 1)[1] for line in listed.stdout.splitlines() if line.startswith("worktree ")]

@@ -65,7 +65,8 @@ def comparisons(rep: dict) -> list[tuple[str, int, int]]:
 def test_the_first_of_two_regressions_among_16_commits_after_a_kill_and_a_resume(tmp_path, env):
     """16 commits: 3 makes the step 10% slower, 12 another 10%, 8 does not import. The search skips 8 (its
     first midpoint), names 3 in six comparisons, says the remainder is slower still; killed after two
-    probes, run again, it goes on without redoing them and leaves no process or worktree behind."""
+    probes, its worktrees stay until `distbench bisect --cleanup`; run again, it goes on without redoing its
+    probes and leaves no process or worktree behind."""
     repo, out = tmp_path / "repo", tmp_path / "out"
     ids = build_history(repo, 16, slower={3: 1.10, 12: 1.10}, broken={8})
     cmd = bisect_cmd(out, "--good", ids[0], "--bad", ids[16])
@@ -89,6 +90,10 @@ def test_the_first_of_two_regressions_among_16_commits_after_a_kill_and_a_resume
     # what a SIGKILL leaves: the comparison's empty temporary directory (its worktrees are under --output)
     for stale in Path(env["TMPDIR"]).glob("distbench-ab-*"):
         stale.rmdir()
+    assert len(run(["git", "worktree", "list"], repo, env).stdout.splitlines()) > 1  # the killed one's
+    cleanup = run([sys.executable, "-m", "distbench.cli", "bisect", "--cleanup"], repo, env)
+    assert cleanup.returncode == 0 and "that killed bisects left" in cleanup.stdout, cleanup.stdout
+    assert len(run(["git", "worktree", "list"], repo, env).stdout.splitlines()) == 1
 
     done = run(cmd, repo, env)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
@@ -101,7 +106,7 @@ def test_the_first_of_two_regressions_among_16_commits_after_a_kill_and_a_resume
     steps = comparisons(rep)
     assert len(steps) == len(set(steps)) <= math.ceil(math.log2(16)) + 2  # none twice, within the bound
     (skip,) = [p for p in rep["probes"] if p["outcome"] == "skip"]
-    assert skip["head"] == 8 and "sleepy_missing_module" in skip["error"]
+    assert skip["head"] == 8 and "No module named 'sleepy_missing_module'" in skip["error"]
     assert rep["metric"] == "step_time_s" and rep["remainder"] == "bad"  # the second regression
     md = (out / "bisect.md").read_text()
     assert md.startswith(f"## distbench bisect: the first bad one is 3/16 {ids[3][:10]} revision 3 (exit 1)")
@@ -135,3 +140,4 @@ def test_the_first_revision_where_a_test_fails(tmp_path, env):
     assert heads[:2] == [8, 0] and 4 in heads and len(heads) <= math.ceil(math.log2(8)) + 3
     (skip,) = [p for p in rep["probes"] if p["outcome"] == "skip"]
     assert skip["head"] == 4 and "exited" in skip["error"] and "(log: test-4.log)" in skip["error"]
+    assert "ModuleNotFoundError: No module named 'sleepy_missing_module'" in skip["error"]  # its real error

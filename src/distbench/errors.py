@@ -70,3 +70,18 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
         return ""
     close = difflib.get_close_matches(name.lower(), list(by_lower), n=3)
     return f" Did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
+
+
+def error_line(text: str) -> str:
+    """The one line of a failure's text that says what went wrong, for a report that has one line for it:
+    the exception line that ends the first Python traceback in it (a rank's, inside a JobError's text; with
+    chained exceptions, the first raised), else its first line. A failure's first line alone is often only
+    where it happened ("job bench_setup failed at world size 1: rank 0 raised ConfigError"), its cause
+    further down."""
+    lines = text.strip().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last):"):
+            raised = next((x for x in lines[i + 1 :] if x and not x[0].isspace()), None)
+            if raised:
+                return raised
+    return lines[0] if lines else ""

@@ -27,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--variants FILE, in order) for the first one whose performance matches the bad end rather than the "
         "good one: each probe is an interleaved A/B comparison against the good end, decided by the gate's "
         "rule, with more rounds up to --max-pairs. With --test NODEID, for the first one where that pytest "
-        "node fails. Resumes from the state file in --output. Exit 0 good and bad do not differ, 1 found, "
+        "node fails. Resumes from the state file in --output. Every bisect command first removes the "
+        "worktrees a killed bisect left in the repository. Exit 0 good and bad do not differ, 1 found, "
         "2 usage (or an end that does not run), 3 undecided.",
     )
     p.add_argument("--good", help="the last revision known good (not with --variants)")
@@ -56,6 +57,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="directory for the state file, every probe's runs (probes/) and bisect.md, bisect.json",
     )
     p.add_argument("--github-summary", action="store_true", help="append the report to $GITHUB_STEP_SUMMARY")
+    p.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="only remove the worktrees that killed bisects left in the repository (--repo, or the one "
+        "around here), and exit",
+    )
     p.set_defaults(func=run)
 
 
@@ -107,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     from .ab import bind_cpus, check_flags, configurations
 
     console = Console(width=None if Console().is_terminal else 160, highlight=False)
+    _remove_abandoned(args, console)
+    if args.cleanup:
+        return 0
     problem = check_flags(args)
     if problem:
         console.print(f"[red]error:[/] {problem}")
@@ -146,11 +156,35 @@ def run(args: argparse.Namespace) -> int:
     return verdict.exit_code
 
 
+def _remove_abandoned(args: argparse.Namespace, console: Console) -> None:
+    """Remove the worktrees of killed bisects in the repository this command names (--repo, or the one around
+    the working directory), saying which; nothing outside a git repository."""
+    from rich.markup import escape
+
+    from ..errors import ConfigError
+    from ..gate.history import remove_abandoned
+    from ..gate.variants import git
+
+    try:
+        top = Path(git("rev-parse", "--show-toplevel", cwd=args.repo or Path.cwd()))
+    except (ConfigError, OSError):
+        return  # no repository, so no worktrees
+    try:
+        removed = remove_abandoned(top)
+    except ConfigError as e:
+        console.print(f"[yellow]warning:[/] {escape(str(e))}")
+        return
+    if removed:
+        console.print(
+            f"removed {len(removed)} worktree(s) that killed bisects left: {escape(', '.join(removed))}"
+        )
+
+
 def _probe_all(
     args: argparse.Namespace, b: Bisection, hist: History, build: list[str], device: str, console: Console
 ) -> Verdict:
-    """Run the bisect's probes in the candidates' checkouts, under --output/checkouts (emptied first, of what a
-    killed bisect left there, and gone when it returns); its Verdict."""
+    """Run the bisect's probes in the candidates' checkouts, under --output/checkouts (emptied first, and gone
+    when it returns); its Verdict."""
     import shutil
 
     from ..gate import bisect

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..config import RunConfig
+from ..errors import error_line
 from ..metrics import METRICS, names
 from . import stats
 
@@ -199,7 +200,7 @@ def _play_pair(
 
 def _failed(o: ConfigOutcome, side: str, r: dict[str, Any]) -> None:
     o.failed = side
-    o.error = f"{side} run failed ({r.get('status')}): {(r.get('error') or '').splitlines()[:1]}"
+    o.error = f"{side} run failed ({r.get('status')}): {error_line(r.get('error') or '')}"
 
 
 def _play_interleaved(o: ConfigOutcome, order: str, servers: Servers) -> Pair | None:

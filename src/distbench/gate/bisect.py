@@ -29,12 +29,17 @@ Performance probes, each one sequential interleaved comparison through run_ab:
    the same decision takes more pairs whichever way it goes; asking both ends costs two comparisons for
    one answer.
 3. remainder: the first bad candidate against the bad end, at the gate's threshold. REGRESSION: the bad end
-   is slower still, a second regression lies after the first (bisect again from it).
+   is slower still, a second regression lies after the first (bisect again from it). Where it does not
+   decide, or a probe stopped the search, the bad end's slowdown against good (the confirm's) past the
+   interval of the first bad candidate's own says that more than one change may lie in the history. The
+   outcome's summary line names every regression so found.
 
 A candidate that cannot be run (it does not build, its server does not start, its runs fail: it does not
 import) is skipped, as `git bisect skip` skips it: the next probe is the untested candidate nearest the
 middle. When only skipped candidates lie between the last good and the first bad one, the first bad one is
-any of them or that first bad one, and the outcome says so.
+any of them or that first bad one, and the outcome says so. An end that cannot be run is no skip: at the
+confirm, or the good end beside a midpoint, the bisect stops as "ends" (exit 2) with its error, naming no
+candidate. A candidate that did not run is never counted good.
 
 Without skips the search takes ceil(log2 n) probes, so a bisect takes at most ceil(log2 n) + 2 comparisons.
 The family-wise `alpha` of the whole bisect is split equally over those planned comparisons (Bonferroni):
@@ -165,6 +170,7 @@ class ProbeRecord(_Strict):
     pairs: Annotated[int, Field(ge=0)] = 0
     seconds: Annotated[float, Field(ge=0)] = 0.0
     error: str | None = None
+    failed: Literal["base", "head"] | None = None  # the side that could not be run (`error` says why)
 
     def row(self, metric: str | None = None) -> MetricRow | None:
         """The row of `metric` (default: the one the outcome follows)."""
@@ -196,7 +202,9 @@ class Step:
 class Verdict:
     """How a bisect ended. status: "culprit" (first_bad has one candidate), "candidates" (skipped ones
     leave several), "same" (good and bad do not differ), "undecided" (the range lo..hi, no culprit),
-    "ends" (an end could not be run, or a test that does not fail at bad or pass at good)."""
+    "ends" (an end could not be run, before or during the search, or a test that does not fail at bad or
+    pass at good). `message`, the summary line, names every regression found: the first, and a further one
+    the remainder found or the bad end's slowdown implies."""
 
     status: Literal["culprit", "candidates", "same", "undecided", "ends"]
     message: str
@@ -298,6 +306,45 @@ class Bisection:
 
     def verdict(self) -> Verdict:
         """How the bisect ended (or stands, while next_step is not None)."""
+        ends = self._ends_verdict()
+        if ends is not None:
+            return ends
+        lo, hi = self.bounds()
+        further = self._further(hi)
+        cut = next((p for p in self.probes if p.kind == "search" and p.outcome == "undecided"), None)
+        if cut is not None:
+            where = (
+                f"the first change lies after {self.name(lo)}, up to {self.name(hi)} ({hi - lo} candidates); "
+                f"no culprit named{further}"
+            )
+            if cut.failed == "base":
+                return Verdict(
+                    "ends",
+                    f"the good end {self.name(0)} could not be run beside {self.name(cut.head)} ({cut.error}): "
+                    + where,
+                    lo,
+                    hi,
+                )
+            return Verdict("undecided", f"the probe of {self.name(cut.head)} was undecided: {where}", lo, hi)
+        remainder = self._first("remainder")
+        rest = remainder.outcome if remainder else None
+        skipped = tuple(i for i in range(lo + 1, hi) if self._status().get(i) == "skip")
+        if skipped:
+            return Verdict(
+                "candidates",
+                f"the first bad one is {self.name(hi)} or "
+                + ("the one" if len(skipped) == 1 else f"one of the {len(skipped)}")
+                + f" skipped before it: {'; '.join(self.name(i) for i in skipped)}{further}",
+                lo,
+                hi,
+                (*skipped, hi),
+                rest,
+            )
+        return Verdict("culprit", f"the first bad one is {self.name(hi)}{further}", lo, hi, (hi,), rest)
+
+    def _ends_verdict(self) -> Verdict | None:
+        """The verdict when the ends do not hold (or are not known yet): nothing to find, an end that could not
+        be run, or a confirm that could not tell; None once they hold."""
         n, setup = self.n, self.setup
         if setup.mode == "perf":
             c = self.confirm
@@ -312,44 +359,46 @@ class Bisection:
                     0,
                     n,
                 )
-            if c.outcome == "skip":
-                return Verdict("ends", f"an end could not be run: {c.error}", 0, n)
-        else:
-            for end, wanted, says in ((n, "bad", "fail at"), (0, "good", "pass at")):
-                r = self._first("end", end)
-                if r is not None and r.outcome != wanted:
-                    if r.outcome == "good":
-                        return Verdict("same", f"{setup.nodeid} passes at the bad end: nothing to find", 0, n)
-                    what = "fails" if r.outcome == "bad" else f"cannot run ({r.error})"
-                    end_name = "good" if end == 0 else "bad"
-                    return Verdict(
-                        "ends", f"{setup.nodeid} {what} at the {end_name} end; it must {says} it", 0, n
-                    )
-        lo, hi = self.bounds()
-        undecided = [p for p in self.probes if p.kind == "search" and p.outcome == "undecided"]
-        if undecided:
-            return Verdict(
-                "undecided",
-                f"the probe of {self.name(undecided[0].head)} was undecided: the change lies after "
-                f"{self.name(lo)}, up to {self.name(hi)} ({hi - lo} candidates); no culprit named",
-                lo,
-                hi,
-            )
-        remainder = self._first("remainder")
-        rest = remainder.outcome if remainder else None
-        skipped = tuple(i for i in range(lo + 1, hi) if self._status().get(i) == "skip")
-        if skipped:
-            return Verdict(
-                "candidates",
-                f"the first bad one is {self.name(hi)} or "
-                + ("the one" if len(skipped) == 1 else f"one of the {len(skipped)}")
-                + f" skipped before it: {'; '.join(self.name(i) for i in skipped)}",
-                lo,
-                hi,
-                (*skipped, hi),
-                rest,
-            )
-        return Verdict("culprit", f"the first bad one is {self.name(hi)}", lo, hi, (hi,), rest)
+            if c.outcome != "bad":
+                end = {"base": f"the good end {self.name(0)}", "head": f"the bad end {self.name(n)}"}
+                return Verdict(
+                    "ends", f"{end.get(c.failed or '', 'an end')} could not be run: {c.error}", 0, n
+                )
+            return None
+        for i, wanted, says in ((n, "bad", "fail at"), (0, "good", "pass at")):
+            r = self._first("end", i)
+            if r is None or r.outcome == wanted:
+                continue
+            if r.outcome == "good":
+                return Verdict("same", f"{setup.nodeid} passes at the bad end: nothing to find", 0, n)
+            what = "fails" if r.outcome == "bad" else f"cannot run ({r.error})"
+            end_name = "good" if i == 0 else "bad"
+            return Verdict("ends", f"{setup.nodeid} {what} at the {end_name} end; it must {says} it", 0, n)
+        return None
+
+    def _further(self, hi: int) -> str:
+        """Words on a further regression after the first bad candidate `hi` ("" where none is known): the
+        remainder found the bad end slower still; or, where the remainder did not decide, the bad end's slowdown
+        against good (the confirm's estimate) lies past the interval of hi's own, so the range narrowed does not
+        explain the ends' difference and more than one change may lie in the history."""
+        rest = self._first("remainder")
+        if rest is not None and rest.outcome == "bad":
+            return f"; the bad end is slower still: a further regression lies after {self.name(hi)}"
+        c, probe = self.confirm, self._first("search", hi)
+        if c is None or probe is None or (rest is not None and rest.outcome == "good"):
+            return ""
+        ends, mid = c.row(), probe.row(c.metric)
+        if ends is None or mid is None or ends.estimate is None or mid.estimate is None:
+            return ""
+        direction = METRICS[ends.metric].direction
+        d = stats.worse_axis(direction, ends.estimate, ends.low, ends.high)[0]
+        e, low, high = stats.worse_axis(direction, mid.estimate, mid.low, mid.high)
+        if d <= high:
+            return ""
+        return (
+            f"; more than one change may lie in the history: bad is {d:+.1%} against good on {ends.metric}, "
+            f"past {self.name(hi)}'s {e:+.1%} [{low:+.1%}, {high:+.1%}], so a further change may lie after it"
+        )
 
     def alpha_spent(self) -> float:
         """The family-wise alpha the comparisons run so far spent (their shares, summed)."""
@@ -426,12 +475,15 @@ def compare_probe(b: Bisection, step: Step, compare: Comparator) -> ProbeRecord:
     try:
         report = compare(step, gate=gate, alpha=alpha, threshold=threshold)
     except VariantStartError as e:
-        return ProbeRecord(**common, outcome=_failed(step, e.label), error=str(e))
+        side = _side(e.label)
+        return ProbeRecord(**common, outcome=_failed(step, side), error=str(e), failed=side)
     (o,) = report.outcomes
     rows = _rows(report)
     pairs = len(o.pairs)
     if o.error:
-        return ProbeRecord(**common, outcome=_failed(step, o.failed), rows=rows, pairs=pairs, error=o.error)
+        side = _side(o.failed)
+        outcome = _failed(step, side)
+        return ProbeRecord(**common, outcome=outcome, rows=rows, pairs=pairs, error=o.error, failed=side)
     common["alpha"] = alpha
     if step.kind == "confirm":
         metric, outcome = chosen_metric(rows), OUTCOME_OF[o.verdict]
@@ -441,10 +493,16 @@ def compare_probe(b: Bisection, step: Step, compare: Comparator) -> ProbeRecord:
     return ProbeRecord(**common, outcome=outcome, metric=metric, threshold=threshold, rows=rows, pairs=pairs)
 
 
-def _failed(step: Step, side: str | None) -> Outcome:
+def _side(label: str | None) -> Literal["base", "head"]:
+    """The side a failure names: the base, or else the head (the candidate the probe asks about)."""
+    return "base" if label == "base" else "head"
+
+
+def _failed(step: Step, side: str) -> Outcome:
     """A comparison whose `side` could not run: a skip for the midpoint of a search, or for either end at the
-    confirm (the bisect stops there); undecided otherwise (the good end failed beside a midpoint, or the
-    remainder's comparison did). It decided nothing, so it spends no alpha."""
+    confirm (the bisect stops there: the ends do not hold); undecided otherwise (the good end failed beside a
+    midpoint, which stops the search, or the remainder's comparison did). It decided nothing, so it spends no
+    alpha."""
     if step.kind == "confirm" or (step.kind == "search" and side == "head"):
         return "skip"
     return "undecided"
@@ -453,7 +511,10 @@ def _failed(step: Step, side: str | None) -> Outcome:
 def test_probe(step: Step, run_test: Tester) -> ProbeRecord:
     """One probe of a pytest node: the node at the step's head."""
     outcome, detail = run_test(step.head)
-    return ProbeRecord(kind=step.kind, base=None, head=step.head, outcome=outcome, error=detail or None)
+    failed: Literal["head"] | None = "head" if outcome == "skip" else None
+    return ProbeRecord(
+        kind=step.kind, base=None, head=step.head, outcome=outcome, error=detail or None, failed=failed
+    )
 
 
 def run(

@@ -3,8 +3,9 @@
 * Revisions of a git repository (`--repo`, default the one around the working directory): GOOD, then
   `git rev-list --first-parent --reverse GOOD..BAD`. A merge is one step, as a pull request that landed
   on main is; to look inside one, bisect again between its parents. A probed revision is checked out once,
-  into a detached worktree of its own under the bisect's output directory (removed at the end; `git worktree
-  prune` drops the entries of a bisect that was killed).
+  into a detached worktree of its own under the bisect's output directory, removed at the end. The worktree
+  is locked with its owner's process id (OWNER), so that those of a bisect that was killed are told from a
+  running one's and removed by the next (remove_abandoned).
   - distbench's own history (the bad revision holds src/distbench): each revision is a `tree=` variant, so
     the revision's distbench runs the benchmark, as `distbench ab --base rev=...` runs it.
   - any other repository: this distbench runs, with the revision's worktree (and its src/, if it has one)
@@ -25,6 +26,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +35,11 @@ from typing import Literal
 from ..errors import ConfigError
 from .bisect import Candidate, Outcome
 from .variants import Variant, VariantStartError, add_worktree, git, parse_variant, remove_worktree
+
+#: The lock reason of a bisect's worktrees (the process that checked them out, and its host), and how it
+#: reads back.
+OWNER = "distbench bisect: pid {pid} on {host}"
+OWNED = re.compile(r"distbench bisect: pid (\d+) on (.+)")
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,7 @@ class Checkouts:
     def _tree(self, index: int, rev: str, repo: Path | None) -> Path:
         if index not in self._trees:
             path = self.workdir / f"candidate-{index}"
-            add_worktree(rev, path, repo)
+            add_worktree(rev, path, repo, lock=OWNER.format(pid=os.getpid(), host=socket.gethostname()))
             self._trees[index] = path
             if self.build:
                 rc, tail = run_logged(
@@ -144,6 +151,30 @@ class Checkouts:
         for path in self._trees.values():
             remove_worktree(path)
         self._trees.clear()
+
+
+def remove_abandoned(repo: Path) -> list[str]:
+    """Remove the worktrees in `repo` of bisects that are no longer running (killed, so never closed): those
+    locked by a bisect of this host whose process is gone. Their paths."""
+    removed = []
+    for entry in git("worktree", "list", "--porcelain", cwd=repo).split("\n\n"):
+        fields = {key: value for key, _, value in (line.partition(" ") for line in entry.splitlines())}
+        owner = OWNED.fullmatch(fields.get("locked", ""))
+        if owner and owner[2] == socket.gethostname() and not _running(int(owner[1])):
+            git("worktree", "remove", "--force", "--force", fields["worktree"], cwd=repo)
+            removed.append(fields["worktree"])
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` of this host is running."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: running
+        pass
+    return True
 
 
 def _ended(rc: int | None, timeout: float) -> str:
@@ -181,18 +212,35 @@ def run_logged(
 
 
 def run_test(variant: Variant, nodeid: str, timeout: float, log: Path) -> tuple[Outcome, str]:
-    """The pytest node at one candidate: ("good", ...) passed, ("bad", ...) failed, ("skip", why) when it
-    could not tell (not collected, skipped, a collection error, a timeout). Marker filters of the
+    """The pytest node at one candidate, judged by node_outcome; a skip says why. Marker filters of the
     candidate's configuration are lifted (`-m ""`): the node was named."""
     env = {**os.environ, **variant.env}
     code = [str(Path(variant.tree) / "src")] if variant.tree else []
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*code, *variant.path, env.get("PYTHONPATH")]))
     cwd = variant.tree or next(iter(variant.path), None)
     argv = [variant.python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "", nodeid]
-    rc, last = run_logged(argv, cwd, env, timeout, log)
-    if rc == 0 and re.search(r"\b\d+ passed\b", last):
-        return "good", last
-    if rc == 1:
-        return "bad", last
-    why = "nothing ran (skipped or deselected)" if rc == 0 else _ended(rc, timeout)
-    return "skip", f"{nodeid}: {why}: {last} (log: {log.name})"
+    rc, _ = run_logged(argv, cwd, env, timeout, log)
+    outcome, said = node_outcome(rc, log.read_text(errors="replace"))
+    if outcome != "skip":
+        return outcome, said
+    why = "nothing ran (skipped, deselected or xfailed)" if rc == 0 else _ended(rc, timeout)
+    return "skip", f"{nodeid}: {why}: {said} (log: {log.name})"
+
+
+def node_outcome(rc: int | None, output: str) -> tuple[Outcome, str]:
+    """What one pytest run of a node says of its candidate, from its exit status (None: killed at the
+    timeout) and output: "good" only when the node ran and passed (exit 0, a count passed, none failed or
+    errored), "bad" only when it ran and failed (exit 1, a count failed). Anything else is a "skip": a node
+    that did not run (skipped, deselected, xfailed, not collected, an error in collection or in a fixture,
+    no pytest at that candidate, a timeout) is neither a pass nor a failure. With pytest's summary line and
+    the first error it printed (its first `E` line), in one line."""
+    lines = output.strip().splitlines()
+    last = lines[-1] if lines else "(no output)"
+    counts = {word.rstrip("s"): int(k) for k, word in re.findall(r"\b(\d+) (passed|failed|errors?)\b", last)}
+    raised = next((m[1] for line in lines if (m := re.match(r"E {3}\s*(\S.*)", line))), None)
+    said = f"{last}: {raised}" if raised else last
+    if rc == 0 and counts.get("passed") and not counts.get("failed") and not counts.get("error"):
+        return "good", said
+    if rc == 1 and counts.get("failed"):
+        return "bad", said
+    return "skip", said

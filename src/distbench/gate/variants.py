@@ -105,19 +105,29 @@ def git(*args: str, cwd: str | os.PathLike[str] | None = None) -> str:
     return out.stdout.strip()
 
 
-def add_worktree(rev: str, path: str | os.PathLike[str], repo: str | os.PathLike[str] | None = None) -> None:
+def add_worktree(
+    rev: str,
+    path: str | os.PathLike[str],
+    repo: str | os.PathLike[str] | None = None,
+    lock: str | None = None,
+) -> None:
     """Check `rev` of the repository at `repo` (default: the one around the working directory) out into a
-    detached worktree at `path`."""
+    detached worktree at `path`; with `lock`, locked with that reason (who owns it: `git worktree prune`
+    leaves it, and its owner's successor can tell it from others)."""
     top = git("rev-parse", "--show-toplevel", cwd=repo)
-    git("worktree", "add", "--detach", "--force", str(path), rev, cwd=top)
+    locked = ["--lock", "--reason", lock] if lock else []
+    git("worktree", "add", "--detach", "--force", *locked, str(path), rev, cwd=top)
 
 
 def remove_worktree(path: str | os.PathLike[str]) -> None:
-    """Remove a worktree add_worktree made, and its entry in its repository (quietly: one already deleted
-    leaves an entry that `git worktree prune` drops)."""
+    """Remove a worktree add_worktree made, locked or not, and its entry in its repository (quietly: one
+    already deleted leaves an entry that `git worktree prune` drops, if it was not locked)."""
     if Path(path).is_dir():
         subprocess.run(
-            ["git", "worktree", "remove", "--force", str(path)], cwd=path, capture_output=True, timeout=120
+            ["git", "worktree", "remove", "--force", "--force", str(path)],
+            cwd=path,
+            capture_output=True,
+            timeout=120,
         )
 
 

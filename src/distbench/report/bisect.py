@@ -39,6 +39,8 @@ def _what(b: Bisection, r: ProbeRecord) -> str:
 def meaning(r: ProbeRecord) -> str:
     if r.outcome == "skip":
         return "skipped: it could not be run" if r.kind != "confirm" else "an end could not be run"
+    if r.failed:
+        return f"not compared: its {r.failed} could not be run"
     if r.outcome == "undecided":
         return "undecided"
     return MEANING[(r.kind, r.outcome)]

@@ -9,6 +9,9 @@ from ..gate.stats import REGRESSION, UNDECIDED
 from ..metrics import METRICS, fmt_metric
 from .tables import md_table
 
+#: The verdict of a configuration, or the heading of a report, where no pair ran: no comparison was made.
+NOT_COMPARED = "NOT COMPARED"
+
 HEAD = [
     "Config",
     "Regime",
@@ -62,7 +65,7 @@ def rows(report: ABReport) -> list[list[str]]:
                     "—",
                     "—",
                     "—",
-                    f"UNDECIDED ({o.error})",
+                    f"{'UNDECIDED' if o.pairs else NOT_COMPARED} ({o.error})",
                 ]
             )
         out += [_cells(o, r) for r in o.rows]
@@ -70,6 +73,13 @@ def rows(report: ABReport) -> list[list[str]]:
 
 
 def summary(report: ABReport) -> str:
+    """The report's heading: its status, what each configuration came to, its time. A report in which no pair
+    ran (a variant that failed at its first run: a commit that does not import) is no comparison, and is
+    headed by the failure instead."""
+    took = f"{report.elapsed_s:.0f} s" + (" (time budget ran out)" if report.budget_exhausted else "")
+    if not any(o.pairs for o in report.outcomes):
+        never = next((o.error for o in report.outcomes if o.error), "no configuration ran")
+        return f"{NOT_COMPARED}: {never} (exit {report.exit_code}); {took}"
     counts: dict[str, int] = {}
     for o in report.outcomes:
         counts[o.verdict] = counts.get(o.verdict, 0) + 1
@@ -79,9 +89,7 @@ def summary(report: ABReport) -> str:
         "pass": "PASS",
     }[report.status]
     parts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
-    return f"{head} (exit {report.exit_code}); {parts}; {report.elapsed_s:.0f} s" + (
-        " (time budget ran out)" if report.budget_exhausted else ""
-    )
+    return f"{head} (exit {report.exit_code}); {parts}; {took}"
 
 
 def criteria(report: ABReport) -> str:
@@ -155,7 +163,7 @@ def to_rich(report: ABReport) -> Any:
             "bold red"
             if cells[-1].startswith("REGRESSION")
             else "yellow"
-            if cells[-1].startswith("UNDECIDED")
+            if cells[-1].startswith(("UNDECIDED", NOT_COMPARED))
             else ""
         )
         table.add_row(*cells, style=style)
