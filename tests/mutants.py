@@ -36,6 +36,8 @@ Each mutation breaks one property a real incident breaks, on top of a correct tr
   rng_unrestored_<g>  a resume that leaves global generator <g> (torch: the host's, cuda: every device's,
                      numpy, python; all: every one) where the rebuilt process had it (any strategy)
   rng_rank0_everywhere  a resume that gives every rank rank 0's global generators (any strategy)
+  hybrid_dims_swapped  HSDP's (replicate, shard) read in the wrong order, by the trainer's mesh or the memory
+                     model: the same mesh where the two are equal (2 x 2 at 4 ranks), 4 x 2 for 2 x 4 at 8
 
 The rank processes import this module by name: spawned ranks inherit the pytest process's sys.path, on which
 pytest puts this directory.
@@ -283,6 +285,14 @@ def _ds_config_without_clipping(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return {**_build_ds_config(*args, **kwargs), "gradient_clipping": 0.0}
 
 
+_hybrid_shape = fsdp.hybrid_shape
+
+
+def _hybrid_dims_swapped(*args: Any, **kwargs: Any) -> tuple[int, int]:
+    replicate, shard = _hybrid_shape(*args, **kwargs)
+    return shard, replicate
+
+
 #: Mutations planted where a strategy builds its trainer, before any wrapper sees the model: mutation -> the
 #: (module, attribute, replacement) patched for as long as it lasts.
 _AT_BUILD: dict[str, tuple[Any, str, Any]] = {
@@ -290,11 +300,12 @@ _AT_BUILD: dict[str, tuple[Any, str, Any]] = {
     "bf16_reduce_dtype": (fsdp, "MixedPrecisionPolicy", _reducing_in_bf16),
     "ds_bf16_communication": (deepspeed, "build_ds_config", _communicating_in_bf16),
     "ds_clipping_off": (deepspeed, "build_ds_config", _ds_config_without_clipping),
+    "hybrid_dims_swapped": (fsdp, "hybrid_shape", _hybrid_dims_swapped),
 }
 
 
 @contextlib.contextmanager
-def _mutated(mutation: str) -> Iterator[None]:
+def mutated(mutation: str) -> Iterator[None]:
     """Every trainer the jobs build while inside is mutated (the modules hold make_trainer by name)."""
     if mutation in _AT_BUILD:  # before the wrapper and the optimizer see the model
         with mock.patch.object(*_AT_BUILD[mutation]):
@@ -315,7 +326,7 @@ def _mutated(mutation: str) -> Iterator[None]:
 
 
 def train(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
-    with _mutated(mutation):
+    with mutated(mutation):
         return jobs.train(ctx, **kwargs)
 
 
@@ -323,7 +334,7 @@ def train_with_an_overflow(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, 
     """recipe_jobs.train_with_an_overflow, mutated."""
     import recipe_jobs
 
-    with _mutated(mutation):
+    with mutated(mutation):
         return recipe_jobs.train_with_an_overflow(ctx, **kwargs)
 
 
@@ -331,15 +342,15 @@ def train_watching_steps(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, An
     """recipe_jobs.train_watching_steps, mutated."""
     import recipe_jobs
 
-    with _mutated(mutation):
+    with mutated(mutation):
         return recipe_jobs.train_watching_steps(ctx, **kwargs)
 
 
 def count_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, float]:
-    with _mutated(mutation):
+    with mutated(mutation):
         return checks.count_collectives(ctx, **kwargs)
 
 
 def record_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
-    with _mutated(mutation):
+    with mutated(mutation):
         return checks.record_collectives(ctx, **kwargs)
