@@ -12,10 +12,13 @@ CUDA: they are not counted. Buffers (DeepSpeed's buckets) are in neither figure.
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import pytest
 
 import mutants
+from distbench.cli import main
 from distbench.config import RunConfig
 from distbench.invariants.memory import analytic_bytes
 from distbench.workloads import count_params, get_model
@@ -107,3 +110,47 @@ def test_deepspeeds_partitions_follow_the_rules_the_count_uses(suite, strategy_n
 def test_llama_7b_has_7b_parameters():
     """Llama-2-7B's published count, so that the model the checks above use is the size they claim."""
     assert count_params(get_model(MODEL).build(0, "meta")) == 6_738_415_616
+
+
+def assert_recommend_agrees_with_the_count(ws: int, gib: float, out: Path) -> None:
+    """`distbench recommend --predict` on `ws` GPUs of `gib` GiB says a counted strategy fits exactly when its
+    counted state does, and recommends one that fits."""
+    argv = [
+        "recommend",
+        "-m",
+        MODEL,
+        "-n",
+        str(ws),
+        "--predict",
+        "--gpu-memory-gib",
+        str(gib),
+        "-o",
+        str(out),
+    ]
+    assert main(argv) in (0, 1)
+    saved = json.loads((out / "recommendation.json").read_text())
+    for row in saved["ranked"]:
+        if row["strategy"] in (*FSDP2, *ZERO):
+            fits = sum(counted(row["strategy"], ws).values()) <= gib * 2**30
+            assert row["fits"] == fits, (
+                f"recommend --predict says {row['strategy']} {'fits' if row['fits'] else 'does not fit'} "
+                f"{ws} GPUs of {gib} GiB; by the count it {'does' if fits else 'does not'}"
+            )
+    assert saved["recommendation"] is None or saved["recommendation"]["fits"]
+
+
+@pytest.mark.parametrize("ws", WORLD_SIZES, ids=lambda ws: f"ws{ws}")
+def test_recommend_answers_for_clusters_as_the_count_does(ws, tmp_path):
+    """24 GiB GPUs, where fsdp_hybrid (8), zero1 and DDP do not fit and the others do."""
+    assert_recommend_agrees_with_the_count(ws, 24.0, tmp_path)
+
+
+def test_the_recommend_check_catches_a_cluster_taken_for_one_node(monkeypatch, tmp_path):
+    """recommend predicting as if the 64 GPUs were one node (fsdp_hybrid 2 x 32, not 8 x 8 across 8 nodes):
+    fsdp_hybrid's 12.55 GiB a GPU then reads 3.14, and it "fits" 10 GiB GPUs."""
+    import distbench.invariants.memory as memory
+
+    model = memory.analytic_bytes
+    monkeypatch.setattr(memory, "analytic_bytes", lambda s, n, ws, p, nodes: model(s, n, ws, p, nodes=1))
+    with pytest.raises(AssertionError, match="says fsdp_hybrid fits 64 GPUs of 10.0 GiB"):
+        assert_recommend_agrees_with_the_count(64, 10.0, tmp_path)
