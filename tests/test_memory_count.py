@@ -95,7 +95,7 @@ def test_the_count_catches_a_model_reading_the_hybrid_mesh_backwards(ws):
 
 @pytest.mark.scale
 @pytest.mark.world_size(8)
-@pytest.mark.parametrize("strategy_name", list(ZERO))
+@pytest.mark.parametrize("strategy_name", list(ZERO), ids=lambda s: f"{s}-ws8")
 def test_deepspeeds_partitions_follow_the_rules_the_count_uses(suite, strategy_name):
     """At 8 gloo ranks, gpt2-uneven (70,920 parameters: its flat group and each of its dimensions need
     padding at 8), every rank's engine holds the elements zero_elements says."""
