@@ -36,6 +36,14 @@ Each mutation breaks one property a real incident breaks, on top of a correct tr
   rng_unrestored_<g>  a resume that leaves global generator <g> (torch: the host's, cuda: every device's,
                      numpy, python; all: every one) where the rebuilt process had it (any strategy)
   rng_rank0_everywhere  a resume that gives every rank rank 0's global generators (any strategy)
+  node_local_reduce  gradients averaged within each node of NODE_RANKS ranks, never across nodes: exact at 4
+                     ranks, wrong from 8 (DDP)
+  even_shard_gather  full parameters and gradients gathered as if every rank held dim 0 / world size rows:
+                     exact where the world size divides each dimension, wrong for uneven shards (fsdp_full)
+  hybrid_dims_swapped  HSDP's (replicate, shard) read in the wrong order, by the trainer's mesh or the memory
+                     model: the same mesh where the two are equal (2 x 2 at 4 ranks), 4 x 2 for 2 x 4 at 8
+  second_node_fresh_optimizer  ranks NODE_RANKS and up save a reset (zeroed) optimizer state: a no-op at 4
+                     ranks, a checkpoint missing half its moments at 8 (any strategy)
 
 The rank processes import this module by name: spawned ranks inherit the pytest process's sys.path, on which
 pytest puts this directory.
@@ -54,6 +62,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.tensor import DTensor
 
 import distbench.jobs.checks as checks
 import distbench.jobs.train as jobs
@@ -63,6 +72,9 @@ import distbench.strategies.lora as lora
 from distbench.strategies.ddp import DDPTrainer
 from distbench.strategies.fsdp import FSDP2Trainer
 from distbench.workloads.dropout import SampleDropout, sample_streams
+
+#: Ranks per node in the mutations that break one node's share: 8 ranks are two such nodes.
+NODE_RANKS = 4
 
 
 def _sum_hook(state, bucket):  # unannotated: DDP rejects the string annotations of `from __future__`
@@ -128,6 +140,33 @@ def _rank0_everywhere(_before: dict[str, Any]) -> None:
 def _global_rng_dropout(module: SampleDropout, x: torch.Tensor) -> torch.Tensor:
     """What plain nn.Dropout does: a mask from torch's global RNG, the same stream whichever sample it is."""
     return torch.nn.functional.dropout(x, module.rate, module.training)
+
+
+def _gather_assuming_even_shards(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor sharded on dim 0 of a 1-D mesh gathered as if each rank held dim 0 // world size rows (its own
+    first rows, zero-padded where it holds fewer), the full shape kept: FSDP2's last shards are shorter."""
+    t = t.detach()
+    if not isinstance(t, DTensor):
+        return t.float().cpu().clone()
+    local, n = t.to_local(), dist.get_world_size()
+    rows = t.shape[0] // n
+    mine = torch.zeros(rows, *t.shape[1:], dtype=local.dtype)
+    mine[: min(rows, local.shape[0])] = local[:rows]
+    parts = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(parts, mine)
+    full = torch.zeros(t.shape, dtype=torch.float32)
+    full[: n * rows] = torch.cat(parts)
+    return full
+
+
+def _zero_optimizer_state(trainer: Any) -> None:
+    """Every moment of the rank's optimizer state zeroed (DeepSpeed's engine wraps torch's optimizer)."""
+    optimizer = trainer.engine.optimizer.optimizer if hasattr(trainer, "engine") else trainer.optimizer
+    with torch.no_grad():
+        for state in optimizer.state.values():
+            for value in state.values():
+                if torch.is_tensor(value) and value.dim() > 0:
+                    value.zero_()
 
 
 def _mutate(trainer: Any, mutation: str) -> None:
@@ -212,6 +251,20 @@ def _mutate(trainer: Any, mutation: str) -> None:
 
         trainer.clip_gradients = clip_by_local_shard
         return
+    if mutation == "even_shard_gather":
+        assert isinstance(trainer, FSDP2Trainer) and trainer.mesh.ndim == 1, "written against fsdp_full"
+        trainer._gather = _gather_assuming_even_shards  # type: ignore[method-assign]
+        return
+    if mutation == "second_node_fresh_optimizer":
+        save = trainer.save_checkpoint
+
+        def save_with_the_second_node_reset(path: str) -> None:
+            if trainer.ctx.rank >= NODE_RANKS:
+                _zero_optimizer_state(trainer)
+            save(path)
+
+        trainer.save_checkpoint = save_with_the_second_node_reset
+        return
     if mutation == "dropout_global_rng":
         for module in trainer.model.modules():
             if isinstance(module, SampleDropout):
@@ -256,6 +309,9 @@ def _mutate(trainer: Any, mutation: str) -> None:
         trainer.model.register_comm_hook(None, _bf16_compress_hook)
     elif mutation == "all_reduce_twice":
         trainer.model.register_comm_hook(None, _twice_hook)
+    elif mutation == "node_local_reduce":
+        node, _ = dist.new_subgroups(NODE_RANKS)
+        trainer.model.register_comm_hook(node, default_hooks.allreduce_hook)
     else:
         raise ValueError(f"unknown mutation {mutation!r}")
 
@@ -283,6 +339,14 @@ def _ds_config_without_clipping(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return {**_build_ds_config(*args, **kwargs), "gradient_clipping": 0.0}
 
 
+_hybrid_shape = fsdp.hybrid_shape
+
+
+def _hybrid_dims_swapped(*args: Any, **kwargs: Any) -> tuple[int, int]:
+    replicate, shard = _hybrid_shape(*args, **kwargs)
+    return shard, replicate
+
+
 #: Mutations planted where a strategy builds its trainer, before any wrapper sees the model: mutation -> the
 #: (module, attribute, replacement) patched for as long as it lasts.
 _AT_BUILD: dict[str, tuple[Any, str, Any]] = {
@@ -290,11 +354,12 @@ _AT_BUILD: dict[str, tuple[Any, str, Any]] = {
     "bf16_reduce_dtype": (fsdp, "MixedPrecisionPolicy", _reducing_in_bf16),
     "ds_bf16_communication": (deepspeed, "build_ds_config", _communicating_in_bf16),
     "ds_clipping_off": (deepspeed, "build_ds_config", _ds_config_without_clipping),
+    "hybrid_dims_swapped": (fsdp, "hybrid_shape", _hybrid_dims_swapped),
 }
 
 
 @contextlib.contextmanager
-def _mutated(mutation: str) -> Iterator[None]:
+def mutated(mutation: str) -> Iterator[None]:
     """Every trainer the jobs build while inside is mutated (the modules hold make_trainer by name)."""
     if mutation in _AT_BUILD:  # before the wrapper and the optimizer see the model
         with mock.patch.object(*_AT_BUILD[mutation]):
@@ -315,7 +380,7 @@ def _mutated(mutation: str) -> Iterator[None]:
 
 
 def train(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
-    with _mutated(mutation):
+    with mutated(mutation):
         return jobs.train(ctx, **kwargs)
 
 
@@ -323,7 +388,7 @@ def train_with_an_overflow(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, 
     """recipe_jobs.train_with_an_overflow, mutated."""
     import recipe_jobs
 
-    with _mutated(mutation):
+    with mutated(mutation):
         return recipe_jobs.train_with_an_overflow(ctx, **kwargs)
 
 
@@ -331,15 +396,15 @@ def train_watching_steps(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, An
     """recipe_jobs.train_watching_steps, mutated."""
     import recipe_jobs
 
-    with _mutated(mutation):
+    with mutated(mutation):
         return recipe_jobs.train_watching_steps(ctx, **kwargs)
 
 
 def count_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, float]:
-    with _mutated(mutation):
+    with mutated(mutation):
         return checks.count_collectives(ctx, **kwargs)
 
 
 def record_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
-    with _mutated(mutation):
+    with mutated(mutation):
         return checks.record_collectives(ctx, **kwargs)

@@ -266,6 +266,41 @@ def test_the_ranking_check_catches_an_ascending_sort(monkeypatch):
         assert_recommends_fastest(recommend.rank, outcomes)
 
 
+def _predicted(
+    strategy: str, gib: float, offload: bool = False, why: str | None = None
+) -> recommend.Predicted:
+    return recommend.Predicted(strategy, {"params": gib * GIB}, ruled_out=why, offload=offload)
+
+
+def assert_ranks_predictions(rank_fn: Callable[..., list[recommend.Predicted]]) -> None:
+    """On 10 GiB GPUs: what fits before what does not before what cannot run; among the fits, state on the GPUs
+    before offload, and the most memory left for activations first."""
+    given = [
+        _predicted("zero1", 9.0),
+        _predicted("ddp", 30.0),
+        _predicted("zero3_offload", 0.0, offload=True),
+        _predicted("single", 0.0, why="single runs on at most 1 rank(s)"),
+        _predicted("zero3", 2.0),
+        _predicted("zero2", 12.0),
+    ]
+    got = [p.strategy for p in rank_fn(given, 10 * GIB, Headroom())]
+    assert got == ["zero3", "zero1", "zero3_offload", "zero2", "ddp", "single"], got
+
+
+def test_predictions_rank_the_fits_by_the_memory_they_leave():
+    assert_ranks_predictions(recommend.rank_predicted)
+    tight = recommend.predicted_misfit(_predicted("zero1", 9.0), 10 * GIB, Headroom(bytes=2 * GIB))
+    assert tight == "needs 9.00 GiB a GPU, more than 8.00 GiB (the GPU's less the 2.00 GiB headroom)"
+
+
+def test_the_prediction_ranking_check_catches_the_least_sharded_first():
+    def least_sharded_first(predicted, gpu_bytes, headroom):
+        return sorted(predicted, key=lambda p: -p.state_bytes)
+
+    with pytest.raises(AssertionError):
+        assert_ranks_predictions(least_sharded_first)
+
+
 # --- the command --------------------------------------------------------------------------------------------
 def _rows(out: str) -> dict[str, list[str]]:
     """Table rows by strategy label ("ddp", "ddp +AC"), cells stripped."""
@@ -345,6 +380,19 @@ def test_bad_input_is_refused_before_anything_runs(argv, message, capsys, monkey
     with pytest.raises(SystemExit) as e:
         main(["recommend", *argv])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-n", "64"], "--predict needs --gpus and --gpu-memory-gib"),
+        (["-n", "12", "--gpu-memory-gib", "80"], "--gpus 12 is not whole nodes of --gpus-per-node 8"),
+        (["-n", "8", "--gpu-memory-gib", "80", "--lora-rank", "8"], "drop --lora-rank and --ds-config"),
+    ],
+)
+def test_a_prediction_without_its_cluster_is_refused(argv, message, capsys):
+    assert main(["recommend", "-m", "llama-7b", "--predict", *argv]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_more_gpus_than_the_machine_has_is_refused(capsys, monkeypatch):

@@ -15,6 +15,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / ".github" / "workflows"
 CI, GPU, BISECT = WORKFLOWS / "ci.yml", WORKFLOWS / "gpu.yml", WORKFLOWS / "bisect.yml"
+SCALE = WORKFLOWS / "scale.yml"
 PINNED = re.compile(r"^[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}$")
 
 
@@ -32,7 +33,7 @@ def runs(wf: dict) -> str:
     return "\n".join(s["run"] for s in steps(wf) if "run" in s)
 
 
-@pytest.mark.parametrize("path", [CI, GPU, BISECT], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [CI, GPU, BISECT, SCALE], ids=lambda p: p.name)
 def test_every_action_is_pinned_to_a_commit_with_its_version(path):
     uses = [s["uses"] for s in steps(load(path)) if "uses" in s]
     assert uses
@@ -43,7 +44,7 @@ def test_every_action_is_pinned_to_a_commit_with_its_version(path):
             assert re.search(r"@[0-9a-f]{40} # v\d+(\.\d+)*$", line), f"no version comment: {line.strip()}"
 
 
-@pytest.mark.parametrize("path", [CI, GPU, BISECT], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [CI, GPU, BISECT, SCALE], ids=lambda p: p.name)
 def test_read_only_by_default_and_timeouts_everywhere(path):
     wf = load(path)
     assert wf["permissions"] == {"contents": "read"}
@@ -77,7 +78,7 @@ def test_a_pull_requests_gpu_job_holds_what_its_steps_may_take():
 
 
 def test_only_the_pages_job_may_write():
-    for path in (CI, GPU, BISECT):
+    for path in (CI, GPU, BISECT, SCALE):
         for name, job in load(path)["jobs"].items():
             if path == GPU and name == "pages":
                 assert job["permissions"] == {"pages": "write", "id-token": "write"}
@@ -165,6 +166,18 @@ def test_gpu_multicast_off_and_the_full_pipeline_present():
         assert action in uses
 
 
+def test_the_scale_tier_runs_nightly_and_on_demand_never_on_pull_requests():
+    """`pytest -m scale` (which the default run deselects) on a hosted runner with CPU torch, as ci.yml installs."""
+    wf = load(SCALE)
+    assert set(wf["on"]) == {"schedule", "workflow_dispatch"}
+    assert "-m 'not gpu and not slow and not scale'" in (ROOT / "pyproject.toml").read_text()
+    (job,) = wf["jobs"].values()
+    assert job["runs-on"] == "ubuntu-latest"
+    script = runs(wf)
+    assert re.search(r"^pytest -m scale\b", script, re.M)
+    assert "--index-url https://download.pytorch.org/whl/cpu" in script
+
+
 def test_bisect_runs_on_demand_on_the_gpu_runner_with_good_and_bad_as_inputs():
     """workflow_dispatch only (never a pull request's code), the GPU runner's one-job-at-a-time group, the inputs
     passed to the command as environment variables (not spliced into the script: zizmor checks that too), and
@@ -209,7 +222,7 @@ def _pip_installs(text: str) -> list[list[str]]:
 def test_tools_and_torch_are_installed_at_pinned_versions():
     """An unpinned linter or torch changes what CI checks from one day to the next without a commit."""
     installs = [
-        p for path in (CI, GPU, BISECT, ROOT / ".ci" / "run") for p in _pip_installs(path.read_text())
+        p for path in (CI, GPU, BISECT, SCALE, ROOT / ".ci" / "run") for p in _pip_installs(path.read_text())
     ]
     named = [pkg for pkgs in installs for pkg in pkgs]
     assert {"ruff==0.17.6", "zizmor==1.32.0", "torch==2.13.0"} <= set(named)
@@ -297,7 +310,7 @@ def _zizmor(path: Path) -> subprocess.CompletedProcess:
 
 def test_workflows_match_githubs_schema():
     """The schema check catches typos GitHub would only report once the workflow is pushed."""
-    proc = _schema(CI, GPU, BISECT)
+    proc = _schema(CI, GPU, BISECT, SCALE)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

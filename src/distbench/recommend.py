@@ -11,6 +11,9 @@ the answer stays exact whatever the memory does. A probe that fails for any othe
 out. The largest fit's own result is the candidate's evidence: its tokens/s and peak memory are what the
 ranking uses.
 
+For a cluster that is not here (`--predict`), nothing runs: each strategy's training state per GPU comes from
+the memory model (`Predicted`), and those whose state fits rank by the memory they leave for activations.
+
 No CLI and no training here: the search takes a `probe` callable (micro-batch -> result dict, the schema
 results.py writes), so tests drive it with a made-up memory limit; commands/recommend.py supplies probes
 that run the benchmark. `agreement` holds the ranking against a measured table (`distbench run`'s results)
@@ -330,3 +333,43 @@ def summary(outcomes: list[Outcome], evidence: dict[str, str]) -> list[dict[str,
             }
         )
     return rows
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """A strategy's training state per GPU of a cluster, predicted by the memory model (invariants/memory.py),
+    or why it cannot run there. `offload`: its state lives in host memory (none on the GPU)."""
+
+    strategy: str
+    state: dict[str, float] = field(default_factory=dict)  # device bytes of params, grads, optimizer
+    ruled_out: str | None = None
+    offload: bool = False
+
+    @property
+    def state_bytes(self) -> float:
+        return sum(self.state.values())
+
+
+def predicted_misfit(p: Predicted, gpu_bytes: int, headroom: Headroom) -> str | None:
+    """Why the state does not fit a GPU of `gpu_bytes` with the headroom left free; None when it does."""
+    room = gpu_bytes - headroom.required(gpu_bytes)
+    if p.state_bytes <= room:
+        return None
+    return f"needs {p.state_bytes / GIB:.2f} GiB a GPU, more than {room / GIB:.2f} GiB" + (
+        f" (the GPU's less the {headroom} headroom)" if room < gpu_bytes else ""
+    )
+
+
+def rank_predicted(predicted: Iterable[Predicted], gpu_bytes: int, headroom: Headroom) -> list[Predicted]:
+    """Those that fit first: state kept on the GPUs before offload (its host traffic costs throughput), each
+    by the most memory left for activations (the largest micro-batch, which the measured search looks for);
+    then those that do not fit, nearest first; then the ruled-out ones, in the order given."""
+    predicted = list(predicted)
+    runs = [p for p in predicted if p.ruled_out is None]
+    fits = [p for p in runs if predicted_misfit(p, gpu_bytes, headroom) is None]
+    misses = [p for p in runs if p not in fits]
+    return sorted(fits, key=_by_state) + sorted(misses, key=_by_state) + [p for p in predicted if p.ruled_out]
+
+
+def _by_state(p: Predicted) -> tuple[bool, float]:
+    return p.offload, p.state_bytes

@@ -28,10 +28,13 @@ from ..recommend import (
     Candidate,
     Headroom,
     Outcome,
+    Predicted,
     agreement,
     headroom_bytes,
     peak_bytes,
+    predicted_misfit,
     rank,
+    rank_predicted,
     rivals,
     search,
     summary,
@@ -137,6 +140,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is present")
     p.add_argument(
+        "--predict",
+        action="store_true",
+        help="predict instead of measuring, for GPUs that need not be here (a cluster): which strategies' "
+        "training state (parameters, gradients, optimizer state) fits --gpus GPUs of --gpu-memory-gib each, "
+        "by the memory model; nothing runs",
+    )
+    p.add_argument(
+        "--gpu-memory-gib", type=_typed(PositiveFloat), help="with --predict: each GPU's memory, GiB"
+    )
+    p.add_argument(
+        "--gpus-per-node",
+        type=_typed(PositiveInt),
+        default=8,
+        help="with --predict: GPUs a node (default 8); fsdp_hybrid replicates across the nodes",
+    )
+    p.add_argument(
         "--output",
         "-o",
         default=Path("distbench-recommend"),
@@ -174,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
     from ..strategies import REGISTRY, get_spec
 
     console = Console(width=None if Console().is_terminal else 140)
+    if args.predict:
+        return _predict(args, console)
     n_cuda = cuda_device_count()
     device = args.device or ("cuda" if n_cuda else "cpu")
     if device == "cuda" and not n_cuda:
@@ -434,6 +455,123 @@ def _report(
     console.print(
         f"Evidence: {escape(str(out / evidence[best['id']]))} (every probe's result is under {escape(str(out))}; "
         f"ranked list: {escape(str(path))})",
+        highlight=False,
+    )
+    return 0
+
+
+def _predict(args: argparse.Namespace, console: Any) -> int:
+    """--predict: every candidate's training state per GPU by the memory model, ranked (rank_predicted), and
+    recommendation.json; exit 1 when nothing fits."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..config import RunConfig
+    from ..invariants.memory import analytic_bytes
+    from ..results import write_json_atomic
+    from ..strategies import REGISTRY, get_spec
+    from ..workloads import count_params, get_model
+
+    if not (args.gpus and args.gpu_memory_gib):
+        return _usage_error(
+            "--predict needs --gpus and --gpu-memory-gib: the cluster's GPUs and each one's memory"
+        )
+    if args.lora_rank or args.ds_config:
+        return _usage_error(
+            "--predict models full training in the harness's configuration: drop --lora-rank and --ds-config"
+        )
+    gpus, per_node = args.gpus, args.gpus_per_node
+    if gpus > per_node and gpus % per_node:
+        return _usage_error(f"--gpus {gpus} is not whole nodes of --gpus-per-node {per_node}")
+    nodes = max(1, gpus // per_node)
+    precision: Precision = args.precision or "bf16"
+    gpu_bytes = int(args.gpu_memory_gib * GIB)
+    headroom = Headroom(bytes=int(args.headroom_gib * GIB), fraction=args.headroom_frac)
+    n_params = count_params(get_model(args.model).build(RunConfig().seed, "meta"))
+    predicted = []
+    for name in args.strategies or list(REGISTRY):
+        spec = get_spec(name)
+        reason = spec.unsupported_reason("cuda", gpus, precision=precision)
+        if reason:
+            predicted.append(Predicted(name, ruled_out=reason))
+            continue
+        state = analytic_bytes(name, n_params, gpus, precision, nodes)
+        predicted.append(Predicted(name, state, offload=bool(spec.memory and spec.memory.on_host)))
+    ranked = rank_predicted(predicted, gpu_bytes, headroom)
+    top = (
+        ranked[0]
+        if ranked and ranked[0].ruled_out is None and not predicted_misfit(ranked[0], gpu_bytes, headroom)
+        else None
+    )
+    where = f"{gpus} GPUs of {args.gpu_memory_gib:g} GiB ({nodes} node(s) of {min(gpus, per_node)})"
+    t = Table(
+        "#",
+        "strategy",
+        "params GiB",
+        "grads GiB",
+        "optimizer GiB",
+        "state GiB",
+        "left GiB",
+        "status",
+        title=f"{args.model} {precision} on {where}: training state per GPU, predicted by the memory model",
+        caption="Predicted, not measured: activations and buffers are not in the state; throughput is not "
+        "predicted. Measure the fitting candidates on the cluster.",
+        caption_justify="left",
+    )
+    rows = []
+    for i, p in enumerate(ranked, 1):
+        why = p.ruled_out or predicted_misfit(p, gpu_bytes, headroom)
+        status = f"ruled out: {p.ruled_out}" if p.ruled_out else (f"does not fit: {why}" if why else "fits")
+        gib = [f"{p.state[k] / GIB:.2f}" if p.state else "-" for k in ("params", "grads", "optimizer")]
+        left = gpu_bytes - p.state_bytes
+        t.add_row(
+            str(i),
+            p.strategy,
+            *gib,
+            f"{p.state_bytes / GIB:.2f}" if p.state else "-",
+            f"{left / GIB:.2f}" if p.state else "-",
+            escape(status + (" (state on the host)" if p.offload and not why else "")),
+        )
+        rows.append(
+            {
+                "strategy": p.strategy,
+                "state_bytes": p.state or None,
+                "left_bytes": left if p.state else None,
+                "fits": why is None,
+                "offload": p.offload,
+                "ruled_out": why,
+            }
+        )
+    console.print(t)
+    path = write_json_atomic(
+        Path(args.output) / "recommendation.json",
+        {
+            "predicted": True,
+            "model": args.model,
+            "n_params": n_params,
+            "gpus": gpus,
+            "gpus_per_node": per_node,
+            "gpu_memory_bytes": gpu_bytes,
+            "precision": precision,
+            "headroom": {"bytes": headroom.bytes, "fraction": headroom.fraction},
+            "recommendation": rows[0] if top else None,
+            "ranked": rows,
+        },
+    )
+    if top is None:
+        console.print(
+            "[red]No recommendation[/]: no candidate's training state fits (the status column says why)"
+        )
+        return 1
+    why = (
+        "its state on the host: nothing that keeps its state on the GPUs fits"
+        if top.offload
+        else "the most left of those that keep their state on the GPUs"
+    )
+    console.print(
+        f"Recommendation (predicted): {top.strategy}, its state {top.state_bytes / GIB:.2f} GiB a GPU, leaving "
+        f"{(gpu_bytes - top.state_bytes) / GIB:.2f} GiB for activations; {why} (ranked list: "
+        f"{escape(str(path))})",
         highlight=False,
     )
     return 0

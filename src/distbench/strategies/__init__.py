@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ..config import RunConfig
+from ..config import PositiveInt, RunConfig
 from ..errors import ConfigError, did_you_mean
 from .spec import (
     COMPONENTS,
@@ -89,6 +89,9 @@ _ENTRIES = [
         memory=MemoryLayout(sharded=COMPONENTS, shard_group="hybrid"),
         checkpoint=DCP,
         defaults=(("reshard_after_forward", True), ("hybrid", True)),
+        # the mesh's replicate groups (e.g. 4 x 2 at 8 ranks); default: the nodes, or 2 on one node
+        user_options=(Option("replicate", PositiveInt),),
+        config_check="distbench.strategies.fsdp:check_hybrid_config",
     ),
     StrategySpec(
         "fsdp_offload",

@@ -25,6 +25,7 @@ from torch.distributed.fsdp import (
 )
 
 from ..config import RunConfig
+from ..errors import ConfigError
 from ..runtime.context import RankContext
 from .base import (
     Batch,
@@ -35,12 +36,23 @@ from .base import (
 from .checkpoint_dcp import DCPCheckpointMixin
 
 
-def hybrid_shape(world_size: int, nodes: int = 1) -> tuple[int, int]:
-    """(replicate, shard) for HSDP: across nodes, replicate over nodes and shard within each (the mesh users
-    run, keeping the all-gathers on the fast link); on one node, replicate over 2 groups when the world is
-    even."""
-    replicate = nodes if nodes > 1 else (2 if world_size % 2 == 0 else 1)
+def hybrid_shape(world_size: int, nodes: int = 1, replicate: int | None = None) -> tuple[int, int]:
+    """(replicate, shard) for HSDP: `replicate` groups when given (fsdp_hybrid's option); else across nodes,
+    replicate over nodes and shard within each (the mesh users run, keeping the all-gathers on the fast link);
+    on one node, replicate over 2 groups when the world is even."""
+    if replicate is None:
+        replicate = nodes if nodes > 1 else (2 if world_size % 2 == 0 else 1)
+    elif world_size % replicate:
+        raise ConfigError(
+            f"fsdp_hybrid option replicate={replicate} does not divide world size {world_size}; use a "
+            "divisor of the world size"
+        )
     return replicate, world_size // replicate
+
+
+def check_hybrid_config(cfg: RunConfig) -> None:
+    """fsdp_hybrid's pre-flight check: a `replicate` option that divides the world size (ConfigError)."""
+    hybrid_shape(cfg.world_size, replicate=cfg.options.get("replicate"))
 
 
 class FSDP2Trainer(DCPCheckpointMixin):
@@ -55,13 +67,14 @@ class FSDP2Trainer(DCPCheckpointMixin):
         reshard_after_forward: bool = True,
         hybrid: bool = False,
         offload: bool = False,
+        replicate: int | None = None,
     ) -> None:
         super().__init__(ctx, cfg, model)
         self.reshard_after_forward = reshard_after_forward
         if hybrid:
             self.mesh = init_device_mesh(
                 ctx.device_type,
-                hybrid_shape(ctx.world_size, ctx.nodes),
+                hybrid_shape(ctx.world_size, ctx.nodes, replicate),
                 mesh_dim_names=("replicate", "shard"),
             )
         else:

@@ -138,6 +138,23 @@ _MODELS = [
         seq_len=32,
     ),
     ModelSpec(
+        "gpt2-uneven",
+        "gpt2",
+        "2-layer GPT-2 for the CPU scale tier whose every dimension is 4 x an odd number: even shards at 4 "
+        "ranks, uneven (padded) at 8",
+        {
+            "n_layer": 2,
+            "n_embd": 44,
+            "n_head": 4,
+            "n_inner": 172,
+            "vocab_size": 508,
+            "n_positions": 36,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+        },
+        seq_len=32,
+    ),
+    ModelSpec(
         "llama-1b",
         "llama",
         "Llama-3.2-1B shape (16 layers, 2048 wide, GQA 32/8, 128k vocab)",
@@ -153,6 +170,22 @@ _MODELS = [
             "rope_theta": 500000.0,
         },
         seq_len=1024,
+    ),
+    ModelSpec(
+        "llama-7b",
+        "llama",
+        "Llama-2-7B shape (32 layers, 4096 wide, 11008 MLP, 32k vocab, 6.74B parameters): the memory model's "
+        "and recommend's cluster-size model, built on the meta device",
+        {
+            "hidden_size": 4096,
+            "intermediate_size": 11008,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "vocab_size": 32000,
+            "max_position_embeddings": 4096,
+        },
+        seq_len=4096,
     ),
 ]
 
