@@ -74,9 +74,10 @@ def _pairs(device_type: str) -> list:
 
 @pytest.mark.parametrize("device_type,saved_ws,loaded_ws", _pairs("cpu") + _pairs("cuda"))
 @pytest.mark.parametrize("strategy_name", ["fsdp_full", "fsdp_grad", "zero2", "zero3"])
-def test_resharding(suite, device_type, strategy_name, saved_ws, loaded_ws):
+def test_resharding(suite, device_type, strategy_name, saved_ws, loaded_ws, tmp_path):
     """A checkpoint saved at one world size continues at another and matches the reference: DCP for FSDP2,
-    DeepSpeed's universal checkpoint for ZeRO."""
+    DeepSpeed's universal checkpoint for ZeRO. On a copy: DeepSpeed's load converts the checkpoint in place,
+    and the session's is read-only to its tests."""
     from distbench.runtime.pool import cuda_device_count
 
     if device_type == "cuda" and max(saved_ws, loaded_ws) > cuda_device_count():
@@ -84,7 +85,8 @@ def test_resharding(suite, device_type, strategy_name, saved_ws, loaded_ws):
     saved = suite.config(strategy_name, saved_ws)
     run = suite.checkpointed_run(saved)
     k = run["save_at"]
-    resumed = suite.train(saved.replace(world_size=loaded_ws), resume_from=run["checkpoint"], reshard=True)[0]
+    ckpt = _copy(run, tmp_path)
+    resumed = suite.train(saved.replace(world_size=loaded_ws), resume_from=str(ckpt), reshard=True)[0]
     assert resumed["start_step"] == k
     ref = suite.reference(saved)["losses"]
     assert_losses_match(
@@ -141,11 +143,27 @@ def test_missing_checkpoint_fails_clearly(suite, tmp_path):
 
 
 def _copy(run: dict, tmp_path: Path) -> Path:
-    """The run's checkpoint as saved: without the universal conversion a resharded load of it may have added."""
-    bad = tmp_path / "ckpt"
-    shutil.copytree(run["checkpoint"], bad, ignore=shutil.ignore_patterns("*_universal"))
-    write_manifest(bad)
-    return bad
+    """A copy of the run's checkpoint for a test to change or convert: the session's is read-only to tests."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(run["checkpoint"], ckpt)
+    return ckpt
+
+
+@pytest.mark.world_size(2)
+def test_a_checkpoint_a_resharded_load_converted_still_resumes_at_its_own_world_size(suite, tmp_path):
+    """DeepSpeed's resharding load adds its universal conversion to the checkpoint, manifest included: the same
+    directory then still resumes exactly at the world size that saved it. A chance of test order once (a
+    resharding test converted the session's shared checkpoint and a later test happened to reload it), a test
+    of its own now, on its own copy."""
+    cfg = suite.config("zero2", 2)
+    run = suite.checkpointed_run(cfg)
+    k = run["save_at"]
+    ckpt = _copy(run, tmp_path)
+    resharded = suite.train(cfg.replace(world_size=1), resume_from=str(ckpt), reshard=True)[0]
+    assert_losses_match(resharded["losses"], suite.reference(cfg)["losses"][k:], "zero2 resharded 2 to 1")
+    assert (ckpt / "latest_universal").exists(), "the resharding load left no conversion to test"
+    resumed = suite.train(cfg, resume_from=str(ckpt))[0]
+    assert_resume_exact(resumed, run["losses"], k, "zero2 ws2, resumed after a resharding load converted it")
 
 
 def _one(root: Path, pattern: str) -> Path:
