@@ -15,7 +15,6 @@ import statistics
 import pytest
 
 import rank_jobs
-from distbench.testsuite.claims import Decision, decide, decide_time, settle
 from distbench.jobs.bench import bench, bench_finish, bench_setup, bench_step, collective_bandwidth
 from distbench.jobs.fidelity import fidelity_finish, fidelity_rounds, fidelity_setup
 from distbench.matrix import run_benchmark, sweep_micro_batch
@@ -23,6 +22,7 @@ from distbench.measure.roundparts import explain
 from distbench.results import summarize_bench
 from distbench.runtime.fingerprint import environment_fingerprint
 from distbench.strategies import default_strategies
+from distbench.testsuite.claims import Decision, decide, decide_time, settle
 from fidelity_jobs import planted_fidelity_setup
 
 #: Every test here times steps or reads memory: under lanes they run last, with nothing else on the machine.

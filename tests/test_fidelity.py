@@ -13,12 +13,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from distbench.testsuite.claims import decide, settle
 from distbench.config import RunConfig
 from distbench.errors import ConfigError
 from distbench.jobs.fidelity import Fidelity, harness_overhead
 from distbench.runtime.context import RankContext
 from distbench.strategies.single import SingleTrainer
+from distbench.testsuite.claims import decide, settle
 
 CPU = RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
 TINY = RunConfig(strategy="single", model="gpt2-tiny", global_batch=4, micro_batch=2, deterministic=False)

@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from cpu_work import spin
-from distbench.testsuite.claims import decide, settle
 from distbench.config import RunConfig
 from distbench.measure import hostcount
 from distbench.measure.timing import time_window
 from distbench.results import summarize_bench
 from distbench.runtime.context import RankContext
+from distbench.testsuite.claims import decide, settle
 
 CPU = RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
 

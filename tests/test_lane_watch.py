@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from distbench.testsuite.lane_watch import GpuWatch, Occupancy, dirty_bytes, sync_filesystem
 from distbench.measure.hostspeed import busy_share, host_jiffies
+from distbench.testsuite.lane_watch import GpuWatch, Occupancy, dirty_bytes, sync_filesystem
 
 
 def test_busy_share_is_the_busy_part_of_the_elapsed_cpu_time():
