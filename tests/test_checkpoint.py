@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -239,11 +242,38 @@ class _Payload:
 
 def _plant(target: Path, marker: Path) -> None:
     if target.name == ".metadata":
-        import pickle
-
         target.write_bytes(pickle.dumps({"metadata": _Payload(marker)}))
+    elif target.suffix == ".distcp":
+        _plant_in_a_data_shard(target, marker)
     else:
         torch.save({"module": _Payload(marker), "optimizer_state_dict": _Payload(marker)}, target)
+
+
+def _plant_in_a_data_shard(shard: Path, marker: Path) -> None:
+    """Each value of a DCP checkpoint that is not a tensor (the optimizer's hyperparameters) is a pickle of its
+    own inside a data shard, which DCP's planner loads with weights_only=False: every such value of `shard` is
+    pointed at a hostile one appended to it. The metadata is this test's own run's, read with pickle here."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    meta_file = shard.parent / ".metadata"
+    meta = pickle.loads(meta_file.read_bytes())
+    buf = io.BytesIO()
+    torch.save(_Payload(marker), buf)
+    offset = shard.stat().st_size
+    with open(shard, "ab") as f:
+        f.write(buf.getvalue())
+    pickled = [
+        index
+        for index, info in meta.storage_data.items()
+        if info.relative_path == shard.name
+        and isinstance(meta.state_dict_metadata[index.fqn], BytesStorageMetadata)
+    ]
+    assert pickled, f"{shard} holds no pickled value to plant in"
+    for index in pickled:
+        meta.storage_data[index] = dataclasses.replace(
+            meta.storage_data[index], offset=offset, length=len(buf.getvalue())
+        )
+    meta_file.write_bytes(pickle.dumps(meta))
 
 
 HOSTILE = [
@@ -252,6 +282,8 @@ HOSTILE = [
     ("fsdp_full", 1, "trainer.pt", "load"),
     ("fsdp_full", 1, "dcp/.metadata", "load"),
     ("fsdp_full", 1, "dcp/.metadata", "export"),
+    ("fsdp_full", 1, "dcp/__0_0.distcp", "load"),
+    ("fsdp_full", 1, "dcp/__0_0.distcp", "export"),
     ("zero2", 1, "{tag}/mp_rank_00_model_states.pt", "load"),
     ("zero2", 1, "{tag}/zero_pp_rank_0_mp_rank_00_optim_states.pt", "load"),
     # a world-size-2 pool of its own (10 s of the CPU tier's 3 minutes): the slow tier, which CI runs too
@@ -279,14 +311,16 @@ def test_a_hostile_pickle_in_a_checkpoint_runs_no_code(suite, strategy_name, ws,
     target = _one(bad, pattern)
     _plant(target, marker)
     write_manifest(bad)
+    # a data shard's pickles are read from slices in memory: the refusal names the checkpoint, not the shard
+    named = str(bad) if target.suffix == ".distcp" else target.name
     if path == "export":
         with pytest.raises(CheckpointError) as e:
             full_state_dict_from_checkpoint(bad, strategy_name)
-        assert target.name in str(e.value)
+        assert named in str(e.value), e.value
     elif path == "reshard":
-        _expect_checkpoint_error(suite, cfg.replace(world_size=2), bad, target.name, reshard=True)
+        _expect_checkpoint_error(suite, cfg.replace(world_size=2), bad, named, reshard=True)
     else:
-        _expect_checkpoint_error(suite, cfg, bad, target.name)
+        _expect_checkpoint_error(suite, cfg, bad, named)
     assert not marker.exists(), f"loading {target} ran its payload"
 
 
