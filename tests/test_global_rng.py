@@ -55,7 +55,7 @@ def _through_a_checkpoint(state: dict[str, Any]) -> dict[str, Any]:
     return torch.load(buf, weights_only=True)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(st.integers(0, 2**32 - 1), SEQUENCES, st.integers(0, 2**32 - 1), SEQUENCES, SEQUENCES.filter(bool))
 def test_a_restored_process_draws_what_the_captured_one_would_have(seed, before, other_seed, between, after):
     """Property: whatever was drawn before the capture (a spare normal deviate left waiting or not), and
