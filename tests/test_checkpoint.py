@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -74,9 +77,10 @@ def _pairs(device_type: str) -> list:
 
 @pytest.mark.parametrize("device_type,saved_ws,loaded_ws", _pairs("cpu") + _pairs("cuda"))
 @pytest.mark.parametrize("strategy_name", ["fsdp_full", "fsdp_grad", "zero2", "zero3"])
-def test_resharding(suite, device_type, strategy_name, saved_ws, loaded_ws):
+def test_resharding(suite, device_type, strategy_name, saved_ws, loaded_ws, tmp_path):
     """A checkpoint saved at one world size continues at another and matches the reference: DCP for FSDP2,
-    DeepSpeed's universal checkpoint for ZeRO."""
+    DeepSpeed's universal checkpoint for ZeRO. On a copy: DeepSpeed's load converts the checkpoint in place,
+    and the session's is read-only to its tests."""
     from distbench.runtime.pool import cuda_device_count
 
     if device_type == "cuda" and max(saved_ws, loaded_ws) > cuda_device_count():
@@ -84,7 +88,8 @@ def test_resharding(suite, device_type, strategy_name, saved_ws, loaded_ws):
     saved = suite.config(strategy_name, saved_ws)
     run = suite.checkpointed_run(saved)
     k = run["save_at"]
-    resumed = suite.train(saved.replace(world_size=loaded_ws), resume_from=run["checkpoint"], reshard=True)[0]
+    ckpt = _copy(run, tmp_path)
+    resumed = suite.train(saved.replace(world_size=loaded_ws), resume_from=str(ckpt), reshard=True)[0]
     assert resumed["start_step"] == k
     ref = suite.reference(saved)["losses"]
     assert_losses_match(
@@ -141,11 +146,27 @@ def test_missing_checkpoint_fails_clearly(suite, tmp_path):
 
 
 def _copy(run: dict, tmp_path: Path) -> Path:
-    """The run's checkpoint as saved: without the universal conversion a resharded load of it may have added."""
-    bad = tmp_path / "ckpt"
-    shutil.copytree(run["checkpoint"], bad, ignore=shutil.ignore_patterns("*_universal"))
-    write_manifest(bad)
-    return bad
+    """A copy of the run's checkpoint for a test to change or convert: the session's is read-only to tests."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(run["checkpoint"], ckpt)
+    return ckpt
+
+
+@pytest.mark.world_size(2)
+def test_a_checkpoint_a_resharded_load_converted_still_resumes_at_its_own_world_size(suite, tmp_path):
+    """DeepSpeed's resharding load adds its universal conversion to the checkpoint, manifest included: the same
+    directory then still resumes exactly at the world size that saved it. A chance of test order once (a
+    resharding test converted the session's shared checkpoint and a later test happened to reload it), a test
+    of its own now, on its own copy."""
+    cfg = suite.config("zero2", 2)
+    run = suite.checkpointed_run(cfg)
+    k = run["save_at"]
+    ckpt = _copy(run, tmp_path)
+    resharded = suite.train(cfg.replace(world_size=1), resume_from=str(ckpt), reshard=True)[0]
+    assert_losses_match(resharded["losses"], suite.reference(cfg)["losses"][k:], "zero2 resharded 2 to 1")
+    assert (ckpt / "latest_universal").exists(), "the resharding load left no conversion to test"
+    resumed = suite.train(cfg, resume_from=str(ckpt))[0]
+    assert_resume_exact(resumed, run["losses"], k, "zero2 ws2, resumed after a resharding load converted it")
 
 
 def _one(root: Path, pattern: str) -> Path:
@@ -221,11 +242,38 @@ class _Payload:
 
 def _plant(target: Path, marker: Path) -> None:
     if target.name == ".metadata":
-        import pickle
-
         target.write_bytes(pickle.dumps({"metadata": _Payload(marker)}))
+    elif target.suffix == ".distcp":
+        _plant_in_a_data_shard(target, marker)
     else:
         torch.save({"module": _Payload(marker), "optimizer_state_dict": _Payload(marker)}, target)
+
+
+def _plant_in_a_data_shard(shard: Path, marker: Path) -> None:
+    """Each value of a DCP checkpoint that is not a tensor (the optimizer's hyperparameters) is a pickle of its
+    own inside a data shard, which DCP's planner loads with weights_only=False: every such value of `shard` is
+    pointed at a hostile one appended to it. The metadata is this test's own run's, read with pickle here."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    meta_file = shard.parent / ".metadata"
+    meta = pickle.loads(meta_file.read_bytes())
+    buf = io.BytesIO()
+    torch.save(_Payload(marker), buf)
+    offset = shard.stat().st_size
+    with open(shard, "ab") as f:
+        f.write(buf.getvalue())
+    pickled = [
+        index
+        for index, info in meta.storage_data.items()
+        if info.relative_path == shard.name
+        and isinstance(meta.state_dict_metadata[index.fqn], BytesStorageMetadata)
+    ]
+    assert pickled, f"{shard} holds no pickled value to plant in"
+    for index in pickled:
+        meta.storage_data[index] = dataclasses.replace(
+            meta.storage_data[index], offset=offset, length=len(buf.getvalue())
+        )
+    meta_file.write_bytes(pickle.dumps(meta))
 
 
 HOSTILE = [
@@ -234,6 +282,8 @@ HOSTILE = [
     ("fsdp_full", 1, "trainer.pt", "load"),
     ("fsdp_full", 1, "dcp/.metadata", "load"),
     ("fsdp_full", 1, "dcp/.metadata", "export"),
+    ("fsdp_full", 1, "dcp/__0_0.distcp", "load"),
+    ("fsdp_full", 1, "dcp/__0_0.distcp", "export"),
     ("zero2", 1, "{tag}/mp_rank_00_model_states.pt", "load"),
     ("zero2", 1, "{tag}/zero_pp_rank_0_mp_rank_00_optim_states.pt", "load"),
     # a world-size-2 pool of its own (10 s of the CPU tier's 3 minutes): the slow tier, which CI runs too
@@ -261,14 +311,16 @@ def test_a_hostile_pickle_in_a_checkpoint_runs_no_code(suite, strategy_name, ws,
     target = _one(bad, pattern)
     _plant(target, marker)
     write_manifest(bad)
+    # a data shard's pickles are read from slices in memory: the refusal names the checkpoint, not the shard
+    named = str(bad) if target.suffix == ".distcp" else target.name
     if path == "export":
         with pytest.raises(CheckpointError) as e:
             full_state_dict_from_checkpoint(bad, strategy_name)
-        assert target.name in str(e.value)
+        assert named in str(e.value), e.value
     elif path == "reshard":
-        _expect_checkpoint_error(suite, cfg.replace(world_size=2), bad, target.name, reshard=True)
+        _expect_checkpoint_error(suite, cfg.replace(world_size=2), bad, named, reshard=True)
     else:
-        _expect_checkpoint_error(suite, cfg, bad, target.name)
+        _expect_checkpoint_error(suite, cfg, bad, named)
     assert not marker.exists(), f"loading {target} ran its payload"
 
 
@@ -354,20 +406,25 @@ def test_a_resume_that_leaves_a_global_generator_fails(suite, mutation, ws):
 
 
 def _generator_states() -> list:
-    """torch's host generator, numpy's and Python's, read here rather than through the code under test."""
-    return [torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()]
+    """torch's host generator, numpy's and Python's, read here rather than through the code under test: numpy's
+    whole state (its key, position and the spare normal deviate it holds between draws), not its key alone."""
+    name, keys, *rest = np.random.get_state()
+    return [torch.get_rng_state(), (name, keys.copy(), *rest), random.getstate()]
 
 
 def test_looking_up_a_factory_moves_no_global_generator():
     """Jobs look the model up (get_model probes a user's factory) mid-training too: a probe that seeded or drew
-    would move the streams the model draws from, in the uninterrupted and the resumed run alike, unseen."""
+    would move the streams the model draws from, in the uninterrupted and the resumed run alike, unseen: numpy's
+    spare normal deviate included, which the probe's factory draws through."""
     from distbench.workloads import get_model
 
+    np.random.standard_normal(1)  # a spare deviate waiting, as a model drawn from numpy leaves one
     before = _generator_states()
     get_model("user_models:numpy_initialised_lm")  # the factory draws from numpy and Python's random
     after = _generator_states()
     assert torch.equal(before[0], after[0]), "looking the factory up moved torch's generator"
-    assert (before[1] == after[1]).all(), "looking the factory up moved numpy's generator"
+    assert (before[1][1] == after[1][1]).all(), "looking the factory up moved numpy's generator"
+    assert before[1][2:] == after[1][2:], "looking the factory up moved numpy's position or spare deviate"
     assert before[2] == after[2], "looking the factory up moved Python's generator"
 
 

@@ -11,7 +11,8 @@ import contextlib
 import itertools
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -242,6 +243,57 @@ def test_bench_running_work_check_catches_a_dropped_final_sync(
     monkeypatch.setattr(bm, "time_window", without_final_sync())
     with pytest.raises(AssertionError):
         assert_bench_holds_the_launched_work(launched_steps)
+
+
+class HostEvent:
+    """torch.cuda.Event on a HostStream: record() queues its timestamp behind the work launched before it, as a
+    CUDA event completes when its stream reaches it."""
+
+    def __init__(self, stream: HostStream) -> None:
+        self.stream, self.at = stream, 0.0
+
+    def record(self) -> None:
+        self.stream.launch(lambda: setattr(self, "at", time.perf_counter()))
+
+    def elapsed_time(self, end: HostEvent) -> float:
+        return (end.at - self.at) * 1000.0
+
+
+@dataclass(frozen=True)
+class EventContext(StreamContext):
+    """A StreamContext that time_window takes for a CUDA one: it times each step by events on the stream."""
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+
+def assert_events_time_each_steps_work(measure: TimeWindow, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Events mode, the device-spin test's property on CPU: each step's time is the work it launched behind
+    the host (at least its length, at most SLACK_S more), though the host moved on at once."""
+    stream = HostStream()
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: HostEvent(stream))
+    ctx = EventContext(0, 1, 0, torch.device("cpu"), "gloo", stream=stream)
+
+    def excess() -> float:
+        w = measure(ctx, "events", launching(stream, DURATIONS_S))
+        assert all(want <= got for got, want in zip(w.step_s, DURATIONS_S, strict=True)), w.step_s
+        return max(got - want for got, want in zip(w.step_s, DURATIONS_S, strict=True))
+
+    try:
+        excess_at_most(excess, SLACK_S, "events: seconds a step reads over the work it launched")
+    finally:
+        stream.close()
+
+
+def test_events_time_the_work_each_step_launched(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_events_time_each_steps_work(time_window, monkeypatch)
+
+
+def test_events_check_catches_host_clocks_for_launched_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window that reports the host's CPU time per step (cpu_clock) reads the launches, not the work."""
+    with pytest.raises(AssertionError):
+        assert_events_time_each_steps_work(cpu_clock(time_window), monkeypatch)
 
 
 #: Length of the device-side spin each micro-batch of a GPU spin step runs.
@@ -619,14 +671,38 @@ PEAK_UNIT = {
 }
 
 
+def tf32_in_effect(applied: Sequence[tuple[str, bool]]) -> bool:
+    """Whether fp32 matmuls run as TF32 after the (setter, on) of `applied`, in that order, by torch's rule
+    (2.13): the matmul backend's own setting, which every setter but the global one writes, else the global
+    one (a backend's "none" inherits torch.backends.fp32_precision). Written here from that rule, not read
+    from torch or measure/mfu.py; on a GPU the MFU policy tests hold the peak to measured matmuls."""
+    own = everywhere = None
+    for setter, on in applied:
+        if setter == "backends.fp32_precision":
+            everywhere = on
+        else:
+            own = on
+    return own if own is not None else bool(everywhere)
+
+
+#: Every order of up to three TF32 settings: set_numerics's switch and a user's factory's, either first.
+TF32_ORDERS = [
+    seq
+    for k in (1, 2, 3)
+    for seq in itertools.product(itertools.product(TF32_SETTERS, (False, True)), repeat=k)
+]
+
+
 @contextlib.contextmanager
-def tf32_set_by(setter: str, on: bool) -> Iterator[None]:
-    """TF32 switched through one setter from torch's defaults, and switched off again the legacy way after
-    (the legacy getters raise once the new settings were used, until a legacy setter runs)."""
+def tf32_set_by(applied: Sequence[tuple[str, bool]]) -> Iterator[None]:
+    """TF32 switched by the (setter, on) of `applied` in order from torch's defaults, and switched off again
+    the legacy way after (the legacy getters raise once the new settings were used, until a legacy setter
+    runs)."""
     torch.backends.fp32_precision = "none"
     torch.backends.cuda.matmul.fp32_precision = "none"
     try:
-        TF32_SETTERS[setter](on)
+        for setter, on in applied:
+            TF32_SETTERS[setter](on)
         yield
     finally:
         torch.backends.fp32_precision = "none"
@@ -636,13 +712,15 @@ def tf32_set_by(setter: str, on: bool) -> Iterator[None]:
 
 
 def assert_peak_is_the_units() -> None:
-    """Under every precision and every TF32 setting, the peak MFU divides by is the table's figure for the unit
-    that does the matmuls (PEAK_UNIT), on every GPU in the table; and the table's units are ordered as the
-    hardware's are: bf16 twice TF32 (within 5%: B200's datasheet rounds), TF32 at least fp32."""
-    for setter, on in itertools.product(TF32_SETTERS, (False, True)):
+    """Under every precision and every order of TF32 settings (TF32_ORDERS), the peak MFU divides by is the
+    table's figure for the unit that does the matmuls then (PEAK_UNIT of tf32_in_effect), on every GPU in the
+    table; and the table's units are ordered as the hardware's are: bf16 twice TF32 (within 5%: B200's
+    datasheet rounds), TF32 at least fp32."""
+    for applied in TF32_ORDERS:
+        on = tf32_in_effect(applied)
         for precision in ("fp32", "bf16", "fp16"):
-            what = f"{precision} with TF32 {'on' if on else 'off'} by {setter}"
-            with tf32_set_by(setter, on):
+            what = f"{precision} with TF32 {'on' if on else 'off'} after {applied}"
+            with tf32_set_by(applied):
                 try:
                     column = mfu.peak_dtype(precision)
                 except RuntimeError as e:  # torch's legacy TF32 getters refuse to read the new settings
@@ -673,6 +751,10 @@ def _tf32_ignored(precision: str) -> str:
             lambda: bool(torch.backends.cuda.matmul.allow_tf32),
         ),  # legacy getter, new setting: raises
         ("PEAK_TFLOPS", {**mfu.PEAK_TFLOPS, "H200 SXM": {"bf16": 989.0, "tf32": 67.0, "fp32": 495.0}}),
+        (  # the global setting read first: a backend's own "ieee" set before a global "tf32" is missed
+            "matmul_tf32",
+            lambda: "tf32" in (torch.backends.fp32_precision, torch.backends.cuda.matmul.fp32_precision),
+        ),
     ],
 )
 def test_mfu_peak_check_catches_a_swapped_peak(
@@ -740,6 +822,65 @@ def test_peak_memory_check_catches_a_skipped_reset(suite: Any) -> None:
     readings = memory_readings(suite, 1, plant="no_peak_reset")[0]
     with pytest.raises(AssertionError):
         assert_the_allocation_is_in_its_own_peak_only(readings)
+
+
+class Ledger:
+    """A device allocator's peak counter on CPU, in bench's place of reset_peaks and memory_stats: bytes held
+    now, and their peak since the last reset."""
+
+    def __init__(self) -> None:
+        self.held = self.peak = 0
+
+    def hold(self, n: int) -> None:
+        self.held += n
+        self.peak = max(self.peak, self.held)
+
+    def reset(self, ctx: RankContext) -> None:
+        self.peak = self.held
+
+    def stats(self, ctx: RankContext, nvml_peak_bytes: int | None = None) -> dict[str, Any]:
+        return {"mem_allocated_peak_bytes": self.peak}
+
+
+#: What the warm-up holds for a moment (first-use workspaces, autotuning) and the first timed step to the end.
+WARM_UP_BYTES, TIMED_BYTES = 3 << 30, 1 << 30
+
+
+def assert_peaks_describe_the_timed_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The property the GPU test holds torch's allocator to, on CPU through a Ledger: bench's peak is its timed
+    steps' (a step that held TIMED_BYTES shows; the warm-up's larger passing peak does not), and the next
+    configuration's peak carries nothing of this one's."""
+    ledger, calls = Ledger(), [0]
+
+    def step(micro_batches: list[Any], capture_grads: bool = False) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] == 1:  # the first configuration's warm-up step
+            ledger.hold(WARM_UP_BYTES)
+            ledger.hold(-WARM_UP_BYTES)
+        elif calls[0] == 2:  # its first timed step: held to its window's end
+            ledger.hold(TIMED_BYTES)
+        return torch.zeros(())
+
+    trainers_stepping_with(monkeypatch, step)
+    monkeypatch.setattr(bm, "reset_peaks", ledger.reset)
+    monkeypatch.setattr(bm, "memory_stats", ledger.stats)
+    cfg = RunConfig.from_dict({**KNOWN, "warmup": 1})
+    first = bm.bench(CPU, cfg, nvml=False)["memory"]["mem_allocated_peak_bytes"]
+    ledger.hold(-TIMED_BYTES)  # the first configuration's trainer freed
+    after = bm.bench(CPU, cfg, nvml=False)["memory"]["mem_allocated_peak_bytes"]
+    assert first == TIMED_BYTES, f"the timed steps held {TIMED_BYTES}, bench's peak says {first}"
+    assert after == 0, f"the next configuration held nothing, bench's peak says {after}"
+
+
+def test_bench_peaks_are_the_timed_steps_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert_peaks_describe_the_timed_steps(monkeypatch)
+
+
+def test_cpu_peak_check_catches_a_skipped_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU bite's defect (bench never resets the peaks), on the Ledger."""
+    monkeypatch.setattr(Ledger, "reset", lambda self, ctx: None)
+    with pytest.raises(AssertionError):
+        assert_peaks_describe_the_timed_steps(monkeypatch)
 
 
 # --- device time -------------------------------------------------------------------------------------------

@@ -306,6 +306,21 @@ def test_fp16_loss_scale_survives_a_resume(suite, strategy, world_size):
     assert_resume_exact(resumed, run["losses"], k, f"{strategy} ws{world_size} fp16")
 
 
+@pytest.mark.world_size(2)
+def test_fp16_loss_scale_survives_a_resharded_resume(suite):
+    """The loss scale is the same on every rank, so a resume at another world size (whose random streams
+    start afresh) continues it too: FSDP2 saved at 2 ranks, resumed at 1 through DCP's resharding load, runs
+    the uninterrupted run's scales and skips from the save on (DeepSpeed's fp16 runs on CUDA only)."""
+    cfg = suite.config("fsdp_full", 2, **FP16)
+    run = suite.checkpointed_run(cfg)
+    k = run["save_at"]
+    assert run["loss_scales"][k] != run["loss_scales"][0], run["loss_scales"]  # as the test above
+    resumed = suite.train(cfg.replace(world_size=1), resume_from=run["checkpoint"], reshard=True)[0]
+    assert resumed["start_step"] == k
+    assert resumed["loss_scales"] == run["loss_scales"][k:], (resumed["loss_scales"], run["loss_scales"])
+    assert resumed["skipped_steps"] == run["skipped_steps"][k:]
+
+
 def test_deepspeed_fp16_on_cpu_is_refused_with_its_reason(suite):
     with pytest.raises(JobError) as info:
         suite.train(suite.config("zero2", 1, precision="fp16"))

@@ -1,5 +1,6 @@
 """The session's shelf (runtime/shelf.py): a run computed once for every process of a session, read back
-exactly, removed by strategy when its tests are done, and computed again when damaged."""
+exactly, removed by strategy when its tests are done, computed again when damaged, and refused once a user
+wrote into it."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
-from distbench.runtime.shelf import TENSORS, Shelf, entry_key, load_tensors, save_tensors
+from distbench.runtime.shelf import (
+    TENSORS,
+    Shelf,
+    ShelfEntryChanged,
+    entry_key,
+    load_tensors,
+    save_tensors,
+)
 
 
 def test_tensors_round_trip_exactly_tied_weights_included(tmp_path: Path):
@@ -85,3 +94,37 @@ def test_drop_removes_one_strategys_entries_and_a_damaged_entry_is_computed_agai
     assert shelf.get(keys["zero3"], compute) == {"ok": True} and calls.count(keys["zero3"]) == 2
     shelf.get(keys["ddp"], compute)
     assert calls.count(keys["ddp"]) == 2
+
+
+def test_an_entry_a_user_wrote_into_is_refused_not_read(tmp_path: Path):
+    """Entries are read-only to their users: a file added, rewritten or removed after the entry was computed
+    (a resharding load converting a shared checkpoint in place) is named by check() and refused by the next
+    get(), not handed to a test that happens to run later."""
+    shelf = Shelf(tmp_path)
+
+    def compute(entry: Path) -> dict:
+        (entry / "checkpoint").mkdir()
+        (entry / "checkpoint" / "manifest.json").write_text("{}")
+        (entry / "checkpoint" / "shard").write_bytes(b"x" * 100)
+        return {"ok": True}
+
+    key = entry_key("run-cpu", {"strategy": "zero2"}, tag="zero2")
+    ckpt = tmp_path / key / "checkpoint"
+    changes = {
+        "added checkpoint/global_step2_universal/shard": lambda: (
+            (ckpt / "global_step2_universal").mkdir(),
+            (ckpt / "global_step2_universal" / "shard").write_bytes(b"u"),
+        ),
+        "rewrote checkpoint/manifest.json": lambda: (ckpt / "manifest.json").write_text('{"files": {}}'),
+        "removed checkpoint/shard": lambda: (ckpt / "shard").unlink(),
+    }
+    for what, change in changes.items():
+        shelf.get(key, compute)
+        shelf.check(key)  # as computed: nothing to say
+        change()
+        with pytest.raises(ShelfEntryChanged, match=what):
+            shelf.check(key)
+        with pytest.raises(ShelfEntryChanged, match="read-only"):
+            shelf.get(key, compute)
+        shelf.drop("zero2")
+    shelf.check(key)  # dropped: nothing left to check

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ..config import RunConfig
 from ..errors import CheckpointError
@@ -70,7 +71,7 @@ def full_state_dict_from_checkpoint(path: str | os.PathLike[str], strategy: str)
             return EXPORTERS[fmt.exporter](path)
     except CheckpointError:
         raise
-    except Exception as e:
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CheckpointError(f"cannot export checkpoint {path}: {type(e).__name__}: {first}") from e
 

@@ -6,6 +6,11 @@ asks first; the others wait for it (an exclusive file lock per entry) and read i
 through the ranks' pipes), `result.json` (everything else), and whatever the job writes beside them (its
 checkpoint). safetensors and JSON run no code when read. A process that dies while computing releases its
 lock, and the next one computes the entry again.
+
+An entry is read-only to its users: every test of the session reads the same one, so a test that wrote into
+it (a resharding load that converts a checkpoint in place) would change what later tests read, and only
+when they happen to run after it. Each entry is sealed when computed (`sealed.json`: every file's size and
+modification time), and a read, or `check` once a test is done, refuses one that changed since.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 TENSORS = "tensors.safetensors"
 RESULT = "result.json"
+SEAL = "sealed.json"
 _SEP = "/"
 
 
@@ -66,12 +72,52 @@ def entry_key(kind: str, identity: dict[str, Any], tag: str = "") -> str:
 _TAG = "--{}--"  # no glob characters: DeepSpeed globs its checkpoint directory
 
 
+class ShelfEntryChanged(RuntimeError):
+    """A shelf entry's files are not what they were when it was computed: a user wrote into it."""
+
+
+def _files(entry: Path) -> dict[str, list[int]]:
+    """Every file of the entry but its seal: [size, modification time in ns] by relative path."""
+    out = {}
+    for f in sorted(entry.rglob("*")):
+        if f.is_file() and f.name != SEAL:
+            st = f.stat()
+            out[str(f.relative_to(entry))] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _seal(entry: Path) -> None:
+    tmp = entry / f"{SEAL}.tmp"
+    tmp.write_text(json.dumps(_files(entry)))
+    os.replace(tmp, entry / SEAL)
+
+
+def _unchanged(entry: Path, sealed: dict[str, list[int]]) -> None:
+    """ShelfEntryChanged naming what differs from `sealed`, and why that is refused."""
+    now = _files(entry)
+    diffs = [f"added {n}" for n in now.keys() - sealed.keys()]
+    diffs += [f"removed {n}" for n in sealed.keys() - now.keys()]
+    diffs += [f"rewrote {n}" for n in now.keys() & sealed.keys() if now[n] != sealed[n]]
+    if diffs:
+        raise ShelfEntryChanged(
+            f"shelf entry {entry} changed since it was computed ({', '.join(sorted(diffs)[:5])}): the "
+            "session's runs and checkpoints are shared by every test and read-only to them; a test that "
+            "writes into one (a resharding load that converts a checkpoint in place) must copy it first"
+        )
+
+
 def _read(entry: Path) -> dict[str, Any] | None:
-    """The entry's result and tensors; None when it is missing or damaged (it is then computed again)."""
+    """The entry's result and tensors; None when it is missing or damaged (it is then computed again);
+    ShelfEntryChanged when a user changed it."""
     from safetensors import SafetensorError
 
     try:
         out: dict[str, Any] = json.loads((entry / RESULT).read_text())
+        sealed = json.loads((entry / SEAL).read_text())
+    except (OSError, ValueError):
+        return None
+    _unchanged(entry, sealed)
+    try:
         if (entry / TENSORS).exists():
             out.update(load_tensors(entry / TENSORS))
     except (OSError, ValueError, SafetensorError):
@@ -114,10 +160,22 @@ class Shelf:
                 tmp = entry / f"{RESULT}.tmp"
                 tmp.write_text(json.dumps(result))
                 os.replace(tmp, entry / RESULT)
+                _seal(entry)
                 out = _read(entry)
                 if out is None:
                     raise OSError(f"shelf entry {entry} cannot be read back after it was written")
         return out
+
+    def check(self, key: str) -> None:
+        """ShelfEntryChanged when the entry `key` differs from what was computed (a test done with it wrote
+        into it); nothing when it is as sealed, or no longer on the shelf."""
+        entry = self.root / key
+        with _locked(self.root / f"{key}.lock"):
+            try:
+                sealed = json.loads((entry / SEAL).read_text())
+            except FileNotFoundError:
+                return
+            _unchanged(entry, sealed)
 
     def drop(self, tag: str) -> int:
         """Remove the entries tagged `tag` (each under its lock: none is removed while it is computed); the

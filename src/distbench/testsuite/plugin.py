@@ -620,7 +620,8 @@ def device_type(request: pytest.FixtureRequest) -> str:
 def suite(_suites, device_type: str, request: pytest.FixtureRequest) -> Iterator[Suite]:
     """The session's Suite for this test's tier: pools, tier defaults and cached references; the time its jobs
     take is charged to this test in the session's phase table, and device memory its jobs left allocated in
-    the pools (a leak every later test of the pool runs beside) to its report (LEFT_KEY)."""
+    the pools (a leak every later test of the pool runs beside) to its report (LEFT_KEY). A shared run or
+    checkpoint the test wrote into fails its teardown (runtime/shelf.py: they are read-only to tests)."""
     s = _suites(device_type)
     s.current_test = request.node.nodeid
     before = s.held_bytes()
@@ -628,6 +629,7 @@ def suite(_suites, device_type: str, request: pytest.FixtureRequest) -> Iterator
     left = s.held_bytes() - before
     if left > LEFTOVER_BYTES:
         request.node.user_properties.append((LEFT_KEY, left))
+    s.check_shelved()
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -68,6 +68,8 @@ class Suite:
     _own_pools: bool = False
     #: world size -> the tests whose jobs this process's pool ran, in order (who to suspect of a leak)
     history: dict[int, list[str]] = field(default_factory=dict)
+    #: the shelf entries handed out since the last check_shelved (the current test's)
+    _lent: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         d = TIER_DEFAULTS[self.device_type]
@@ -152,9 +154,19 @@ class Suite:
             self._own_shelf = True
         # a strategy's entries go when its tests are done; references and initial weights serve every strategy
         tag = "" if kind in ("reference", "initial") else cfg.strategy
-        out = self.shelf.get(entry_key(f"{kind}-{self.device_type}", cfg.to_dict(), tag), compute)
+        key = entry_key(f"{kind}-{self.device_type}", cfg.to_dict(), tag)
+        out = self.shelf.get(key, compute)
+        self._lent.add(key)
         self.phases.add(self.current_test, {SHARED: self.shelf.waited_s})
         return out
+
+    def check_shelved(self) -> None:
+        """ShelfEntryChanged naming the entry when one handed out since the last check (to the test now
+        ending) was written into: the test that did it fails, not a later one that happens to read it."""
+        lent, self._lent = self._lent, set()
+        for key in sorted(lent):
+            assert self.shelf is not None  # set by the _shelved that lent it
+            self.shelf.check(key)
 
     def reference(self, cfg: RunConfig) -> dict[str, Any]:
         """The independent single-process reference for cfg's workload (losses, final params, last

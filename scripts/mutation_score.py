@@ -1,0 +1,129 @@
+"""The nightly mutation score of the decision modules against the committed baseline, which may only go up.
+
+    mutmut results --all true > mutants/results.txt
+    python scripts/mutation_score.py mutants/results.txt [--summary FILE] [--update]
+
+A module's score is the share of its mutants the tests detect (killed, timed out, crashed or refused by the
+type checker) among those that ran or had no test: a mutant no test reaches counts against the score, as it
+is a change nothing would notice. The job fails when any module's score is below its score in
+tests/mutation_baseline.json; a module the baseline does not list yet is reported, not judged. The summary
+(GitHub's job summary) holds each module's score beside its baseline and every surviving mutant by name
+(`mutmut show NAME` prints its diff). `--update` writes the scores measured into the baseline where they are
+higher, the way to record an improvement in a commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+BASELINE = Path(__file__).resolve().parents[1] / "tests" / "mutation_baseline.json"
+#: mutmut's statuses that mean the tests noticed the mutant
+DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
+#: statuses that judge nothing: the run was cut short, or the mutant was never tried
+UNJUDGED = {"skipped", "not checked", "check was interrupted by user", "suspicious"}
+
+
+def statuses(results: str) -> dict[str, str]:
+    """Mutant name -> status, from the lines `mutmut results --all true` prints ("    NAME: STATUS")."""
+    out = {}
+    for line in results.splitlines():
+        name, sep, status = line.strip().rpartition(": ")
+        if sep and "__mutmut_" in name:
+            out[name] = status
+    return out
+
+
+def module_of(mutant: str) -> str:
+    """distbench.gate.stats for distbench.gate.stats.x_verdict__mutmut_3 (a method's name holds no dot)."""
+    return mutant.rsplit(".", 1)[0]
+
+
+def scores(by_mutant: dict[str, str]) -> dict[str, dict[str, float | int]]:
+    """Per module: mutants judged, detected, and the score (detected / judged; modules with none judged
+    are left out)."""
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for mutant, status in by_mutant.items():
+        counts[module_of(mutant)][status] += 1
+    out: dict[str, dict[str, float | int]] = {}
+    for module, c in sorted(counts.items()):
+        judged = sum(n for s, n in c.items() if s not in UNJUDGED)
+        detected = sum(n for s, n in c.items() if s in DETECTED)
+        if judged:
+            out[module] = {"judged": judged, "detected": detected, "score": round(detected / judged, 4)}
+    return out
+
+
+def dropped(measured: dict[str, dict[str, float | int]], baseline: dict[str, float]) -> list[str]:
+    """The modules whose score is below the baseline's, or that the baseline lists and the run judged none of."""
+    return [
+        m for m, floor in sorted(baseline.items()) if m not in measured or float(measured[m]["score"]) < floor
+    ]
+
+
+def summary(
+    measured: dict[str, dict[str, float | int]], baseline: dict[str, float], by_mutant: dict[str, str]
+) -> str:
+    """Markdown: the scores against the baseline, then the surviving mutants by module."""
+    low = set(dropped(measured, baseline))
+    lines = [
+        "## Mutation score of the decision modules",
+        "",
+        "| module | score | baseline | detected / judged |",
+    ]
+    lines.append("| --- | --- | --- | --- |")
+    for m in sorted(measured.keys() | baseline.keys()):
+        s = measured.get(m)
+        score = f"{float(s['score']):.1%}" if s else "not run"
+        floor = f"{baseline[m]:.1%}" if m in baseline else "not recorded"
+        mark = " **dropped**" if m in low else ""
+        counts = f"{s['detected']} / {s['judged']}" if s else "—"
+        lines.append(f"| {m} | {score}{mark} | {floor} | {counts} |")
+    survivors = sorted(n for n, st in by_mutant.items() if st not in DETECTED | UNJUDGED)
+    lines += [
+        "",
+        f"### Surviving mutants ({len(survivors)}): `mutmut show NAME` prints each one's change",
+        "",
+    ]
+    lines += [f"- `{n}` ({by_mutant[n]})" for n in survivors]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("results", type=Path, help="the output of `mutmut results --all true`")
+    parser.add_argument("--baseline", type=Path, default=BASELINE)
+    parser.add_argument("--summary", type=Path, help="append the markdown report to this file")
+    parser.add_argument("--update", action="store_true", help="raise the baseline to the scores measured")
+    args = parser.parse_args(argv)
+    by_mutant = statuses(args.results.read_text())
+    if not by_mutant:
+        print(f"{args.results}: no mutant results (did `mutmut run` run?)", file=sys.stderr)
+        return 2
+    measured = scores(by_mutant)
+    baseline: dict[str, float] = json.loads(args.baseline.read_text()) if args.baseline.exists() else {}
+    report = summary(measured, baseline, by_mutant)
+    print(report)
+    if args.summary:
+        with open(args.summary, "a") as f:
+            f.write(report)
+    if args.update:
+        raised = {
+            **baseline,
+            **{m: max(float(s["score"]), baseline.get(m, 0.0)) for m, s in measured.items()},
+        }
+        args.baseline.write_text(json.dumps(dict(sorted(raised.items())), indent=1) + "\n")
+        return 0
+    low = dropped(measured, baseline)
+    if low:
+        print(f"mutation score below the baseline in: {', '.join(low)}", file=sys.stderr)
+    return 1 if low else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
