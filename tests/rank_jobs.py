@@ -246,3 +246,21 @@ def bench_with_a_slow_build(ctx: Any, cfg: Any, nvml: bool) -> dict[str, Any]:
         return bm.bench(ctx, cfg, nvml=nvml)
     finally:
         bm.build_trainer = real
+
+
+def train_listing_checkpoint_files_late(ctx: Any, rank: int, seconds: float, **kwargs: Any) -> dict[str, Any]:
+    """jobs.train, with rank `rank` listing a checkpoint's files `seconds` after reading its manifest (a rank
+    behind the others, as 8 ranks on 2 cores are)."""
+    from unittest import mock
+
+    import distbench.jobs.train as jobs
+    import distbench.strategies.checkpoint_files as checkpoint_files
+
+    listed = checkpoint_files._files
+
+    def late(root: Any) -> Any:
+        time.sleep(seconds)
+        return listed(root)
+
+    with mock.patch.object(checkpoint_files, "_files", late if ctx.rank == rank else listed):
+        return jobs.train(ctx, **kwargs)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import mutants
+import rank_jobs
 import tier_cases
 from distbench.errors import CheckpointError
 from distbench.invariants.checks import assert_losses_match, assert_resume_exact
@@ -95,6 +96,28 @@ def test_resharding(suite, device_type, strategy_name, saved_ws, loaded_ws, tmp_
     assert_losses_match(
         resumed["losses"], ref[k:], f"{strategy_name} saved at ws{saved_ws}, resumed at ws{loaded_ws}"
     )
+
+
+@pytest.mark.slow  # a world-size-2 pool and a 5 s wait
+@pytest.mark.world_size(2)
+def test_a_resharded_deepspeed_load_converts_after_every_rank_checked_the_checkpoint(suite, tmp_path):
+    """Rank 0 converts a checkpoint of another world size to DeepSpeed's universal format inside it: a rank
+    still checking the files against the manifest would find the conversion's and refuse the checkpoint while
+    the others wait for it (at 8 gloo ranks on 2 cores, 4 ranks refused it and 4 hung). Here rank 1 lists the
+    files 5 s after reading the manifest."""
+    saved = suite.config("zero2", 1)
+    run = suite.checkpointed_run(saved)
+    k = run["save_at"]
+    losses = suite.run_job(
+        2,
+        rank_jobs.train_listing_checkpoint_files_late,
+        rank=1,
+        seconds=5.0,
+        cfg=saved.replace(world_size=2),
+        resume_from=str(_copy(run, tmp_path)),
+        reshard=True,
+    )[0]["losses"]
+    assert_losses_match(losses, suite.reference(saved)["losses"][k:], "zero2 saved at ws1, resumed at ws2")
 
 
 def _expect_checkpoint_error(suite, cfg, path, *needles, **kw) -> str:

@@ -194,6 +194,8 @@ class DeepSpeedTrainer(Trainer):
         with open(latest) as f:
             tag = f.read().strip()
         universal = f"{tag}_universal"
+        if self.ctx.world_size > 1:
+            dist.barrier()  # every rank has checked the files against the manifest before rank 0 adds more
         if self.ctx.rank == 0 and not os.path.exists(os.path.join(path, "latest_universal")):
             from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
