@@ -36,11 +36,11 @@ from typing import Any
 
 import pytest
 
-from .lane_child import EVENTS, ITEMS, OUTPUT, WORK_FD_ENV
-from .lane_watch import GpuWatch, Occupancy, dirty_bytes, session_of, sync_filesystem
 from ..measure.hostspeed import cpu_stat, steal_share
 from ..runtime.phases import PhaseLog
 from ..runtime.worker import THREADS_ENV
+from .lane_child import EVENTS, ITEMS, OUTPUT, WORK_FD_ENV
+from .lane_watch import GpuWatch, Occupancy, dirty_bytes, session_of, sync_filesystem
 from .schedule import CORES_PER_RANK, Plan, Seats, Unit, next_world_size, take_unit, warm_up_due
 
 LANE_ENV = "DISTBENCH_LANE"

@@ -26,18 +26,18 @@ from typing import Any
 
 import pytest
 
-from .claims import UNDECIDED_KEY, Undecided
 from ..config import PositiveFloat, PositiveInt, parse_list, parse_value
 from ..errors import ConfigError
 from ..runtime.phases import PhaseLog
 from ..runtime.pool import cuda_device_count
 from ..runtime.shelf import Shelf
 from ..runtime.worker import LEFTOVER_BYTES
+from ..strategies import REGISTRY, get_spec
+from ..workloads.models import check_model_name
+from .claims import UNDECIDED_KEY, Undecided
 from .schedule import Case, Plan, plan, seats_per_device
 from .session_watch import LEFT_KEY, SessionWatch, undecided_of
-from ..strategies import REGISTRY, get_spec
 from .suite import TIER_DEFAULTS, Suite, tier_global_batch
-from ..workloads.models import check_model_name
 
 TIERS = (("cpu", ""), ("cuda", "-gpu"))
 OPTIONS = pytest.StashKey[dict[str, Any]]()
@@ -340,8 +340,8 @@ def _rank_peak_estimate(config: pytest.Config, cases: list[Case], peaks: dict[st
 
 def _gpu_memory_bytes() -> int | None:
     """The smallest visible GPU's memory, from NVML; None without it."""
-    from .lane_watch import visible_handles
     from ..machine import nvml
+    from .lane_watch import visible_handles
 
     nv = nvml()
     if nv is None:
