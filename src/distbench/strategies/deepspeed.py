@@ -186,6 +186,8 @@ class DeepSpeedTrainer(Trainer):
         with open(latest) as f:
             tag = f.read().strip()
         universal = f"{tag}_universal"
+        if self.ctx.world_size > 1:  # every rank has checked the manifest before rank 0 adds files beside it
+            dist.barrier()
         if self.ctx.rank == 0 and not os.path.exists(os.path.join(path, "latest_universal")):
             from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
