@@ -175,6 +175,7 @@ def _copy(run: dict, tmp_path: Path) -> Path:
     return ckpt
 
 
+@pytest.mark.slow  # a DeepSpeed conversion and two runs at two world sizes: 20 s of the CPU tier's 3 minutes
 @pytest.mark.world_size(2)
 def test_a_checkpoint_a_resharded_load_converted_still_resumes_at_its_own_world_size(suite, tmp_path):
     """DeepSpeed's resharding load adds its universal conversion to the checkpoint, manifest included: the same

@@ -866,9 +866,9 @@ def assert_peaks_describe_the_timed_steps(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(bm, "memory_stats", ledger.stats)
     cfg = RunConfig.from_dict({**KNOWN, "warmup": 1})
     first = bm.bench(CPU, cfg, nvml=False)["memory"]["mem_allocated_peak_bytes"]
+    assert first == TIMED_BYTES, f"the timed steps held {TIMED_BYTES}, bench's peak says {first}"
     ledger.hold(-TIMED_BYTES)  # the first configuration's trainer freed
     after = bm.bench(CPU, cfg, nvml=False)["memory"]["mem_allocated_peak_bytes"]
-    assert first == TIMED_BYTES, f"the timed steps held {TIMED_BYTES}, bench's peak says {first}"
     assert after == 0, f"the next configuration held nothing, bench's peak says {after}"
 
 
