@@ -121,7 +121,9 @@ def _fsdp2(
     """FSDP2, fully_shard per block and then the root: layers + 1 units. Under bf16 MixedPrecisionPolicy
     (param_dtype bf16, reduce_dtype fp32) parameters are all-gathered in bf16 and gradients reduced in fp32; fp32
     and fp16 (autocast over fp32 parameters) keep fp32. Each unit reduce-scatters once a step and all-gathers for
-    forward and, when reshard_after_forward frees it again (set on every unit, the root too), for backward.
+    forward and, when reshard_after_forward frees a block again, for backward; the root keeps its parameters
+    from forward into backward (FSDP2's default for it, as torchtitan leaves it), so it gathers once. How many
+    of the elements are the root's is not counted: between one and two passes over them.
     FSDP2 neither all-gathers nor reduce-scatters over a shard group of one rank (it copies); HSDP all-reduces the
     reduce-scatter's output over the replicate group whatever its size. fsdp_hybrid's mesh on one node: 2 replicas
     when the world is even, else 1."""
@@ -132,11 +134,13 @@ def _fsdp2(
     table: Table = {}
     if shard > 1:
         span = (m.elements, m.padded(shard))
-        gathers = 2 if reshard_after_forward else 1
         table["reduce_scatter"] = Traffic(FP32, shard, span, (units, units))
-        table["all_gather"] = Traffic(
-            param, shard, (gathers * span[0], gathers * span[1]), (gathers * units, gathers * units)
-        )
+        if reshard_after_forward:  # every block twice, the root once
+            table["all_gather"] = Traffic(
+                param, shard, (span[0], 2 * span[1]), (2 * units - 1, 2 * units - 1)
+            )
+        else:
+            table["all_gather"] = Traffic(param, shard, span, (units, units))
     if hybrid:
         table["all_reduce"] = Traffic(
             FP32, replicate, (m.elements // shard, m.padded(shard) // shard), (units, units)
