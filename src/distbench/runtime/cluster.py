@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError, JobSpecError, ResourceError
-from .context import RankContext, process_group_backend
+from .context import RankContext, collective_backend, process_group_backend
 from .fingerprint import nodes_spanned
 from .jobspec import Admission, Job, JobRegistry, Stop, decode_outcome, encode_outcome
 from .pool import JobError, RankOutcome, check_configs, failure_summary
@@ -143,7 +143,6 @@ def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int
     """Join the job's world (the first n ranks) as the default group, run the job once every rank of it read
     the same bytes, leave; this rank's outcome. JobSpecError, and nothing run, when one read other bytes."""
     n = job.world_size
-    backend = "nccl" if device.type == "cuda" else "gloo"
     # A rank killed by a signal (a segfault in NCCL, say) leaves no Python traceback: say first what it runs,
     # and let faulthandler write the Python stack it died in (the collective it had entered) to the log.
     print(f"distbench launch rank {launch.rank}: job {job_id}: {describe_job(job)}", flush=True)
@@ -161,7 +160,14 @@ def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int
             timeout=timedelta(seconds=job.timeout),
         )
         _same_bytes(f"job/{job_id}", job.digest, device)
-        ctx = RankContext(launch.rank, n, launch.local_rank, device, backend, nodes=launch.job_nodes(n))
+        ctx = RankContext(
+            launch.rank,
+            n,
+            launch.local_rank,
+            device,
+            collective_backend(device.type),
+            nodes=launch.job_nodes(n),
+        )
         return {"status": "ok", "reply": job.fn(ctx, **job.kwargs)}
     except JobSpecError:
         raise  # the job in the store is not rank 0's: a refusal that stops the launch, not a failed job

@@ -9,6 +9,11 @@ if TYPE_CHECKING:  # torch is loaded by what builds a context; the CLI imports t
     import torch
 
 
+def collective_backend(device_type: str) -> str:
+    """The backend that carries a rank's device tensors: what results and reports call the run's backend."""
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
 def process_group_backend(device_type: str) -> str:
     """The backends a rank's process group is built with. On GPUs NCCL for device tensors and gloo beside it
     for host tensors, as torch's own distributed tests build theirs: FSDP2 with CPU offload keeps gradients on

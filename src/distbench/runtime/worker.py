@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .channel import encode, read_message, write_message
-from .context import RankContext, process_group_backend
+from .context import RankContext, collective_backend, process_group_backend
 
 #: State that outlives one job inside this rank process (e.g. a trainer kept between benchmark rounds).
 STATE: dict[str, Any] = {}
@@ -130,7 +130,7 @@ def _join_group(rank: int, world_size: int, device_type: str, store_port: int) -
     dist.init_process_group(
         process_group_backend(device_type), store=store, rank=rank, world_size=world_size, **kw
     )
-    return RankContext(rank, world_size, rank, device, "nccl" if device_type == "cuda" else "gloo")
+    return RankContext(rank, world_size, rank, device, collective_backend(device_type))
 
 
 def _run(ctx: RankContext, job_id: int, target: str, kwargs: dict[str, Any]) -> tuple[Any, ...]:
