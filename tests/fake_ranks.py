@@ -1,7 +1,7 @@
 """Any rank of any world size in this one process: torch's fake process group (FakeStore), whose collectives
 return at once and move no data. What a rank builds on its own is real (its device mesh, its shards of each
 parameter, on the meta device for a model too large for this machine); what it computes with the others is not,
-so losses and gradients under it mean nothing (docs/scale.md, the fake process group).
+so losses and gradients under it mean nothing (docs/scale.md, fake ranks in one process).
 """
 
 from __future__ import annotations
