@@ -109,7 +109,9 @@ def test_the_first_of_two_regressions_among_16_commits_after_a_kill_and_a_resume
     assert skip["head"] == 8 and "No module named 'sleepy_missing_module'" in skip["error"]
     assert rep["metric"] == "step_time_s" and rep["remainder"] == "bad"  # the second regression
     md = (out / "bisect.md").read_text()
-    assert md.startswith(f"## distbench bisect: the first bad one is 3/16 {ids[3][:10]} revision 3 (exit 1)")
+    title = md.splitlines()[0]
+    assert title.startswith(f"## distbench bisect: the first bad one is 3/16 {ids[3][:10]} revision 3; ")
+    assert "the bad end is slower still" in title and title.endswith("(exit 1)")
     assert "The remainder is still slower" in md
     assert not (out / "checkouts").exists()
     assert len(run(["git", "worktree", "list"], repo, env).stdout.splitlines()) == 1  # the worktrees are gone

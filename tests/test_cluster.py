@@ -166,7 +166,7 @@ def test_benchmark_results_carry_topology_and_the_failing_ranks_traceback(launch
 @pytest.mark.slow  # shares one 2x2 launch: ~35 s on 2 cores, most of it 4 ranks importing torch
 def test_report_separates_intra_from_inter_node_scaling(launched, tmp_path):
     md = write_report(load_results(launched["out"]), tmp_path).read_text()
-    section = md.split("### Within a node and across nodes")[1].split("###")[0]
+    section = md.split("### Within a node and across nodes")[1].split("\n#")[0]
     rows = [
         [c.strip() for c in line.strip("|").split("|")]
         for line in section.splitlines()
