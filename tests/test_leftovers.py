@@ -68,8 +68,17 @@ def test_a_session_with_a_failing_and_a_hanging_job_leaves_nothing(tmp_path: Pat
     assert not left, f"left behind by a pytest session: {left}"
 
 
-def test_ctrl_c_during_a_run_leaves_nothing(tmp_path: Path):
-    """SIGINT to the run's process group, as a terminal's Ctrl-C sends it, while ranks train."""
+#: How a run is stopped: Ctrl-C at a terminal (SIGINT to the process group), or a batch system's cancel or
+#: time limit (SIGTERM to the process it started: scancel, `timeout`, a CI runner's cancel).
+STOPS = {
+    "ctrl-c": lambda pid: os.killpg(pid, signal.SIGINT),
+    "sigterm": lambda pid: os.kill(pid, signal.SIGTERM),
+}
+
+
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_a_stopped_run_leaves_nothing(tmp_path: Path, stop: str):
+    """A run stopped while its ranks train ends within seconds and leaves nothing."""
     tag, tmp = new_tag(), tmp_path / "tmp"
     tmp.mkdir()
     shm = shm_entries()
@@ -107,7 +116,7 @@ def test_ctrl_c_during_a_run_leaves_nothing(tmp_path: Path):
         time.sleep(0.5)  # into the training steps
         assert tagged_processes(tag), "the run ended before it was interrupted"
         t0 = time.monotonic()
-        os.killpg(run.pid, signal.SIGINT)
+        STOPS[stop](run.pid)
         out, _ = run.communicate(timeout=60)
         took = time.monotonic() - t0
     finally:
@@ -115,7 +124,7 @@ def test_ctrl_c_during_a_run_leaves_nothing(tmp_path: Path):
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
     assert run.returncode != 0, out[-3000:]
-    assert took < 4, f"Ctrl-C took {took:.1f}s to end the run"
+    assert took < 4, f"{stop} took {took:.1f}s to end the run"
     left = wait_clean(tag, tmp, shm, within=10.0)
     assert not left, f"left behind by an interrupted run: {left}\n{out[-3000:]}"
 
@@ -165,7 +174,8 @@ def _wait_for(paths: list[Path], proc: subprocess.Popen[str], within: float = 12
         time.sleep(0.05)
 
 
-def test_ctrl_c_during_lanes_kills_every_lane_and_its_ranks(tmp_path: Path):
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_a_stopped_lane_session_kills_every_lane_and_its_ranks(tmp_path: Path, stop: str):
     tag, tmp, work = new_tag(), tmp_path / "tmp", tmp_path / "session"
     tmp.mkdir()
     work.mkdir()
@@ -175,13 +185,13 @@ def test_ctrl_c_during_lanes_kills_every_lane_and_its_ranks(tmp_path: Path):
         _wait_for([work / "started-one", work / "started-two"], run)
         assert (work / "started-one").exists() and (work / "started-two").exists(), "the lanes never started"
         assert len(tagged_processes(tag)) >= 5, "expected the session, two lanes and a rank each"
-        os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the lanes have sessions of their own
+        STOPS[stop](run.pid)  # the lanes have sessions of their own: only the parent hears it
         out, _ = run.communicate(timeout=60)
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
-    assert run.returncode == 2 and "KeyboardInterrupt" in out, out[-3000:]
+    assert run.returncode == 2 and ("SIGTERM" if stop == "sigterm" else "KeyboardInterrupt") in out, out[-3000:]
     left = wait_clean(tag, tmp, shm, within=10.0)
     assert not left, f"left behind by an interrupted lane session: {left}\n{out[-3000:]}"
 

@@ -6,6 +6,7 @@ import sys
 
 from .commands import COMMANDS
 from .commands.parser import build_parser
+from .runtime import terminate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,7 +15,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    previous = terminate.install()
+    try:
+        return int(args.func(args) or 0)
+    finally:
+        terminate.restore(previous)
 
 
 if __name__ == "__main__":

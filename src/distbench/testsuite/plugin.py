@@ -28,6 +28,7 @@ import pytest
 
 from ..config import PositiveFloat, PositiveInt, parse_list, parse_value
 from ..errors import ConfigError
+from ..runtime import terminate
 from ..runtime.phases import PhaseLog
 from ..runtime.pool import cuda_device_count
 from ..runtime.shelf import Shelf
@@ -45,6 +46,7 @@ PHASES = pytest.StashKey[PhaseLog]()  # the session's phase table, shared by bot
 WATCH = pytest.StashKey[SessionWatch]()
 SESSION = pytest.StashKey[dict[str, Any]]()  # session_facts
 SESSION_ENV = "DISTBENCH_SESSION"  # session_facts, as a lane receives them
+SIGTERM_BEFORE = pytest.StashKey[Any]()  # the SIGTERM handler before ours (runtime/terminate.py)
 #: pytest cache keys: each test's seconds and its lane's device memory per rank in the last session, which
 #: order the next session's units and size its seats
 DURATIONS_KEY, PEAKS_KEY = "distbench/durations", "distbench/rank_peak_bytes"
@@ -166,6 +168,7 @@ MARKERS = (
 def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
+    config.stash[SIGTERM_BEFORE] = terminate.install()  # a cancelled CI job cleans up as after Ctrl-C
     try:
         config.stash[OPTIONS] = _parse_options(config)
     except ConfigError as e:  # a usage error, not an INTERNALERROR: one line with the fix
@@ -608,6 +611,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     facts = config.stash.get(SESSION, None)
     if facts and facts.get("owner"):
         shutil.rmtree(facts["shelf"], ignore_errors=True)
+    terminate.restore(config.stash.get(SIGTERM_BEFORE, None))
 
 
 @pytest.fixture
