@@ -138,6 +138,7 @@ def test_bind_cpus_pins_the_training_threads_when_windows_take_turns(monkeypatch
     assert seen["mode"] == mode
 
 
+@pytest.mark.slow  # an A/B run on a pool of its own (~10 s on 2 cores)
 def test_a_run_in_pieces_is_a_whole_run_of_the_windows_asked_for():
     """serve.py's protocol 2 through real rank pools: setup, windows on request, finish into one result."""
     from distbench.gate.serve import Server

@@ -94,6 +94,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # `distbench calibrate` as a process, twice (~4 s on 2 cores)
 def test_the_command_reports_aa_runs_skips_the_others_and_names_a_damaged_file(tmp_path):
     rng = np.random.default_rng(4)
     good = aa(list(0.3 * np.exp(rng.normal(0, 0.01, 6))), list(0.3 * np.exp(rng.normal(0, 0.01, 6))))

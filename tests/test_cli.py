@@ -25,6 +25,7 @@ def test_strategies_lists_every_name_and_where_it_runs(capsys, monkeypatch):
     assert cpu == {name: "yes" if spec.cpu else "no" for name, spec in REGISTRY.items()}
 
 
+@pytest.mark.slow  # a whole `distbench run` with its own pools (~6 s on 2 cores)
 def test_a_failing_configuration_is_a_result_and_the_matrix_goes_on(capsys, tmp_path):
     argv = [
         "run",
@@ -52,6 +53,7 @@ def test_a_failing_configuration_is_a_result_and_the_matrix_goes_on(capsys, tmp_
     assert "failed ddp ws1 user_models:wrong_vocab_lm" in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.slow  # a whole `distbench run` with its own pool (~5 s on 2 cores)
 def test_a_run_whose_only_configuration_ran_out_of_memory_exits_1(capsys, tmp_path):
     argv = ["run", "-s", "ddp", "-n", "1", "-m", "user_models:oom_lm", "--steps", "1", "-o", str(tmp_path)]
     assert main(argv) == 1
@@ -70,6 +72,7 @@ def test_more_ranks_than_cpus_on_gloo_is_warned_about(capsys, tmp_path, monkeypa
     assert "warning world size 2 on 1 CPU(s)" in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.slow  # a whole `distbench run` with its own pool (~6 s on 2 cores)
 def test_a_trace_that_cannot_be_analysed_costs_its_breakdown_not_the_run(capsys, tmp_path):
     """A CPU trace has no GPU kernels for HolisticTraceAnalysis (on an H100, HTA asserted on a 1-GPU trace):
     the configuration keeps its measurements, its result says why the breakdown is missing, the run goes on."""

@@ -165,6 +165,7 @@ def _bound_pool_run(monkeypatch, mode: str, job) -> list:
         p.close()
 
 
+@pytest.mark.slow  # a pool of its own (~3 s on 2 cores)
 def test_bind_cpus_gives_each_rank_its_own_slice(monkeypatch):
     allowed = sorted(os.sched_getaffinity(0))
     got = _bound_pool_run(monkeypatch, "exclusive", rank_jobs.cpus)
@@ -172,6 +173,7 @@ def test_bind_cpus_gives_each_rank_its_own_slice(monkeypatch):
     assert got == [allowed[:k], allowed[k : 2 * k]]  # disjoint, equal, within what the parent may use
 
 
+@pytest.mark.slow  # a pool of its own (~3 s on 2 cores)
 def test_pinned_binding_puts_the_training_threads_of_a_rank_on_one_cpu(monkeypatch):
     """`distbench ab` interleaves two variants' windows; with their training threads on one core per rank,
     both run on the very same core (runtime/affinity.py)."""
@@ -196,6 +198,7 @@ def test_bind_cpus_refuses_bad_settings_before_any_rank_starts(monkeypatch, mode
     assert not p._procs
 
 
+@pytest.mark.slow  # fault injection: the pool is rebuilt after it (~5 s on 2 cores)
 def test_an_exception_reports_the_traceback_and_every_rank(pool):
     before = _pids(pool)
     with pytest.raises(JobError) as info:
@@ -207,6 +210,7 @@ def test_an_exception_reports_the_traceback_and_every_rank(pool):
     assert _pids(pool) != before, "rank 0 was stuck in a barrier: the pool must be rebuilt"
 
 
+@pytest.mark.slow  # fault injection: the pool is rebuilt after it (~5 s on 2 cores)
 def test_a_hang_fails_with_each_ranks_python_stack_and_the_pool_is_rebuilt(pool):
     with pytest.raises(JobError) as info:
         pool.run(rank_jobs.hang_in, {"rank": 0}, timeout=2)
@@ -219,6 +223,7 @@ def test_a_hang_fails_with_each_ranks_python_stack_and_the_pool_is_rebuilt(pool)
     assert [r["rank"] for r in pool.run(rank_jobs.whoami)] == [0, 1]
 
 
+@pytest.mark.slow  # fault injection: the pool is rebuilt after it (~3 s on 2 cores)
 def test_a_crashed_rank_is_reported_and_the_pool_is_rebuilt(pool):
     with pytest.raises(JobError) as info:
         pool.run(rank_jobs.crash_in, {"rank": 1}, timeout=60)
@@ -253,6 +258,7 @@ def test_a_job_ranks_cannot_import_by_name_is_refused(pool, job):
         pool.run(job)
 
 
+@pytest.mark.slow  # a pool of its own (~3 s on 2 cores)
 def test_close_leaves_no_process_behind():
     p = RankPool(2, "cpu")
     pids = _pids(p)

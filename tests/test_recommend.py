@@ -312,6 +312,7 @@ def _rows(out: str) -> dict[str, list[str]]:
     return rows
 
 
+@pytest.mark.slow  # three `distbench run`s with pools of their own (~20 s on 2 cores)
 def test_recommend_finds_the_real_edge_and_recommends_the_fastest_fit_by_its_evidence(
     capsys, tmp_path, monkeypatch
 ):

@@ -43,6 +43,7 @@ def _compute_slowly(root: str, log: str) -> None:
     assert out["losses"] == [1.0, 0.5] and torch.equal(out["params"]["w"], torch.ones(2))
 
 
+@pytest.mark.slow  # processes racing for one entry (~6 s on 2 cores)
 def test_an_entry_is_computed_once_whoever_asks_at_the_same_time(tmp_path: Path):
     log = tmp_path / "log"
     ctx = mp.get_context("spawn")

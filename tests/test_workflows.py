@@ -335,6 +335,7 @@ def test_zizmor_finds_no_security_issue():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # the workflow linters as processes (~4 s on 2 cores)
 def test_the_linters_catch_a_broken_workflow(tmp_path):
     """Both linters fail on a workflow with a misspelt key, a fork-code trigger, an unpinned action and a
     template injection, so a green lint above means something."""
