@@ -8,6 +8,7 @@ machine. Raised as KeyboardInterrupt instead, the same cleanup as Ctrl-C runs, a
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from types import FrameType
@@ -24,8 +25,9 @@ def _raise(signum: int, frame: FrameType | None) -> None:
 
 def install() -> Any:
     """Route SIGTERM to Terminated when nobody else handles it and we are on the main thread; the previous
-    handler, for restore(), or None where nothing was installed."""
-    if threading.current_thread() is not threading.main_thread():
+    handler, for restore(), or None where nothing was installed. Not in a torchrun worker: its agent sends
+    SIGTERM to stop the other ranks once one failed, and they must stop at once, not run their cleanup."""
+    if threading.current_thread() is not threading.main_thread() or "TORCHELASTIC_RUN_ID" in os.environ:
         return None
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return None  # an embedding program's own handler wins
