@@ -20,7 +20,7 @@ def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """A GitHub markdown table as lines: '|' in cells escaped, line breaks folded (a row is one line)."""
 
     def cells(xs: Sequence[str]) -> str:
-        return "| " + " | ".join(" ".join(str(x).split("\n")).replace("|", "\\|") for x in xs) + " |"
+        return "| " + " | ".join(str(x).replace("\n", " ").replace("|", "\\|") for x in xs) + " |"
 
     return [cells(head), "|" + "---|" * len(head), *(cells(r) for r in rows)]
 

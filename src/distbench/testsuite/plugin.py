@@ -256,11 +256,11 @@ def item_world_size(item: pytest.Item) -> int:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Freeze what collection built (torch, every test module and item: 384k objects on the CPU tier), as each rank
-    does after its imports (runtime/worker.py): a full collection in this process, which DDP's and
-    DeepSpeed's teardown and every in-process benchmark run, then scans only what the test made. Unfrozen, one
-    took 0.29 s over the CPU tier's 384k collected objects (2-core host), and the tier's in-process benchmarks,
-    three collections each, spent most of their time in them."""
+    """Freeze what collection built (torch, every test module and item), as each rank does after its imports
+    (runtime/worker.py): a full collection in this process, which DDP's and DeepSpeed's teardown and every
+    in-process benchmark run, then scans only what the test made. Unfrozen, one took 0.29 s over the CPU
+    tier's 384k collected objects (2-core host), and the tier's in-process benchmarks, three collections
+    each, spent most of their time in them."""
     gc.collect()
     gc.freeze()
 
