@@ -422,9 +422,23 @@ def test_rank_0_stops_when_a_job_key_was_written_before_it(tmp_path):
     store.set("job/0", b'{"stop": true, "status": 0}')
     cluster = Cluster(_launch(0), store, torch.device("cpu"), LAUNCH_JOBS, admission(tmp_path))
     for _ in range(2):  # the first job, and every one after it
-        with pytest.raises(JobSpecError, match="job/0 was in torchrun's store before rank 0 posted it"):
+        with pytest.raises(
+            JobSpecError, match=r"job/0 was in torchrun's store before rank 0 posted it: .*; it holds a stop$"
+        ):
             cluster.run_job(2, bench, {"cfg": CFG}, timeout=2.0)  # short: a rank 0 that ran it gives up soon
     assert store.get("job/0") == b'{"stop": true, "status": 0}'  # nothing of rank 0's was posted over it
+
+
+def test_rank_0_says_why_a_follower_refuses_the_job_it_found_in_its_key(tmp_path):
+    """Torchrun stops the followers once rank 0 has exited, maybe before one read the stranger's job: rank 0's
+    own line must say what is wrong with it."""
+    store = dist.HashStore()
+    store.set("job/0", b'{"job": "os:system", "kwargs": {}, "world_size": 1, "timeout": 1}')
+    cluster = Cluster(_launch(0), store, torch.device("cpu"), LAUNCH_JOBS, admission(tmp_path))
+    with pytest.raises(
+        JobSpecError, match=r"; a follower refuses what it holds: key 'job': 'os:system' is not a job"
+    ):
+        cluster.run_job(2, bench, {"cfg": CFG}, timeout=2.0)
 
 
 #: The store the job below writes to, as a stranger would while the job runs.

@@ -146,8 +146,12 @@ def test_no_memory_figure_without_device_memory(tmp_path):
 
 def test_a_failed_runs_traceback_stays_in_its_row(tmp_path):
     """A rank's traceback spans lines; the failures table keeps one row per run, led by the summary line."""
-    error = "job failed at world size 2: rank 0,1 raised RuntimeError\n===== rank 0: error =====\nTraceback ..."
-    failed = make_result({"strategy": "ddp", "world_size": 2, **WORKLOAD}, status="error", error=error, env=ENV)
+    error = (
+        "job failed at world size 2: rank 0,1 raised RuntimeError\n===== rank 0: error =====\nTraceback ..."
+    )
+    failed = make_result(
+        {"strategy": "ddp", "world_size": 2, **WORKLOAD}, status="error", error=error, env=ENV
+    )
     md = write_report([result(*RUNS[0]), failed], tmp_path).read_text()
     table = md.split("## Failed runs")[1].strip().splitlines()
     assert len(table) == 3 and all(line.startswith("|") and line.endswith("|") for line in table)

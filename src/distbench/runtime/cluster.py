@@ -286,7 +286,10 @@ class Cluster:
         # Ranks blocked in a collective when a peer failed report their own timeout error at `timeout`: wait a
         # little longer than that before calling them lost.
         deadline = time.monotonic() + spec.timeout + min(_REPLY_GRACE_S, spec.timeout / 4)
-        _post(self.store, key, data)
+        try:
+            _post(self.store, key, data)
+        except JobSpecError as e:  # torchrun may stop the followers before one reads it: say what they would
+            raise JobSpecError(f"{e}; {self._verdict(self.store.get(key))}") from None
         outs: dict[int, dict[str, Any]] = {0: run_job(self.launch, self.store, self.device, job_id, spec)}
         for r in range(1, spec.world_size):
             if _wait_key(self.store, f"out/{job_id}/{r}", deadline):
@@ -294,6 +297,14 @@ class Cluster:
         if self.store.get(key) != data:
             raise _changed(key, "while the job ran")
         return outs
+
+    def _verdict(self, data: bytes) -> str:
+        """What a follower makes of a message rank 0 did not post: the job it names, or why it refuses it."""
+        try:
+            found = self.jobs.decode(data, self.admission)
+        except JobSpecError as e:
+            return f"a follower refuses what it holds: {e}"
+        return f"it holds {'a stop' if isinstance(found, Stop) else 'job ' + found.name}"
 
     def _abort(self, ranks: list[int]) -> dict[int, str]:
         """Tell every follower to write its Python stack and to exit once released; the stacks of `ranks` that
