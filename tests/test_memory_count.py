@@ -43,10 +43,14 @@ def _numels(model: str) -> tuple[int, ...]:
 
 
 @functools.cache
-def counted(strategy: str, ws: int) -> dict[str, int]:
-    """Rank 0's state bytes of MODEL at `ws` ranks, counted (see the module docstring)."""
+def counted(strategy: str, ws: int, replicate: int | None = None) -> dict[str, int]:
+    """Rank 0's state bytes of MODEL at `ws` ranks, counted (see the module docstring); `replicate`:
+    fsdp_hybrid's option."""
     if strategy in FSDP2:
-        cfg = RunConfig(strategy=strategy, world_size=ws, model=MODEL, global_batch=ws, micro_batch=1)
+        options = {} if replicate is None else {"replicate": replicate}
+        cfg = RunConfig(
+            strategy=strategy, world_size=ws, model=MODEL, global_batch=ws, micro_batch=1, options=options
+        )
         with trainer_at(cfg, 0, nodes=_nodes(ws), device="meta") as trainer:
             return fsdp2_state_bytes(trainer)
     stage, numels = ZERO[strategy], list(_numels(MODEL))
@@ -55,10 +59,10 @@ def counted(strategy: str, ws: int) -> dict[str, int]:
     return {"params": 2 * elements["held"], "grads": 2 * grads, "optimizer": 12 * elements["partition"]}
 
 
-def assert_model_matches_count(strategy: str, ws: int) -> None:
+def assert_model_matches_count(strategy: str, ws: int, replicate: int | None = None) -> None:
     """Every component the model predicts is within RTOL of the count."""
-    count = counted(strategy, ws)
-    predicted = analytic_bytes(strategy, sum(_numels(MODEL)), ws, "bf16", nodes=_nodes(ws))
+    count = counted(strategy, ws, replicate)
+    predicted = analytic_bytes(strategy, sum(_numels(MODEL)), ws, "bf16", _nodes(ws), replicate)
     gib = 2**30
     print(
         f"{strategy} ws{ws}: predicted {sum(predicted.values()) / gib:.3f} GiB, counted "
@@ -77,6 +81,13 @@ def assert_model_matches_count(strategy: str, ws: int) -> None:
 @pytest.mark.parametrize("ws", WORLD_SIZES, ids=lambda ws: f"ws{ws}")
 def test_memory_model_matches_the_count_at_cluster_sizes(strategy_name, ws):
     assert_model_matches_count(strategy_name, ws)
+
+
+@pytest.mark.parametrize("ws,replicate", [(8, 8), (16, 4)], ids=["8x1", "4x4"])
+def test_memory_model_follows_the_hybrid_replicate_option(ws, replicate):
+    """fsdp_hybrid told its replicate groups, across the nodes' default: 8 replicas of one rank at 8 (the
+    whole state on each), 4 x 4 at 16 over 2 nodes."""
+    assert_model_matches_count("fsdp_hybrid", ws, replicate)
 
 
 @pytest.mark.parametrize("ws", [8, 64])

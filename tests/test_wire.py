@@ -33,7 +33,9 @@ def wire_config(suite: Any, strategy: str, world_size: int, precision: str) -> R
 
 def expected(cfg: RunConfig) -> dict[str, Any]:
     facts = ModelFacts.of(get_model(cfg.model).build(cfg.seed, "meta"))
-    return expected_traffic(cfg.strategy, cfg.precision, cfg.world_size, facts)
+    return expected_traffic(
+        cfg.strategy, cfg.precision, cfg.world_size, facts, replicate=cfg.options.get("replicate")
+    )
 
 
 def assert_every_rank(records: list[dict[str, Any]], cfg: RunConfig, what: str) -> None:
@@ -78,6 +80,16 @@ def test_collectives_follow_the_precision_policy(
         pytest.skip("a torch-native fp16 policy puts on NCCL what it puts on gloo: checked on the CPU tier")
     cfg = wire_config(suite, strategy, world_size, precision)
     assert_every_rank(recorded(suite, cfg), cfg, f"{strategy} ws{world_size} {precision}")
+
+
+@pytest.mark.parametrize("replicate", [1, 2])
+def test_hsdp_traffic_follows_its_replicate_option(suite: Any, replicate: int) -> None:
+    """fsdp_hybrid at 2 ranks told its replicate groups: 1 x 2 reduce-scatters and all-gathers over both ranks
+    and all-reduces over groups of one; 2 x 1 (the one-node default) only all-reduces, over both."""
+    cfg = wire_config(suite, "fsdp_hybrid", 2, "bf16").replace(options={"replicate": replicate})
+    want = expected(cfg)
+    assert ("reduce_scatter" in want) == (replicate == 1) and want["all_reduce"].group_size == replicate
+    assert_every_rank(recorded(suite, cfg), cfg, f"fsdp_hybrid ws2 replicate={replicate}")
 
 
 #: (mutation, strategy, precision): each plants a reduction in bf16 under a policy that reduces in fp32, or a

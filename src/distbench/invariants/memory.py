@@ -21,10 +21,16 @@ from ..strategies import get_spec
 
 
 def analytic_bytes(
-    strategy: str, n_params: int, world_size: int, precision: str, nodes: int = 1
+    strategy: str,
+    n_params: int,
+    world_size: int,
+    precision: str,
+    nodes: int = 1,
+    replicate: int | None = None,
 ) -> dict[str, float]:
     """Predicted device bytes per rank of each component (see module docstring), from the strategy's
-    registry memory layout; `nodes`: those the world spans (HSDP's default mesh replicates across them)."""
+    registry memory layout; `nodes`: those the world spans (HSDP's default mesh replicates across them),
+    `replicate`: fsdp_hybrid's option, where a configuration sets it."""
     from ..strategies.fsdp import hybrid_shape
 
     layout = get_spec(strategy).memory
@@ -36,7 +42,7 @@ def analytic_bytes(
         if deepspeed_bf16
         else {"params": 4, "grads": 4, "optimizer": 8}
     )
-    shard = hybrid_shape(world_size, nodes)[1] if layout.shard_group == "hybrid" else world_size
+    shard = hybrid_shape(world_size, nodes, replicate)[1] if layout.shard_group == "hybrid" else world_size
     return {
         k: 0.0 if k in layout.on_host else b * n_params / (shard if k in layout.sharded else 1)
         for k, b in per_param.items()

@@ -116,7 +116,7 @@ def _ddp(precision: str, ws: int, m: ModelFacts) -> Table:
 
 
 def _fsdp2(
-    precision: str, ws: int, m: ModelFacts, *, reshard_after_forward: bool, hybrid: bool = False
+    precision: str, ws: int, m: ModelFacts, *, reshard_after_forward: bool, replicas: int | None = None
 ) -> Table:
     """FSDP2, fully_shard per block and then the root: layers + 1 units. Under bf16 MixedPrecisionPolicy
     (param_dtype bf16, reduce_dtype fp32) parameters are all-gathered in bf16 and gradients reduced in fp32; fp32
@@ -125,12 +125,10 @@ def _fsdp2(
     from forward into backward (FSDP2's default for it, as torchtitan leaves it), so it gathers once. How many
     of the elements are the root's is not counted: between one and two passes over them.
     FSDP2 neither all-gathers nor reduce-scatters over a shard group of one rank (it copies); HSDP all-reduces the
-    reduce-scatter's output over the replicate group whatever its size. fsdp_hybrid's mesh on one node: 2 replicas
-    when the world is even, else 1."""
+    reduce-scatter's output over its `replicas` groups whatever their size (None: FSDP, no replicate dimension)."""
     param = DTYPE["bf16"] if precision == "bf16" else FP32
     units = m.layers + 1
-    replicate = (2 if ws % 2 == 0 else 1) if hybrid else 1
-    shard = ws // replicate
+    shard = ws // (replicas or 1)
     table: Table = {}
     if shard > 1:
         span = (m.elements, m.padded(shard))
@@ -141,9 +139,9 @@ def _fsdp2(
             )
         else:
             table["all_gather"] = Traffic(param, shard, span, (units, units))
-    if hybrid:
+    if replicas is not None:
         table["all_reduce"] = Traffic(
-            FP32, replicate, (m.elements // shard, m.padded(shard) // shard), (units, units)
+            FP32, replicas, (m.elements // shard, m.padded(shard) // shard), (units, units)
         )
     return table
 
@@ -193,30 +191,49 @@ def _single(precision: str, ws: int, m: ModelFacts) -> Table:
     return {}
 
 
-Policy = Callable[[str, int, ModelFacts], Table]
+def hybrid_replicas(world_size: int, nodes: int = 1, replicate: int | None = None) -> int:
+    """fsdp_hybrid's replicate groups as docs/strategies.md declares them: its `replicate` option, else one a
+    node, else 2 on one node when the world is even. Written here from the declaration, not read from the
+    trainer's mesh, so that a trainer building another mesh disagrees with the table."""
+    if replicate is not None:
+        return replicate
+    return nodes if nodes > 1 else (2 if world_size % 2 == 0 else 1)
+
+
+#: (precision, world size, the model, fsdp_hybrid's replicate groups: the others ignore them) -> the table.
+Policy = Callable[[str, int, ModelFacts, int], Table]
 
 #: Each strategy's declared layout, as the registry describes it (docs/strategies.md, `distbench strategies`).
 POLICIES: dict[str, Policy] = {
-    "single": _single,
-    "ddp": _ddp,
-    "fsdp_full": lambda p, ws, m: _fsdp2(p, ws, m, reshard_after_forward=True),
-    "fsdp_grad": lambda p, ws, m: _fsdp2(p, ws, m, reshard_after_forward=False),
-    "fsdp_hybrid": lambda p, ws, m: _fsdp2(p, ws, m, reshard_after_forward=True, hybrid=True),
-    "fsdp_offload": lambda p, ws, m: _fsdp2(p, ws, m, reshard_after_forward=True),
-    "fsdp1_full": lambda p, ws, m: _fsdp1(p, ws, m, full=True),
-    "fsdp1_grad": lambda p, ws, m: _fsdp1(p, ws, m, full=False),
-    "zero1": lambda p, ws, m: _zero(p, ws, m, stage=1),
-    "zero2": lambda p, ws, m: _zero(p, ws, m, stage=2),
-    "zero3": lambda p, ws, m: _zero(p, ws, m, stage=3),
-    "zero3_offload": lambda p, ws, m: _zero(p, ws, m, stage=3),
+    "single": lambda p, ws, m, r: _single(p, ws, m),
+    "ddp": lambda p, ws, m, r: _ddp(p, ws, m),
+    "fsdp_full": lambda p, ws, m, r: _fsdp2(p, ws, m, reshard_after_forward=True),
+    "fsdp_grad": lambda p, ws, m, r: _fsdp2(p, ws, m, reshard_after_forward=False),
+    "fsdp_hybrid": lambda p, ws, m, r: _fsdp2(p, ws, m, reshard_after_forward=True, replicas=r),
+    "fsdp_offload": lambda p, ws, m, r: _fsdp2(p, ws, m, reshard_after_forward=True),
+    "fsdp1_full": lambda p, ws, m, r: _fsdp1(p, ws, m, full=True),
+    "fsdp1_grad": lambda p, ws, m, r: _fsdp1(p, ws, m, full=False),
+    "zero1": lambda p, ws, m, r: _zero(p, ws, m, stage=1),
+    "zero2": lambda p, ws, m, r: _zero(p, ws, m, stage=2),
+    "zero3": lambda p, ws, m, r: _zero(p, ws, m, stage=3),
+    "zero3_offload": lambda p, ws, m, r: _zero(p, ws, m, stage=3),
 }
 
 
-def expected_traffic(strategy: str, precision: str, world_size: int, facts: ModelFacts) -> Table:
-    """The table for one configuration (one micro-batch a step: accumulation multiplies the all-gathers)."""
+def expected_traffic(
+    strategy: str,
+    precision: str,
+    world_size: int,
+    facts: ModelFacts,
+    *,
+    nodes: int = 1,
+    replicate: int | None = None,
+) -> Table:
+    """The table for one configuration (one micro-batch a step: accumulation multiplies the all-gathers), on
+    `nodes` nodes, `replicate`: fsdp_hybrid's option when the configuration sets it."""
     if strategy not in POLICIES:
         raise KeyError(f"no wire policy for strategy {strategy!r}: add one to distbench/invariants/wire.py")
-    return POLICIES[strategy](precision, world_size, facts)
+    return POLICIES[strategy](precision, world_size, facts, hybrid_replicas(world_size, nodes, replicate))
 
 
 def is_payload(call: dict[str, Any]) -> bool:
