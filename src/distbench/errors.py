@@ -72,6 +72,12 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     return f" Did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
 
 
+def first_line(text: str | None, limit: int | None = None) -> str:
+    """A message's first line, at most `limit` characters: where a table cell or a one-line error quotes a
+    multi-line one ("" for none)."""
+    return (text or "").strip().split("\n", 1)[0][:limit]
+
+
 def error_line(text: str) -> str:
     """The one line of a failure's text that says what went wrong, for a report that has one line for it:
     the exception line that ends the first Python traceback in it (a rank's, inside a JobError's text; with

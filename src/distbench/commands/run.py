@@ -23,7 +23,7 @@ from ..config import (
     parse_list,
     parse_value,
 )
-from ..errors import ConfigError
+from ..errors import ConfigError, first_line
 
 
 def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -413,6 +413,6 @@ def _print_failures(results: list[dict[str, Any]], args: argparse.Namespace, con
             c = r["config"]
             console.print(
                 f"[yellow]no trace breakdown[/] {c['strategy']} ws{c['world_size']} {c['model']}: "
-                f"{escape(err.splitlines()[0])}"
+                f"{escape(first_line(err))}"
             )
     return 1 if failed else 0

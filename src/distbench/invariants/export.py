@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ..config import RunConfig
-from ..errors import CheckpointError
+from ..errors import CheckpointError, first_line
 from ..strategies import get_spec
 from ..strategies.checkpoint_files import SafeFileSystemReader, verify_manifest, weights_only_loads
 from ..workloads import get_model
@@ -72,8 +72,9 @@ def full_state_dict_from_checkpoint(path: str | os.PathLike[str], strategy: str)
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise CheckpointError(f"cannot export checkpoint {path}: {type(e).__name__}: {first}") from e
+        raise CheckpointError(
+            f"cannot export checkpoint {path}: {type(e).__name__}: {first_line(str(e))}"
+        ) from e
 
 
 def load_into_model(state: dict[str, torch.Tensor], model_name: str) -> PreTrainedModel:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..errors import first_line
 from ..runtime.context import RankContext
 from .mfu import gpu_key
 
@@ -113,9 +114,7 @@ def bandwidth_table(
                 if ctx.is_cuda or isinstance(e, torch.OutOfMemoryError):
                     raise
                 # gloo rejects what it does not implement alike on every rank, before any traffic
-                skipped.append(
-                    {"op": op, "reason": f"{ctx.backend} cannot run {op}: {str(e).splitlines()[0]}"}
-                )
+                skipped.append({"op": op, "reason": f"{ctx.backend} cannot run {op}: {first_line(str(e))}"})
                 break
             nbytes = count * elem
             bus = busbw_gbps(op, nbytes, t, n)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import first_line
 from ..gate.bisect import METRIC_ORDER, Bisection, ProbeRecord, Verdict
 from .tables import md_table
 
@@ -54,7 +55,7 @@ def probe_line(b: Bisection, r: ProbeRecord) -> str:
     if r.kind == "confirm" and r.metric:
         line += f"\n  {metric_reason(b)}"
     if r.error:
-        line += f"\n  {r.error.splitlines()[0][:300]}"
+        line += f"\n  {first_line(r.error, 300)}"
     if r.kind == "search" and b.next_step() is not None:
         lo, hi = b.bounds()
         line += f"\n  range now: after {b.name(lo)}, up to {b.name(hi)}"
@@ -118,7 +119,7 @@ HEAD = ["#", "Probe", "Candidate", "Against", "Pairs", "Seconds", "Effect [inter
 def rows(b: Bisection) -> list[list[str]]:
     out = []
     for i, r in enumerate(b.probes, 1):
-        note = meaning(r) + (f" ({r.error.splitlines()[0][:120]})" if r.error else "")
+        note = meaning(r) + (f" ({first_line(r.error, 120)})" if r.error else "")
         out.append(
             [
                 str(i),

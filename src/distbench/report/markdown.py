@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import config_label
+from ..errors import first_line
 from ..measure.timing import step_stats
 from ..metrics import METRICS, fmt_metric
 from ..plausibility import check
@@ -167,17 +168,12 @@ def kernel_diff_sections(cells: list[Cell], top: int = 8) -> list[str]:
     return lines
 
 
-def first_line(error: str | None) -> str:
-    """An error's summary line for a table cell; every rank's traceback stays in the run's JSON."""
-    return (error or "").strip().split("\n", 1)[0][:200]
-
-
 def failures_table(results: list[dict[str, Any]]) -> list[str]:
     bad = [r for r in results if r.get("status") != "ok"]
     return (
         md_table(
             ["Config", "Status", "Error"],
-            [[config_label(r["config"]), str(r.get("status")), first_line(r.get("error"))] for r in bad],
+            [[config_label(r["config"]), str(r.get("status")), first_line(r.get("error"), 200)] for r in bad],
         )
         if bad
         else []

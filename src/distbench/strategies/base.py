@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..config import RunConfig
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, first_line
 from ..runtime.context import RankContext
 from ..workloads import global_rng
 from ..workloads.dropout import sample_streams
@@ -396,7 +396,7 @@ def torch_load(path: str, **kw: Any) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True, **kw)
     except Exception as e:  # torch raises RuntimeError/EOFError/UnpicklingError for damaged files
         raise CheckpointError(
-            f"cannot read checkpoint file {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+            f"cannot read checkpoint file {path}: {type(e).__name__}: {first_line(str(e))} "
             "(truncated or corrupted; re-save it)"
         ) from e
 

@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, first_line
 from .base import Trainer, torch_load
 from .checkpoint_files import SafeFileSystemReader, verify_manifest, weights_only_loads
 
@@ -68,7 +68,7 @@ class DCPCheckpointMixin(Trainer):
         except CheckpointError:
             raise
         except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = first_line(str(e)) or type(e).__name__
             raise CheckpointError(
                 f"cannot load DCP checkpoint {path}: {first} (missing, truncated, or saved "
                 "from a different model)"

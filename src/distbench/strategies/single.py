@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..config import RunConfig
-from ..errors import CheckpointError
+from ..errors import CheckpointError, first_line
 from ..runtime.context import RankContext
 from .base import (
     Batch,
@@ -78,7 +78,7 @@ class SingleTrainer(Trainer):
             self.module.load_state_dict(state["model"])
         except RuntimeError as e:
             raise CheckpointError(
-                f"checkpoint {path} does not match this model: {str(e).splitlines()[0]} "
+                f"checkpoint {path} does not match this model: {first_line(str(e))} "
                 f"(was it saved with another --model?)"
             ) from e
         self.optimizer.load_state_dict(state["optimizer"])
