@@ -374,8 +374,8 @@ def test_a_stranger_writing_a_job_into_the_store_runs_nothing_and_stops_the_laun
     publishes it): a pickle whose load would create a marker, JSON naming os.system, or the held-out audit's
     reference_job told to keep its tensors in an existing file outside --output (issue 45). `now`: before
     rank 0 posts job/0, so rank 0 finds its key taken and says why a follower refuses what it holds (the
-    follower may say so first). `after-post`: it replaces rank 0's job/0 as soon as it is there. Either way nothing ran, the file
-    outside is as it was, the launch exits non-zero and no process of it remains."""
+    follower may say so first). `after-post`: it replaces rank 0's job/0 as soon as it is there. Either way
+    nothing ran, the file outside is as it was, the launch exits non-zero and no process of it remains."""
     marker, outside = tmp_path / "payload-ran", tmp_path / "outside.bin"
     outside.write_bytes(b"not the launch's")
     cfg = {"strategy": "ddp", "world_size": 2, "model": "gpt2-tiny", "global_batch": 4, "steps": 1}
@@ -426,7 +426,7 @@ def test_a_stranger_writing_a_job_into_the_store_runs_nothing_and_stops_the_laun
     }[payload]
     if when == "now":
         # Rank 0 finds its key taken and says what the follower makes of it; the follower says so itself when
-        # it reads job/0 before torchrun stops it (rank 0 exiting first stops it: a race, either way is right).
+        # it reads job/0 before torchrun stops it (rank 0's exit stops it: a race, either way is right).
         taken = [
             line
             for line in log.splitlines()

@@ -191,9 +191,8 @@ def test_a_stopped_lane_session_kills_every_lane_and_its_ranks(tmp_path: Path, s
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
-    assert run.returncode == 2 and ("SIGTERM" if stop == "sigterm" else "KeyboardInterrupt") in out, out[
-        -3000:
-    ]
+    said = "SIGTERM" if stop == "sigterm" else "KeyboardInterrupt"
+    assert run.returncode == 2 and said in out, out[-3000:]
     left = wait_clean(tag, tmp, shm, within=10.0)
     assert not left, f"left behind by an interrupted lane session: {left}\n{out[-3000:]}"
 

@@ -80,7 +80,9 @@ def predicted_peak(cfg: RunConfig, n_params: int) -> float | None:
     if fp is None:
         return None
     replicate = cfg.options.get("replicate")
-    state = sum(analytic_bytes(cfg.strategy, n_params, cfg.world_size, cfg.precision, 1, replicate).values())
+    state = sum(
+        analytic_bytes(cfg.strategy, n_params, cfg.world_size, cfg.precision, replicate=replicate).values()
+    )
     gathered = 2 * n_params * (1 - 1 / cfg.world_size) if cfg.strategy in ("fsdp_grad", "fsdp1_grad") else 0
     per_sample = fp.per_sample_checkpointed if cfg.activation_checkpointing else fp.per_sample
     comm = COMM_ALLOWANCE if cfg.world_size > 1 else 0

@@ -125,7 +125,8 @@ def _fsdp2(
     from forward into backward (FSDP2's default for it, as torchtitan leaves it), so it gathers once. How many
     of the elements are the root's is not counted: between one and two passes over them.
     FSDP2 neither all-gathers nor reduce-scatters over a shard group of one rank (it copies); HSDP all-reduces the
-    reduce-scatter's output over its `replicas` groups whatever their size (None: FSDP, no replicate dimension)."""
+    reduce-scatter's output over its `replicas` groups whatever their size (None: FSDP, no replicate
+    dimension)."""
     param = DTYPE["bf16"] if precision == "bf16" else FP32
     units = m.layers + 1
     shard = ws // (replicas or 1)
