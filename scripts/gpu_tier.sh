@@ -2,7 +2,8 @@
 # The GPU tier as a user types it, with its evidence: scripts/gpu_tier.sh OUT [pytest args...]
 # Writes OUT/pytest.log (the whole session: its phase table, lanes and devices, undecided claims),
 # OUT/junit.xml (with each test's output: the fidelity rounds' parts), OUT/phases.json and OUT/wall.txt (the
-# command's wall seconds, the machine), and prints the session's last lines.
+# command's wall seconds, the machine), and prints the session's last lines. LIMIT_S=SECONDS stops pytest
+# with SIGINT at that time, so a session cut short still prints its failures and phase table.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_tier.sh OUT [pytest args...]}; shift
 mkdir -p "$out"
@@ -11,7 +12,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/machine.txt" 2>&1
 echo "vCPUs: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" >> "$out/machine.txt"
 start=$(date +%s.%N)
-python3 -m pytest -m gpu -rfEs --durations=30 --junitxml "$out/junit.xml" -o junit_logging=system-out --phases-json "$out/phases.json" \
+timeout -s INT -k 30 "${LIMIT_S:-0}" python3 -m pytest -m gpu -rfEs --durations=30 --junitxml "$out/junit.xml" -o junit_logging=system-out --phases-json "$out/phases.json" \
   --timeline-json "$out/timeline.json" "$@" 2>&1 | tee "$out/pytest.log" | grep -E "^(FAILED|ERROR|UNDECIDED)|passed|failed|distbench lanes" 
 status=${PIPESTATUS[0]}
 end=$(date +%s.%N)

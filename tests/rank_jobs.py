@@ -123,6 +123,32 @@ def cycle_and_frozen(ctx: Any) -> dict[str, Any]:
     return {"cycle_alive": _CYCLE is not None and _CYCLE() is not None, "frozen": gc.get_freeze_count()}
 
 
+def numerics(ctx: Any) -> dict[str, Any]:
+    """torch's process-wide numerics as a job finds them."""
+    import torch
+
+    cuda = torch.backends.cuda
+    return {
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "fp32 matmul": torch.get_float32_matmul_precision(),
+        "cudnn": (
+            torch.backends.cudnn.allow_tf32,
+            torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark,
+        ),
+        "sdpa": (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.cudnn_sdp_enabled()),
+    }
+
+
+def set_parity_numerics(ctx: Any) -> dict[str, Any]:
+    """What a parity run sets and leaves set (jobs.train.set_numerics): the numerics a later job must not get."""
+    from distbench.config import RunConfig
+    from distbench.jobs.train import set_numerics
+
+    set_numerics(RunConfig(deterministic=True))
+    return numerics(ctx)
+
+
 def cpus(ctx: Any) -> list[int]:
     return sorted(os.sched_getaffinity(0))
 

@@ -82,6 +82,16 @@ def test_between_jobs_garbage_is_collected_then_the_rest_frozen(pool):
         assert not r["cycle_alive"] and r["frozen"] > 10_000
 
 
+def test_a_job_finds_the_numerics_the_pool_started_with_whatever_the_last_job_set(pool):
+    """A job that sets no numerics of its own (an account, a probe) must not run with the kernels the lane's last
+    job chose: on 4 H200s an activation account counted 9.03 GiB in one lane order and 5.09 GiB in the
+    others, and failed its test."""
+    before = pool.run(rank_jobs.numerics)
+    during = pool.run(rank_jobs.set_parity_numerics)
+    assert during != before, "the parity numerics are the pool's own: this test shows nothing"
+    assert pool.run(rank_jobs.numerics) == before
+
+
 _REGISTRY: dict[str, object] = {}
 
 
@@ -117,7 +127,7 @@ def test_what_an_earlier_job_left_frozen_is_freed_once_the_device_shows_it(monke
     try:
         for job in range(3):
             build()
-            worker._between_jobs(ctx)
+            worker._between_jobs(ctx, lambda: None)
             assert [e() is not None for e in engines] == [False] * job + [True], (
                 f"after job {job + 1}, an earlier job's engine still holds the device"
             )
@@ -146,11 +156,11 @@ def test_nothing_runs_between_a_kept_trainers_rounds(monkeypatch):
     monkeypatch.setattr(worker.gc, "collect", lambda *a: collected.append(1) or 0)
     ctx = RankContext(0, 1, 0, torch.device("cuda", 0), "nccl")
     monkeypatch.setitem(worker.STATE, "bench", object())
-    worker._between_jobs(ctx)
+    worker._between_jobs(ctx, lambda: None)
     assert emptied == [], "the kept trainer's cache was given back between its rounds"
     assert collected == [], "a full collection ran between a kept trainer's rounds"
     monkeypatch.delitem(worker.STATE, "bench")
-    worker._between_jobs(ctx)
+    worker._between_jobs(ctx, lambda: None)
     assert emptied == [1], "nothing is kept, yet the cache stayed"
     assert collected == [1], "nothing is kept, yet the job's garbage stayed"
 
