@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from .commands import COMMANDS
@@ -18,6 +19,12 @@ def main(argv: list[str] | None = None) -> int:
     previous = terminate.install()
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt as e:
+        # Ctrl-C, or SIGTERM (terminate.Terminated): the command's cleanup ran on the way here, and where the main
+        # thread happened to wait is no news to whoever stopped it: one line, and the shell's status for a signal.
+        stopped_by = signal.SIGTERM if isinstance(e, terminate.Terminated) else signal.SIGINT
+        print(f"distbench {args.command}: stopped by {stopped_by.name}", file=sys.stderr)
+        return 128 + stopped_by
     finally:
         terminate.restore(previous)
 

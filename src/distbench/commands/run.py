@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -342,7 +343,16 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
         f"distbench run: {len(configs)} configuration(s) x {matrix.repeats} on {device_type}; "
         f"results -> {args.output}"
     )
-    results = _run_with_progress(matrix, len(configs), args, pools, n_cuda, listen, console)
+    started = time.time()
+    try:
+        results = _run_with_progress(matrix, len(configs), args, pools, n_cuda, listen, console)
+    except KeyboardInterrupt:
+        saved = [p for p in Path(args.output).glob("*.json") if p.stat().st_mtime >= started]
+        console.print(
+            f"[red]stopped[/]: {len(saved)} of {len(configs) * matrix.repeats} result(s) finished and are kept in "
+            f"{args.output} (`distbench report {args.output}` reads them); the rest did not run"
+        )
+        raise
     console.print(results_table(results))
     return _print_failures(results, args, console)
 
