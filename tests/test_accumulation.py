@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import pytest
 
+from distbench.config import RunConfig
+from distbench.errors import ConfigError
 from distbench.invariants.checks import assert_losses_match, assert_sync_once_per_step
 from distbench.jobs.checks import count_collectives
+from distbench.testsuite.suite import Suite
 
 
 @pytest.mark.strategies("ddp", "fsdp_full", "fsdp_grad", "fsdp_hybrid", "fsdp_offload")
@@ -31,8 +34,6 @@ def test_accumulation_preserves_losses(suite, strategy, world_size):
     """The same global batch in k > 1 micro-batches per rank (the tier's default run, shared with the parity
     tests) gives the losses of one micro-batch per rank."""
     many = suite.config(strategy, world_size)
-    if many.accum_steps == 1:  # the CPU tier's batch of 8 has one micro-batch per rank at world size 4
-        many = many.replace(global_batch=2 * world_size * many.micro_batch)
     assert many.accum_steps > 1
     one = many.replace(micro_batch=many.per_rank_batch)
     a = suite.train(one)[0]["losses"]
@@ -79,3 +80,29 @@ def test_full_shard_gathers_each_block_twice_and_the_root_once(suite, strategy, 
     blocks = len(transformer_blocks(get_model(cfg.model).build(cfg.seed, "meta")))
     gathers = suite.run_job(world_size, count_collectives, cfg=cfg)[0].get("all_gather", 0)
     assert gathers == 2 * blocks + 1, f"{gathers} all-gathers per step for {blocks} blocks and the root"
+
+
+@pytest.mark.parametrize("tier", ["cpu", "cuda"])
+@pytest.mark.parametrize("ranks", [1, 2, 4, 8])
+def test_every_world_size_accumulates_two_micro_batches_and_no_more(tier, ranks):
+    """The tiers' runs accumulate at every world size (the parity tests cover accumulation), and a
+    world-size-1 run on a 4-GPU machine takes the 2 micro-batches it takes on one GPU, not the 8 a batch
+    shared with world size 4 would give it."""
+    cfg = Suite(tier).config("ddp", ranks)
+    assert cfg.accum_steps == 2, cfg
+
+
+@pytest.mark.parametrize(("saved", "loaded"), [(1, 2), (1, 4), (2, 4), (4, 1), (4, 8), (8, 1)])
+def test_a_run_resized_to_another_world_size_keeps_its_global_batch(saved, loaded):
+    """A resume at another size (resharding) trains on the same samples each step: the global batch stays,
+    the micro-batch shrinks only where the new size would overshoot it."""
+    cfg = Suite("cuda").config("zero3", saved)
+    moved = cfg.resized(loaded)
+    assert (moved.world_size, moved.global_batch) == (loaded, cfg.global_batch)
+    assert moved.micro_batch == min(cfg.micro_batch, cfg.global_batch // loaded)
+    assert moved.micro_batch * loaded * moved.accum_steps == cfg.global_batch
+
+
+def test_a_run_too_small_for_the_new_world_size_is_refused():
+    with pytest.raises(ConfigError, match="does not divide"):
+        RunConfig(strategy="ddp", world_size=1, global_batch=2, micro_batch=2).resized(4)

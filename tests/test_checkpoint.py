@@ -90,7 +90,7 @@ def test_resharding(suite, device_type, strategy_name, saved_ws, loaded_ws, tmp_
     run = suite.checkpointed_run(saved)
     k = run["save_at"]
     ckpt = _copy(run, tmp_path)
-    resumed = suite.train(saved.replace(world_size=loaded_ws), resume_from=str(ckpt), reshard=True)[0]
+    resumed = suite.train(saved.resized(loaded_ws), resume_from=str(ckpt), reshard=True)[0]
     assert resumed["start_step"] == k
     ref = suite.reference(saved)["losses"]
     assert_losses_match(

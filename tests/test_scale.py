@@ -89,7 +89,7 @@ def _reshard_cases() -> list:
 
 def _resumed(suite, saved: RunConfig, checkpoint: str, loaded_ws: int) -> list[float]:
     """The losses of `saved`'s run continued from `checkpoint` at `loaded_ws` ranks (resharded)."""
-    return suite.train(saved.replace(world_size=loaded_ws), resume_from=checkpoint, reshard=True)[0]["losses"]
+    return suite.train(saved.resized(loaded_ws), resume_from=checkpoint, reshard=True)[0]["losses"]
 
 
 @pytest.mark.parametrize("model,strategy_name,saved_ws,loaded_ws", _reshard_cases())

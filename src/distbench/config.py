@@ -147,6 +147,12 @@ class RunConfig:
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
+    def resized(self, world_size: int) -> RunConfig:
+        """The same training on `world_size` ranks, as a resume at another size runs it: the same global batch
+        (the same samples each step), the micro-batch shrunk where that many ranks of it would overshoot."""
+        micro = min(self.micro_batch, max(1, self.global_batch // world_size))
+        return self.replace(world_size=world_size, micro_batch=micro)
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["betas"] = list(self.betas)

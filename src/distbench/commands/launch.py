@@ -111,7 +111,7 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
     from ..runtime.pool import JobError
     from ..runtime.shelf import Shelf
     from ..strategies import get_spec
-    from ..testsuite.suite import TIER_DEFAULTS, Suite
+    from ..testsuite.suite import Suite
     from .run import build_matrix
 
     n_dev = cluster.launch.world_size if cluster.device_type == "cuda" else 0
@@ -123,11 +123,6 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
     suite = Suite(
         cluster.device_type, pools=cluster, timeout=run_args.timeout, steps=run_args.steps or 4, shelf=shelf
     )
-    micro, global_batch = TIER_DEFAULTS[cluster.device_type]["micro_batch"], suite.global_batch
-
-    def config(model: str, strategy: str, ws: int) -> Any:
-        unit = micro * ws  # the tier's global batch, rounded up to whole micro-batches on every rank
-        return suite.config(strategy, ws, model, global_batch=unit * max(1, -(-global_batch // unit)))
 
     def where(ws: int) -> str:
         return f"ws{ws} ({cluster.launch.job_nodes(ws)} node(s))"
@@ -152,13 +147,13 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
 
     def resumed(cfg: Any, loaded_ws: int, what: str) -> list[float]:
         run = suite.checkpointed_run(cfg)
-        out = suite.train(cfg.replace(world_size=loaded_ws), resume_from=run["checkpoint"], reshard=True)[0]
+        out = suite.train(cfg.resized(loaded_ws), resume_from=run["checkpoint"], reshard=True)[0]
         assert_losses_match(out["losses"], suite.reference(cfg)["losses"][run["save_at"] :], what)
         return list(out["losses"])
 
     try:
         for model, strategy, ws in cases:
-            cfg = config(model, strategy, ws)
+            cfg = suite.config(strategy, ws, model)
             what = f"{strategy} ws{ws} {model} ({cluster.launch.job_nodes(ws)} node(s))"
             check(what, cfg, lambda cfg=cfg, what=what: trained(cfg, what))
         for model, strategy in dict.fromkeys((m, s) for m, s, _ in cases):
@@ -166,7 +161,7 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
             fmt = get_spec(strategy).checkpoint
             if len(sizes) < 2 or fmt is None or not fmt.reshards:
                 continue
-            cfg = config(model, strategy, sizes[-1])
+            cfg = suite.config(strategy, sizes[-1], model)
             what = f"{strategy} {model} saved at {where(sizes[-1])}, resumed at {where(sizes[0])}"
             check(what, cfg, lambda cfg=cfg, ws=sizes[0], what=what: resumed(cfg, ws, what))
     finally:

@@ -39,7 +39,7 @@ from ..workloads.models import check_model_name
 from .claims import UNDECIDED_KEY, Undecided
 from .schedule import Case, Plan, plan, seats_per_device
 from .session_watch import LEFT_KEY, SessionWatch, undecided_of
-from .suite import TIER_DEFAULTS, Suite, tier_global_batch
+from .suite import TIER_DEFAULTS, Suite
 
 TIERS = (("cpu", ""), ("cuda", "-gpu"))
 OPTIONS = pytest.StashKey[dict[str, Any]]()
@@ -528,15 +528,11 @@ def session_suite(cfg: pytest.Config, device_type: str) -> Suite:
     if device_type not in suites:
         opts = cfg.stash[OPTIONS]
         facts = session_facts(cfg)
-        sizes = _tier_world_sizes(cfg, device_type)
-        if device_type == "cuda":  # the world sizes this session can run: the batch need not serve more
-            sizes = [w for w in sizes if w <= facts["gpus"]] or [1]
         suites[device_type] = Suite(
             device_type,
             steps=opts["steps"],
             timeout=opts["job_timeout"],
             models=opts["models"] or [],
-            global_batch=tier_global_batch(device_type, sizes),
             shelf=Shelf(Path(facts["shelf"]) / device_type),
             phases=cfg.stash.setdefault(PHASES, PhaseLog()),
         )
