@@ -33,6 +33,7 @@ def test_checkpoint_roundtrip(suite, strategy, world_size):
     _assert_roundtrip(suite, strategy, world_size)
 
 
+@pytest.mark.up_to_world_size(2)
 @pytest.mark.strategies("ddp", "fsdp_full", "fsdp1_full", "zero3")
 def test_lora_checkpoint_roundtrip(suite, strategy, world_size):
     """The same with LoRA: the adapters and their optimizer state come back exactly beside frozen base weights

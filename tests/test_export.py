@@ -20,6 +20,7 @@ from distbench.invariants.export import (
 from recipe_jobs import LORA
 
 
+@pytest.mark.up_to_world_size(2)
 @pytest.mark.strategies("zero3", "fsdp_full")
 def test_export_to_plain_and_pretrained(suite, strategy, world_size, tmp_path):
     cfg = suite.config(strategy, world_size)
@@ -35,6 +36,7 @@ def test_export_to_plain_and_pretrained(suite, strategy, world_size, tmp_path):
     assert global_batch_loss(reloaded, cfg, k) == pytest.approx(want, rel=PARITY_RTOL)
 
 
+@pytest.mark.up_to_world_size(2)
 @pytest.mark.strategies("zero3", "fsdp_full")
 def test_lora_merged_export(suite, strategy, world_size, tmp_path):
     """A LoRA run's checkpoint, its adapters merged into the base weights (peft's merge_and_unload): the

@@ -44,6 +44,7 @@ def test_rerun_is_bitwise_identical(suite, strategy, world_size):
     assert first == second, f"{strategy} ws{world_size} is not deterministic: {first} vs {second}"
 
 
+@pytest.mark.up_to_world_size(2)
 @pytest.mark.strategies("single", "ddp", "fsdp_full", "fsdp_grad")
 def test_compiled_loss_parity(suite, strategy, world_size):
     """torch.compile per transformer block trains to the reference's losses: a torch upgrade that breaks

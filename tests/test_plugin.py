@@ -159,3 +159,22 @@ def test_the_committed_gpu_durations_name_tests_that_exist(pytestconfig):
     assert len(table) > 100
     missing = [t for t in table if not (pytestconfig.rootpath / t.split("::")[0]).exists()]
     assert not missing, missing
+
+
+def test_a_test_up_to_a_world_size_skips_the_larger_defaults_and_runs_them_when_named(pytester):
+    """up_to_world_size: the tier's larger default world sizes skip with the reason and the option that runs
+    them; a --world-sizes that names them runs them."""
+    pytester.makepyfile(
+        test_upto="""
+        import pytest
+
+        @pytest.mark.up_to_world_size(1)
+        def test_recipe(strategy, world_size):
+            pass
+        """
+    )
+    args = ("-p", "distbench.testsuite.plugin", "-rs", "-m", "not gpu", "--strategies", "ddp")
+    default = pytester.runpytest(*args)
+    default.assert_outcomes(passed=1, skipped=1)
+    default.stdout.fnmatch_lines(["*does not change past 1 ranks*`--world-sizes 2` runs it here*"])
+    pytester.runpytest(*args, "--world-sizes", "1,2").assert_outcomes(passed=2)

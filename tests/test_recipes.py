@@ -110,6 +110,7 @@ def test_clipping_by_a_shards_own_norm_fails_parity(suite):
         assert_losses_match(broken["losses"], ref["losses"], "fsdp_full ws2 clipping by local shards")
 
 
+@pytest.mark.up_to_world_size(2)
 @pytest.mark.strategies("single", "ddp", "fsdp_full", "fsdp_grad", "fsdp_hybrid", "zero2", "zero3")
 def test_activation_checkpointing_recomputes_and_keeps_the_losses(suite, strategy, world_size):
     cfg = suite.config(strategy, world_size, activation_checkpointing=True)
@@ -149,6 +150,7 @@ def _dropped(suite, strategy: str, world_size: int, **overrides):
     return cfg, _dropout_reference(suite, cfg)
 
 
+@pytest.mark.up_to_world_size(2)
 def test_dropout_streams_match_the_reference(suite, strategy, world_size):
     """Every sample sees its own dropout stream whichever rank and micro-batch runs it: losses, parameters and
     gradients equal the reference's, which keys the streams by each sample's place in the global batch."""
@@ -159,6 +161,7 @@ def test_dropout_streams_match_the_reference(suite, strategy, world_size):
     assert_params_and_grads_match(run, ref, cfg.lr, what)
 
 
+@pytest.mark.up_to_world_size(2)
 @pytest.mark.strategies("fsdp_full")  # a wrapper whose hooks run again in the recomputation
 def test_dropout_masks_survive_recomputation(suite, strategy, world_size):
     """Activation checkpointing runs each block's forward again in backward; the recomputed dropout must draw
@@ -272,6 +275,7 @@ def _fp16_rtol(cfg) -> list[float]:
     return [FP16_RTOL] * cfg.steps
 
 
+@pytest.mark.up_to_world_size(2)
 def test_fp16_loss_scaling_matches_the_reference(suite, strategy, world_size):
     """GradScaler (torch-native; FSDP2's DTensor gradients reduce the overflow flag over the mesh, FSDP1 its
     sharded scaler) or DeepSpeed's fp16 section against the reference's own scaling rule: an overflow on the
@@ -292,6 +296,7 @@ def test_fp16_stepping_through_an_overflow_fails_parity(suite):
         assert_loss_scaling_matches(broken, ref, FP16_RTOL, "ddp ws2 fp16 stepping through an overflow")
 
 
+@pytest.mark.up_to_world_size(2)
 @pytest.mark.strategies(
     "fsdp_full"
 )  # the scaler's state is harness state, saved alike by every torch-native one
@@ -327,6 +332,7 @@ def test_deepspeed_fp16_on_cpu_is_refused_with_its_reason(suite):
     assert info.value.exc_types == {"ConfigError"} and "fp16 on cuda only" in str(info.value), info.value
 
 
+@pytest.mark.up_to_world_size(2)
 @pytest.mark.strategies(
     "single", "ddp", "fsdp_full", "fsdp_grad", "fsdp1_full", "fsdp1_grad", "zero2", "zero3"
 )

@@ -163,6 +163,8 @@ MARKERS = (
     "world_size(n): the test needs n ranks",
     "strategies(*names): restrict a strategy-parametrized test to these",
     "exclusive: measures time or memory of the machine; under lanes it runs last, with nothing else running",
+    "up_to_world_size(n): what the test checks does not change past n ranks (a recipe beside the sharding, "
+    "not the sharding): the tier's larger default world sizes skip it, --world-sizes naming them runs it",
 )
 
 
@@ -222,13 +224,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # gpu mark alone, which the device_type fixture and pytest_collection_modifyitems fall back to.
     with_tier = "device_type" in names
     argnames = [n for n in ("device_type", "strategy", "world_size") if n in names]
+    up_to = metafunc.definition.get_closest_marker("up_to_world_size")
     params = []
     for device_type, suffix in TIERS:
         if gpu_only and device_type == "cpu":
             continue
-        marks = [pytest.mark.gpu] if device_type == "cuda" else []
         tier = [device_type] if with_tier else []
         for ws in _tier_world_sizes(metafunc.config, device_type):
+            marks = [pytest.mark.gpu] if device_type == "cuda" else []
+            if up_to and ws > up_to.args[0] and not metafunc.config.stash[OPTIONS]["world_sizes"]:
+                marks.append(pytest.mark.skip(reason=beyond_reason(up_to.args[0], ws)))
             if "strategy" in names:
                 for s in selected:
                     spec = REGISTRY[s]
@@ -238,6 +243,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             else:
                 params.append(pytest.param(*tier, ws, id=f"ws{ws}{suffix}", marks=marks))
     metafunc.parametrize(argnames, params)
+
+
+def beyond_reason(up_to: int, world_size: int) -> str:
+    """Why a test marked up_to_world_size skips its larger default world sizes, and how to run them."""
+    return (
+        f"what this test checks does not change past {up_to} ranks, which it ran at; "
+        f"`--world-sizes {world_size}` runs it here"
+    )
 
 
 def _params(item: pytest.Item) -> dict[str, Any]:
