@@ -239,6 +239,7 @@ from record import record
 from distbench.jobs.train import train
 @pytest.mark.world_size(2)
 def test_pool_{me}(suite):
+    assert suite.pool_manager.pool_for(2).alive, "the lane spawns its first unit's pool before it collects"
     record("pool_{me}", 0.0, wait_for="pool_{other}")
     losses = suite.run_job(2, train, cfg=suite.config("ddp", 2, steps=2))[0]["losses"]
     record("pool_{me}_trained", 0.0, wait_for="pool_{other}_trained")

@@ -214,3 +214,16 @@ def test_no_unit_that_may_read_any_groups_runs_starts_while_shelved_runs_are_rem
     runner._hand_out(lane)
     runner._hand_out(lane)
     assert handed == [strategy_unit, module_unit, None] and runner.pending == []
+
+
+def test_a_unit_holds_one_tier_so_its_lane_can_start_that_pool_first():
+    """The CPU and GPU cases of one test and world size are two units: a lane spawns its first unit's rank
+    pool (gloo or NCCL) before it collects (lane_child.LANE_POOL_ENV), which one pool kind per unit allows."""
+    p = plan(
+        [Case("t.py::p[ddp-ws2]", 2, "ddp"), Case("t.py::p[ddp-ws2-gpu]", 2, "ddp", device_type="cuda")],
+        devices=2,
+    )
+    assert sorted((u.device_type, u.nodeids[0]) for u in p.units) == [
+        ("cpu", "t.py::p[ddp-ws2]"),
+        ("cuda", "t.py::p[ddp-ws2-gpu]"),
+    ]

@@ -28,6 +28,9 @@ ITEMS = "items.json"
 EVENTS = "events.jsonl"
 OUTPUT = "output.log"
 WORK_FD_ENV = "DISTBENCH_LANE_FD"
+#: "device_type:world_size" of the rank pool the lane's first unit runs in: the child spawns it before it
+#: collects, so the ranks' start (imports, CUDA context, NCCL) overlaps the collection, each lane's first ~9 s
+LANE_POOL_ENV = "DISTBENCH_LANE_POOL"
 
 
 class LaneReporter:

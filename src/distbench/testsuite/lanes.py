@@ -40,7 +40,7 @@ from ..measure.hostspeed import cpu_stat, steal_share
 from ..runtime.phases import PhaseLog
 from ..runtime.pool import visible_devices
 from ..runtime.worker import THREADS_ENV
-from .lane_child import EVENTS, ITEMS, OUTPUT, WORK_FD_ENV
+from .lane_child import EVENTS, ITEMS, LANE_POOL_ENV, OUTPUT, WORK_FD_ENV
 from .lane_watch import GpuWatch, Occupancy, dirty_bytes, session_of, sync_filesystem
 from .schedule import CORES_PER_RANK, Plan, Seats, Unit, next_world_size, take_unit, warm_up_due
 
@@ -464,10 +464,12 @@ class LaneRunner:
             *paths,
         ]
         read_end, write_end = os.pipe()
+        first = next(u for u in self.pending if u.world_size == world_size)
         env = {
             **lane_env(slots, self.gpus, shared=self.plan.seats > 1),
             **self.env,
             WORK_FD_ENV: str(read_end),
+            LANE_POOL_ENV: f"{first.device_type}:{world_size}",
         }
         try:
             with open(d / OUTPUT, "wb") as out:

@@ -178,13 +178,16 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(e)) from None
     lane_dir = config.getoption("--distbench-lane")
     if lane_dir:
-        from .lane_child import LaneReporter
+        from .lane_child import LANE_POOL_ENV, LaneReporter
 
         reporter = LaneReporter(
             config, Path(lane_dir), config.stash.setdefault(PHASES, PhaseLog()), lambda: close_suites(config)
         )
         config.pluginmanager.register(reporter, "distbench-lane")
         config.add_cleanup(reporter.close)
+        if os.environ.get(LANE_POOL_ENV):  # its ranks start (imports, CUDA, NCCL) while this process collects
+            device_type, world_size = os.environ[LANE_POOL_ENV].split(":")
+            session_suite(config, device_type).pool_manager.pool_for(int(world_size)).spawn()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -346,6 +349,7 @@ def _case(item: pytest.Item, durations: dict[str, float]) -> Case:
         reads_any=not strategy,
         inert=bool(item.get_closest_marker("skip")),
         cost=durations.get(item.nodeid, UNMEASURED_COST.get(str(group), 1.0)),
+        device_type=item_device_type(item),
     )
 
 

@@ -44,6 +44,7 @@ class Case:
     reads_any: bool = False  # its group is a module, not a strategy: it may read any strategy's shared runs
     inert: bool = False  # skipped at collection: runs first, here
     cost: float = 1.0  # expected seconds (the last session's, when known)
+    device_type: str = "cpu"  # the tier: which rank pool its jobs run in
 
     @property
     def module(self) -> str:
@@ -59,6 +60,7 @@ class Unit:
     cost: float
     group: str = ""
     reads_any: bool = False  # its cases may read any group's shared runs (Case.reads_any)
+    device_type: str = "cpu"  # its cases' tier (Case.device_type)
 
 
 @dataclass
@@ -88,7 +90,7 @@ class Plan:
 
 def plan(cases: Sequence[Case], devices: int, seats: int = 1) -> Plan:
     """Place `cases` on `devices` device slots of `seats` seats each. Units are one group's cases of one world
-    size and module, in collection order. Groups are ordered by their cost, largest first (a lane takes the
+    size, module and tier, in collection order. Groups are ordered by their cost, largest first (a lane takes the
     next unit when it is done: the longest work starts first, so no lane is left with it at the end), and a
     group's units by theirs, so lanes share out one group before the next."""
     first = [c.nodeid for c in cases if c.inert]
@@ -101,7 +103,8 @@ def plan(cases: Sequence[Case], devices: int, seats: int = 1) -> Plan:
         if c.inert or c.exclusive:
             continue
         u = units.setdefault(
-            (c.world_size, c.group, c.module), Unit(c.world_size, [], 0.0, c.group, c.reads_any)
+            (c.world_size, c.group, c.module, c.device_type),
+            Unit(c.world_size, [], 0.0, c.group, c.reads_any, c.device_type),
         )
         u.nodeids.append(c.nodeid)
         u.cost += c.cost
