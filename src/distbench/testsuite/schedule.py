@@ -98,7 +98,7 @@ def plan(cases: Sequence[Case], devices: int, seats: int = 1) -> Plan:
         c.nodeid
         for c in sorted((c for c in cases if c.exclusive and not c.inert), key=lambda c: c.world_size)
     ]
-    units: dict[tuple[int, str, str], Unit] = {}
+    units: dict[tuple[int, str, str, str], Unit] = {}
     for c in cases:
         if c.inert or c.exclusive:
             continue
