@@ -39,6 +39,12 @@ def _env(tag: str, tmp: Path) -> dict[str, str]:
     return {**os.environ, TAG_ENV: tag, "TMPDIR": str(tmp), "PYTHONPATH": os.pathsep.join(path)}
 
 
+def _ctrl_c_reaches_it() -> None:
+    """The child's Ctrl-C as a terminal's: a shell that runs a job in the background (`cmd &`, as CI wrappers
+    and nohup do) starts it with SIGINT ignored, and Python then keeps it ignored in this test's children."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_a_session_with_a_failing_and_a_hanging_job_leaves_nothing(tmp_path: Path):
     tag, tmp, work = new_tag(), tmp_path / "tmp", tmp_path / "session"
     tmp.mkdir()
@@ -108,6 +114,7 @@ def test_a_stopped_run_leaves_nothing(tmp_path: Path, stop: str):
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=_ctrl_c_reaches_it,
     )
     try:
         end = time.monotonic() + 120
@@ -168,6 +175,7 @@ def _lane_session(tag: str, tmp: Path, work: Path, *args: str) -> subprocess.Pop
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=_ctrl_c_reaches_it,
     )
 
 
