@@ -178,3 +178,20 @@ def test_a_test_up_to_a_world_size_skips_the_larger_defaults_and_runs_them_when_
     default.assert_outcomes(passed=1, skipped=1)
     default.stdout.fnmatch_lines(["*does not change past 1 ranks*`--world-sizes 2` runs it here*"])
     pytester.runpytest(*args, "--world-sizes", "1,2").assert_outcomes(passed=2)
+
+
+def test_what_the_machine_cannot_run_is_the_reason_given_before_up_to_world_size(pytester):
+    """A world-size-2 case this machine cannot run (no GPU) names that, not the option that would run it."""
+    pytester.makepyfile(
+        test_upto="""
+        import pytest
+
+        @pytest.mark.up_to_world_size(1)
+        def test_recipe(strategy, world_size):
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "distbench.testsuite.plugin", "-rs", "-m", "gpu", "--strategies", "ddp")
+    result.assert_outcomes(skipped=3)  # world sizes 1, 2 and 4, the GPU tier's defaults
+    result.stdout.fnmatch_lines(["*SKIPPED [[]3[]]*gpu tier: no CUDA device on this machine*"])
+    result.stdout.no_fnmatch_line("*runs it here*")

@@ -282,26 +282,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip what this machine cannot run, with the reason. That reason goes before any skip the parametrization
+    chose (up_to_world_size): pytest reports the first, and "needs 4 CUDA devices" is the truth on a machine
+    that has fewer, not "--world-sizes 4 runs it here"."""
     n_cuda: int | None = None
     for item in items:
         params = _params(item)
         device_type = item_device_type(item)
         ws = item_world_size(item)
+        reason = None
         if device_type == "cuda":
             n_cuda = cuda_device_count() if n_cuda is None else n_cuda
             if n_cuda == 0:
-                item.add_marker(pytest.mark.skip(reason="gpu tier: no CUDA device on this machine"))
-                continue
-            if ws > n_cuda:
-                item.add_marker(
-                    pytest.mark.skip(reason=f"needs {ws} CUDA devices, this machine has {n_cuda}")
-                )
-                continue
+                reason = "gpu tier: no CUDA device on this machine"
+            elif ws > n_cuda:
+                reason = f"needs {ws} CUDA devices, this machine has {n_cuda}"
         strategy = params.get("strategy")
-        if strategy:
+        if reason is None and strategy:
             reason = get_spec(strategy).unsupported_reason(device_type, ws)
-            if reason:
-                item.add_marker(pytest.mark.skip(reason=reason))
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason), append=False)
 
 
 def _cache_get(config: pytest.Config, key: str) -> dict[str, float]:
@@ -539,8 +539,8 @@ SUITES = pytest.StashKey[dict[str, Suite]]()  # this process's Suite per device 
 
 
 def session_suite(cfg: pytest.Config, device_type: str) -> Suite:
-    """This process's Suite for a tier, made on first use (by a test, or by the warm-up of the exclusive tests'
-    pools while the lanes end) and closed with the session."""
+    """This process's Suite for a tier, made on first use (by a test, by a lane starting its first pool, or by
+    the warm-up of the exclusive tests' pools while the lanes end) and closed with the session."""
     suites = cfg.stash.setdefault(SUITES, {})
     if device_type not in suites:
         opts = cfg.stash[OPTIONS]
