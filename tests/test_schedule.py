@@ -200,7 +200,7 @@ def test_no_unit_that_may_read_any_groups_runs_starts_while_shelved_runs_are_rem
     runner._drops, runner.running, runner.group_cap = queue.Queue(), [], 2
     runner.pending = [module_unit, strategy_unit]
     handed: list[Unit | None] = []
-    lane = SimpleNamespace(world_size=1, hand=handed.append)
+    lane = SimpleNamespace(world_size=1, hand=handed.append, collected=frozenset({"m.py::t", "s.py::t"}))
 
     runner._drops.put("zero3")  # a removal under way
     runner._hand_out(lane)
@@ -214,6 +214,10 @@ def test_no_unit_that_may_read_any_groups_runs_starts_while_shelved_runs_are_rem
     runner._hand_out(lane)
     runner._hand_out(lane)
     assert handed == [strategy_unit, module_unit, None] and runner.pending == []
+    # work pending that this lane did not collect: it is told to end, and a fresh lane collects it
+    runner.pending = [Unit(1, ["late.py::t"], 1.0, "ddp")]
+    runner._hand_out(lane)
+    assert handed[-1] is None and len(runner.pending) == 1
 
 
 def test_a_unit_holds_one_tier_so_its_lane_can_start_that_pool_first():
@@ -227,3 +231,14 @@ def test_a_unit_holds_one_tier_so_its_lane_can_start_that_pool_first():
         ("cpu", "t.py::p[ddp-ws2]"),
         ("cuda", "t.py::p[ddp-ws2-gpu]"),
     ]
+
+
+def test_a_lane_never_takes_a_unit_with_a_test_it_did_not_collect():
+    """The rest of a unit whose lane died is pending again after other lanes started: a lane that collected
+    only what was pending when it started cannot run it (it would end 'before running this test')."""
+    rest = Unit(1, ["t.py::after_hang"], 1.0, "g")
+    pending = [rest, Unit(1, ["t.py::b"], 2.0, "g")]
+    assert take_unit(list(pending), 1, collected={"t.py::b"}).nodeids == ["t.py::b"]
+    assert take_unit(list(pending), 1, collected={"t.py::c"}) is None
+    assert take_unit(list(pending), 1, collected={"t.py::after_hang", "t.py::b"}) is rest
+    assert take_unit(list(pending), 1) is rest  # no record of what it collected: any of its world size

@@ -42,7 +42,7 @@ from ..runtime.pool import visible_devices
 from ..runtime.worker import THREADS_ENV
 from .lane_child import EVENTS, ITEMS, LANE_POOL_ENV, OUTPUT, WORK_FD_ENV
 from .lane_watch import GpuWatch, Occupancy, dirty_bytes, session_of, sync_filesystem
-from .schedule import CORES_PER_RANK, Plan, Seats, Unit, next_world_size, take_unit, warm_up_due
+from .schedule import CORES_PER_RANK, Plan, Seats, Unit, next_world_size, runnable, take_unit, warm_up_due
 
 LANE_ENV = "DISTBENCH_LANE"
 WHEN = ("setup", "call", "teardown")
@@ -139,6 +139,7 @@ class LaneRun:
     dir: Path
     proc: subprocess.Popen[bytes]
     work: Any  # the write end of the lane's work pipe (a text file)
+    collected: frozenset[str] = frozenset()  # the tests it collected: it can run no other
     remaining: list[str] = field(default_factory=list)  # handed to it, not yet finished
     unit: Unit | None = None  # the unit it runs (a lane asks for the next only when this one is done)
     asked: bool = False  # it asked for work and waits for the answer
@@ -389,13 +390,14 @@ class LaneRunner:
             self.done_groups.append(unit.group)
 
     def _hand_out(self, run: LaneRun) -> None:
-        """The lane's next unit (None: its world size has no work left, and it ends). While shelved runs are
-        being removed, no unit that may read any group's runs (Unit.reads_any) starts: the lane asks again."""
+        """The lane's next unit (None: no work it can run is left, and it ends; a fresh lane takes what it did
+        not collect). While shelved runs are being removed, no unit that may read any group's runs
+        (Unit.reads_any) starts: the lane asks again."""
         busy = Counter(r.unit.group for r in self.running if r.unit is not None)
         dropping = self._drops.unfinished_tasks > 0
         startable = [u for u in self.pending if not (dropping and u.reads_any)]
-        unit = take_unit(startable, run.world_size, busy, self.group_cap)
-        if unit is None and any(u.world_size == run.world_size for u in self.pending):
+        unit = take_unit(startable, run.world_size, busy, self.group_cap, run.collected)
+        if unit is None and any(runnable(u, run.world_size, run.collected) for u in self.pending):
             return
         self.pending = [u for u in self.pending if u is not unit]
         run.hand(unit)
@@ -489,7 +491,7 @@ class LaneRunner:
         finally:
             os.close(read_end)
         work = os.fdopen(write_end, "w", encoding="utf-8")
-        self.running.append(LaneRun(world_size, slots, slices, d, proc, work))
+        self.running.append(LaneRun(world_size, slots, slices, d, proc, work, frozenset(candidates)))
 
     def _on_event(self, run: LaneRun, event: dict[str, Any]) -> None:
         kind = event["event"]

@@ -17,7 +17,7 @@ cores (`seats_per_device`). Pure planning: no pytest and no processes here (lane
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 #: Host cores a rank keeps busy: its Python thread and autograd's device thread (small models' steps wait on
@@ -157,14 +157,24 @@ def next_world_size(pending: Sequence[Unit], running: dict[int, int], seats: Sea
     return None
 
 
+def runnable(unit: Unit, world_size: int, collected: Container[str] | None = None) -> bool:
+    """Whether a lane of `world_size` that collected the tests in `collected` (None: any) can run `unit`. A lane
+    collects only the tests pending when it started; the rest of a unit whose lane died is pending later."""
+    return unit.world_size == world_size and (collected is None or all(n in collected for n in unit.nodeids))
+
+
 def take_unit(
-    pending: list[Unit], world_size: int, busy: dict[str, int] | None = None, cap: int = 0
+    pending: list[Unit],
+    world_size: int,
+    busy: dict[str, int] | None = None,
+    cap: int = 0,
+    collected: Container[str] | None = None,
 ) -> Unit | None:
     """The next unit a lane of `world_size` runs, removed from `pending`: the first in plan order whose group
-    fewer than `cap` lanes are running (`busy`: lanes per group), else the first. Most of a group's units
-    wait on the group's one shared run (a session's shelf computes it once): more lanes on one group than
-    `cap` mostly wait for it."""
-    mine = [i for i, u in enumerate(pending) if u.world_size == world_size]
+    fewer than `cap` lanes are running (`busy`: lanes per group), else the first, among those it can run
+    (`runnable`). Most of a group's units wait on the group's one shared run (a session's shelf computes it
+    once): more lanes on one group than `cap` mostly wait for it."""
+    mine = [i for i, u in enumerate(pending) if runnable(u, world_size, collected)]
     if not mine:
         return None
     free = [i for i in mine if not cap or (busy or {}).get(pending[i].group, 0) < cap]
