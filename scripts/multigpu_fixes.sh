@@ -26,7 +26,7 @@ node_run() {  # node_run NAME NPROC DEVICES_NODE0 DEVICES_NODE1 WORLD_SIZES
     local devs=$3; [ "$i" = 1 ] && devs=$4
     CUDA_VISIBLE_DEVICES=$devs NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 timeout "${NODES_LIMIT_S:-110}" python3 -m torch.distributed.run \
       --nnodes 2 --nproc-per-node "$nproc" --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:$port --rdzv-id "$name" \
-      --max-restarts 0 -m distbench.cli launch --parity -- -s ddp,fsdp_full,fsdp_hybrid,zero2 -n "$5" \
+      --max-restarts 0 --log-dir "$out/$name-torchrun$i" -m distbench.cli launch --parity -- -s ddp,fsdp_full,fsdp_hybrid,zero2 -n "$5" \
       -m gpt2-124m --steps 3 --warmup 1 --seq-len 256 -o "$out/$name" > "$out/$name-agent$i.log" 2>&1 &
   done
   wait

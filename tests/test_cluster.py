@@ -67,6 +67,8 @@ def torchrun_agents(
                 out.name,
                 "--max-restarts",
                 "0",
+                "--log-dir",  # torchrun's default is a new torchelastic_* in /tmp, never removed
+                str(out.parent / f"torchrun-agent{i}"),
                 "-m",
                 "distbench.cli",
                 "launch",

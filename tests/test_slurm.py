@@ -125,6 +125,7 @@ def test_sbatch_script_runs_distbench_launch_with_slurms_rendezvous(slurm, tmp_p
         "DISTBENCH_PROCS_PER_NODE": "2",
         "DISTBENCH_RDZV_PORT": str(free_port()),
         "DISTBENCH_PYTHON": sys.executable,
+        "DISTBENCH_TORCHRUN_LOGS": str(tmp_path / "torchrun"),
     }
     submit = subprocess.run(
         [
@@ -168,3 +169,4 @@ def test_sbatch_script_runs_distbench_launch_with_slurms_rendezvous(slurm, tmp_p
     (result,) = load_results(out)
     assert result["status"] == "ok" and result["config"]["world_size"] == 2
     assert (result["env"]["nodes"], result["env"]["ranks_per_node"]) == (1, 2)
+    assert list((tmp_path / "torchrun").glob("*/attempt_0")), "torchrun's logs went elsewhere (a torchelastic_* in /tmp?)"
