@@ -359,6 +359,31 @@ def test_a_hung_lane_is_killed_at_the_lane_timeout_with_its_stack_and_the_rest_r
     assert "PASSED test_hangs.py::test_after_hang" in out.stdout
 
 
+def test_lanes_that_cannot_start_fail_their_tests_with_the_reason_and_the_session_ends(tmp_path):
+    """A lane that exits before it asks for work (here its conftest fails to import in lanes only) fails the
+    tests of its world size with its output, once: not lanes started again without end."""
+    files = {
+        "conftest.py": """
+import os
+if os.environ.get("DISTBENCH_LANE") is not None:
+    raise ImportError("planted: this lane cannot import its conftest")
+""",
+        "test_cannot_a.py": "def test_one(): pass\n",
+        "test_cannot_b.py": "def test_two(): pass\n",
+        "test_cannot_c.py": "import pytest\n@pytest.mark.world_size(2)\ndef test_pair(): pass\n",
+    }
+    t0 = time.monotonic()
+    out = session(tmp_path, files, "--lanes", "2")
+    assert out.returncode == 1, out.stdout[-3000:]
+    assert time.monotonic() - t0 < 120
+    for name in ("a.py::test_one", "b.py::test_two", "c.py::test_pair"):
+        assert f"ERROR test_cannot_{name} - lane process" in out.stdout, out.stdout[-3000:]
+    assert "planted: this lane cannot import its conftest" in out.stdout
+    assert "before it could run a test" in out.stdout
+    started = re.search(r"lanes: (\d+) started", out.stdout)
+    assert started and int(started.group(1)) <= 3, out.stdout[-2000:]
+
+
 def test_a_lane_whose_test_left_a_thread_running_still_ends(tmp_path):
     """A lane leaves as soon as its work and report are done (LaneReporter.close): not after the threads its
     tests or their libraries left, which Python's exit would wait for. Here a thread that runs for 60 s; the

@@ -4,6 +4,7 @@ devices and world sizes: what `pytest -m gpu` does on N GPUs is shown here witho
 
 from __future__ import annotations
 
+import os
 import queue
 import random
 
@@ -242,3 +243,17 @@ def test_a_lane_never_takes_a_unit_with_a_test_it_did_not_collect():
     assert take_unit(list(pending), 1, collected={"t.py::c"}) is None
     assert take_unit(list(pending), 1, collected={"t.py::after_hang", "t.py::b"}) is rest
     assert take_unit(list(pending), 1) is rest  # no record of what it collected: any of its world size
+
+
+def test_a_lane_imports_the_distbench_its_session_runs():
+    """A lane is a fresh interpreter started with `-p distbench.testsuite.plugin`, before any ini pythonpath
+    applies: its PYTHONPATH must lead to this distbench, also where it is not installed (a checkout run with
+    `pythonpath = src`). It pointed into the package itself once, and every lane died at its start."""
+    from importlib.machinery import PathFinder
+
+    import distbench
+    from distbench.testsuite.lanes import lane_env
+
+    first = lane_env([0], gpus=False)["PYTHONPATH"].split(os.pathsep)[0]
+    spec = PathFinder.find_spec("distbench", [first])
+    assert spec is not None and spec.origin == distbench.__file__, first

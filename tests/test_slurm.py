@@ -169,4 +169,6 @@ def test_sbatch_script_runs_distbench_launch_with_slurms_rendezvous(slurm, tmp_p
     (result,) = load_results(out)
     assert result["status"] == "ok" and result["config"]["world_size"] == 2
     assert (result["env"]["nodes"], result["env"]["ranks_per_node"]) == (1, 2)
-    assert list((tmp_path / "torchrun").glob("*/attempt_0")), "torchrun's logs went elsewhere (a torchelastic_* in /tmp?)"
+    assert list((tmp_path / "torchrun").glob("*/attempt_0")), (
+        "torchrun's logs went elsewhere (a torchelastic_* in /tmp?)"
+    )

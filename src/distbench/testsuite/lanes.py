@@ -88,7 +88,9 @@ def lane_env(slots: Sequence[int], gpus: bool, shared: bool = False) -> dict[str
     env.pop(
         "PYTEST_ADDOPTS", None
     )  # its reporting options (--junitxml=...) are the session's; forwarded_args
-    src = str(Path(__file__).resolve().parents[1])  # this distbench, whatever else is installed
+    src = str(
+        Path(__file__).resolve().parents[2]
+    )  # the folder that holds this distbench, whatever is installed
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices(slots)
@@ -143,6 +145,7 @@ class LaneRun:
     remaining: list[str] = field(default_factory=list)  # handed to it, not yet finished
     unit: Unit | None = None  # the unit it runs (a lane asks for the next only when this one is done)
     asked: bool = False  # it asked for work and waits for the answer
+    started: bool = False  # it asked for work once: it imported, collected and started its first pool
     units: int = 0  # units handed to it so far
     current: str | None = None
     current_since: float = 0.0
@@ -514,7 +517,7 @@ class LaneRunner:
                 self._unit_finished(run.unit)
                 run.unit = None
         elif kind == "want":
-            run.asked = True
+            run.asked = run.started = True
         elif kind == "closed":
             self.stats.pool_closes.append(event["seconds"])
         elif kind == "collect":
@@ -530,6 +533,9 @@ class LaneRunner:
         self.free_slices += run.cpu_slices
         for test, phases in run.phases.items():
             self.phases.add(test, phases)
+        if not (run.started or run.told_to_end is not None or run.killed_why):
+            self._failed_to_start(run)
+            return
         rest = run.remaining
         if run.current is not None:
             self.occupancy.finish(run.current)
@@ -553,6 +559,18 @@ class LaneRunner:
         for nodeid in rest:  # it stopped between tests: nothing to blame, nothing to rerun
             self._replay(nodeid, [self._failure(nodeid, "setup", run.story("before running this test"))])
             self._check_stop()
+
+    def _failed_to_start(self, run: LaneRun) -> None:
+        """A lane that exited before it asked for work could not import or collect: every lane of its world
+        size would do the same, so their tests fail with its output instead of lanes started without end."""
+        story = run.story("before it could run a test (its start: imports, collection, its first pool)")
+        mine = [u for u in self.pending if u.world_size == run.world_size]
+        self.pending = [u for u in self.pending if u.world_size != run.world_size]
+        for unit in mine:
+            self._unit_finished(unit)
+            for nodeid in unit.nodeids:
+                self._replay(nodeid, [self._failure(nodeid, "setup", story)])
+                self._check_stop()
 
     def _charge_memory(self, by_pid: dict[int, int]) -> None:
         """From GpuWatch's thread: charge each lane's device memory (its ranks' processes) to its test."""
