@@ -11,7 +11,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ..config import LocalPath, RunConfig
-from ..invariants.collectives import CollectiveRecorder, collectives_per_step, profiled_kinds
+from ..invariants.collectives import CollectiveRecorder, collectives_per_step, op_names, profiled_kinds
 from ..invariants.reference import reference_run
 from ..runtime.context import RankContext
 from ..runtime.shelf import save_tensors
@@ -51,7 +51,7 @@ def count_collectives(ctx: RankContext, cfg: RunConfig, steps: int = 2) -> dict[
             run_steps(ctx, trainer, cfg, 1 + steps)
     finally:
         trainer.close()
-    return collectives_per_step(prof.events(), steps, ctx.world_size)
+    return collectives_per_step(op_names(prof), steps, ctx.world_size)
 
 
 #: Steps before a strategy's collectives repeat step after step: DDP rebuilds its buckets after its first step,
@@ -75,7 +75,7 @@ def record_collectives(ctx: RankContext, cfg: RunConfig, steps: int = 1) -> dict
             recorded.append(recorder.calls)
     finally:
         trainer.close()
-    return {"steps": recorded, "profiled": profiled_kinds(prof.events())}
+    return {"steps": recorded, "profiled": profiled_kinds(op_names(prof))}
 
 
 def state_memory(ctx: RankContext, cfg: RunConfig) -> dict[str, Any]:
