@@ -360,8 +360,8 @@ def test_a_hung_lane_is_killed_at_the_lane_timeout_with_its_stack_and_the_rest_r
 
 
 def test_lanes_that_cannot_start_fail_their_tests_with_the_reason_and_the_session_ends(tmp_path):
-    """A lane that exits before it asks for work (here its conftest fails to import in lanes only) fails the
-    tests of its world size with its output, once: not lanes started again without end."""
+    """Lanes that exit before they ask for work (here their conftest fails to import in lanes only) are started
+    again once per world size, then its tests fail with the output: not lanes started again without end."""
     files = {
         "conftest.py": """
 import os
@@ -381,7 +381,8 @@ if os.environ.get("DISTBENCH_LANE") is not None:
     assert "planted: this lane cannot import its conftest" in out.stdout
     assert "before it could run a test" in out.stdout
     started = re.search(r"lanes: (\d+) started", out.stdout)
-    assert started and int(started.group(1)) <= 3, out.stdout[-2000:]
+    # per world size: the lanes started at once (two of world size 1 here), and one more try
+    assert started and int(started.group(1)) <= 5, out.stdout[-2000:]
 
 
 def test_a_lane_whose_test_left_a_thread_running_still_ends(tmp_path):

@@ -45,6 +45,8 @@ from .lane_watch import GpuWatch, Occupancy, dirty_bytes, session_of, sync_files
 from .schedule import CORES_PER_RANK, Plan, Seats, Unit, next_world_size, runnable, take_unit, warm_up_due
 
 LANE_ENV = "DISTBENCH_LANE"
+#: lanes of one world size that may fail to start in a row (a passing cause, say memory another lane held)
+_START_TRIES = 2
 WHEN = ("setup", "call", "teardown")
 _OUTPUT_TAIL = 6000  # characters of a dead lane's output quoted in each test it fails
 _POLL_S = 0.05
@@ -88,9 +90,8 @@ def lane_env(slots: Sequence[int], gpus: bool, shared: bool = False) -> dict[str
     env.pop(
         "PYTEST_ADDOPTS", None
     )  # its reporting options (--junitxml=...) are the session's; forwarded_args
-    src = str(
-        Path(__file__).resolve().parents[2]
-    )  # the folder that holds this distbench, whatever is installed
+    # the folder that holds this distbench, whatever else is installed
+    src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices(slots)
@@ -303,6 +304,8 @@ class LaneRunner:
         self.seats = Seats.of(plan.devices, plan.seats)
         self.free_slices = list(range(plan.devices * plan.seats))
         self.running: list[LaneRun] = []
+        #: lanes of each world size that exited, one after another, before asking for work
+        self.start_failures: Counter[int] = Counter()
         self._root = Path(tempfile.mkdtemp(prefix="distbench-lanes-"))
         watch.on_sample = self._charge_memory
 
@@ -518,6 +521,7 @@ class LaneRunner:
                 run.unit = None
         elif kind == "want":
             run.asked = run.started = True
+            self.start_failures[run.world_size] = 0
         elif kind == "closed":
             self.stats.pool_closes.append(event["seconds"])
         elif kind == "collect":
@@ -534,7 +538,9 @@ class LaneRunner:
         for test, phases in run.phases.items():
             self.phases.add(test, phases)
         if not (run.started or run.told_to_end is not None or run.killed_why):
-            self._failed_to_start(run)
+            self.start_failures[run.world_size] += 1
+            if self.start_failures[run.world_size] >= _START_TRIES:
+                self._failed_to_start(run)
             return
         rest = run.remaining
         if run.current is not None:
@@ -561,8 +567,9 @@ class LaneRunner:
             self._check_stop()
 
     def _failed_to_start(self, run: LaneRun) -> None:
-        """A lane that exited before it asked for work could not import or collect: every lane of its world
-        size would do the same, so their tests fail with its output instead of lanes started without end."""
+        """Lanes of a world size that exited _START_TRIES times in a row before asking for work could not import,
+        collect or start their first pool: their tests fail with the last one's output, instead of lanes started
+        without end."""
         story = run.story("before it could run a test (its start: imports, collection, its first pool)")
         mine = [u for u in self.pending if u.world_size == run.world_size]
         self.pending = [u for u in self.pending if u.world_size != run.world_size]
