@@ -142,7 +142,7 @@ class LaneRun:
     dir: Path
     proc: subprocess.Popen[bytes]
     work: Any  # the write end of the lane's work pipe (a text file)
-    collected: frozenset[str] = frozenset()  # the tests it collected: it can run no other
+    collected: frozenset[str]  # the tests it collected: it can run no other
     remaining: list[str] = field(default_factory=list)  # handed to it, not yet finished
     unit: Unit | None = None  # the unit it runs (a lane asks for the next only when this one is done)
     asked: bool = False  # it asked for work and waits for the answer
@@ -562,9 +562,8 @@ class LaneRunner:
             return
         if run.unit is not None:
             self._unit_finished(run.unit)
-        for nodeid in rest:  # it stopped between tests: nothing to blame, nothing to rerun
-            self._replay(nodeid, [self._failure(nodeid, "setup", run.story("before running this test"))])
-            self._check_stop()
+        if rest:  # it stopped between tests: nothing to blame, nothing to rerun
+            self._fail_unrun(rest, run.story("before running this test"))
 
     def _failed_to_start(self, run: LaneRun) -> None:
         """Lanes of a world size that exited _START_TRIES times in a row before asking for work could not import,
@@ -575,9 +574,13 @@ class LaneRunner:
         self.pending = [u for u in self.pending if u.world_size != run.world_size]
         for unit in mine:
             self._unit_finished(unit)
-            for nodeid in unit.nodeids:
-                self._replay(nodeid, [self._failure(nodeid, "setup", story)])
-                self._check_stop()
+            self._fail_unrun(unit.nodeids, story)
+
+    def _fail_unrun(self, nodeids: list[str], story: str) -> None:
+        """Fail each test at its setup with `story`: a lane ended before it ran them."""
+        for nodeid in nodeids:
+            self._replay(nodeid, [self._failure(nodeid, "setup", story)])
+            self._check_stop()
 
     def _charge_memory(self, by_pid: dict[int, int]) -> None:
         """From GpuWatch's thread: charge each lane's device memory (its ranks' processes) to its test."""
