@@ -21,6 +21,8 @@ Each mutation breaks one property a real incident breaks, on top of a correct tr
                      gradients reduce-scattered in bf16 (fsdp_* strategies)
   bf16_compress_hook  DDP's gradients all-reduced in bf16 through torch's bf16_compress_hook
   ds_bf16_communication  DeepSpeed's communication_data_type set to bf16 in the config it is given (zero*)
+  ds_autocast_off    DeepSpeed's torch_autocast section left off under bf16-amp (zero*): the engine turns the
+                     autocast around it off, and the strategy trains in fp32 beside strategies in bf16
   all_reduce_twice   every DDP bucket all-reduced a second time (identical values across ranks, so the mean
                      keeps them: only the traffic shows it)
   clip_before_unscale  under fp16, gradients clipped while still multiplied by the loss scale, unscaled after
@@ -342,6 +344,10 @@ def _ds_config_without_clipping(*args: Any, **kwargs: Any) -> dict[str, Any]:
 _hybrid_shape = fsdp.hybrid_shape
 
 
+def _ds_config_without_autocast(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    return {**_build_ds_config(*args, **kwargs), "torch_autocast": {"enabled": False}}
+
+
 def _hybrid_dims_swapped(*args: Any, **kwargs: Any) -> tuple[int, int]:
     replicate, shard = _hybrid_shape(*args, **kwargs)
     return shard, replicate
@@ -354,6 +360,7 @@ _AT_BUILD: dict[str, tuple[Any, str, Any]] = {
     "bf16_reduce_dtype": (fsdp, "MixedPrecisionPolicy", _reducing_in_bf16),
     "ds_bf16_communication": (deepspeed, "build_ds_config", _communicating_in_bf16),
     "ds_clipping_off": (deepspeed, "build_ds_config", _ds_config_without_clipping),
+    "ds_autocast_off": (deepspeed, "build_ds_config", _ds_config_without_autocast),
     "hybrid_dims_swapped": (fsdp, "hybrid_shape", _hybrid_dims_swapped),
 }
 
@@ -408,3 +415,8 @@ def count_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, float
 def record_collectives(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, Any]:
     with mutated(mutation):
         return checks.record_collectives(ctx, **kwargs)
+
+
+def record_regime(ctx: Any, mutation: str, **kwargs: Any) -> dict[str, list[str]]:
+    with mutated(mutation):
+        return checks.record_regime(ctx, **kwargs)

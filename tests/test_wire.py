@@ -22,7 +22,7 @@ from distbench.workloads import get_model
 
 #: The precisions each tier checks. fp32 on the GPU tier would repeat the CPU tier's: torch-native strategies
 #: and DeepSpeed put the same dtypes on NCCL as on gloo; DeepSpeed's fp16 runs on GPUs only.
-PRECISIONS = {"cpu": ("fp32", "bf16", "fp16"), "cuda": ("bf16", "fp16")}
+PRECISIONS = {"cpu": ("fp32", "bf16", "fp16", "bf16-amp"), "cuda": ("bf16", "fp16", "bf16-amp")}
 
 
 def wire_config(suite: Any, strategy: str, world_size: int, precision: str) -> RunConfig:
@@ -61,7 +61,7 @@ def recorded(suite: Any, cfg: RunConfig) -> list[dict[str, Any]]:
 
 @pytest.mark.up_to_world_size(2)
 @pytest.mark.slow  # ~20 s of ranks on 2 cores (the default tier runs the bites' configurations)
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "bf16-amp"])
 def test_collectives_follow_the_precision_policy(
     suite: Any, strategy: str, world_size: int, precision: str
 ) -> None:

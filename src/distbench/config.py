@@ -28,8 +28,14 @@ Beta = Annotated[float, Field(ge=0, lt=1)]
 DropoutRate = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 
 #: fp16 trains with dynamic loss scaling (loss_scale_power, loss_scale_window); bf16 and fp32 need none.
-Precision = Literal["fp32", "bf16", "fp16"]
+#: "bf16" is each strategy's own bf16 policy (FSDP's bf16 compute copies of fp32 parameters, DeepSpeed's bf16
+#: weights with fp32 optimizer copies, torch.autocast for single and DDP): three regimes with different ops in
+#: bf16. "bf16-amp" is one regime for every strategy: fp32 parameters, gradients and reduction, bf16 compute
+#: through torch.autocast; the like-for-like choice for comparing strategies.
+Precision = Literal["fp32", "bf16", "fp16", "bf16-amp"]
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
+#: The precisions that compute in bf16 (the dtype of their matmuls' tensor-core peak)
+BF16_COMPUTE: tuple[str, ...] = ("bf16", "bf16-amp")
 #: AdamW implementations: "auto" picks fused where it supports the parameters (CUDA, DTensor included),
 #: foreach otherwise; the others force one. Every result records the one that ran.
 Optimizer = Literal["auto", "fused", "foreach", "forloop"]
@@ -106,6 +112,11 @@ class RunConfig:
     ] = ()  # modules to adapt; (): the model family's (see workloads/models.py)
     windows: PositiveInt = 1  # the timed steps run as this many windows, each between two synchronizations
     device_time_steps: NonNegativeInt = 2  # extra steps sampled under the profiler for device time and regime
+    # Measure until the figure repeats (measure/adaptive.py): after the `windows` windows, more windows of the
+    # same length until the 95% interval of the median window is within +/-until_ci of it, or max_windows;
+    # a slower start (warm-up not yet over) is moved out of the timed windows. 0: exactly `windows` windows.
+    until_ci: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
+    max_windows: PositiveInt = 12
     options: dict[str, Any] = field(default_factory=dict)  # strategy options, e.g. {"ds_config": {...}}
 
     def __post_init__(self) -> None:
@@ -114,6 +125,10 @@ class RunConfig:
             raise ConfigError(
                 f"lora_targets {list(self.lora_targets)} given without lora_rank; set lora_rank "
                 "(e.g. 8) to train LoRA adapters, or drop lora_targets"
+            )
+        if self.until_ci and self.max_windows < self.windows:
+            raise ConfigError(
+                f"max_windows ({self.max_windows}) is below windows ({self.windows}); raise --max-windows"
             )
         if self.windows > self.steps:
             raise ConfigError(

@@ -166,13 +166,14 @@ def _fsdp1(precision: str, ws: int, m: ModelFacts, *, full: bool) -> Table:
 def _zero(precision: str, ws: int, m: ModelFacts, *, stage: int) -> Table:
     """DeepSpeed reduces gradients in its communication_data_type, which distbench leaves unset and DeepSpeed
     documents as "determined by the regime": the precision's own dtype (bf16 under bf16, fp16 under fp16, fp32
-    otherwise), which is also the dtype it holds the model's parameters in. Buckets of DS_BUCKET_ELEMENTS capped at
+    otherwise), which is also the dtype it holds the model's parameters in; under bf16-amp (torch_autocast over
+    fp32 parameters, no module marked for bf16 communication) that is fp32. Buckets of DS_BUCKET_ELEMENTS capped at
     N: greedily filled, so at least N / bucket of them and fewer than twice that.
     ZeRO-1/2 all-reduce each bucket (use_multi_rank_bucket_allreduce, on by default in 0.19: "an All-Reduce
     instead of multiple Reduce ops"), on one rank too, and all-gather the updated partitions once per parameter
     group (distbench's AdamW has one) except on one rank. ZeRO-3 reduce-scatters each bucket, on one rank too,
     and all-gathers parameters as forward and backward reach them: at most twice each a step, none on one rank."""
-    comm = DTYPE[precision]
+    comm = FP32 if precision == "bf16-amp" else DTYPE[precision]
     bucket = min(DS_BUCKET_ELEMENTS, m.elements)
     buckets = -(-m.elements // bucket)
     grads = (m.elements, m.padded(ws))

@@ -13,6 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 from ..config import LocalPath, RunConfig
 from ..invariants.collectives import CollectiveRecorder, collectives_per_step, op_names, profiled_kinds
 from ..invariants.reference import reference_run
+from ..invariants.regime import DtypeRecorder, regime_of
 from ..runtime.context import RankContext
 from ..runtime.shelf import save_tensors
 from ..workloads import count_params, get_model
@@ -76,6 +77,20 @@ def record_collectives(ctx: RankContext, cfg: RunConfig, steps: int = 1) -> dict
     finally:
         trainer.close()
     return {"steps": recorded, "profiled": profiled_kinds(op_names(prof))}
+
+
+def record_regime(ctx: RankContext, cfg: RunConfig) -> dict[str, list[str]]:
+    """The precision regime of one optimizer step of cfg's strategy (invariants/regime.py): the dtypes its
+    matmuls compute in, its layer norms see and its trained module's parameters are held in."""
+    trainer = make_trainer(ctx, cfg)
+    try:
+        with DtypeRecorder() as recorder:
+            run_steps(ctx, trainer, cfg, 1)
+        engine = getattr(trainer, "engine", None)  # DeepSpeed trains engine.module; the others trainer.model
+        module = engine.module if engine is not None else trainer.model  # type: ignore[attr-defined]
+        return regime_of(recorder.seen, list(module.parameters()))
+    finally:
+        trainer.close()
 
 
 def state_memory(ctx: RankContext, cfg: RunConfig) -> dict[str, Any]:

@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import RunConfig
+from ..config import BF16_COMPUTE, RunConfig
 from ..errors import ConfigError
 from ..measure.pygc import GcWatch
 from ..measure.roundparts import Readings, timed_parts
@@ -221,7 +221,7 @@ def _bare_loop_for(cfg: RunConfig) -> Callable[[RankContext, RunConfig, nn.Modul
         )
     extras = {
         "deterministic": cfg.deterministic,
-        "precision": cfg.precision if cfg.precision not in ("fp32", "bf16") else None,
+        "precision": cfg.precision if cfg.precision not in ("fp32", *BF16_COMPUTE) else None,
         "algorithm": cfg.algorithm if cfg.algorithm != "adamw" else None,
         "compile": cfg.compile,
         "activation_checkpointing": cfg.activation_checkpointing,
@@ -301,7 +301,7 @@ def _torch_loop(
 
 def _single(ctx: RankContext, cfg: RunConfig, model: nn.Module, impl: str) -> BareLoop:
     opt = _adamw(model.parameters(), cfg, impl)
-    return _torch_loop(ctx, model, opt, lambda last: contextlib.nullcontext(), cfg.precision == "bf16")
+    return _torch_loop(ctx, model, opt, lambda last: contextlib.nullcontext(), cfg.precision in BF16_COMPUTE)
 
 
 def _ddp(ctx: RankContext, cfg: RunConfig, model: nn.Module, impl: str) -> BareLoop:
@@ -313,7 +313,7 @@ def _ddp(ctx: RankContext, cfg: RunConfig, model: nn.Module, impl: str) -> BareL
     def sync(last: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext() if last else ddp.no_sync()
 
-    return _torch_loop(ctx, ddp, opt, sync, cfg.precision == "bf16")
+    return _torch_loop(ctx, ddp, opt, sync, cfg.precision in BF16_COMPUTE)
 
 
 def _fsdp(
@@ -346,7 +346,7 @@ def _fsdp(
         root.set_requires_gradient_sync(last)
         yield
 
-    return _torch_loop(ctx, model, opt, sync, autocast=False)
+    return _torch_loop(ctx, model, opt, sync, autocast=cfg.precision == "bf16-amp")
 
 
 def _zero(ctx: RankContext, cfg: RunConfig, model: nn.Module, impl: str, *, stage: int) -> BareLoop:
@@ -357,6 +357,7 @@ def _zero(ctx: RankContext, cfg: RunConfig, model: nn.Module, impl: str, *, stag
     import deepspeed
 
     from ..strategies.deepspeed import destroy_engine  # teardown only: DeepSpeed keeps ZeRO-3 engines alive
+    from ..strategies.ds_config import torch_autocast_section
 
     bucket = max(1, min(DS_DEFAULT_BUCKET, sum(p.numel() for p in model.parameters())))
     config = {
@@ -368,6 +369,7 @@ def _zero(ctx: RankContext, cfg: RunConfig, model: nn.Module, impl: str, *, stag
             "allgather_bucket_size": bucket,
         },
         "bf16": {"enabled": cfg.precision == "bf16"},
+        "torch_autocast": torch_autocast_section(cfg),
         "gradient_clipping": 0.0,
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 1 << 30,

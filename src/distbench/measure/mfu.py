@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import BF16_COMPUTE
+
 #: Dense (no structured sparsity) peak TFLOP/s per GPU from NVIDIA datasheets: "bf16" and "tf32" on tensor
 #: cores, "fp32" on the CUDA cores (what plain fp32 matmuls reach with TF32 off). Datasheets quote sparse
 #: figures for tensor cores; the dense figure is half of that.
@@ -105,7 +107,7 @@ def peak_dtype(precision: str) -> str:
     """Which peak applies to a run's precision: the peak of the unit that does its matmuls. fp32 runs on tensor
     cores as TF32 when torch allows it (matmul_tf32), else on the CUDA cores; fp16 matmuls have bf16's dense
     tensor-core peak on every GPU in the table that has bf16 (V100, which has only fp16, gets none)."""
-    if precision in ("bf16", "fp16"):
+    if precision in (*BF16_COMPUTE, "fp16"):
         return "bf16"
     return "tf32" if matmul_tf32() else "fp32"
 

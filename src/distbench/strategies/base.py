@@ -283,7 +283,7 @@ class Trainer(ABC):
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.cfg.precision == "fp16":
             return torch.autocast(self.ctx.device_type, dtype=torch.float16)
-        if self.cfg.precision == "bf16" and self.autocast_bf16:
+        if (self.cfg.precision == "bf16" and self.autocast_bf16) or self.cfg.precision == "bf16-amp":
             return torch.autocast(self.ctx.device_type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

@@ -89,7 +89,7 @@ def harness_config(cfg: RunConfig, stage: int, offload: bool, n_params: int | No
         "zero_optimization": zero,
         "bf16": {"enabled": cfg.precision == "bf16"},
         "fp16": fp16_section(cfg),
-        "torch_autocast": {"enabled": False},
+        "torch_autocast": torch_autocast_section(cfg),
         # Parity: recent DeepSpeed (0.19.8 here; older releases used 0.0) defaults gradient_clipping to 1.0, so
         # every step's gradient was silently rescaled to global norm 1 while DDP and the reference do not clip.
         # Adam hides it on step 1 (its update is nearly scale-free) but from step 2 on the per-step clip factors
@@ -103,6 +103,16 @@ def harness_config(cfg: RunConfig, stage: int, offload: bool, n_params: int | No
         "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 1 << 30,  # DeepSpeed's progress lines would interleave with the harness's output
     }
+
+
+def torch_autocast_section(cfg: RunConfig) -> dict[str, Any]:
+    """DeepSpeed's torch_autocast section: on for bf16-amp only, so that the engine computes under
+    torch.autocast over fp32 parameters as single and DDP do (the engine turns off an autocast entered outside
+    it unless this section is on). No module is listed as safe for bf16 gradient communication: every gradient
+    is reduced in fp32, as DDP reduces it, so the regime is the same on the wire too."""
+    if cfg.precision != "bf16-amp":
+        return {"enabled": False}
+    return {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
 
 
 def fp16_section(cfg: RunConfig) -> dict[str, Any]:
@@ -150,7 +160,7 @@ def _controlled(cfg: RunConfig, stage: int, offload: bool) -> dict[tuple[str, ..
         ("zero_optimization", "offload_param", "device"): (device, off_fix),
         ("bf16", "enabled"): (cfg.precision == "bf16", prec_fix),
         **{("fp16", k): (v, prec_fix if k == "enabled" else scale_fix) for k, v in fp16_section(cfg).items()},
-        ("torch_autocast", "enabled"): (False, prec_fix),
+        **{("torch_autocast", k): (v, prec_fix) for k, v in torch_autocast_section(cfg).items()},
         ("zero_allow_untested_optimizer",): (True, "distbench passes torch.optim.AdamW; remove the key"),
         ("zero_force_ds_cpu_optimizer",): (False, "distbench passes torch.optim.AdamW; remove the key"),
     }
