@@ -37,7 +37,7 @@ def result(cfg: RunConfig, tps: float) -> dict[str, Any]:
 
 def test_the_config_runs_the_seeds_strategies_beside_fsdp2_and_zero_with_its_figures():
     m = load_matrix(CONFIG)
-    assert m.models == ["gpt2-large"] and m.precisions == ["bf16"] and m.world_sizes == [1, 2, 4]
+    assert m.models == ["gpt2-large"] and m.precisions == ["bf16-amp"] and m.world_sizes == [1, 2, 4]
     assert {"single", "ddp", "fsdp1_full", "fsdp1_grad", "fsdp_full", "fsdp_grad", "zero2", "zero3"} == set(
         m.strategies
     )
@@ -177,7 +177,8 @@ class FakeRankPool:
         self.closed = True
 
 
-def test_the_matrix_runs_side_by_side_on_disjoint_gpus_and_cpus(monkeypatch, tmp_path):
+def placed_spans(monkeypatch, side_by_side: bool):
+    """(the results, each run's (gpus, start, end, cpus), the wall) of a faked 4-GPU matrix."""
     monkeypatch.setattr(pool_mod, "RankPool", FakeRankPool)
     monkeypatch.setattr(pool_mod, "cuda_device_count", lambda: 4)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
@@ -192,10 +193,24 @@ def test_the_matrix_runs_side_by_side_on_disjoint_gpus_and_cpus(monkeypatch, tmp
 
     monkeypatch.setattr(matrix, "run_benchmark", bench)
     m = load_matrix(CONFIG)
-    m = Matrix(["single", "ddp", "fsdp_full", "zero3"], [1, 2, 4], m.models, m.precisions, m.base)
+    m = Matrix(
+        ["single", "ddp", "fsdp_full", "zero3"], [1, 2, 4], m.models, m.precisions, m.base,
+        side_by_side=side_by_side,
+    )  # fmt: skip
     t0 = time.monotonic()
     results = run_matrix(m, pools=PoolManager("cuda"), device_count=4)
-    wall = time.monotonic() - t0
+    return m, results, spans, time.monotonic() - t0
+
+
+def test_the_matrix_runs_one_configuration_at_a_time_unless_asked(monkeypatch):
+    """A host-bound run's figure moves with its neighbour's host work: by default nothing runs beside it."""
+    _, results, spans, _ = placed_spans(monkeypatch, side_by_side=False)
+    assert len(results) == len(spans) > 1
+    assert max(sum(s <= t < e for _, s, e, _ in spans) for _, t, _, _ in spans) == 1
+
+
+def test_the_matrix_runs_side_by_side_on_disjoint_gpus_and_cpus(monkeypatch):
+    m, results, spans, wall = placed_spans(monkeypatch, side_by_side=True)
     assert [(r["config"]["strategy"], r["config"]["world_size"]) for r in results] == [
         (c.strategy, c.world_size) for c in m.configs("cuda", 4)[0]
     ]  # the matrix's order, whatever order they finished in

@@ -45,7 +45,9 @@ from .runtime.pool import JobError, PoolManager, cuda_device_count
 from .strategies import REGISTRY, default_strategies, get_spec
 from .workloads import get_model
 
-MATRIX_KEYS = ("strategies", "world_sizes", "models", "precisions", "repeats", "trace", "reference")
+MATRIX_KEYS = (
+    "strategies", "world_sizes", "models", "precisions", "repeats", "trace", "reference", "side_by_side"
+)
 
 
 @dataclass
@@ -78,6 +80,9 @@ class Matrix:
     #: True: profile each configuration and attach HTA's breakdown; world sizes: only the shortfalls there
     trace: bool | list[PositiveInt] = False
     reference: Reference | None = None
+    #: False: one configuration at a time. True: side by side on disjoint GPUs (Placement), faster, but the
+    #: runs then share the host, and a host-bound step moves with its neighbour's host work
+    side_by_side: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -146,7 +151,7 @@ def default_matrix(device_type: str, device_count: int) -> Matrix:
         default_strategies("cuda"),
         sizes,
         ["gpt2-124m"],
-        ["bf16"],
+        ["bf16-amp"],
         {"micro_batch": 8, "seq_len": 1024, "steps": 15, "warmup": 5, "deterministic": False},
     )
 
@@ -175,7 +180,7 @@ def load_matrix(path: str | Path) -> Matrix:
     if "strategies" not in data or "world_sizes" not in data:
         raise ConfigError(f"matrix file {path} needs `strategies` and `world_sizes`")
     data.setdefault("models", ["gpt2-tiny"])
-    data.setdefault("precisions", ["bf16"])
+    data.setdefault("precisions", ["bf16-amp"])
     try:
         check_keys({k: v for k, v in data.items() if k not in MATRIX_KEYS}, extra=MATRIX_KEYS)
         if isinstance(data.get("reference"), dict):
@@ -350,8 +355,8 @@ def run_matrix(
     timeout: float = 1800.0,
     device_count: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every configuration `repeats` times in the rank pools (side by side on disjoint GPUs where they fit:
-    Placement); save each result as it lands. Results come back in the matrix's order.
+    """Run every configuration `repeats` times in the rank pools (one at a time, or side by side on disjoint
+    GPUs where they fit when the matrix asks: Placement); save each result as it lands. Results come back in the matrix's order.
 
     `device_count`: GPUs the pools can place ranks on (default: this machine's; a multi-node launch has more).
 
@@ -366,7 +371,7 @@ def run_matrix(
     jobs = [(i, cfg) for i, cfg in enumerate(c for c in configs for _ in range(matrix.repeats))]
     placed = (
         Placement(pools, n_dev or 1)
-        if Placement.applies(pools, n_dev, [c.world_size for _, c in jobs])
+        if matrix.side_by_side and Placement.applies(pools, n_dev, [c.world_size for _, c in jobs])
         else None
     )
     lock = threading.Lock()

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .config import RunConfig
 from .errors import DistbenchError
+from .measure.adaptive import median_interval
 from .measure.devicetime import DEVICE_BOUND_RATIO, regime
 from .measure.timing import per_step_max, step_stats, throughput
 from .workloads.models import get_model
@@ -262,6 +263,12 @@ def summarize_bench(
     # The steps themselves too: a 5-11% step-time CV on 4x H200 (FSDP2, ZeRO) needs them to find its pattern.
     stats = {**step_stats(steps), "steps": steps, "windows": windows}
     step_time = statistics.median(windows) if windows else stats["median"]
+    # The figure's own 95% interval (None under 6 windows), and how the timing stopped when it measured
+    # until the figure repeats (measure/adaptive.py): what a history stores beside the figure.
+    interval = median_interval(windows) if windows else None
+    stats["interval"] = list(interval) if interval else None
+    if r0.get("adaptive"):
+        stats["adaptive"] = r0["adaptive"]
     metrics: dict[str, float] = {
         **throughput(cfg.global_batch, r0["seq_len"], cfg.world_size, step_time),
         "step_time_s": step_time,

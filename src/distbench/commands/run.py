@@ -129,6 +129,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(each between two syncs; the step time is their median; default 1)",
     )
     p.add_argument(
+        "--until-ci",
+        type=_typed(NonNegativeFloat),
+        help="time more windows until the 95%% interval of the median window is within +/- this fraction of "
+        "it (e.g. 0.01), a slow start moved to the warm-up; 0: exactly --windows windows",
+    )
+    p.add_argument(
+        "--max-windows", type=_typed(PositiveInt), help="the most windows --until-ci times (default 12)"
+    )
+    p.add_argument(
+        "--side-by-side",
+        action=argparse.BooleanOptionalAction,
+        help="run configurations side by side on disjoint GPUs (faster; they share the host, which moves "
+        "host-bound figures); default: one at a time, or the --config file's `side_by_side`",
+    )
+    p.add_argument(
         "--clip-grad-norm",
         type=_typed(NonNegativeFloat),
         help="clip gradients to this global norm "
@@ -236,6 +251,8 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
         "optimizer",
         "timing",
         "windows",
+        "until_ci",
+        "max_windows",
         "clip_grad_norm",
         "dropout",
         "lora_rank",
@@ -261,6 +278,7 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
         repeats=args.repeats or m.repeats,
         trace=m.trace if args.trace is None else args.trace,
         reference=m.reference,
+        side_by_side=m.side_by_side if args.side_by_side is None else args.side_by_side,
     )
 
 

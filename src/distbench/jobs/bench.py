@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from ..config import LocalPath, RunConfig
 from ..measure import busbw
+from ..measure.adaptive import decide
 from ..measure.devicetime import sample_device_time
 from ..measure.hostcount import ThreadCounters, try_open_counters
 from ..measure.hostspeed import ThreadTimes, cpu_stat, reference_s, steal_share
@@ -68,6 +69,7 @@ class _Bench:
     gc_watch: GcWatch | None = None
     counters: ThreadCounters | None = None  # this thread's user-mode instructions and cycles, where allowed
     counters_missing: str | None = None  # why there are none
+    adaptive: dict[str, Any] | None = None  # how the timing stopped, when cfg.until_ci asks (measure/adaptive.py)
 
 
 def _free(ctx: RankContext) -> None:
@@ -173,10 +175,35 @@ def _close_windows(ctx: RankContext, b: _Bench) -> None:
 
 
 def _timed_windows(ctx: RankContext, b: _Bench) -> None:
-    """The run's timed steps as cfg.windows windows, then the device-time sample outside them."""
+    """The run's timed steps as cfg.windows windows (more until the figure repeats, under cfg.until_ci), then
+    the device-time sample outside them."""
     for n in b.cfg.window_steps:
         _window(ctx, b, n)
+    if b.cfg.until_ci:
+        _until_narrow(ctx, b)
     _close_windows(ctx, b)
+
+
+def _slowest_per_step(ctx: RankContext, w: Window) -> float:
+    """The window's wall seconds per step on the slowest rank: what every rank's decision is taken on."""
+    t = torch.tensor([w.wall_s / len(w.step_s)], dtype=torch.float64, device=ctx.device)
+    if ctx.world_size > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _until_narrow(ctx: RankContext, b: _Bench) -> None:
+    """More windows of the shortest length until measure/adaptive.decide stops; its start-up transient moves
+    from the timed windows to the warm-up."""
+    steps = min(b.cfg.window_steps)
+    walls = [_slowest_per_step(ctx, w) for w in b.windows]
+    while (d := decide(walls, b.cfg.until_ci, b.cfg.max_windows)).more:
+        walls.append(_slowest_per_step(ctx, _window(ctx, b, steps)))
+    for _ in range(d.drop):
+        w = b.windows.pop(0)
+        b.times = b.times[len(w.step_s) :]
+        b.warmup_times += w.step_s
+    b.adaptive = {**d.to_dict(), "windows": len(walls), "target": b.cfg.until_ci}
 
 
 def _step(ctx: RankContext, b: _Bench) -> tuple[float, float]:
@@ -222,6 +249,7 @@ def _finish(ctx: RankContext, b: _Bench) -> dict[str, Any]:
             "multiplexed": bool(b.counters and b.counters.multiplexed),
         },
         "device_time": b.device_time,
+        "adaptive": b.adaptive,
         "losses": list(b.losses),
         "memory": memory_stats(ctx, nv["mem_used_peak_bytes"] if nv else None),
         "nvml": nv,
