@@ -43,9 +43,13 @@ def main(out: Path) -> None:
         ci = last["step_time_s"].get("interval")
         st_med = last["metrics"]["step_time_s"]
         ci_txt = f"{(ci[0] / st_med - 1) * 100:+.1f}/{(ci[1] / st_med - 1) * 100:+.1f}%" if ci else "-"
-        flagged = sorted({w.split(":")[0] for _, rs, fl in runs if key in rs for w in fl.get(rs[key]["id"], [])})
+        flagged = sorted(
+            {w.split(":")[0] for _, rs, fl in runs if key in rs for w in fl.get(rs[key]["id"], [])}
+        )
         cells = " ".join(f"{t:>10,.0f}" if t else f"{'-':>10}" for t in tps)
-        print(f"{key[0] + ' ws' + str(key[1]) + ' ' + key[2]:25} {cells} {off * 100:>7.1f}% {ci_txt:>14}  {'; '.join(flagged)}")
+        print(
+            f"{key[0] + ' ws' + str(key[1]) + ' ' + key[2]:25} {cells} {off * 100:>7.1f}% {ci_txt:>14}  {'; '.join(flagged)}"
+        )
     print(f"largest distance from a row's median: {worst * 100:.1f}%")
     print(f"\n{'device compute ms/step':25} {head} {'max off':>8} {'busy':>10}")
     worst = 0.0
@@ -64,17 +68,28 @@ def main(out: Path) -> None:
     print(f"largest distance from a row's median: {worst * 100:.1f}%")
     for st, rs, fl in runs:
         n_flag = sum(1 for r in rs.values() if fl.get(r["id"]))
-        print(f"{st['stage']}: {st['wall_s']} s (limit {st['limit_s']}), exit {st['exit']}, {len(rs)} rows, "
-              f"{n_flag} flagged")
+        print(
+            f"{st['stage']}: {st['wall_s']} s (limit {st['limit_s']}), exit {st['exit']}, {len(rs)} rows, "
+            f"{n_flag} flagged"
+        )
     print("shortfalls over 5% at 2 GPUs in the first repeat (ms per traced step, against DDP's)")
     first = list(runs[0][1].values()) if runs else []
     for short in shortfalls(first, [2]):
         why = explain(first, short) or {}
         mine, vs = why, why.get("vs_ddp") or {}
-        parts = ", ".join(f"{k[:-3]} {mine[k]:.1f} ({vs.get(k, 0):+.1f})" for k in
-                          ("compute_ms", "non_compute_ms", "idle_ms", "host_wait_ms") if k in mine)
-        print(f"  {short.strategy:11} ws{short.world_size} {short.gap:6.1%} below {short.against}: "
-              + (f"{parts}; grew most: {vs.get('largest')}" if mine else "not traced"))
+        parts = ", ".join(
+            f"{k[:-3]} {mine[k]:.1f} ({vs.get(k, 0):+.1f})"
+            for k in ("compute_ms", "non_compute_ms", "idle_ms", "host_wait_ms")
+            if mine.get(k) is not None
+        )
+        print(
+            f"  {short.strategy:11} ws{short.world_size} {short.gap:6.1%} below {short.against}: "
+            + (
+                f"{parts}; grew most: {vs.get('largest')} (from its {mine['source']})"
+                if mine
+                else "not measured"
+            )
+        )
 
 
 if __name__ == "__main__":

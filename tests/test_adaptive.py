@@ -34,6 +34,9 @@ def test_timing_stops_once_the_interval_is_narrow_and_not_before() -> None:
     assert decide(noisy, 0.01, 12).more
     capped = decide(noisy + [1.0] * 4, 0.01, 12)
     assert not capped.more and capped.reason == "cap" and capped.interval is not None
+    # a dropped start is made up for: six steady windows, so the capped figure has its interval
+    start = [1.5, 1.0, 1.05, 0.95, 1.1, 0.9, 1.0]
+    assert decide(start[:6], 0.01, 6).more and not decide(start, 0.01, 6).more
 
 
 def test_a_stall_widens_the_interval_instead_of_moving_the_figure() -> None:

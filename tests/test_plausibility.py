@@ -169,6 +169,18 @@ def test_a_host_that_changed_speed_and_moved_a_host_bound_step():
         assert host_warnings(quiet) == []
 
 
+def test_a_run_with_an_interval_gets_the_host_speed_as_its_reason_not_a_flag():
+    """Timed in six or more windows, the figure is their median and its interval holds the slow windows: the
+    finding is kept as the reason the interval is wide (plausibility.notes), and the row is a measurement."""
+    moved = with_host(run("ddp", 2, 1800, spread=0.3), [[0.0070, 0.0103], [0.0071, 0.0101]])
+    moved["step_time_s"]["interval"] = [0.13, 0.16]
+    results = [*clean()[:6], moved]
+    annotate(results)
+    assert moved["warnings"] == []
+    (note,) = moved["notes"]
+    assert note.startswith("its interval is wide because the host ran at different speeds") and "x1.47" in note
+
+
 def test_the_idle_probes_of_an_h200_draw_no_host_warning_and_its_host_bound_runs_do():
     """Real results (results/): recommend's probes on an idle H200, whose reference moved x1.3-1.5 while their
     step times spread under 6% (the rule before read every one of them as the host's fault), and DDP at

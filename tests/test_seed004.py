@@ -144,15 +144,30 @@ def test_the_seeds_figures_stand_beside_the_measured_and_the_shortfalls_are_trac
     assert f"| single | 1 | 33,468 | 32,582 | {SEED} | 1.027 |" in md
     row = next(line for line in md.splitlines() if line.startswith("| fsdp_full | 2 | 50,223 | ddp (63,370)"))
     assert "| 20.7% |" in row and row.endswith("| idle |")
-    assert "| 652.5 | +135.4 | +0.0 | +0.0 | +135.4 | +135.4 |" in row  # all of the growth is host wait
+    assert "| 652.5 (trace) | +135.4 | +0.0 | +0.0 | +135.4 | +135.4 |" in row  # all of the growth is host wait
 
 
-def test_an_untraced_shortfall_says_so(monkeypatch, tmp_path):
+def test_an_untraced_shortfall_without_a_device_sample_says_so(monkeypatch, tmp_path):
     fake_matrix(monkeypatch, SEED_LIKE, [])
     m = load_matrix(CONFIG)
     m = Matrix(["ddp", "fsdp_full"], [2], m.models, m.precisions, m.base, reference=m.reference)
     md = report_markdown(run_matrix(m, out_dir=tmp_path, pools=FakePools(), device_count=2), {})
-    assert "| fsdp_full | 2 | 50,223 | ddp (63,370) | 20.7% | not traced |" in md
+    assert "| fsdp_full | 2 | 50,223 | ddp (63,370) | 20.7% | not measured |" in md
+
+
+def test_an_untraced_shortfall_is_split_from_its_device_time_sample():
+    """Without traces, the device-time sample every run takes splits the gap: 2x H200's fsdp1_full at 2 GPUs
+    (compute 427.1 ms, busy 427.8, wall 635.2) against DDP (425.9, 429.0, 465.1): idle grew, nothing else."""
+    cfg = RunConfig(strategy="ddp", world_size=2, model="gpt2-large", precision="bf16-amp", seq_len=1024,
+                    global_batch=32, micro_batch=8)  # fmt: skip
+    ddp = result(cfg, 76982.0)
+    ddp["device_time"] = {"compute_s": 0.4259, "busy_s": 0.4290, "wall_s": 0.4651}
+    fsdp = result(cfg.replace(strategy="fsdp1_full"), 51605.0)
+    fsdp["device_time"] = {"compute_s": 0.4271, "busy_s": 0.4278, "wall_s": 0.6352}
+    (short,) = shortfalls([ddp, fsdp])
+    why = explain([ddp, fsdp], short)
+    assert why is not None and why["source"] == "device time" and why["vs_ddp"]["largest"] == "idle"
+    assert why["vs_ddp"]["compute_ms"] == pytest.approx(1.2) and why["vs_ddp"]["idle_ms"] == pytest.approx(171.3)
 
 
 class FakeRankPool:

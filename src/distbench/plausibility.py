@@ -15,7 +15,8 @@ A run's own measurement (`measurement_warnings`):
   cores;
 - a host that ran at different speeds and moved the step: on one rank, the reference launch work timed around
   the windows (measure/hostspeed.py) varied by more than HOST_SPEED_RATIO, in a step that is not
-  device-bound, and the step times spread by more than HOST_MOVED.
+  device-bound, and the step times spread by more than HOST_MOVED; for a run timed in six or more windows
+  this is a note on its interval (`notes`), not a flag.
 
 Its speedup against the 1-rank reference of its workload (scaling.py), at every world size but the
 reference's own runs:
@@ -161,24 +162,44 @@ def _contended(result: dict[str, Any]) -> list[str]:
 
 
 def _host_speed(result: dict[str, Any]) -> list[str]:
+    """The host-speed finding as a flag, for a run whose figure has no interval of its own (fewer than six
+    windows): nothing else says how far the host moved it."""
+    found = _host_speed_finding(result)
+    return [found] if found and not _has_interval(result) else []
+
+
+def _has_interval(result: dict[str, Any]) -> bool:
+    return bool((result.get("step_time_s") or {}).get("interval"))
+
+
+def notes(result: dict[str, Any]) -> list[str]:
+    """What widened a run's interval, for a run that has one: the host-speed finding is then a reason beside
+    the figure, not a flag. Timed in six or more windows, the figure is their median and its 95% interval
+    holds the windows a slower host stretched; on one H200 the flag fired on 8 of 11 rows of an idle run
+    (every rank's readings of twelve windows compared), whose intervals held the next repeats' figures."""
+    found = _host_speed_finding(result)
+    return [f"its interval is wide because {found}"] if found and _has_interval(result) else []
+
+
+def _host_speed_finding(result: dict[str, Any]) -> str | None:
     """A rank whose reference launch work moved by more than HOST_SPEED_RATIO over the run, in a step that is not
     device-bound and whose step times moved too."""
     if (result.get("regime") or {}).get("regime") == "device-bound" or rel_spread(result) <= HOST_MOVED:
-        return []
+        return None
     ratios = []
     for rank in _speed_windows(result):
         refs = [x for w in rank for x in w.get("ref_s") or []]
         if len(refs) >= 2 and min(refs) > 0:
             ratios.append((max(refs) / min(refs), min(refs), max(refs)))
     if not ratios or max(ratios)[0] <= HOST_SPEED_RATIO:
-        return []
+        return None
     ratio, fast, slow = max(ratios)
-    return [
+    return (
         f"the host ran at different speeds: the same launch work took {fast * 1000:.2f}-{slow * 1000:.2f} ms "
         f"(x{ratio:.2f}) on one rank around this run's windows, and its step times, not device-bound, spread "
         f"{rel_spread(result):.0%} with it; compare such runs with `distbench ab --bind-cpus` (interleaved "
         "windows on one core), not as separate runs"
-    ]
+    )
 
 
 def measurement_warnings(result: dict[str, Any], repeats: list[dict[str, Any]], first: bool) -> list[str]:
@@ -218,3 +239,4 @@ def annotate(results: list[dict[str, Any]]) -> None:
     found = check(results)
     for r in results:
         r["warnings"] = found.get(r["id"], [])
+        r["notes"] = notes(r) if r.get("status") == "ok" else []

@@ -12,8 +12,9 @@ times windows of equal length and after each one asks `decide`:
 * the figure is the median of the remaining windows, and its 95% confidence interval comes from order
   statistics (distribution-free: window times are skewed, one window in several is a stall), so a stall
   widens the interval instead of moving the figure;
-* timing stops once that interval lies within +/-target of the median, or at the cap, and the result says
-  which (a capped run's interval is its honest spread).
+* timing stops once that interval lies within +/-target of the median, or at the cap of steady windows
+  (a dropped start is made up for, so a capped run still has its interval), and the result says which (a
+  capped run's interval is its honest spread).
 
 Every rank takes the same decision from the same numbers: the window walls are max-reduced across ranks
 before `decide` sees them.
@@ -78,6 +79,6 @@ def decide(window_s: list[float], target: float, max_windows: int) -> Decision:
     narrow = interval is not None and med * (1 - target) <= interval[0] and interval[1] <= med * (1 + target)
     if narrow:
         return Decision(False, drop, interval, "narrow")
-    if len(window_s) >= max_windows:
+    if len(steady) >= max_windows:  # the cap counts steady windows: a dropped start is made up for
         return Decision(False, drop, interval, "cap")
     return Decision(True, drop, interval, "too few windows" if interval is None else "wide")
