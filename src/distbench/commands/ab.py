@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from ..config import RunConfig
     from ..gate.ab import ABReport, ConfigOutcome, Pair
+    from ..gate.numerics import NumericsOutcome
     from ..gate.variants import Variant
 
 #: Per-tier defaults: GPUs as seed 004 measures (bf16, sequence 1024) at a device-bound micro-batch, sized to
@@ -55,14 +56,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Compare HEAD against BASE, each served by its own process with persistent rank pools, "
         "alternating runs (AB, BA, ...) per configuration, adding pairs until each configuration "
         "is decided or --budget runs out. Variants: rev=REV, tree=DIR, path=DIR, python=EXE, "
-        "env.NAME=VALUE (comma-separated; empty: this checkout). Exit 0 pass, 1 regression, 2 usage, "
-        "3 undecided.",
+        "env.NAME=VALUE (comma-separated; empty: this checkout). First, unless --numerics off, base and head "
+        "train each configuration's first steps in deterministic mode and their losses and gradient norms "
+        "are compared step by step (docs/numerics.md). Exit 0 pass, 1 regression, 2 usage, 3 undecided, "
+        "4 numerics diverged.",
     )
     p.add_argument("--base", default="", help="the baseline variant (default: this checkout)")
     p.add_argument(
         "--head", default="", help="the candidate variant (default: this checkout, i.e. an A/A run)"
     )
     add_comparison_flags(p)
+    add_numerics_flags(p)
     p.add_argument(
         "--output",
         "-o",
@@ -72,6 +76,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--github-summary", action="store_true", help="append the table to $GITHUB_STEP_SUMMARY")
     p.set_defaults(func=run)
+
+
+def add_numerics_flags(p: argparse.ArgumentParser) -> None:
+    """The numerics comparison's flags (gate/numerics.py)."""
+    from ..gate import numerics
+
+    p.add_argument(
+        "--numerics",
+        choices=["on", "off", "only"],
+        default="on",
+        help="compare head's per-step loss and gradient norm with base's in deterministic mode before the "
+        "speed: on (default), off, or only (no speed runs); a divergence beyond the tolerance exits "
+        f"{numerics.EXIT_DIVERGED}",
+    )
+    p.add_argument(
+        "--numerics-steps",
+        type=int,
+        default=numerics.DEFAULT_STEPS,
+        help=f"steps each numerics run trains (default {numerics.DEFAULT_STEPS})",
+    )
+    p.add_argument(
+        "--numerics-repeats",
+        type=int,
+        default=numerics.DEFAULT_REPEATS,
+        help="runs of base with non-deterministic kernels whose spread sets the tolerance beside rounding "
+        f"(default {numerics.DEFAULT_REPEATS}; under 2: rounding alone)",
+    )
 
 
 def add_comparison_flags(
@@ -172,6 +203,9 @@ def check_flags(args: argparse.Namespace) -> str | None:
         return f"need 3 <= --min-pairs <= --max-pairs, got {args.min_pairs} and {args.max_pairs}"
     if args.budget <= 0 or args.timeout <= 0:
         return "--budget and --timeout must be positive"
+    if getattr(args, "numerics_steps", 1) < 1 or getattr(args, "numerics_repeats", 0) < 0:
+        steps, repeats = args.numerics_steps, args.numerics_repeats
+        return f"need --numerics-steps >= 1 and --numerics-repeats >= 0, got {steps} and {repeats}"
     return None
 
 
@@ -265,6 +299,31 @@ def run(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def compare_numerics(
+    args: argparse.Namespace, configs: list[RunConfig], servers: dict[str, Any], console: Console
+) -> list[NumericsOutcome]:
+    """Unless --numerics off: head's numerics against base's per configuration (gate/numerics.py), then fresh
+    ranks for the speed runs."""
+    if getattr(args, "numerics", "off") == "off":
+        return []
+    from ..gate import numerics
+    from ..gate.ab import label_of
+
+    def show(o: NumericsOutcome) -> None:
+        console.print(f"  numerics {o.label}: {o.verdict.describe() if o.verdict else o.error}")
+
+    outcomes = numerics.compare_variants(
+        [(label_of(c), c) for c in configs],
+        numerics.ask_servers(servers, args.timeout),
+        steps=args.numerics_steps,
+        repeats=args.numerics_repeats,
+        on_outcome=show,
+    )
+    for server in servers.values():
+        server.recycle()
+    return outcomes
+
+
 def sizes(configs: list[RunConfig], device: str) -> tuple[str, ...]:
     """What the memory model predicts of each configuration on this machine's card (gate/fit.py), on GPUs."""
     if device != "cuda":
@@ -296,7 +355,7 @@ def alternate(
     callbacks close over the servers, which live only as long as the temporary directory."""
     import tempfile
 
-    from ..gate.ab import run_ab
+    from ..gate.ab import ABReport, run_ab
     from ..gate.variants import VariantProcess
     from ..results import save_result
 
@@ -369,6 +428,21 @@ def alternate(
                 f"distbench ab: {len(configs)} configuration(s) on {device}; base {base_v.describe()} "
                 f"vs head {head_v.describe()}; {interleave} interleaved; budget {args.budget:.0f} s"
             )
+            numerics = compare_numerics(args, configs, servers, console)
+            if getattr(args, "numerics", "off") == "only":
+                return ABReport(
+                    [],
+                    args.alpha,
+                    args.alpha,
+                    args.threshold,
+                    args.min_effect,
+                    0.0,
+                    False,
+                    "",
+                    "",
+                    numerics=numerics,
+                    speed=False,
+                )
             sizing = sizes(configs, device)
             for line in sizing:
                 console.print(f"  {line}")
@@ -389,7 +463,7 @@ def alternate(
                 gate=gate,
                 device=args.device_metric,
             )
-            report.sizing = sizing
+            report.sizing, report.numerics = sizing, numerics
             return report
         finally:
             for server in servers.values():
