@@ -5,6 +5,8 @@ within-installation parity cannot:
   adamw_eps        torch's AdamW with an epsilon ten times the one asked for (an optimizer upgrade)
   attention_eager  the models' attention implementation switched from SDPA to eager (a transformers upgrade)
   bf16_loss        cross-entropy computed in bf16 instead of fp32 (a model file that casts its logits)
+  sdpa_<backend>    every SDPA call forced onto one backend (flash, efficient, cudnn: GPU kernels) where
+                   deterministic runs take the math kernel (a torch upgrade changing SDPA's choice)
   ddp_prediv       DDP's gradients pre-divided by twice the world size before their all-reduce (a pre-divide
                    factor changed in one strategy's wrapper alone)
 
@@ -25,7 +27,8 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-PLANTS = ("adamw_eps", "attention_eager", "bf16_loss", "ddp_prediv")
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+PLANTS = ("adamw_eps", "attention_eager", "bf16_loss", "ddp_prediv", *(f"sdpa_{b}" for b in SDPA_BACKENDS))
 ENV = "DISTBENCH_NUMERICS_PLANT"
 
 
@@ -55,6 +58,20 @@ def _eager_attention(hf_config: Any) -> Any:
     return planted
 
 
+def _sdpa_on(backend: str) -> Any:
+    def wrap(sdpa: Any) -> Any:
+        @functools.wraps(sdpa)
+        def planted(*args: Any, **kwargs: Any) -> torch.Tensor:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[backend])]):
+                return sdpa(*args, **kwargs)
+
+        return planted
+
+    return wrap
+
+
 def _prediv_hook(state, bucket):  # unannotated: DDP rejects the string annotations of `from __future__`
     """DDP comm hook pre-dividing by twice the world size, then summing: the mean halved."""
     import torch.distributed as dist
@@ -78,6 +95,8 @@ def _targets(name: str) -> tuple[Any, str, Any]:
     from distbench.strategies.ddp import DDPTrainer
     from distbench.workloads.models import ModelSpec
 
+    if name.startswith("sdpa_"):
+        return (F, "scaled_dot_product_attention", _sdpa_on(name.removeprefix("sdpa_")))
     return {
         "adamw_eps": (torch.optim.AdamW, "__init__", _adamw_with_eps_times_ten),
         "attention_eager": (ModelSpec, "hf_config", _eager_attention),
@@ -102,11 +121,13 @@ def apply(name: str) -> None:
     setattr(obj, attr, wrap(getattr(obj, attr)))
 
 
-def train(ctx: Any, plant: str, **kwargs: Any) -> dict[str, Any]:
-    """distbench's train job with `plant` in place."""
+def train(ctx: Any, plant: str | None, **kwargs: Any) -> dict[str, Any]:
+    """distbench's train job with `plant` in place (None: none), on one thread per rank on CPU as the numerics
+    comparison runs it (gate/numerics.py: one_thread_on_cpu)."""
+    from distbench.gate.numerics import one_thread_on_cpu
     from distbench.jobs.train import train as job
 
-    with planted(plant):
+    with planted(plant) if plant else contextlib.nullcontext(), one_thread_on_cpu(ctx.device_type):
         return job(ctx, **kwargs)
 
 
