@@ -222,3 +222,65 @@ def test_sdpa_backends_diverge_from_math(suite, strategy, world_size, backend):
     np.testing.assert_allclose(
         run["losses"], ref, rtol=BF16_LOSS_RTOL, err_msg=f"sdpa {backend}: bf16 parity"
     )
+
+
+@pytest.mark.slow  # two variant servers and five numerics runs: ~50 s on 2 loaded cores
+def test_ab_numerics_catches_a_planted_adamw_epsilon(tmp_path):
+    """`distbench ab --numerics only` end to end: the head variant's interpreters plant AdamW's epsilon x10 at
+    start (tests/plant_site), every side of the head installation alike; the verdict is "diverged" and the gate
+    exits numerics.EXIT_DIVERGED, each side reporting the versions it ran."""
+    import subprocess
+    import sys
+
+    plant_site = Path(__file__).parent / "plant_site"
+    proc = subprocess.run(
+        [sys.executable, "-m", "distbench.cli", "ab", "--device", "cpu", "-s", "ddp", "-n", "2"]
+        + ["--numerics", "only", "--numerics-steps", "4", "-o", str(tmp_path)]
+        + ["--head", f"path={plant_site},env.{numerics_plants.ENV}=adamw_eps"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == nm.EXIT_DIVERGED, proc.stdout + proc.stderr
+    (n,) = json.loads((tmp_path / "ab.json").read_text())["numerics"]
+    assert n["verdict"] == nm.DIVERGED and n["divergence"]["step"] >= 1, n
+    assert n["versions"]["base"] == n["versions"]["head"] and n["versions"]["base"]["torch"]
+    assert "NUMERICS DIVERGED" in (tmp_path / "ab.md").read_text()
+
+
+#: A transformers release other than the lock's, and a huggingface_hub both accept (5.17 asks <2).
+OTHER_TRANSFORMERS, HUB = "5.17.0", "huggingface_hub>=1.31,<2"
+
+
+@pytest.mark.slow  # a 10 MB download, two variant servers and ten numerics runs: ~1-2 min on 2 cores
+def test_ab_numerics_across_two_transformers_releases(tmp_path):
+    """A real comparison of two versions: head imports transformers OTHER_TRANSFORMERS from its own directory
+    (path=), base the lock's. Each side reports the version it ran, and the verdict is one of the three (on
+    2026-11-28, 5.17.0 against 5.24.0: identical for ddp and fsdp_full at 2 ranks)."""
+    import subprocess
+    import sys
+
+    import transformers
+
+    if transformers.__version__ == OTHER_TRANSFORMERS:
+        pytest.skip(f"the lock's transformers is {OTHER_TRANSFORMERS} already")
+    target = tmp_path / "tf"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target)]
+    got = subprocess.run([*pip, f"transformers=={OTHER_TRANSFORMERS}", HUB], capture_output=True, text=True)
+    if got.returncode != 0:
+        pytest.skip(
+            f"could not install transformers {OTHER_TRANSFORMERS} from the package index: {got.stderr[-300:]}"
+        )
+    proc = subprocess.run(
+        [sys.executable, "-m", "distbench.cli", "ab", "--device", "cpu", "-s", "ddp,fsdp_full", "-n", "2"]
+        + ["--numerics", "only", "-o", str(tmp_path / "ab"), "--head", f"path={target}"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode in (0, nm.EXIT_DIVERGED), proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "ab" / "ab.json").read_text())
+    for n in report["numerics"]:
+        assert n["verdict"] in (nm.IDENTICAL, nm.WITHIN, nm.DIVERGED), n
+        assert n["versions"]["head"]["transformers"] == OTHER_TRANSFORMERS, n["versions"]
+        assert n["versions"]["base"]["transformers"] == transformers.__version__, n["versions"]

@@ -140,7 +140,20 @@ def run_curve(pool: Any, cfg: RunConfig, timeout: float) -> dict[str, Any]:
         curve = curve_of(pool.run(curve_job, {"cfg": cfg}, timeout), f"{cfg.strategy} ws{cfg.world_size}")
     except (JobError, ValueError) as e:
         return {"status": "error", "error": str(e)}
-    return {"status": "ok", "curve": curve.to_dict()}
+    return {"status": "ok", "curve": curve.to_dict(), "versions": versions()}
+
+
+def versions() -> dict[str, str | None]:
+    """The versions of what computes, in this process (a variant's own, from its path= or python=)."""
+    import torch
+
+    from ..machine import package_version
+
+    return {
+        "torch": torch.__version__,
+        "transformers": package_version("transformers"),
+        "deepspeed": package_version("deepspeed"),
+    }
 
 
 # --- tolerance and verdict -----------------------------------------------------------------------------------
@@ -281,6 +294,7 @@ class NumericsOutcome:
     tolerance: Tolerance | None = None
     verdict: Verdict | None = None
     error: str | None = None
+    versions: dict[str, dict[str, Any]] = field(default_factory=dict)  # per side, what its run reported
 
     @property
     def kind(self) -> str:
@@ -295,6 +309,7 @@ class NumericsOutcome:
             "head": self.head.to_dict() if self.head else None,
             "tolerance": self.tolerance.to_dict() if self.tolerance else None,
             "tolerance_rule": tolerance_statement(self.tolerance) if self.tolerance else None,
+            "versions": self.versions,
             "divergence": self.verdict.divergence.__dict__
             if self.verdict and self.verdict.divergence
             else None,
@@ -320,8 +335,8 @@ def compare_variants(
     for label, cfg in configs:
         o = NumericsOutcome(label)
         try:
-            o.base = _curve(ask, "base", numerics_config(cfg, steps))
-            o.head = _curve(ask, "head", numerics_config(cfg, steps))
+            o.base = _curve(ask, "base", numerics_config(cfg, steps), o.versions)
+            o.head = _curve(ask, "head", numerics_config(cfg, steps), o.versions)
             noisy = [_curve(ask, "base", numerics_config(cfg, steps, False)) for _ in range(repeats)]
             o.tolerance = tolerance(o.base, noisy)
             o.verdict = compare(o.base, o.head, o.tolerance)
@@ -333,10 +348,12 @@ def compare_variants(
     return out
 
 
-def _curve(ask: Ask, side: str, cfg: RunConfig) -> Curve:
+def _curve(ask: Ask, side: str, cfg: RunConfig, versions: dict[str, Any] | None = None) -> Curve:
     reply = ask(side, cfg)
     if reply.get("status") != "ok":
         raise ValueError(f"{side}'s numerics run failed: {reply.get('error') or reply.get('status')}")
+    if versions is not None:
+        versions[side] = reply.get("versions") or {}
     return Curve.from_dict(reply["curve"], f"{side}'s numerics run")
 
 

@@ -55,6 +55,15 @@ def step_rows(o: NumericsOutcome) -> list[list[str]]:
     return rows
 
 
+def versions(o: NumericsOutcome) -> str:
+    """What each side's runs reported computing with, in a sentence."""
+    return " ".join(
+        f"{side}: " + ", ".join(f"{k} {v}" for k, v in o.versions[side].items() if v) + "."
+        for side in ("base", "head")
+        if o.versions.get(side)
+    )
+
+
 def to_markdown(outcomes: list[NumericsOutcome]) -> list[str]:
     if not outcomes:
         return []
@@ -62,7 +71,7 @@ def to_markdown(outcomes: list[NumericsOutcome]) -> list[str]:
     lines += md_table(VERDICT_HEAD, verdict_rows(outcomes)) + [""]
     for o in outcomes:
         if o.tolerance is not None:
-            lines += [f"{o.label}: {tolerance_statement(o.tolerance)}.", ""]
+            lines += [f"{o.label}: {tolerance_statement(o.tolerance)}. {versions(o)}", ""]
             lines += md_table(STEP_HEAD, step_rows(o)) + [""]
     return lines
 
@@ -76,7 +85,8 @@ def to_rich(outcomes: list[NumericsOutcome]) -> list[Any]:
     for o in outcomes:
         if o.tolerance is None:
             continue
-        steps = Table(*STEP_HEAD, title=f"numerics {o.label}", caption=tolerance_statement(o.tolerance))
+        caption = f"{tolerance_statement(o.tolerance)}. {versions(o)}"
+        steps = Table(*STEP_HEAD, title=f"numerics {o.label}", caption=caption)
         for cells in step_rows(o):
             steps.add_row(*cells)
         out.append(steps)
