@@ -153,9 +153,10 @@ def test_golden_files_name_their_machine():
         assert f.name == goldens.file_name(RunConfig.from_dict(d["config"])), f
 
 
-def test_golden_comparison_catches_a_moved_step(tmp_path):
+def test_golden_comparison_catches_a_moved_step(tmp_path, monkeypatch):
     """The golden check's own bite: a golden whose step 2 loss moved by 10 ulps fails the comparison, and the
     message's diff names the step, the metric, the old and the new value."""
+    monkeypatch.setattr(goldens, "UPDATED", [])  # not the session's: its summary lists real goldens only
     cfg = RunConfig(steps=3)
     got = curve([6.0, 5.9, 5.8], [2.0, 2.1, 2.2])
     path = tmp_path / "k" / goldens.file_name(cfg)

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
     from ..config import RunConfig
     from ..gate.ab import ABReport, ConfigOutcome, Pair
-    from ..gate.numerics import NumericsOutcome
     from ..gate.variants import Variant
 
 #: Per-tier defaults: GPUs as seed 004 measures (bf16, sequence 1024) at a device-bound micro-batch, sized to
@@ -49,7 +48,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """`distbench ab`'s flags: the variants, the comparison's (add_comparison_flags), where it writes."""
+    """`distbench ab`'s flags: the variants, the comparison's (add_comparison_flags), the numerics', where it
+    writes."""
+    from ..gate import numerics
+
     p = sub.add_parser(
         "ab",
         help="A/B gate: alternate two variants run by run on the same GPUs until decided",
@@ -66,7 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--head", default="", help="the candidate variant (default: this checkout, i.e. an A/A run)"
     )
     add_comparison_flags(p)
-    add_numerics_flags(p)
+    numerics.add_flags(p)
     p.add_argument(
         "--output",
         "-o",
@@ -76,33 +78,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--github-summary", action="store_true", help="append the table to $GITHUB_STEP_SUMMARY")
     p.set_defaults(func=run)
-
-
-def add_numerics_flags(p: argparse.ArgumentParser) -> None:
-    """The numerics comparison's flags (gate/numerics.py)."""
-    from ..gate import numerics
-
-    p.add_argument(
-        "--numerics",
-        choices=["on", "off", "only"],
-        default="on",
-        help="compare head's per-step loss and gradient norm with base's in deterministic mode before the "
-        "speed: on (default), off, or only (no speed runs); a divergence beyond the tolerance exits "
-        f"{numerics.EXIT_DIVERGED}",
-    )
-    p.add_argument(
-        "--numerics-steps",
-        type=int,
-        default=numerics.DEFAULT_STEPS,
-        help=f"steps each numerics run trains (default {numerics.DEFAULT_STEPS})",
-    )
-    p.add_argument(
-        "--numerics-repeats",
-        type=int,
-        default=numerics.DEFAULT_REPEATS,
-        help="runs of base with non-deterministic kernels whose spread sets the tolerance beside rounding "
-        f"(default {numerics.DEFAULT_REPEATS}; under 2: rounding alone)",
-    )
 
 
 def add_comparison_flags(
@@ -299,31 +274,6 @@ def run(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-def compare_numerics(
-    args: argparse.Namespace, configs: list[RunConfig], servers: dict[str, Any], console: Console
-) -> list[NumericsOutcome]:
-    """Unless --numerics off: head's numerics against base's per configuration (gate/numerics.py), then fresh
-    ranks for the speed runs."""
-    if getattr(args, "numerics", "off") == "off":
-        return []
-    from ..gate import numerics
-    from ..gate.ab import label_of
-
-    def show(o: NumericsOutcome) -> None:
-        console.print(f"  numerics {o.label}: {o.verdict.describe() if o.verdict else o.error}")
-
-    outcomes = numerics.compare_variants(
-        [(label_of(c), c) for c in configs],
-        numerics.ask_servers(servers, args.timeout),
-        steps=args.numerics_steps,
-        repeats=args.numerics_repeats,
-        on_outcome=show,
-    )
-    for server in servers.values():
-        server.recycle()
-    return outcomes
-
-
 def sizes(configs: list[RunConfig], device: str) -> tuple[str, ...]:
     """What the memory model predicts of each configuration on this machine's card (gate/fit.py), on GPUs."""
     if device != "cuda":
@@ -356,6 +306,7 @@ def alternate(
     import tempfile
 
     from ..gate.ab import ABReport, run_ab
+    from ..gate.numerics import compare_servers
     from ..gate.variants import VariantProcess
     from ..results import save_result
 
@@ -428,21 +379,10 @@ def alternate(
                 f"distbench ab: {len(configs)} configuration(s) on {device}; base {base_v.describe()} "
                 f"vs head {head_v.describe()}; {interleave} interleaved; budget {args.budget:.0f} s"
             )
-            numerics = compare_numerics(args, configs, servers, console)
+            numerics = compare_servers(args, configs, servers, console)
             if getattr(args, "numerics", "off") == "only":
-                return ABReport(
-                    [],
-                    args.alpha,
-                    args.alpha,
-                    args.threshold,
-                    args.min_effect,
-                    0.0,
-                    False,
-                    "",
-                    "",
-                    numerics=numerics,
-                    speed=False,
-                )
+                return ABReport([], args.alpha, args.alpha, args.threshold, args.min_effect, 0.0, False, "", "",
+                                numerics=numerics, speed=False)  # fmt: skip
             sizing = sizes(configs, device)
             for line in sizing:
                 console.print(f"  {line}")

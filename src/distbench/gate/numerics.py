@@ -26,11 +26,16 @@ import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..config import RunConfig
+
+if TYPE_CHECKING:
+    import argparse
+
+    from rich.console import Console
 
 #: The metrics compared, per step: the global-batch loss and the global gradient norm before clipping.
 METRICS = ("loss", "grad_norm")
@@ -387,3 +392,52 @@ def ask_servers(servers: dict[str, Any], timeout: float) -> Ask:
         }
 
     return ask
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """`distbench ab`'s flags of the numerics comparison."""
+    p.add_argument(
+        "--numerics",
+        choices=["on", "off", "only"],
+        default="on",
+        help="compare head's per-step loss and gradient norm with base's in deterministic mode before the "
+        "speed: on (default), off, or only (no speed runs); a divergence beyond the tolerance exits "
+        f"{EXIT_DIVERGED}",
+    )
+    p.add_argument(
+        "--numerics-steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"steps each numerics run trains (default {DEFAULT_STEPS})",
+    )
+    p.add_argument(
+        "--numerics-repeats",
+        type=int,
+        default=DEFAULT_REPEATS,
+        help="runs of base with non-deterministic kernels whose spread sets the tolerance beside rounding "
+        f"(default {DEFAULT_REPEATS}; under 2: rounding alone)",
+    )
+
+
+def compare_servers(
+    args: argparse.Namespace, configs: list[RunConfig], servers: dict[str, Any], console: Console
+) -> list[NumericsOutcome]:
+    """Unless --numerics off: head's numerics against base's per configuration (gate/numerics.py), then fresh
+    ranks for the speed runs."""
+    if getattr(args, "numerics", "off") == "off":
+        return []
+    from .ab import label_of
+
+    def show(o: NumericsOutcome) -> None:
+        console.print(f"  numerics {o.label}: {o.verdict.describe() if o.verdict else o.error}")
+
+    outcomes = compare_variants(
+        [(label_of(c), c) for c in configs],
+        ask_servers(servers, args.timeout),
+        steps=args.numerics_steps,
+        repeats=args.numerics_repeats,
+        on_outcome=show,
+    )
+    for server in servers.values():
+        server.recycle()
+    return outcomes
