@@ -225,7 +225,7 @@ def test_sdpa_backends_diverge_from_math(suite, strategy, world_size, backend):
     )
 
 
-@pytest.mark.slow  # two variant servers and five numerics runs: ~50 s on 2 loaded cores
+@pytest.mark.slow  # two variant servers and five numerics runs: 70 s on 2 loaded cores
 def test_ab_numerics_catches_a_planted_adamw_epsilon(tmp_path):
     """`distbench ab --numerics only` end to end: the head variant's interpreters plant AdamW's epsilon x10 at
     start (tests/plant_site), every side of the head installation alike; the verdict is "diverged" and the gate
@@ -253,7 +253,7 @@ def test_ab_numerics_catches_a_planted_adamw_epsilon(tmp_path):
 OTHER_TRANSFORMERS, HUB = "5.17.0", "huggingface_hub>=1.31,<2"
 
 
-@pytest.mark.slow  # a 10 MB download, two variant servers and ten numerics runs: ~1-2 min on 2 cores
+@pytest.mark.slow  # a 10 MB download, two variant servers and ten numerics runs: 141 s on 2 loaded cores
 def test_ab_numerics_across_two_transformers_releases(tmp_path):
     """A real comparison of two versions: head imports transformers OTHER_TRANSFORMERS from its own directory
     (path=), base the lock's. Each side reports the version it ran, and the verdict is one of the three (on
