@@ -48,21 +48,27 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """`distbench ab`'s flags: the variants, the comparison's (add_comparison_flags), where it writes."""
+    """`distbench ab`'s flags: the variants, the comparison's (add_comparison_flags), the numerics', where it
+    writes."""
+    from ..gate import numerics
+
     p = sub.add_parser(
         "ab",
         help="A/B gate: alternate two variants run by run on the same GPUs until decided",
         description="Compare HEAD against BASE, each served by its own process with persistent rank pools, "
         "alternating runs (AB, BA, ...) per configuration, adding pairs until each configuration "
         "is decided or --budget runs out. Variants: rev=REV, tree=DIR, path=DIR, python=EXE, "
-        "env.NAME=VALUE (comma-separated; empty: this checkout). Exit 0 pass, 1 regression, 2 usage, "
-        "3 undecided.",
+        "env.NAME=VALUE (comma-separated; empty: this checkout). First, unless --numerics off, base and head "
+        "train each configuration's first steps in deterministic mode and their losses and gradient norms "
+        "are compared step by step (docs/numerics.md). Exit 0 pass, 1 regression, 2 usage, 3 undecided, "
+        "4 numerics diverged.",
     )
     p.add_argument("--base", default="", help="the baseline variant (default: this checkout)")
     p.add_argument(
         "--head", default="", help="the candidate variant (default: this checkout, i.e. an A/A run)"
     )
     add_comparison_flags(p)
+    numerics.add_flags(p)
     p.add_argument(
         "--output",
         "-o",
@@ -172,6 +178,9 @@ def check_flags(args: argparse.Namespace) -> str | None:
         return f"need 3 <= --min-pairs <= --max-pairs, got {args.min_pairs} and {args.max_pairs}"
     if args.budget <= 0 or args.timeout <= 0:
         return "--budget and --timeout must be positive"
+    if getattr(args, "numerics_steps", 1) < 1 or getattr(args, "numerics_repeats", 0) < 0:
+        steps, repeats = args.numerics_steps, args.numerics_repeats
+        return f"need --numerics-steps >= 1 and --numerics-repeats >= 0, got {steps} and {repeats}"
     return None
 
 
@@ -296,7 +305,8 @@ def alternate(
     callbacks close over the servers, which live only as long as the temporary directory."""
     import tempfile
 
-    from ..gate.ab import run_ab
+    from ..gate.ab import ABReport, run_ab
+    from ..gate.numerics import compare_servers
     from ..gate.variants import VariantProcess
     from ..results import save_result
 
@@ -369,6 +379,10 @@ def alternate(
                 f"distbench ab: {len(configs)} configuration(s) on {device}; base {base_v.describe()} "
                 f"vs head {head_v.describe()}; {interleave} interleaved; budget {args.budget:.0f} s"
             )
+            numerics = compare_servers(args, configs, servers, console)
+            if getattr(args, "numerics", "off") == "only":
+                return ABReport([], args.alpha, args.alpha, args.threshold, args.min_effect, 0.0, False, "", "",
+                                numerics=numerics, speed=False)  # fmt: skip
             sizing = sizes(configs, device)
             for line in sizing:
                 console.print(f"  {line}")
@@ -389,7 +403,7 @@ def alternate(
                 gate=gate,
                 device=args.device_metric,
             )
-            report.sizing = sizing
+            report.sizing, report.numerics = sizing, numerics
             return report
         finally:
             for server in servers.values():

@@ -50,6 +50,7 @@ from ..config import RunConfig
 from ..errors import error_line
 from ..metrics import METRICS, names
 from . import stats
+from .numerics import EXIT_DIVERGED, NumericsOutcome, exit_status
 
 #: The metric whose pairs come from interleaved windows (the window wall clock per step).
 WINDOWED = "step_time_s"
@@ -272,6 +273,8 @@ class ABReport:
     head_desc: str
     looks: tuple[int, ...] = ()  # the pair counts at which configurations were judged
     sizing: tuple[str, ...] = ()  # what the memory model predicts of each configuration on this card
+    numerics: list[NumericsOutcome] = field(default_factory=list)  # head's numerics against base's
+    speed: bool = True  # whether speed was compared (False: `--numerics only`)
 
     @property
     def status(self) -> str:
@@ -284,7 +287,13 @@ class ABReport:
 
     @property
     def exit_code(self) -> int:
-        return {stats.REGRESSION: 1, stats.UNDECIDED: 3}.get(self.status, 0)
+        """numerics.EXIT_DIVERGED when numerics diverged (wrong numbers make speed moot), else 1 on a speed
+        regression, 3 when speed or numerics are undecided, 0 when both pass."""
+        numerics = exit_status(self.numerics)
+        speed = {stats.REGRESSION: 1, stats.UNDECIDED: 3}.get(self.status, 0) if self.speed else 0
+        if numerics == EXIT_DIVERGED:
+            return numerics
+        return speed if speed == 1 else 3 if 3 in (numerics, speed) else 0
 
 
 def run_ab(

@@ -10,7 +10,9 @@ rank's traceback when the configuration failed; the pool is rebuilt for the next
 timed windows (gate/ab.py): {"op": "setup", "cfg", "timeout"} builds and warms up (reply {"status": "ok"}),
 {"op": "window", "steps", "timeout"} times steps (reply {"status": "ok", "step_s": wall per step}),
 {"op": "finish", "timeout"} gives the run's result; a piece that fails replies with the failure result and
-ends the run. {"recycle": true}
+ends the run. Since protocol 3, {"op": "numerics", "cfg", "timeout"} trains cfg with this variant's own
+distbench and replies {"status": "ok", "curve": {"loss": [...], "grad_norm": [...]}} (gate/numerics.py).
+{"recycle": true}
 closes the rank pools, so the next request runs in fresh rank processes: a process keeps a bias of its own
 (host-bound steps spread 6-8% between processes on 2x H200), and fresh ones turn that bias into noise
 the paired statistics see, instead of a difference between the variants.
@@ -24,8 +26,8 @@ import sys
 from typing import Any
 
 FDS_ENV = "DISTBENCH_AB_FDS"
-#: 1: whole runs; 2: runs in pieces (setup, window, finish) too
-PROTOCOL = 2
+#: 1: whole runs; 2: runs in pieces (setup, window, finish) too; 3: numerics runs too
+PROTOCOL = 3
 
 
 class Server:
@@ -53,6 +55,11 @@ class Server:
         from ..runtime.pool import JobError
 
         op, timeout = request.get("op", "run"), float(request.get("timeout", 1800))
+        if op == "numerics":
+            from .numerics import run_curve
+
+            cfg = RunConfig.from_dict(request["cfg"])
+            return run_curve(self.pools.pool_for(cfg.world_size), cfg, timeout)
         if op in ("run", "setup"):
             cfg = RunConfig.from_dict(request["cfg"])
             pool = self.pools.pool_for(cfg.world_size)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..gate.ab import ABReport, ConfigOutcome, Row
+from ..gate.numerics import EXIT_DIVERGED, exit_status
 from ..gate.stats import REGRESSION, UNDECIDED
 from ..metrics import METRICS, fmt_metric
+from . import numerics
 from .tables import md_table
 
 #: The verdict of a configuration, or the heading of a report, where no pair ran: no comparison was made.
@@ -77,6 +79,16 @@ def summary(report: ABReport) -> str:
     ran (a variant that failed at its first run: a commit that does not import) is no comparison, and is
     headed by the failure instead."""
     took = f"{report.elapsed_s:.0f} s" + (" (time budget ran out)" if report.budget_exhausted else "")
+    if report.numerics:
+        first = numerics.summary(report.numerics)
+        if not report.speed:
+            return f"{first}; speed not compared (exit {report.exit_code})"
+        return f"{first}; speed: {speed_summary(report, took)}"
+    return speed_summary(report, took)
+
+
+def speed_summary(report: ABReport, took: str) -> str:
+    """summary's part on speed."""
     if not any(o.pairs for o in report.outcomes):
         never = next((o.error for o in report.outcomes if o.error), "no configuration ran")
         return f"{NOT_COMPARED}: {never} (exit {report.exit_code}); {took}"
@@ -138,6 +150,10 @@ def to_markdown(report: ABReport) -> str:
         f"base: {report.base_desc}  ",
         f"head: {report.head_desc}",
         "",
+    ]
+    if not report.speed:
+        return "\n".join([*lines, *numerics.to_markdown(report.numerics)]) + "\n"
+    lines += [
         criteria(report),
         "",
         "What was ruled out:",
@@ -149,6 +165,7 @@ def to_markdown(report: ABReport) -> str:
         lines += ["Sizes on this card (+AC: activation checkpointing):", ""]
         lines += [f"- {line}" for line in report.sizing] + [""]
     lines += md_table(HEAD, rows(report))
+    lines += ["", *numerics.to_markdown(report.numerics)] if report.numerics else []
     return "\n".join(lines) + "\n"
 
 
@@ -169,12 +186,12 @@ def to_rich(report: ABReport) -> Any:
         table.add_row(*cells, style=style)
     style = {REGRESSION: "bold red", UNDECIDED: "bold yellow"}.get(report.status, "bold green")
     ruled = "\n".join(ruled_out(o, report.threshold) for o in report.outcomes)
-    return Group(
-        Text(f"base: {report.base_desc}\nhead: {report.head_desc}"),
-        table,
-        Text(ruled),
-        Text(summary(report), style=style),
-    )
+    if exit_status(report.numerics) == EXIT_DIVERGED:
+        style = "bold red"
+    parts: list[Any] = [Text(f"base: {report.base_desc}\nhead: {report.head_desc}")]
+    parts += [table, Text(ruled)] if report.speed else []
+    parts += [*numerics.to_rich(report.numerics), Text(summary(report), style=style)]
+    return Group(*parts)
 
 
 def to_json(report: ABReport) -> dict[str, Any]:
@@ -204,6 +221,8 @@ def to_json(report: ABReport) -> dict[str, Any]:
         "sizing": list(report.sizing),
         "base": report.base_desc,
         "head": report.head_desc,
+        "speed_compared": report.speed,
+        "numerics": numerics.to_json(report.numerics),
         "configs": [
             {
                 "label": o.label,

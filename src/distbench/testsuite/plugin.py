@@ -36,6 +36,7 @@ from ..runtime.shelf import Shelf
 from ..runtime.worker import LEFTOVER_BYTES
 from ..strategies import REGISTRY, get_spec
 from ..workloads.models import check_model_name
+from . import goldens
 from .claims import UNDECIDED_KEY, Undecided
 from .schedule import Case, Plan, plan, seats_per_device
 from .session_watch import LEFT_KEY, SessionWatch, undecided_of
@@ -153,6 +154,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="seconds one test may run in a lane before its process is "
         "killed and the test fails (default 3 x --job-timeout)",
+    )
+    g.addoption(
+        "--update-goldens",
+        action="store_true",
+        help="write the golden loss and gradient-norm curves of this machine and version set "
+        "(tests/goldens/, docs/numerics.md) instead of comparing with them; the summary lists what moved",
     )
     g.addoption("--distbench-lane", default=None, help=argparse.SUPPRESS)  # set by lanes.py in a lane process
 
@@ -663,6 +670,8 @@ def suite(_suites, device_type: str, request: pytest.FixtureRequest) -> Iterator
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """Where the session's time went, by phase (runtime/phases.py), what the lanes and the GPUs did, and the
     claims the machine left undecided: the suite's own slowdowns and its noise show here."""
+    for path, diff in goldens.UPDATED:
+        terminalreporter.write_line(f"golden written: {path}: " + "; ".join(diff))
     log = config.stash.get(PHASES, PhaseLog())
     watch = config.stash.get(WATCH, None)
     if log.by_test and watch is not None and not config.getoption("--distbench-lane"):

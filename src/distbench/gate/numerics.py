@@ -1,0 +1,443 @@
+"""Does head still train to the same loss as base? Per configuration, both variants train the same seeded steps
+on the same data in deterministic mode, and their loss and global gradient norm are compared step by step.
+
+Parity (invariants/) compares strategies with a reference inside one installation, so an upgrade that changes a
+kernel both use (an SDPA backend, a fused AdamW, a bf16 cast in a model file) moves both and stays green; this
+compares two installations, or two checkouts, with each other.
+
+Verdicts, per configuration:
+    identical    every step's loss and gradient norm equal to the bit
+    within       none differs by more than its step's tolerance
+    diverged     from step k on, by how much (the first step and metric beyond tolerance)
+
+The tolerance of a step and metric is derived, never a constant picked to pass: the larger of
+    rounding    ULPS units in the last place of float32 (losses and norms are float32 reductions) of the
+                base's value: what a changed reduction order alone moves a value by at its first steps
+                (measured on gpt2-tiny, FSDP2 against DDP: losses equal, norms 0-1.6 ulps apart over 8 steps)
+    spread      SPREAD_FACTOR x the largest difference, up to that step, between `repeats` runs of the base
+                with non-deterministic kernels (atomics in attention backwards, TF32): how far the base's own
+                run-to-run noise carries a value by that step, measured in every comparison
+The report states both, and which one set each verdict's bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..config import RunConfig
+
+if TYPE_CHECKING:
+    import argparse
+
+    from rich.console import Console
+
+#: The metrics compared, per step: the global-batch loss and the global gradient norm before clipping.
+METRICS = ("loss", "grad_norm")
+#: A clipping bound no gradient reaches: torch's clip_grad_norm_ (and DeepSpeed's) then multiply every gradient
+#: by exactly 1.0, so asking for clipping records each step's global norm without changing a bit of training.
+NEVER_CLIP = 1e30
+#: Units in the last place of float32 a value may move by rounding alone (reduction order).
+ULPS = 4
+FP32_EPS = float(np.finfo(np.float32).eps)
+#: The base's measured run-to-run spread is one or a few samples of a noise whose next draw may be larger.
+SPREAD_FACTOR = 2.0
+#: Steps compared by default: enough for a changed update rule to reach the loss (AdamW's epsilon x10 moved
+#: gpt2-tiny's loss by 5 ulps from step 2 on).
+DEFAULT_STEPS = 8
+#: Runs of the base with non-deterministic kernels whose spread is measured (pairs among them: 3).
+DEFAULT_REPEATS = 3
+
+IDENTICAL, WITHIN, DIVERGED, NOT_COMPARED = "identical", "within tolerance", "diverged", "not compared"
+#: `distbench ab`'s exit status when a configuration's numerics diverged.
+EXIT_DIVERGED = 4
+
+
+def numerics_config(cfg: RunConfig, steps: int = DEFAULT_STEPS, deterministic: bool = True) -> RunConfig:
+    """`cfg` as the numerics comparison trains it: `steps` steps, no warm-up or profiling, deterministic kernels
+    (or not, for the spread), and the global gradient norm recorded (NEVER_CLIP, unless `cfg` clips)."""
+    return cfg.replace(
+        steps=steps,
+        warmup=0,
+        windows=1,
+        device_time_steps=0,
+        deterministic=deterministic,
+        clip_grad_norm=cfg.clip_grad_norm or NEVER_CLIP,
+    )
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One run's values per step, by metric."""
+
+    loss: tuple[float, ...]
+    grad_norm: tuple[float, ...]
+
+    def values(self, metric: str) -> tuple[float, ...]:
+        return tuple(getattr(self, metric))
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {m: list(self.values(m)) for m in METRICS}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], what: str = "curve") -> Curve:
+        """A Curve from its JSON form; ValueError naming `what` when a metric is missing or not numbers."""
+        try:
+            loss, norm = (tuple(float(v) for v in d[m]) for m in METRICS)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(
+                f"{what}: needs lists of numbers {', '.join(METRICS)} ({type(e).__name__}: {e})"
+            ) from None
+        if len(loss) != len(norm) or not loss:
+            raise ValueError(f"{what}: {len(loss)} losses and {len(norm)} gradient norms")
+        return cls(loss, norm)
+
+
+# --- in the ranks ------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def one_thread_on_cpu(device_type: str) -> Iterator[None]:
+    """On CPU, one intra-op thread: a parallel reduction's order follows the thread count, which follows the
+    machine's cores, and a golden must not change with them."""
+    import torch
+
+    if device_type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def curve_job(ctx: Any, cfg: RunConfig) -> dict[str, list[float]]:
+    """The train job of this distbench, in every rank: per-step losses and global gradient norms."""
+    from ..jobs.train import train
+
+    with one_thread_on_cpu(ctx.device_type):
+        out = train(ctx, cfg)
+    return {"loss": out["losses"], "grad_norm": out["grad_norms"]}
+
+
+def curve_of(per_rank: list[dict[str, list[float]]], what: str) -> Curve:
+    """The run's curve from its ranks' replies; ValueError when ranks disagree or no norm was recorded."""
+    first = per_rank[0]
+    for rank, other in enumerate(per_rank[1:], 1):
+        if other != first:
+            raise ValueError(f"{what}: rank {rank} reports other values than rank 0: {other} vs {first}")
+    return Curve.from_dict(first, what)
+
+
+def run_curve(pool: Any, cfg: RunConfig, timeout: float) -> dict[str, Any]:
+    """One numerics run of `cfg` in `pool` (a variant server's request): {"status": "ok", "curve": ...}, or a
+    failure with the error."""
+    from ..runtime.pool import JobError
+
+    try:
+        curve = curve_of(pool.run(curve_job, {"cfg": cfg}, timeout), f"{cfg.strategy} ws{cfg.world_size}")
+    except (JobError, ValueError) as e:
+        return {"status": "error", "error": str(e)}
+    return {"status": "ok", "curve": curve.to_dict(), "versions": versions()}
+
+
+def versions() -> dict[str, str | None]:
+    """The versions of what computes, in this process (a variant's own, from its path= or python=)."""
+    import torch
+
+    from ..machine import package_version
+
+    return {
+        "torch": torch.__version__,
+        "transformers": package_version("transformers"),
+        "deepspeed": package_version("deepspeed"),
+    }
+
+
+# --- tolerance and verdict -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Per metric and step: the rounding bound, the measured spread, and the tolerance (the larger, see module)."""
+
+    rounding: dict[str, list[float]]
+    spread: dict[str, list[float]]
+    runs: int  # runs with non-deterministic kernels the spread comes from
+
+    def allowed(self, metric: str, step: int) -> float:
+        return max(self.rounding[metric][step], SPREAD_FACTOR * self.spread[metric][step])
+
+    def source(self, metric: str, step: int) -> str:
+        r, s = self.rounding[metric][step], SPREAD_FACTOR * self.spread[metric][step]
+        return "spread" if s > r else "rounding"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rounding": self.rounding, "spread": self.spread, "runs": self.runs}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Tolerance:
+        return cls(
+            {m: [float(v) for v in d["rounding"][m]] for m in METRICS},
+            {m: [float(v) for v in d["spread"][m]] for m in METRICS},
+            int(d["runs"]),
+        )
+
+
+def rounding_bound(values: tuple[float, ...]) -> list[float]:
+    """ULPS float32 ulps of each value (module doc)."""
+    return [ULPS * FP32_EPS * abs(v) for v in values]
+
+
+def spread_envelope(runs: list[Curve], metric: str, steps: int) -> list[float]:
+    """Per step, the largest difference between any two of `runs` at that step or before (noise carried by
+    training does not shrink back: a step's bound is never below an earlier step's)."""
+    out, worst = [], 0.0
+    for s in range(steps):
+        for a, b in itertools.combinations(runs, 2):
+            worst = max(worst, abs(a.values(metric)[s] - b.values(metric)[s]))
+        out.append(worst)
+    return out
+
+
+def tolerance(base: Curve, noisy: list[Curve]) -> Tolerance:
+    """The tolerance around `base`: rounding, and the spread of `noisy` (runs of the base with
+    non-deterministic kernels; fewer than two: no spread measured, zero)."""
+    n = len(base.loss)
+    return Tolerance(
+        {m: rounding_bound(base.values(m)) for m in METRICS},
+        {m: spread_envelope(noisy, m, n) for m in METRICS},
+        len(noisy),
+    )
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first step and metric beyond tolerance."""
+
+    step: int
+    metric: str
+    base: float
+    head: float
+    allowed: float
+
+    @property
+    def relative(self) -> float:
+        return abs(self.head - self.base) / abs(self.base) if self.base else float("inf")
+
+    def describe(self) -> str:
+        return (
+            f"from step {self.step}: {self.metric} {self.base!r} -> {self.head!r} "
+            f"({self.relative:.2e} relative, allowed {self.allowed:.2e} absolute)"
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str  # IDENTICAL, WITHIN or DIVERGED
+    divergence: Divergence | None = None
+    largest: dict[str, float] = field(default_factory=dict)  # per metric: the largest |head - base| / allowed
+
+    def describe(self) -> str:
+        if self.divergence is not None:
+            return f"{DIVERGED} {self.divergence.describe()}"
+        if self.kind == WITHIN:
+            worst = ", ".join(f"{m} {r:.2f}" for m, r in self.largest.items())
+            return f"{WITHIN} (largest difference / tolerance: {worst})"
+        return IDENTICAL
+
+
+def compare(base: Curve, head: Curve, tol: Tolerance) -> Verdict:
+    """head against base, step by step (module doc). Curves of different lengths cannot be compared
+    (ValueError)."""
+    if len(base.loss) != len(head.loss):
+        raise ValueError(f"base ran {len(base.loss)} steps, head {len(head.loss)}: not comparable")
+    if base == head:
+        return Verdict(IDENTICAL)
+    largest = dict.fromkeys(METRICS, 0.0)
+    first: Divergence | None = None
+    for step in range(len(base.loss)):
+        for m in METRICS:
+            b, h = base.values(m)[step], head.values(m)[step]
+            allowed = tol.allowed(m, step)
+            diff = abs(h - b) if np.isfinite(h) else float("inf")
+            largest[m] = max(largest[m], diff / allowed if allowed else float("inf") if diff else 0.0)
+            if diff > allowed and first is None:
+                first = Divergence(step, m, b, h, allowed)
+    return Verdict(DIVERGED if first else WITHIN, first, largest)
+
+
+def tolerance_statement(tol: Tolerance) -> str:
+    """The rule and what was measured, in a sentence for the report."""
+    measured = (
+        f"the largest difference between {tol.runs} runs of base with non-deterministic kernels was "
+        + ", ".join(f"{m} {max(tol.spread[m]):.2e}" for m in METRICS)
+        if tol.runs >= 2
+        else "no run-to-run spread measured"
+    )
+    return (
+        f"tolerance per step = max({ULPS} float32 ulps of base's value, {SPREAD_FACTOR:g} x the run-to-run "
+        f"spread up to that step); {measured}"
+    )
+
+
+# --- between two variants ----------------------------------------------------------------------------------
+
+
+@dataclass
+class NumericsOutcome:
+    label: str
+    base: Curve | None = None
+    head: Curve | None = None
+    tolerance: Tolerance | None = None
+    verdict: Verdict | None = None
+    error: str | None = None
+    versions: dict[str, dict[str, Any]] = field(default_factory=dict)  # per side, what its run reported
+
+    @property
+    def kind(self) -> str:
+        return self.verdict.kind if self.verdict else NOT_COMPARED
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config": self.label,
+            "verdict": self.kind,
+            "detail": self.verdict.describe() if self.verdict else self.error,
+            "base": self.base.to_dict() if self.base else None,
+            "head": self.head.to_dict() if self.head else None,
+            "tolerance": self.tolerance.to_dict() if self.tolerance else None,
+            "tolerance_rule": tolerance_statement(self.tolerance) if self.tolerance else None,
+            "versions": self.versions,
+            "divergence": self.verdict.divergence.__dict__
+            if self.verdict and self.verdict.divergence
+            else None,
+        }
+
+
+#: Asks one variant for one numerics run of a configuration: ("base" or "head", cfg) -> the server's reply.
+Ask = Callable[[str, RunConfig], dict[str, Any]]
+
+
+def compare_variants(
+    configs: list[tuple[str, RunConfig]],
+    ask: Ask,
+    *,
+    steps: int = DEFAULT_STEPS,
+    repeats: int = DEFAULT_REPEATS,
+    on_outcome: Callable[[NumericsOutcome], None] | None = None,
+) -> list[NumericsOutcome]:
+    """Per (label, configuration): base and head in deterministic mode, `repeats` runs of base with
+    non-deterministic kernels for the spread, and the verdict. A run that fails leaves the configuration
+    NOT_COMPARED with its error."""
+    out = []
+    for label, cfg in configs:
+        o = NumericsOutcome(label)
+        try:
+            o.base = _curve(ask, "base", numerics_config(cfg, steps), o.versions)
+            o.head = _curve(ask, "head", numerics_config(cfg, steps), o.versions)
+            noisy = [_curve(ask, "base", numerics_config(cfg, steps, False)) for _ in range(repeats)]
+            o.tolerance = tolerance(o.base, noisy)
+            o.verdict = compare(o.base, o.head, o.tolerance)
+        except ValueError as e:
+            o.error = str(e)
+        out.append(o)
+        if on_outcome:
+            on_outcome(o)
+    return out
+
+
+def _curve(ask: Ask, side: str, cfg: RunConfig, versions: dict[str, Any] | None = None) -> Curve:
+    reply = ask(side, cfg)
+    if reply.get("status") != "ok":
+        raise ValueError(f"{side}'s numerics run failed: {reply.get('error') or reply.get('status')}")
+    if versions is not None:
+        versions[side] = reply.get("versions") or {}
+    return Curve.from_dict(reply["curve"], f"{side}'s numerics run")
+
+
+def exit_status(outcomes: list[NumericsOutcome]) -> int | None:
+    """EXIT_DIVERGED when a configuration diverged, 3 (undecided) when one was not compared, else None (the
+    speed verdict decides)."""
+    kinds = {o.kind for o in outcomes}
+    if DIVERGED in kinds:
+        return EXIT_DIVERGED
+    return 3 if NOT_COMPARED in kinds else None
+
+
+#: The server protocol (gate/serve.py) from which a variant runs numerics requests.
+PROTOCOL = 3
+
+
+def ask_servers(servers: dict[str, Any], timeout: float) -> Ask:
+    """An Ask over `distbench ab`'s two variant servers (gate/variants.py's VariantProcess, started)."""
+
+    def ask(side: str, cfg: RunConfig) -> dict[str, Any]:
+        server = servers[side]
+        if server.protocol < PROTOCOL:
+            return {
+                "status": "error",
+                "error": f"the {side} variant's distbench predates numerics runs (its server speaks protocol "
+                f"{server.protocol}, numerics needs {PROTOCOL}): compare speed alone with --numerics off",
+            }
+        return server.request({"op": "numerics", "cfg": cfg.to_dict()}, timeout) or {
+            "status": "error",
+            "error": f"the {side} variant died or hung (log: {server.log})",
+        }
+
+    return ask
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """`distbench ab`'s flags of the numerics comparison."""
+    p.add_argument(
+        "--numerics",
+        choices=["on", "off", "only"],
+        default="on",
+        help="compare head's per-step loss and gradient norm with base's in deterministic mode before the "
+        "speed: on (default), off, or only (no speed runs); a divergence beyond the tolerance exits "
+        f"{EXIT_DIVERGED}",
+    )
+    p.add_argument(
+        "--numerics-steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"steps each numerics run trains (default {DEFAULT_STEPS})",
+    )
+    p.add_argument(
+        "--numerics-repeats",
+        type=int,
+        default=DEFAULT_REPEATS,
+        help="runs of base with non-deterministic kernels whose spread sets the tolerance beside rounding "
+        f"(default {DEFAULT_REPEATS}; under 2: rounding alone)",
+    )
+
+
+def compare_servers(
+    args: argparse.Namespace, configs: list[RunConfig], servers: dict[str, Any], console: Console
+) -> list[NumericsOutcome]:
+    """Unless --numerics off: head's numerics against base's per configuration (gate/numerics.py), then fresh
+    ranks for the speed runs."""
+    if getattr(args, "numerics", "off") == "off":
+        return []
+    from .ab import label_of
+
+    def show(o: NumericsOutcome) -> None:
+        console.print(f"  numerics {o.label}: {o.verdict.describe() if o.verdict else o.error}")
+
+    outcomes = compare_variants(
+        [(label_of(c), c) for c in configs],
+        ask_servers(servers, args.timeout),
+        steps=args.numerics_steps,
+        repeats=args.numerics_repeats,
+        on_outcome=show,
+    )
+    for server in servers.values():
+        server.recycle()
+    return outcomes
