@@ -46,6 +46,7 @@ class DeepSpeedTrainer(Trainer):
         super().__init__(ctx, cfg, model)
         self.stage, self.offload = stage, offload
         deepspeed = _import_deepspeed(ctx)  # first: importing it picks the accelerator
+        forget_groups_of_a_gone_world()
         self.ds_config = build_ds_config(
             cfg, stage, offload, ds_config, n_params=sum(p.numel() for p in model.parameters())
         )
@@ -236,6 +237,38 @@ def destroy_engine(engine: Any) -> None:
     if hasattr(engine, "destroy"):
         engine.destroy()
     _forget_zero3_module(engine.module)
+
+
+def forget_groups_of_a_gone_world() -> None:
+    """Drop DeepSpeed's cached process groups when they belong to a world that was destroyed since.
+
+    DeepSpeed clones the default group once per process (`groups._clone_world_group`, ZeRO's data-parallel
+    group) and keeps it for good, forgetting it only when the world is destroyed through deepspeed.comm. A
+    `distbench launch` forms a new default group for every job and destroys it through torch, so a rank's
+    second DeepSpeed job found the first job's clone: of another world size, and no longer registered. On two
+    nodes of one rank each, zero2 at world size 2 after zero2 at world size 1 hung: rank 0 took the stale clone
+    of its 1-rank world (torch still answers its size, 1; its ranks raise) while rank 1, new to DeepSpeed,
+    cloned the 2-rank world and waited in its first collective for a rank 0 that never came. In a rank pool the
+    world lives as long as the process, the clone stays registered and is kept."""
+    from deepspeed.utils import groups
+
+    cached = [g for g in (groups._WORLD_GROUP, groups._ZERO_PARAM_INTRA_PARALLEL_GROUP) if g is not None]
+    if all(_registered(g) for g in cached):
+        return
+    release = getattr(groups, "_release_process_group_references", None)
+    if release is not None:
+        release(None)  # DeepSpeed's own forgetting, as its destroy_process_group does
+    else:
+        groups._WORLD_GROUP = groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
+
+
+def _registered(group: Any) -> bool:
+    """Whether `group` belongs to the live world (torch forgets every group when its world is destroyed)."""
+    try:
+        dist.get_process_group_ranks(group)
+    except (KeyError, ValueError, RuntimeError):
+        return False
+    return True
 
 
 def _gathered(p: nn.Parameter) -> torch.Tensor:
