@@ -73,8 +73,8 @@ def where(frame: FrameType | None) -> str:
     c10d = [i for i, f in enumerate(stack) if f.filename.endswith("distributed_c10d.py")]
     if not c10d:
         return f"waiting in {at(stack[-1])}"
-    torch_dir = f"{os.sep}torch{os.sep}"
-    callers = [f for f in stack[: c10d[0]] if torch_dir not in f.filename]
+    wrappers = (f"{os.sep}torch{os.sep}", os.path.join(f"{os.sep}deepspeed", f"comm{os.sep}"))
+    callers = [f for f in stack[: c10d[0]] if not any(w in f.filename for w in wrappers)]
     called_from = f", called from {at(callers[-1])}" if callers else ""
     return f"waiting in torch.distributed.{stack[c10d[-1]].name}{called_from}"
 
