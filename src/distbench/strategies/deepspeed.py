@@ -47,6 +47,8 @@ class DeepSpeedTrainer(Trainer):
         self.stage, self.offload = stage, offload
         deepspeed = _import_deepspeed(ctx)  # first: importing it picks the accelerator
         forget_groups_of_a_gone_world()
+        if stage == 3 and ctx.world_size > 1:
+            agree_on_zero3_ids(ctx)
         self.ds_config = build_ds_config(
             cfg, stage, offload, ds_config, n_params=sum(p.numel() for p in model.parameters())
         )
@@ -260,6 +262,23 @@ def forget_groups_of_a_gone_world() -> None:
         release(None)  # DeepSpeed's own forgetting, as its destroy_process_group does
     else:
         groups._WORLD_GROUP = groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
+
+
+def agree_on_zero3_ids(ctx: RankContext) -> None:
+    """Start this build's ZeRO-3 parameter and module ids where every rank of the job can: the highest any has.
+
+    ZeRO-3 numbers parameters and modules from process-wide counters (partition_parameters.Init.param_id, and
+    the default argument `count` of DeepSpeedZeRoOffload._register_deepspeed_module) and checks at each forward
+    that every rank traced the same module ids. Under a launch rank 0 alone runs the world-size-1 jobs, so its
+    counters ran ahead and zero3 at world size 2 failed that check ("a disagreement on list contents between
+    rank0 and rank1"). Raising them, never lowering, keeps every id of an engine still alive unique."""
+    from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    module_count = DeepSpeedZeRoOffload._register_deepspeed_module.__defaults__[0]
+    ids = torch.tensor([Init.param_id, module_count[0]], dtype=torch.int64, device=ctx.device)
+    dist.all_reduce(ids, op=dist.ReduceOp.MAX)
+    Init.param_id, module_count[0] = int(ids[0]), int(ids[1])
 
 
 def _registered(group: Any) -> bool:
