@@ -17,7 +17,7 @@ import pytest
 
 from distbench.report import write_report
 from distbench.results import load_results, make_result
-from distbench.runtime.cluster import Launch
+from distbench.runtime.cluster import Launch, job_environment
 from distbench.runtime.fingerprint import launch_topology
 from distbench.strategies.fsdp import hybrid_shape
 from hostile_pickles import Call, Glob, assemble
@@ -294,6 +294,17 @@ def test_a_rank_killed_by_a_signal_leaves_its_configuration_and_stack_in_the_log
     assert "Segmentation fault" in log, log[-3000:]
     dying = log[log.index("Segmentation fault") :]
     assert "all_reduce" in dying and "segfault_inside_all_reduce" in dying, dying[:3000]
+
+
+def test_a_job_sees_its_own_world_in_the_launchers_variables(monkeypatch):
+    """DeepSpeed reads WORLD_SIZE as the world: a job of 1 rank in a launch of 2 nodes x 2 must see 1."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    launch = Launch(rank=0, world_size=4, local_rank=0, local_world_size=2)
+    for n, local in ((1, 1), (2, 2), (4, 2)):
+        with job_environment(launch, n):
+            assert (os.environ["WORLD_SIZE"], os.environ["LOCAL_WORLD_SIZE"]) == (str(n), str(local))
+        assert os.environ["WORLD_SIZE"] == "4" and "LOCAL_WORLD_SIZE" not in os.environ
 
 
 def test_hybrid_mesh_is_nodes_by_ranks_per_node_across_nodes():

@@ -186,6 +186,7 @@ def run_job(
 def _joined(
     launch: Launch, store: dist.Store, device: torch.device, job_id: int, job: Job, group_timeout: float
 ) -> dict[str, Any]:
+    """run_job's part inside the job's world: form it, check the bytes, run, destroy it."""
     n = job.world_size
     try:
         # No device_id: a group bound to its device makes DeviceMesh split sub-groups off its communicator
