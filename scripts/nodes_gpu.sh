@@ -23,7 +23,7 @@ table="$out/table.txt"
 : > "$table"
 
 two_nodes() {  # two_nodes NAME LIMIT_S LAUNCH_FLAGS -- RUN-ARGS: one agent per GPU, each its own "node"
-  local name=$1 limit=$2 port=$((29500 + RANDOM % 1000)) flags=() i
+  local name=$1 limit=$2 port=$((29500 + RANDOM % 1000)) flags=() pids=() codes=() i
   shift 2
   while [ "$1" != "--" ]; do flags+=("$1"); shift; done
   shift
@@ -32,15 +32,16 @@ two_nodes() {  # two_nodes NAME LIMIT_S LAUNCH_FLAGS -- RUN-ARGS: one agent per 
       --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:$port --rdzv-id "$name" \
       --rdzv-conf join_timeout=60 --max-restarts 0 --log-dir "$out/$name-torchrun$i" \
       -m distbench.cli launch "${flags[@]}" -- -o "$out/$name" "$@" > "$out/$name-agent$i.log" 2>&1 &
+    pids+=($!)
   done
-  local codes=()
-  for i in 1 2; do wait -n; codes+=($?); done
-  echo "${codes[*]}"
+  for i in 0 1; do wait "${pids[$i]}"; codes+=($?); done
+  echo "${codes[*]}"  # agent 0's, agent 1's; 124: stopped at the limit
 }
 
 # (a) parity at world sizes 1 and 2 across the nodes, and the resumes
 t0=$(date +%s)
-codes=$(two_nodes parity "${PARITY_LIMIT_S:-300}" --parity -- -s "$strategies" -n 1,2 -m "$model" "${seq[@]}" \
+# parity.json is written before the launch's benchmark half: a limit that stops the benchmark (124) keeps it
+codes=$(two_nodes parity "${PARITY_LIMIT_S:-270}" --parity -- -s "$strategies" -n 1,2 -m "$model" "${seq[@]}" \
   --steps 3 --warmup 1 --repeats 1 --timeout 90)
 python3 - "$out/parity/parity.json" "$codes" "$(( $(date +%s) - t0 ))" >> "$table" <<'EOF'
 import json, sys
