@@ -81,7 +81,7 @@ def where(frame: FrameType | None) -> str:
 
 @dataclass(frozen=True)
 class _Wait:
-    job: str  # "job 8: distbench.jobs.train:train (zero2 ws2 gpt2-124m) on 2 ranks", or "no job"
+    job: str  # "job 8: distbench.jobs.train:train (zero2 ws2 gpt2-124m) on 2 ranks", or the last one seen
     what: str | None  # a known wait; None: read where the main thread stands
     deadline: float
     seconds: float
@@ -144,8 +144,9 @@ class Watch:
         except Exception as e:  # noqa: BLE001 - the store is gone: the launch is over
             if not self._done.is_set():
                 wait = self._wait
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]  # C++ errors carry frames
                 self.say(
-                    wait.job if wait else "between jobs", f"lost torchrun's store ({e})", self._what(wait)
+                    wait.job if wait else "between jobs", f"lost torchrun's store ({first})", self._what(wait)
                 )
                 os._exit(1)
 
