@@ -1,5 +1,6 @@
 """Users' model factories that fail on one node of a torchrun job: on the last launched rank one raises, one
-hangs and one dies of a segfault inside a collective, while the other ranks go on to their first collective."""
+hangs (in its build, or in the middle of a training step) and one dies of a segfault inside a collective,
+while the other ranks go on to their first collective."""
 
 from __future__ import annotations
 
@@ -22,6 +23,29 @@ def hangs_on_last_rank() -> nn.Module:
     if _last_rank():
         time.sleep(3600)
     return tiny_lm()
+
+
+class _HangsInAStep(nn.Module):
+    """A model whose forward, on the last rank, sleeps for good: the other ranks reach the step's gradient
+    reduction and wait there for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = tiny_lm()
+        self.vocab_size = self.inner.vocab_size
+
+    def forward(self, input_ids):  # type: ignore[no-untyped-def]
+        if _last_rank():
+            planted_hang_in_forward()
+        return self.inner(input_ids)
+
+
+def planted_hang_in_forward() -> None:
+    time.sleep(3600)
+
+
+def hangs_in_a_step_on_last_rank() -> nn.Module:
+    return _HangsInAStep()
 
 
 def _last_rank() -> bool:

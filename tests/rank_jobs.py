@@ -290,3 +290,36 @@ def train_listing_checkpoint_files_late(ctx: Any, rank: int, seconds: float, **k
 
     with mock.patch.object(checkpoint_files, "_files", late if ctx.rank == rank else listed):
         return jobs.train(ctx, **kwargs)
+
+
+def killed_inside_all_reduce(ctx: Any, rank: int) -> None:
+    """Rank `rank` enters an all-reduce that its peers join only later and is SIGKILLed while it waits there
+    (on NCCL: its kernel in flight, the host waiting for the result), as a rank lost to the OOM killer or a
+    node failure is; the others then wait in it for a rank that is gone."""
+    import signal
+    import threading
+
+    import torch
+
+    flag = torch.ones(1, device=ctx.device)
+    if ctx.rank == rank:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    else:
+        time.sleep(2.0)
+    dist.all_reduce(flag)
+    flag.item()  # the host waits for the collective's result here
+
+
+def raises_mid_step(ctx: Any, rank: int) -> None:
+    """A DDP training step in which rank `rank` raises between its forward and backward: the others reach the
+    backward's gradient all-reduce and wait there."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(64, 64).to(ctx.device))
+    loss = model(torch.randn(8, 64, device=ctx.device)).square().mean()
+    if ctx.rank == rank:
+        raise RuntimeError(f"planted failure in the middle of a step on rank {ctx.rank}")
+    loss.backward()
+    ctx.synchronize()

@@ -17,7 +17,7 @@ import pytest
 
 from distbench.report import write_report
 from distbench.results import load_results, make_result
-from distbench.runtime.cluster import Launch
+from distbench.runtime.cluster import Launch, job_environment
 from distbench.runtime.fingerprint import launch_topology
 from distbench.strategies.fsdp import hybrid_shape
 from hostile_pickles import Call, Glob, assemble
@@ -296,6 +296,17 @@ def test_a_rank_killed_by_a_signal_leaves_its_configuration_and_stack_in_the_log
     assert "all_reduce" in dying and "segfault_inside_all_reduce" in dying, dying[:3000]
 
 
+def test_a_job_sees_its_own_world_in_the_launchers_variables(monkeypatch):
+    """DeepSpeed reads WORLD_SIZE as the world: a job of 1 rank in a launch of 2 nodes x 2 must see 1."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    launch = Launch(rank=0, world_size=4, local_rank=0, local_world_size=2)
+    for n, local in ((1, 1), (2, 2), (4, 2)):
+        with job_environment(launch, n):
+            assert (os.environ["WORLD_SIZE"], os.environ["LOCAL_WORLD_SIZE"]) == (str(n), str(local))
+        assert os.environ["WORLD_SIZE"] == "4" and "LOCAL_WORLD_SIZE" not in os.environ
+
+
 def test_hybrid_mesh_is_nodes_by_ranks_per_node_across_nodes():
     assert hybrid_shape(16, nodes=2) == (2, 8)
     assert hybrid_shape(12, nodes=3) == (3, 4)
@@ -447,3 +458,59 @@ def test_a_stranger_writing_a_job_into_the_store_runs_nothing_and_stops_the_laun
     while tagged_processes(tag) and time.monotonic() < end:
         time.sleep(0.1)
     assert tagged_processes(tag) == {}
+
+
+def _two_nodes_of_one_rank(tmp_path: Path, launch_args: list[str], run_args: list[str], bound: float) -> dict:
+    """Two torchrun agents of one gloo rank each, as two hosts of one GPU each: exit codes, seconds, logs."""
+    out = tmp_path / "results"
+    t0 = time.monotonic()
+    agents = torchrun_agents(out, 2, 1, launch_args, run_args)
+    try:
+        codes = [a.wait(timeout=max(1.0, bound - (time.monotonic() - t0))) for a in agents]
+    finally:
+        for a in agents:
+            a.kill()
+    logs = {i: (tmp_path / f"agent{i}.log").read_text() for i in range(2)}
+    return {"out": out, "codes": codes, "seconds": time.monotonic() - t0, "logs": logs}
+
+
+@pytest.mark.slow  # two agents of one rank, 2 DeepSpeed stages x 2 world sizes, parity, resumes, bench: ~2 min
+def test_deepspeed_holds_parity_across_two_nodes_of_one_rank(tmp_path):
+    """Each job of a launch forms its own world: zero2 at world size 2 after world size 1 on rank 0 found
+    DeepSpeed's clone of the destroyed 1-rank world (rank 0 raised, rank 1 waited in its collective), and
+    ZeRO-3 at world size 1 of a 2-rank launch was refused by zero.Init for WORLD_SIZE=2."""
+    run_args = ["-s", "zero2,zero3", "-n", "1,2", "-m", "gpt2-tiny", "--steps", "2", "--warmup", "1"]
+    got = _two_nodes_of_one_rank(tmp_path, ["--parity"], [*run_args, "--timeout", "60"], bound=400)
+    assert got["codes"] == [0, 0], got["logs"][0][-3000:] + got["logs"][1][-3000:]
+    rows = json.loads((got["out"] / "parity.json").read_text())
+    assert {r["check"]: r["status"] for r in rows} == {
+        **{f"{s} ws{n} gpt2-tiny ({n} node(s))": "ok" for s in ("zero2", "zero3") for n in (1, 2)},
+        **{
+            f"{s} gpt2-tiny saved at ws2 (2 node(s)), resumed at ws1 (1 node(s))": "ok"
+            for s in ("zero2", "zero3")
+        },
+    }, [r["error"] for r in rows if r["error"]]
+
+
+@pytest.mark.slow  # two agents of one rank, one zero2 job left to hang: ~47 s on 2 loaded cores
+def test_a_hang_in_a_zero2_step_makes_every_rank_say_where_it_waited_and_exit(tmp_path):
+    """Rank 1 sleeps inside its forward; rank 0 waits in the step's gradient all-reduce. When the job's bound
+    passes (--timeout 20: DeepSpeed's engine build on 2 loaded cores takes most of 10 s), every rank prints
+    one line naming itself, the job, its configuration and where it waited, and both agents exit non-zero."""
+    model = "cluster_models:hangs_in_a_step_on_last_rank"
+    run_args = ["-s", "zero2", "-n", "2", "-m", model, "--steps", "2", "--warmup", "0", "--timeout", "20"]
+    got = _two_nodes_of_one_rank(tmp_path, [], run_args, bound=120)
+    every = "\n".join(got["logs"].values())
+    assert all(c not in (0, None) for c in got["codes"]), every[-3000:]
+    assert got["seconds"] < 75, f"{got['seconds']:.0f}s"
+    job = f"job 0: distbench.jobs.bench:bench (zero2 ws2 {model}) on 2 ranks"
+    lines = {
+        r: [ln for ln in every.splitlines() if ln.startswith(f"distbench launch rank {r}: {job}: ")]
+        for r in (0, 1)
+    }
+    said = {r: [ln for ln in found if ln.endswith("; exiting 1")] for r, found in lines.items()}
+    assert [len(said[0]), len(said[1])] == [1, 1], lines
+    assert "waiting in torch.distributed.all_reduce" in said[0][0] or "outcome of rank(s) 1" in said[0][0], (
+        said
+    )
+    assert "waiting in cluster_models.py" in said[1][0] and "planted_hang_in_forward" in said[1][0], said

@@ -1,6 +1,8 @@
 """Faults planted from outside the pool, at every phase of a rank's life, and the pool's own process killed:
 each fault fails its job within a stated bound with every rank's story, the next job passes on a rebuilt
-pool, and nothing is left behind (processes, distbench temp dirs, shared memory)."""
+pool, and nothing is left behind (processes, distbench temp dirs, shared memory). Three of them also on two
+GPUs over NCCL (`pytest -m "gpu and slow" tests/test_faults.py`): a rank killed inside an all-reduce, one that
+stops answering, one that raises in the middle of a step; there nothing may be left on the GPUs either."""
 
 from __future__ import annotations
 
@@ -18,7 +20,14 @@ from types import SimpleNamespace
 import pytest
 
 import rank_jobs
-from distbench.runtime.pool import STACK_WAIT_S, JobError, PoolManager, RankPool, _proc_state
+from distbench.runtime.pool import (
+    STACK_WAIT_S,
+    JobError,
+    PoolManager,
+    RankPool,
+    _proc_state,
+    cuda_device_count,
+)
 from leftovers import TAG_ENV, held_shm, new_tag, shm_entries, tagged_processes, wait_clean
 
 pytestmark = pytest.mark.slow  # ranks killed and frozen at every phase: about a minute on 2 cores
@@ -226,3 +235,79 @@ def test_ranks_do_not_outlive_a_killed_parent(tmp_path: Path, phase: str):
         parent.wait()
     left = wait_clean(tag, tmp_path, shm, within=10.0)
     assert not left, f"left behind after the parent was killed during {phase}: {left}"
+
+
+#: The job timeout of a faulted job on each device: a NCCL job also connects its communicator on first use.
+DEVICE_TIMEOUT = {"cpu": TIMEOUT, "cuda": 30.0}
+#: (job, its arguments, the victim's status and a phrase of its story): rank 1 is the victim.
+IN_A_JOB = {
+    "killed-inside-all-reduce": (rank_jobs.killed_inside_all_reduce, {"rank": 1}, KILLED),
+    "stops-answering": (rank_jobs.signal_self_in, {"rank": 1, "signum": signal.SIGSTOP}, STOPPED),
+    "raises-mid-step": (rank_jobs.raises_mid_step, {"rank": 1}, ("error", "planted failure in the middle")),
+}
+
+
+@pytest.fixture(scope="module")
+def device_pools():
+    """One PoolManager per device for the module, as a session has, closed at its end."""
+    made: dict[str, PoolManager] = {}
+
+    def pools(device: str) -> PoolManager:
+        if device not in made:
+            made[device] = PoolManager(device, error_grace=GRACE)
+        return made[device]
+
+    yield pools
+    for pm in made.values():
+        pm.close_all()
+
+
+def gpu_pids() -> set[int] | None:
+    """Processes holding a CUDA context on any GPU, as nvidia-smi lists them (None where it cannot)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {int(p) for p in out.split() if p.strip().isdigit()}
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.world_size(2)])]
+)
+@pytest.mark.parametrize("fault", list(IN_A_JOB))
+def test_a_fault_in_a_job_fails_it_with_both_ranks_stories_and_the_next_job_runs(device_pools, fault, device):
+    """The test passes when the harness reports the planted fault: a JobError within the job timeout plus
+    MARGIN (the stack signal, the kill, a loaded host), with the victim's story and its peer's from the
+    collective it waits in; then a job on the rebuilt pool passes, and on GPUs no more processes hold a GPU
+    than the live pool's two ranks (the killed ones' contexts are gone)."""
+    if device == "cuda" and cuda_device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    job, kwargs, (status, phrase) = IN_A_JOB[fault]
+    pm, timeout = device_pools(device), DEVICE_TIMEOUT[device]
+    pm.pool_for(2).run(rank_jobs.whoami, timeout=120)  # a warm pool: the fault, not a start, is timed
+    t0 = time.monotonic()
+    with pytest.raises(JobError) as info:
+        pm.pool_for(2).run(job, kwargs, timeout=timeout)
+    took = time.monotonic() - t0
+    assert took < timeout + MARGIN, (
+        f"the fault took {took:.1f}s to be reported (bound {timeout + MARGIN:.0f}s)"
+    )
+    outcomes = {o.rank: o for o in info.value.outcomes}
+    assert sorted(outcomes) == [0, 1], "both ranks' stories"
+    assert outcomes[1].status == status and phrase in outcomes[1].text, str(info.value)
+    peer = outcomes[
+        0
+    ]  # its stack where it waited for rank 1, or gloo's error once rank 1's connection closed
+    assert peer.status in ("timeout", "error"), str(info.value)
+    assert any(w in peer.text for w in ("all_reduce", "barrier", "backward", "synchronize")), str(info.value)
+    ranks = pm.pool_for(2).run(rank_jobs.whoami, timeout=120)
+    assert [r["rank"] for r in ranks] == [0, 1]
+    held = gpu_pids() if device == "cuda" else None
+    if held is not None:  # counted, not matched: in a container nvidia-smi may list the host's process ids
+        assert len(held) <= len(ranks), f"GPU processes besides the live pool's {ranks}: {held}"

@@ -56,7 +56,11 @@ def run(args: argparse.Namespace) -> int:
     except DistbenchError as e:
         print(f"distbench launch: {e}", file=sys.stderr)
         return 2
-    store = connect_store(launch, run_args.timeout)
+    try:
+        store = connect_store(launch, run_args.timeout)
+    except DistbenchError as e:
+        print(f"distbench launch: {e}", file=sys.stderr, flush=True)
+        return 1
     device = local_device(launch, device_type)
     if launch.rank != 0:
         return follow(launch, store, device, LAUNCH_JOBS, allowed)

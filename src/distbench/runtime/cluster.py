@@ -17,24 +17,24 @@ in between rank 0's post and a follower's read may pass every check and still no
 ranks of a job's world first all-gather the SHA-256 of the bytes each read (rank 0: of those it posted)
 over the job's own process group, and none runs the job unless all are equal.
 
-No process waits without a bound: a job's collectives time out with the job (`--timeout`); the controller
-gives up on a rank that has not answered shortly after, asks every follower for its Python stack and to
-exit; followers also exit when the store (hosted by torchrun's agent) goes away.
+No process waits without a bound (launchwatch.py): a job's collectives time out with the job (`--timeout`); the
+controller gives up on a rank that has not answered shortly after, asks every follower for its Python stack and
+to exit; a rank whose own part of a job, or whose wait for the next job, outlasts its bound says so in one line
+and exits; followers also exit when the store (hosted by torchrun's agent) goes away.
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import gc
 import itertools
 import json
 import os
 import sys
-import tempfile
-import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -46,16 +46,13 @@ from ..errors import ConfigError, JobSpecError, ResourceError
 from .context import RankContext, collective_backend, process_group_backend
 from .fingerprint import nodes_spanned
 from .jobspec import Admission, Job, JobRegistry, Stop, decode_outcome, encode_outcome
+from .launchwatch import ABORT, REFUSED, RELEASED, Watch, hand_out_bound, job_bounds, reply_grace
 from .pool import JobError, RankOutcome, check_configs, failure_summary
 from .worker import job_name
 
 _POLL_S = 0.1  # rank 0 waiting for replies
 _JOB_POLL_S = 0.5  # followers waiting for the next job: every rank of the launch polls the store
 _STACK_WAIT_S = 5.0
-_REPLY_GRACE_S = 30.0
-_RELEASE_WAIT_S = 120.0  # an aborted follower waits this long at most for the controller to finish writing
-#: The key a follower that refused a message posts its reason under: every rank then stops.
-REFUSED = "refused"
 
 
 @dataclass(frozen=True)
@@ -109,16 +106,24 @@ class Launch:
 
 
 def connect_store(launch: Launch, timeout_s: float) -> dist.Store:
-    """torchrun's key-value store (the agent's, shared with its workers), under a prefix for this attempt."""
+    """torchrun's key-value store (the agent's, shared with its workers), under a prefix for this attempt;
+    ConfigError, in one line, when it cannot be reached within `timeout_s`."""
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world_size=None if agent else launch.world_size,
-        is_master=not agent and launch.rank == 0,
-        timeout=timedelta(seconds=timeout_s),
-        wait_for_workers=False,
-    )
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    try:
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            world_size=None if agent else launch.world_size,
+            is_master=not agent and launch.rank == 0,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+    except (RuntimeError, OSError) as e:  # DistStoreError and DistNetworkError are RuntimeErrors
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(
+            f"rank {launch.rank} gave up after {timeout_s:.0f}s waiting for torchrun's store at {where} ({first})"
+        ) from None
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"distbench/attempt_{attempt}", store)
 
@@ -139,14 +144,50 @@ def describe_job(job: Job) -> str:
     return f"{job.name} ({cfg.strategy} ws{cfg.world_size} {cfg.model}) on {job.world_size} ranks"
 
 
-def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int, job: Job) -> dict[str, Any]:
+@contextlib.contextmanager
+def job_environment(launch: Launch, world_size: int) -> Iterator[None]:
+    """The launcher's variables as the job's world has them, while it runs: libraries read the world from them
+    (DeepSpeed's zero.Init refuses a 1-rank group under WORLD_SIZE=2, so ZeRO-3 at world size 1 of a 2-rank
+    launch failed). RANK and LOCAL_RANK hold: a job runs on the first ranks."""
+    saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    os.environ["WORLD_SIZE"] = str(world_size)
+    os.environ["LOCAL_WORLD_SIZE"] = str(min(world_size, launch.local_world_size))
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_job(
+    launch: Launch, store: dist.Store, device: torch.device, job_id: int, job: Job, watch: Watch
+) -> dict[str, Any]:
     """Join the job's world (the first n ranks) as the default group, run the job once every rank of it read
-    the same bytes, leave; this rank's outcome. JobSpecError, and nothing run, when one read other bytes."""
+    the same bytes, leave; this rank's outcome. JobSpecError, and nothing run, when one read other bytes.
+    `watch` bounds it (launchwatch.job_bounds)."""
     n = job.world_size
+    named = f"job {job_id}: {describe_job(job)}"
     # A rank killed by a signal (a segfault in NCCL, say) leaves no Python traceback: say first what it runs,
     # and let faulthandler write the Python stack it died in (the collective it had entered) to the log.
-    print(f"distbench launch rank {launch.rank}: job {job_id}: {describe_job(job)}", flush=True)
+    print(f"distbench launch rank {launch.rank}: {named}", flush=True)
     faulthandler.enable(all_threads=True)
+    group_timeout, own_bound = job_bounds(job.timeout, device.type)
+    watch.expect(named, own_bound)
+    try:
+        with job_environment(launch, n):
+            return _joined(launch, store, device, job_id, job, group_timeout)
+    finally:
+        watch.clear()
+
+
+def _joined(
+    launch: Launch, store: dist.Store, device: torch.device, job_id: int, job: Job, group_timeout: float
+) -> dict[str, Any]:
+    """run_job's part inside the job's world: form it, check the bytes, run, destroy it."""
+    n = job.world_size
     try:
         # No device_id: a group bound to its device makes DeviceMesh split sub-groups off its communicator
         # (ncclCommSplit), and in this process, whose default group is made anew for every job, the split for
@@ -157,7 +198,7 @@ def run_job(launch: Launch, store: dist.Store, device: torch.device, job_id: int
             store=dist.PrefixStore(f"pg/{job_id}", store),
             rank=launch.rank,
             world_size=n,
-            timeout=timedelta(seconds=job.timeout),
+            timeout=timedelta(seconds=group_timeout),
         )
         _same_bytes(f"job/{job_id}", job.digest, device)
         ctx = RankContext(
@@ -234,6 +275,7 @@ class Cluster:
         self._broken: str | None = None
         #: Why the store is not distbench's alone (a refused or changed message): every later job raises it.
         self.refused: str | None = None
+        self.watch = Watch(launch.rank, store, controller=True)
 
     def check_world_size(self, world_size: int) -> None:
         self.launch.job_nodes(world_size)
@@ -261,14 +303,21 @@ class Cluster:
         # Rank 0 runs the job as the followers will, decoded and checked as they check it.
         spec = self.jobs.decode(data, self.admission)
         assert isinstance(spec, Job)
+        job_id = next(self._job_ids)
         try:
-            outs = self._run(next(self._job_ids), data, spec)
+            outs = self._run(job_id, data, spec)
         except JobSpecError as e:
             self.refused = str(e)
             raise
         missing = [r for r in range(world_size) if r not in outs]
         if missing:
-            self._broken = f"rank(s) {','.join(map(str, missing))} did not finish {target} in {timeout:.0f}s"
+            who = ",".join(map(str, missing))
+            self._broken = f"rank(s) {who} did not finish {target} in {timeout:.0f}s"
+            self.watch.say(
+                f"job {job_id}: {describe_job(spec)}",
+                f"gave up after {timeout + reply_grace(timeout):.0f}s; the launch runs nothing more",
+                f"waiting for the outcome of rank(s) {who}",
+            )
             stacks = self._abort(missing)
             for r in missing:
                 outs[r] = {"status": "timeout", "text": stacks.get(r, "(no stack captured)")}
@@ -285,12 +334,14 @@ class Cluster:
         key = f"job/{job_id}"
         # Ranks blocked in a collective when a peer failed report their own timeout error at `timeout`: wait a
         # little longer than that before calling them lost.
-        deadline = time.monotonic() + spec.timeout + min(_REPLY_GRACE_S, spec.timeout / 4)
+        deadline = time.monotonic() + spec.timeout + reply_grace(spec.timeout)
         try:
             _post(self.store, key, data)
         except JobSpecError as e:  # torchrun may stop the followers before one reads it: say what they would
             raise JobSpecError(f"{e}; {self._verdict(self.store.get(key))}") from None
-        outs: dict[int, dict[str, Any]] = {0: run_job(self.launch, self.store, self.device, job_id, spec)}
+        outs: dict[int, dict[str, Any]] = {
+            0: run_job(self.launch, self.store, self.device, job_id, spec, self.watch)
+        }
         for r in range(1, spec.world_size):
             if _wait_key(self.store, f"out/{job_id}/{r}", deadline):
                 outs[r] = decode_outcome(self.store.get(f"out/{job_id}/{r}"), r)
@@ -309,7 +360,7 @@ class Cluster:
     def _abort(self, ranks: list[int]) -> dict[int, str]:
         """Tell every follower to write its Python stack and to exit once released; the stacks of `ranks` that
         arrive in time."""
-        self.store.set("abort", "1")
+        self.store.set(ABORT, "1")
         deadline = time.monotonic() + _STACK_WAIT_S
         return {
             r: "Python stack at timeout:\n" + self.store.get(f"stack/{r}").decode(errors="replace")
@@ -323,9 +374,10 @@ class Cluster:
     def release(self, status: int) -> None:
         """Let the followers go with the launch's exit status: every node's agent then sees the same outcome
         (torchrun's agents wait at an exit barrier for one another after a success, never after a failure)."""
+        self.watch.stop()
         stop = json.dumps({"stop": True, "status": status}).encode()
         self.store.set(f"job/{next(self._job_ids)}", stop)  # type: ignore[arg-type]  # the binding takes bytes
-        self.store.set("released", "1")  # aborted followers, stuck in a job, exit on this
+        self.store.set(RELEASED, "1")  # aborted followers, stuck in a job, exit on this
 
 
 @dataclass
@@ -350,56 +402,38 @@ class ClusterPool:
         """Nothing to close: each job forms and destroys its own process group."""
 
 
-def _watch_abort(store: dist.Store, rank: int, done: threading.Event) -> None:
-    """Follower side: on the controller's abort, leave a stack and exit once the controller has written its
-    results (torchrun stops every rank of a node as soon as one exits with an error); exit at once when a
-    follower refused a message or the store has vanished (the launch is over)."""
-    try:
-        while not done.wait(1.0):
-            if store.check([REFUSED]) and not done.is_set():  # set first by the rank that refused
-                os._exit(1)
-            if not store.check(["abort"]):
-                continue
-            with tempfile.TemporaryFile("w+") as f:
-                faulthandler.dump_traceback(file=f, all_threads=True)
-                f.seek(0)
-                store.set(f"stack/{rank}", f.read())
-            _wait_key(store, "released", time.monotonic() + _RELEASE_WAIT_S)
-            os._exit(1)
-    except Exception as e:  # noqa: BLE001 - the store is gone
-        if not done.is_set():
-            print(f"distbench launch rank {rank}: lost the controller's store ({e}); exiting", flush=True)
-            os._exit(1)
-
-
 def follow(
     launch: Launch, store: dist.Store, device: torch.device, jobs: JobRegistry, admission: Admission
 ) -> int:
     """Follower loop: run each job the controller posts (when this rank is in its world) until the stop;
     the controller's exit status, or 1 when a message was refused (nothing of it runs)."""
-    done = threading.Event()
-    threading.Thread(target=_watch_abort, args=(store, launch.rank, done), daemon=True).start()
+    watch = Watch(launch.rank, store, controller=False)
     try:
-        job_id = 0
+        job_id, last = 0, "no job yet"
         while True:
             key = f"job/{job_id}"
+            watch.expect(
+                last, hand_out_bound(admission.timeout), f"waiting for the next job ({key}) from rank 0"
+            )
             try:
                 _wait_key(store, key, None, _JOB_POLL_S)
             except JobSpecError:
                 return 1  # another rank refused a message, and said so
+            watch.clear()
             try:
                 job = jobs.decode(store.get(key), admission)
                 if isinstance(job, Stop):
                     return job.status
+                last = f"after job {job_id}: {describe_job(job)}"
                 if launch.rank < job.world_size:
-                    outcome = encode_outcome(run_job(launch, store, device, job_id, job), job.name)
+                    outcome = encode_outcome(run_job(launch, store, device, job_id, job, watch), job.name)
                     store.set(f"out/{job_id}/{launch.rank}", outcome)  # type: ignore[arg-type]
             except JobSpecError as e:
-                done.set()  # before the refusal is posted: this rank returns its status rather than exit here
+                watch.stop()  # before the refusal is posted: this rank returns its status rather than exit here
                 return _refuse(store, f"rank {launch.rank} refused {key} from torchrun's store: {e}")
             job_id += 1
     finally:
-        done.set()
+        watch.stop()
 
 
 def _refuse(store: dist.Store, reason: str) -> int:

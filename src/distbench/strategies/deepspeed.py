@@ -46,6 +46,9 @@ class DeepSpeedTrainer(Trainer):
         super().__init__(ctx, cfg, model)
         self.stage, self.offload = stage, offload
         deepspeed = _import_deepspeed(ctx)  # first: importing it picks the accelerator
+        forget_groups_of_a_gone_world()
+        if stage == 3 and ctx.world_size > 1:
+            agree_on_zero3_ids(ctx)
         self.ds_config = build_ds_config(
             cfg, stage, offload, ds_config, n_params=sum(p.numel() for p in model.parameters())
         )
@@ -236,6 +239,55 @@ def destroy_engine(engine: Any) -> None:
     if hasattr(engine, "destroy"):
         engine.destroy()
     _forget_zero3_module(engine.module)
+
+
+def forget_groups_of_a_gone_world() -> None:
+    """Drop DeepSpeed's cached process groups when they belong to a world that was destroyed since.
+
+    DeepSpeed clones the default group once per process (`groups._clone_world_group`, ZeRO's data-parallel
+    group) and keeps it for good, forgetting it only when the world is destroyed through deepspeed.comm. A
+    `distbench launch` forms a new default group for every job and destroys it through torch, so a rank's
+    second DeepSpeed job found the first job's clone: of another world size, and no longer registered. On two
+    nodes of one rank each, zero2 at world size 2 after zero2 at world size 1 hung: rank 0 took the stale clone
+    of its 1-rank world (torch still answers its size, 1; its ranks raise) while rank 1, new to DeepSpeed,
+    cloned the 2-rank world and waited in its first collective for a rank 0 that never came. In a rank pool the
+    world lives as long as the process, the clone stays registered and is kept."""
+    from deepspeed.utils import groups
+
+    cached = [g for g in (groups._WORLD_GROUP, groups._ZERO_PARAM_INTRA_PARALLEL_GROUP) if g is not None]
+    if all(_registered(g) for g in cached):
+        return
+    release = getattr(groups, "_release_process_group_references", None)
+    if release is not None:
+        release(None)  # DeepSpeed's own forgetting, as its destroy_process_group does
+    else:
+        groups._WORLD_GROUP = groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
+
+
+def agree_on_zero3_ids(ctx: RankContext) -> None:
+    """Start this build's ZeRO-3 parameter and module ids where every rank of the job can: the highest any has.
+
+    ZeRO-3 numbers parameters and modules from process-wide counters (partition_parameters.Init.param_id, and
+    the default argument `count` of DeepSpeedZeRoOffload._register_deepspeed_module) and checks at each forward
+    that every rank traced the same module ids. Under a launch rank 0 alone runs the world-size-1 jobs, so its
+    counters ran ahead and zero3 at world size 2 failed that check ("a disagreement on list contents between
+    rank0 and rank1"). Raising them, never lowering, keeps every id of an engine still alive unique."""
+    from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    module_count = DeepSpeedZeRoOffload._register_deepspeed_module.__defaults__[0]
+    ids = torch.tensor([Init.param_id, module_count[0]], dtype=torch.int64, device=ctx.device)
+    dist.all_reduce(ids, op=dist.ReduceOp.MAX)
+    Init.param_id, module_count[0] = int(ids[0]), int(ids[1])
+
+
+def _registered(group: Any) -> bool:
+    """Whether `group` belongs to the live world (torch forgets every group when its world is destroyed)."""
+    try:
+        dist.get_process_group_ranks(group)
+    except (KeyError, ValueError, RuntimeError):
+        return False
+    return True
 
 
 def _gathered(p: nn.Parameter) -> torch.Tensor:
