@@ -16,7 +16,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
 export PYTHONUNBUFFERED=1 PYTHONPATH="$root/src:$root/tests${PYTHONPATH:+:$PYTHONPATH}"
 model=${MODEL:-gpt2-tiny}
+# the GPU grid's default sequence (1024) is longer than gpt2-tiny's 64 positions: its own length unless SEQ says
 seq=()
+[ "$model" = gpt2-tiny ] && seq=(--seq-len 64)
 [ -n "${SEQ:-}" ] && seq=(--seq-len "$SEQ")
 strategies=${STRATEGIES:-ddp,fsdp_full,fsdp_grad,fsdp_hybrid,fsdp_offload,fsdp1_full,fsdp1_grad,zero1,zero2,zero3,zero3_offload}
 table="$out/table.txt"
