@@ -282,3 +282,21 @@ def test_a_config_serves_a_machine_with_fewer_gpus_than_it_lists():
     assert fit_world_sizes([1, 2, 4], 4, asked=False) == ([1, 2, 4], [])
     assert fit_world_sizes([1, 2, 4], 2, asked=True) == ([1, 2, 4], [])
     assert fit_world_sizes([4, 8], 2, asked=False) == ([4, 8], [])  # nothing fits: the pool says why
+
+
+def test_fewer_steps_than_the_grids_windows_time_a_window_a_step():
+    """The GPU grid times six windows of two steps; `--steps 3` alone must still run (three windows), and an
+    explicit --windows larger than --steps is still refused."""
+    from distbench.cli import COMMANDS
+    from distbench.commands.parser import build_parser
+    from distbench.commands.run import build_matrix
+    from distbench.errors import ConfigError
+
+    def configs(*flags: str) -> list[RunConfig]:
+        args = build_parser(COMMANDS).parse_args(["run", "-s", "ddp", "-m", "gpt2-tiny", "--seq-len", "64", *flags])
+        return build_matrix(args, "cuda", 2).configs("cuda", 2)[0]
+
+    assert {(c.steps, c.windows) for c in configs("--steps", "3")} == {(3, 3)}
+    assert {(c.steps, c.windows) for c in configs()} == {(12, 6)}
+    with pytest.raises(ConfigError, match="windows must be at most steps"):
+        configs("--steps", "3", "--windows", "4")

@@ -261,6 +261,10 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
     ):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
+    if args.steps is not None and args.windows is None and base.get("windows", 1) > args.steps:
+        # the grid's windows of two steps cannot split fewer steps than they are: a window a step instead
+        # (`--steps 3` on a GPU stopped every run at "windows must be at most steps")
+        base["windows"] = args.steps
     if args.activation_checkpointing:
         base["activation_checkpointing"] = True
     if args.compile:
