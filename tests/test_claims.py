@@ -31,7 +31,7 @@ from distbench.testsuite.claims import (
     settle,
     within,
 )
-from properties import cases, ordered
+from properties import cases, narrowed, ordered
 
 pytest_plugins = ["pytester"]
 
@@ -195,12 +195,7 @@ def test_within_is_decided_by_where_the_interval_lies_and_a_narrower_one_stays_d
     assert (verdict == HOLDS) == inside
     assert (verdict == FAILS) == (outside and not inside)
     assert (verdict == UNDECIDED) == (not inside and not outside)
-    narrower = Interval(
-        iv.estimate,
-        iv.estimate - shrink * (iv.estimate - iv.low),
-        iv.estimate + shrink * (iv.high - iv.estimate),
-        iv.n,
-    )
+    narrower = Interval(iv.estimate, *narrowed(iv.estimate, iv.low, iv.high, shrink), iv.n)
     if verdict != UNDECIDED:
         assert within(narrower, low, high) == verdict
 
