@@ -5,3 +5,7 @@ imported it, as in `pytest tests/test_plugin.py tests/test_report.py`. Imported 
 imported inside such a run."""
 
 import torch  # noqa: F401
+
+import properties  # noqa: E402
+
+properties.load()  # the hypothesis profile (default: derandomized), before any test module is imported

@@ -733,7 +733,8 @@ def test_the_command_line_s_threshold_is_the_one_every_probe_s_comparison_runs_w
     flags = ["--device", "cpu", "-s", "single", "-n", "1", "--threshold", "0.05", "--min-effect", "0.01"]
     assert main(["bisect", *flags, "--good", ids[0], "-o", str(out)]) == 1
     share = 0.05 / 3  # the bisect's alpha over ceil(log2 2) + 2 planned comparisons
-    assert given_to_run_ab == pytest.approx([(0.05, share), (0.015, share), (0.05, share)])
+    expected = [(0.05, share), (0.015, share), (0.05, share)]
+    assert [pytest.approx(pair) for pair in given_to_run_ab] == expected  # approx() takes no nested lists
     probes = json.loads((out / "bisect.json").read_text())["probes"]
     assert [(p["kind"], p["threshold"]) for p in probes] == [
         ("confirm", 0.05),

@@ -1,7 +1,7 @@
 """bisect's decision as a state machine, over generated histories (hypothesis): each history says what every
 comparison (or test run) a bisect may ask for answers, anything at any node, the ends included, and each
-test states in words the properties that hold of every one. The same examples every run (derandomize), so a
-failure reproduces from its log alone. Its realistic histories and whole-process runs are in
+test states in words the properties that hold of every one. The same examples every run (the `ci` profile,
+tests/properties.py), so a failure reproduces from its log alone. Its realistic histories and whole-process runs are in
 tests/test_bisect.py and tests/test_bisect_e2e.py."""
 
 from __future__ import annotations
@@ -11,15 +11,16 @@ from dataclasses import dataclass
 import pytest
 
 pytest.importorskip("hypothesis", reason="the `test` extra's hypothesis generates these histories")
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from distbench.gate import bisect, stats  # noqa: E402
 from distbench.gate.bisect import Bisection  # noqa: E402
 from distbench.gate.variants import VariantStartError  # noqa: E402
+from properties import cases  # noqa: E402
 from test_bisect import ab_report, setup_of  # noqa: E402
 
-PROPERTIES = settings(max_examples=150, deadline=None, derandomize=True, database=None)
+PROPERTIES = cases(150)
 
 
 @dataclass(frozen=True)

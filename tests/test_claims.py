@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 from scipy import stats
 from scipy.stats import mstats
@@ -31,6 +31,7 @@ from distbench.testsuite.claims import (
     settle,
     within,
 )
+from properties import cases, narrowed, ordered
 
 pytest_plugins = ["pytester"]
 
@@ -167,12 +168,12 @@ def test_decide_time_holds_on_one_undisturbed_sample_and_fails_only_on_a_lasting
 #: Figures as claims bound them (overheads, ratios, seconds), of either sign and far from overflow.
 FIGURES = st.floats(-10.0, 10.0, allow_nan=False, allow_infinity=False)
 BOUNDS = st.one_of(st.just(-math.inf), FIGURES), st.one_of(st.just(math.inf), FIGURES)
-PROPERTIES = settings(max_examples=40, deadline=None)
+PROPERTIES = cases(40)
 
 
 @st.composite
 def intervals(draw: st.DrawFn) -> Interval:
-    low, high = sorted((draw(FIGURES), draw(FIGURES)))
+    low, high = ordered(draw(FIGURES), draw(FIGURES))
     return Interval(draw(st.floats(low, high)), low, high, draw(st.integers(2, 40)))
 
 
@@ -181,6 +182,7 @@ def intervals(draw: st.DrawFn) -> Interval:
 @example(Interval(0.0, -0.1, 0.2, 5), -math.inf, 0.2, 0.5)  # the edges, which generated floats seldom hit
 @example(Interval(0.3, 0.2, 0.4, 5), -math.inf, 0.2, 0.5)
 @example(Interval(-0.3, -0.4, -0.2, 5), -0.2, math.inf, 0.5)
+@example(Interval(0.1, 0.0, 0.2, 5), 0.0, math.inf, 0.5)  # on the low edge: holds (`low < iv.low` failed it)
 def test_within_is_decided_by_where_the_interval_lies_and_a_narrower_one_stays_decided(iv, low, high, shrink):
     """Properties of `within` (a claim about time holds, fails or stays undecided):
     - HOLDS exactly when the whole interval lies inside [low, high], edges included;
@@ -193,12 +195,7 @@ def test_within_is_decided_by_where_the_interval_lies_and_a_narrower_one_stays_d
     assert (verdict == HOLDS) == inside
     assert (verdict == FAILS) == (outside and not inside)
     assert (verdict == UNDECIDED) == (not inside and not outside)
-    narrower = Interval(
-        iv.estimate,
-        iv.estimate - shrink * (iv.estimate - iv.low),
-        iv.estimate + shrink * (iv.high - iv.estimate),
-        iv.n,
-    )
+    narrower = Interval(iv.estimate, *narrowed(iv.estimate, iv.low, iv.high, shrink), iv.n)
     if verdict != UNDECIDED:
         assert within(narrower, low, high) == verdict
 
@@ -239,7 +236,7 @@ def claims(draw: st.DrawFn) -> dict:
     return {"samples": samples, "first": first, "most": most, "low": low, "high": high}
 
 
-@settings(max_examples=20, deadline=None)  # each case replays every look of a claim: scipy's t per look
+@cases(20)  # each case replays every look of a claim: scipy's t per look
 @given(claims(), st.sampled_from([0.0, 0.2]), st.sampled_from([1e-3, 0.05]))
 def test_decide_judges_each_look_at_its_share_of_alpha_and_stops_at_the_first_decided_one(c, trim, alpha):
     """Properties of `decide` over generated samples:

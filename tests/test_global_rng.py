@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from distbench.workloads import global_rng
+from properties import cases
 
 #: Draws a model, an augmentation or a sampler makes, each read back as plain numbers. The normal deviates
 #: come in pairs (numpy's legacy polar method, Python's `random.gauss`): an odd count leaves one waiting.
@@ -55,7 +56,7 @@ def _through_a_checkpoint(state: dict[str, Any]) -> dict[str, Any]:
     return torch.load(buf, weights_only=True)
 
 
-@settings(max_examples=25, deadline=None)
+@cases(25)
 @given(st.integers(0, 2**32 - 1), SEQUENCES, st.integers(0, 2**32 - 1), SEQUENCES, SEQUENCES.filter(bool))
 def test_a_restored_process_draws_what_the_captured_one_would_have(seed, before, other_seed, between, after):
     """Property: whatever was drawn before the capture (a spare normal deviate left waiting or not), and

@@ -5,6 +5,7 @@
   registered, and the test files and functions it names are defined.
 - Every repository path they name exists, every test they name is defined, every relative link and heading
   anchor resolves.
+- The README's line of versions is the one scripts/readme_versions.py writes from CI's lock (.ci/constraints.txt).
 - The README stays short (its size, its paragraphs, its table cells), and its "bring your own model" example
   builds and maps input_ids to logits (run as written, end to end, in the slow tier).
 - The site builds strictly (slow tier; CI's docs job builds it on every pull request and push to main).
@@ -19,6 +20,7 @@ import ast
 import contextlib
 import fnmatch
 import functools
+import importlib.util
 import io
 import json
 import os
@@ -33,6 +35,13 @@ from pathlib import Path
 import pytest
 
 from extras import need
+
+_spec = importlib.util.spec_from_file_location(
+    "readme_versions", Path(__file__).parents[1] / "scripts" / "readme_versions.py"
+)
+assert _spec is not None and _spec.loader is not None
+readme_versions = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(readme_versions)
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -422,6 +431,33 @@ def test_the_readme_keeps_the_two_commands_ci_runs():
         "pip install torch==2.13.0 setuptools wheel && pip install --no-build-isolation -e . && distbench run",
         'pip install --no-build-isolation -e ".[test]" && pytest',
     ]
+
+
+def test_the_readme_names_the_versions_cis_lock_pins():
+    """The README's line of versions (between its markers) is the one scripts/readme_versions.py writes from
+    .ci/constraints.txt: a lock refreshed without it, or a version typed in by hand, fails here."""
+    text = README.read_text(encoding="utf-8")
+    lock = readme_versions.LOCK.read_text(encoding="utf-8")
+    assert (
+        readme_versions.with_line(text, readme_versions.versions_line(readme_versions.pins(lock))) == text
+    ), "README.md's versions disagree with .ci/constraints.txt: run python scripts/readme_versions.py"
+    assert readme_versions.main(["--check"]) == 0
+
+
+def test_the_versions_check_catches_a_lock_the_readme_does_not_match():
+    text = README.read_text(encoding="utf-8")
+    lock = readme_versions.LOCK.read_text(encoding="utf-8")
+    newer = re.sub(r"^pytest==\S+", "pytest==99.0", lock, flags=re.M)
+    line = readme_versions.versions_line(readme_versions.pins(newer))
+    assert "pytest 99.0" in line and readme_versions.with_line(text, line) != text
+    with pytest.raises(ValueError, match="pins no hypothesis"):
+        readme_versions.pins(re.sub(r"^hypothesis==.*$", "", lock, flags=re.M))
+    with pytest.raises(ValueError, match="several versions"):
+        readme_versions.pins(lock + "torch==2.99.0 ; python_full_version == '3.11.*'\n")
+    other_python = lock + "torch==2.99.0 ; python_full_version < '3.11'\n"  # not CI's: the line names CI's
+    assert readme_versions.pins(other_python) == readme_versions.pins(lock)
+    with pytest.raises(ValueError, match="markers"):
+        readme_versions.with_line(text.replace(readme_versions.END, ""), line)
 
 
 def test_the_readme_is_within_its_budget():

@@ -1,12 +1,21 @@
 """The lane plan (distbench.testsuite.schedule): units of work, largest first; seats that let lanes share devices, sized
 by memory and host cores; exclusive cases alone and last, skipped ones first. Pure planning, for any number of
-devices and world sizes: what `pytest -m gpu` does on N GPUs is shown here without them."""
+devices and world sizes: what `pytest -m gpu` does on N GPUs is shown here without them. And the lanes' rules
+(lanes.py's LaneRunner) with fake lanes and units of several tests: which unit a lane may take, what a lane that
+dies in a unit gives back, and when lanes that fail to start are given up."""
 
 from __future__ import annotations
 
+import io
 import os
 import queue
 import random
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+import pytest
 
 from distbench.testsuite.schedule import (
     Case,
@@ -15,10 +24,14 @@ from distbench.testsuite.schedule import (
     Unit,
     next_world_size,
     plan,
+    runnable,
     seats_per_device,
     take_unit,
     warm_up_due,
 )
+
+if TYPE_CHECKING:
+    from distbench.testsuite.lanes import LaneRun
 
 GIB = 2**30
 
@@ -257,3 +270,134 @@ def test_a_lane_imports_the_distbench_its_session_runs():
     first = lane_env([0], gpus=False)["PYTHONPATH"].split(os.pathsep)[0]
     spec = PathFinder.find_spec("distbench", [first])
     assert spec is not None and spec.origin == distbench.__file__, first
+
+
+# --- the lanes' rules over units of several tests, with fake lanes (LaneRunner's decisions, no processes) ------
+# A unit of one test cannot tell "every test collected" from "one collected", nor "the rest of a unit" from "all
+# of it": these units hold several, and lanes collect part of them, die in their middle, or fail to start.
+
+
+def test_a_lane_takes_a_unit_only_when_it_collected_every_one_of_its_tests():
+    unit = Unit(1, ["t.py::a", "t.py::b", "t.py::c"], 3.0, "g")
+    assert not runnable(unit, 1, {"t.py::a", "t.py::b"}), "a lane that collected 2 of its 3 tests took it"
+    assert runnable(unit, 1, {"t.py::a", "t.py::b", "t.py::c", "u.py::x"})
+    assert not runnable(unit, 2, None)
+    later = Unit(1, ["u.py::x", "u.py::y"], 1.0, "g")
+    assert take_unit([unit, later], 1, collected={"t.py::a", "u.py::x", "u.py::y"}) is later
+    assert take_unit([unit, later], 1, collected={"t.py::c", "u.py::y"}) is None
+
+
+class FakeLanes:
+    """A LaneRunner without a session or processes: lanes are LaneRuns of fake processes, the tests they run are
+    told to it as a lane's events would, and what it would report is recorded in `reported`."""
+
+    def __init__(self, units: list[Unit], tmp_path: Path) -> None:
+        from distbench.testsuite.lanes import LaneRunner
+
+        r = self.runner = object.__new__(LaneRunner)
+        r.pending, r.running, r.done_groups = list(units), [], []
+        r.groups_left = Counter(u.group for u in units)
+        r.start_failures = Counter()
+        r.seats, r.free_slices, r.group_cap = Seats.of(2, 2), [], 1
+        r.plan = SimpleNamespace(seats=1)
+        r.stats = SimpleNamespace(exits=[], rerun_alone=[])
+        r.phases = r.occupancy = SimpleNamespace(
+            add=lambda *a: None, start=lambda n: None, finish=lambda n: None
+        )
+        r._drops = queue.Queue()
+        r.session = SimpleNamespace(shouldfail=False, shouldstop=False)
+        r.items = {n: SimpleNamespace(location=(n, 0, n), keywords={}) for u in units for n in u.nodeids}
+        self.reported: dict[str, list[tuple[str, str]]] = {}
+        self.why: dict[str, str] = {}  # a failed test's text
+
+        def replay(nodeid: str, reports: list[pytest.TestReport]) -> None:
+            self.reported.setdefault(nodeid, []).extend((rep.when, rep.outcome) for rep in reports)
+            for rep in (rep for rep in reports if rep.failed):
+                self.why[nodeid] = str(rep.longrepr)
+
+        r._replay = replay
+        self.tmp_path, self.lanes = tmp_path, 0
+
+    def lane(self, world_size: int) -> LaneRun:
+        """A lane started now: it collected the tests of its world size pending now (as LaneRunner._start)."""
+        from distbench.testsuite.lanes import LaneRun
+
+        self.lanes += 1
+        d = self.tmp_path / f"lane{self.lanes}"
+        d.mkdir()
+        collected = frozenset(n for u in self.runner.pending if u.world_size == world_size for n in u.nodeids)
+        proc = SimpleNamespace(pid=1000 + self.lanes, returncode=None)
+        run = LaneRun(world_size, [0, 1][:world_size], [], d, proc, io.StringIO(), collected)  # type: ignore[arg-type]
+        self.runner.running.append(run)
+        return run
+
+    def ask(self, run: LaneRun) -> Unit | None:
+        """The lane asks for work (its first ask: it started) and is handed what LaneRunner hands it."""
+        self.runner._on_event(run, {"event": "want"})
+        self.runner._hand_out(run)
+        return run.unit
+
+    def passes(self, run: LaneRun, nodeid: str) -> None:
+        self.runner._on_event(run, {"event": "start", "nodeid": nodeid})
+        self.runner._on_event(run, {"event": "finish", "nodeid": nodeid})
+        self.reported.setdefault(nodeid, []).append(("call", "passed"))
+
+    def exits(self, run: LaneRun, status: int = 1) -> None:
+        run.proc.returncode = status
+        self.runner._ended(run)
+
+
+def test_a_lane_that_dies_in_a_unit_fails_that_test_and_only_a_lane_that_collected_the_rest_runs_it(tmp_path):
+    """A lane dies in the 2nd of a unit's 4 tests: that test fails with the lane's story, the 1st stays passed,
+    and the 3rd and 4th (only they) are pending again, first. A lane started after that collected them and takes
+    them; one that started before the unit was planned (it collected other tests) does not."""
+    unit = Unit(1, ["t.py::a", "t.py::b", "t.py::c", "t.py::d"], 4.0, "g")
+    lanes = FakeLanes([unit, Unit(1, ["t.py::z"], 1.0, "h")], tmp_path)
+    first = lanes.lane(1)
+    assert lanes.ask(first) is unit
+    lanes.passes(first, "t.py::a")
+    lanes.runner._on_event(first, {"event": "start", "nodeid": "t.py::b"})
+    lanes.exits(first, status=-9)
+    assert lanes.reported["t.py::a"] == [("call", "passed")]
+    assert lanes.reported["t.py::b"] == [("setup", "failed")]
+    assert "lane process 1001 (slots 0) was killed by signal SIGKILL during this test" in lanes.why["t.py::b"]
+    assert [u.nodeids for u in lanes.runner.pending] == [["t.py::c", "t.py::d"], ["t.py::z"]]
+    assert lanes.runner.groups_left["g"] == 1, "the unit counted as run while its rest is pending"
+    stale = lanes.lane(1)
+    stale.collected = frozenset({"t.py::z"})  # it started when only z was pending
+    assert lanes.ask(stale).nodeids == ["t.py::z"]
+    fresh = lanes.lane(1)
+    assert lanes.ask(fresh).nodeids == ["t.py::c", "t.py::d"]
+    lanes.passes(fresh, "t.py::c")
+    lanes.passes(fresh, "t.py::d")
+    assert lanes.runner.groups_left["g"] == 0 and lanes.runner.done_groups == ["g"]
+
+
+def test_lanes_of_a_world_size_are_given_up_after_failing_to_start_twice_in_a_row_only(tmp_path):
+    """A lane that exits before asking for work failed to start (imports, collection, its first pool). One such
+    exit is tried again (a passing cause: memory another lane held); a lane of that world size that starts
+    clears the count; two in a row fail every pending test of that world size, each with the last lane's story,
+    and leave the other world sizes' units pending."""
+    two = [Unit(2, ["w.py::p", "w.py::q"], 2.0, "g"), Unit(2, ["w.py::r", "w.py::s"], 2.0, "h")]
+    one = Unit(1, ["o.py::x"], 1.0, "g")
+    lanes = FakeLanes([*two, one], tmp_path)
+    lanes.exits(lanes.lane(2))  # fails to start
+    assert lanes.reported == {} and len(lanes.runner.pending) == 3, "given up after one failed start"
+    started = lanes.lane(2)
+    assert lanes.ask(started) is two[0]
+    lanes.passes(started, "w.py::p")
+    lanes.passes(started, "w.py::q")
+    lanes.exits(started, status=0)
+    lanes.exits(lanes.lane(2))  # fails to start again, after one started
+    assert "w.py::r" not in lanes.reported, (
+        "given up on a failed start after a lane of its world size started"
+    )
+    assert lanes.runner.pending == [two[1], one]
+    lanes.exits(lanes.lane(2))  # and again: twice in a row
+    assert lanes.reported["w.py::r"] == lanes.reported["w.py::s"] == [("setup", "failed")]
+    assert (
+        "lane process 1004 (slots 0,1) exited with status 1 before it could run a test"
+        in lanes.why["w.py::s"]
+    )
+    assert lanes.runner.pending == [one] and lanes.runner.groups_left["h"] == 0
+    assert "o.py::x" not in lanes.reported, "a world size whose lanes could start was given up too"

@@ -6,7 +6,8 @@ restates the code's own loop, so a reordering or a dropped case in the code fail
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import example, given, settings
+import pytest
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from distbench.compare import INSUFFICIENT, CompareReport
@@ -14,8 +15,9 @@ from distbench.compare import Row as CompareRow
 from distbench.config import RunConfig
 from distbench.gate import stats
 from distbench.gate.ab import ABReport, ConfigOutcome, Row
+from properties import cases, narrowed, ordered
 
-PROPERTIES = settings(max_examples=50, deadline=None)
+PROPERTIES = cases(50)
 GATE_VERDICTS = (stats.REGRESSION, stats.IMPROVEMENT, stats.UNCHANGED, stats.UNDECIDED)
 #: How bad a verdict is for the question the gate asks ("did it get slower?"), worst last.
 SEVERITY = {stats.IMPROVEMENT: 0, stats.UNCHANGED: 0, stats.UNDECIDED: 1, stats.REGRESSION: 2}
@@ -27,8 +29,16 @@ RELATIVE = st.floats(-0.2, 0.2, allow_nan=False)
 @st.composite
 def effects(draw: st.DrawFn) -> tuple[float, float, float]:
     """(estimate, low, high) with low <= estimate <= high, as relative changes."""
-    low, high = sorted((draw(RELATIVE), draw(RELATIVE)))
+    low, high = ordered(draw(RELATIVE), draw(RELATIVE))
     return draw(st.floats(low, high)), low, high
+
+
+@pytest.mark.parametrize("ends", [(0.0, -0.0), (-0.0, 0.0), (-0.0, -0.0), (0.1, -0.1)])
+def test_the_effects_strategy_draws_from_any_two_ends(ends):
+    """The counterexample a random draw once found (ends 0.0 and -0.0: `There are no 64-bit floating-point
+    values between min_value=0.0 and max_value=-0.0`), kept: the estimate's range is never empty."""
+    low, high = ordered(*ends)
+    st.floats(low, high).validate()  # raises InvalidArgument on an empty range
 
 
 @st.composite
@@ -43,8 +53,15 @@ def _verdict(e: tuple[float, float, float], direction: int, c: dict[str, float])
     return str(stats.verdicts(est, lo, hi, direction, **c)[0])
 
 
-#: The rule's edges, which generated floats seldom hit: an interval ending exactly at no change, or at threshold.
-EDGES = [(0.01, 0.0, 0.02), (-0.01, -0.02, 0.0), (0.0, -0.01, 0.02)]
+#: The rule's edges, which generated floats seldom hit: an interval ending exactly at no change, or at threshold;
+#: and what the nightly profile found: a low end so close to 0 that est - (est - low) rounds to 0.
+EDGES = [
+    (0.01, 0.0, 0.02),
+    (-0.01, -0.02, 0.0),
+    (0.0, -0.01, 0.02),
+    (0.0, 0.0, 0.0),
+    (0.125, 6.2e-161, 0.125),
+]
 
 
 @PROPERTIES
@@ -52,6 +69,8 @@ EDGES = [(0.01, 0.0, 0.02), (-0.01, -0.02, 0.0), (0.0, -0.01, 0.02)]
 @example(EDGES[0], {"min_effect": 0.01, "threshold": 0.02}, 0.0, 0.5)
 @example(EDGES[1], {"min_effect": 0.01, "threshold": 0.02}, 0.0, 0.5)
 @example(EDGES[2], {"min_effect": 0.01, "threshold": 0.02}, 0.0, 0.5)
+@example(EDGES[3], {"min_effect": 0.01, "threshold": 0.02}, 0.0, 0.5)  # effects() of ends 0.0 and -0.0
+@example(EDGES[4], {"min_effect": 0.03125, "threshold": 0.0625}, 0.0, 1.0)
 def test_a_metrics_verdict_follows_its_interval(e, c, shift, shrink):
     """Properties of one metric's verdict (stats.verdicts), on the axis where positive is worse:
     - a metric where higher is better gets the verdict of its mirror image where lower is better;
@@ -71,8 +90,7 @@ def test_a_metrics_verdict_follows_its_interval(e, c, shift, shrink):
     worse = _verdict((est + shift, lo + shift, hi + shift), -1, c)
     assert SEVERITY[worse] >= SEVERITY[v] and not (v != stats.IMPROVEMENT and worse == stats.IMPROVEMENT)
     if v != stats.UNDECIDED:
-        narrower = (est, est - shrink * (est - lo), est + shrink * (hi - est))
-        assert _verdict(narrower, -1, c) != stats.UNDECIDED
+        assert _verdict((est, *narrowed(est, lo, hi, shrink)), -1, c) != stats.UNDECIDED
 
 
 ROWS = st.lists(st.tuples(st.booleans(), st.sampled_from(GATE_VERDICTS)), max_size=8)

@@ -93,6 +93,10 @@ def test_ci_matrix_installs_cpu_torch_and_runs_the_linters():
     test = wf["jobs"]["test"]
     assert test["strategy"]["matrix"]["python-version"] == ["3.10", "3.11", "3.12"]
     assert test["runs-on"] == "ubuntu-latest"
+    installs = _pip_installs(runs({"jobs": {"test": test}}))
+    assert all(locked for pkgs, locked in installs if pkgs != ["torch==2.13.0"]), (
+        "the test job installs unlocked"
+    )
     script = runs(wf)
     assert "--index-url https://download.pytorch.org/whl/cpu" in script
     assert re.search(r"^ruff check", script, re.M)
@@ -202,11 +206,18 @@ def test_bisect_runs_on_demand_on_the_gpu_runner_with_good_and_bad_as_inputs():
 
 
 def test_nightly_shuffles_the_tier_and_ratchets_the_mutation_score():
-    """Scheduled (and by hand, never on a pull request's code): the CPU tier in a random order across modules,
-    so a test that passes only beside another fails; mutmut over the decision modules, scored against the
-    committed baseline whatever the run's outcome, the survivors in the job summary and the artifact."""
+    """Scheduled (and by hand, never on a pull request's code): the CPU tier with the newest releases (no lock)
+    and the property tests' nightly profile (fresh random cases, many more); the CPU tier in a random order
+    across modules, so a test that passes only beside another fails; mutmut over the decision modules, scored
+    against the committed baseline whatever the run's outcome, the survivors in the job summary and the
+    artifact."""
     wf = load(NIGHTLY)
     assert set(wf["on"]) == {"schedule", "workflow_dispatch"}
+    newest = wf["jobs"]["newest"]
+    script = runs({"jobs": {"j": newest}})
+    assert not any(locked for _, locked in _pip_installs(script)) and '-e ".[dev]"' in script
+    (tier,) = [s for s in newest["steps"] if re.search(r"^pytest\b", s.get("run", ""), re.M)]
+    assert tier["env"]["DISTBENCH_HYPOTHESIS"] == "nightly" and "-m" not in shlex.split(tier["run"])
     shuffled = runs({"jobs": {"j": wf["jobs"]["random-order"]}})
     assert re.search(r"^pytest .*--random-order-bucket=global$", shuffled, re.M)
     mutation = wf["jobs"]["mutation"]
@@ -218,33 +229,67 @@ def test_nightly_shuffles_the_tier_and_ratchets_the_mutation_score():
     assert '".[test,mutation]"' in script
 
 
-def _pip_installs(text: str) -> list[list[str]]:
-    """The package arguments of every `pip install` in a script, options and the project itself left out."""
+LOCK = ".ci/constraints.txt"
+CI_RUN = ROOT / ".ci" / "run"
+
+
+def _pip_installs(text: str) -> list[tuple[list[str], bool]]:
+    """Every `pip install` in a script: its package arguments (options and the project itself left out), and
+    whether CI's lock constrains it (`-c .ci/constraints.txt`)."""
     out = []
     for line in text.splitlines():
         if "pip install" not in line:
             continue
         words = shlex.split(line.split("pip install", 1)[1].split("||")[0].split("#")[0])
-        pkgs, skip = [], False
-        for w in words:
+        pkgs, skip, locked = [], False, False
+        for i, w in enumerate(words):
             if skip:
                 skip = False
             elif w in ("-e", "--index-url", "--extra-index-url", "-r", "-c"):
                 skip = True
+                locked = locked or (w == "-c" and words[i + 1 : i + 2] == [LOCK])
             elif not w.startswith("-"):
                 pkgs.append(w)
-        out.append(pkgs)
+        out.append((pkgs, locked))
     return out
 
 
+def _pinned_scripts() -> list[str]:
+    """The scripts whose installs must be pinned: .ci/run and every workflow job but the nightly `newest`,
+    whose point is the newest releases."""
+    jobs = [(path, name, job) for path in ALL for name, job in load(path)["jobs"].items()]
+    return [CI_RUN.read_text()] + [
+        runs({"jobs": {name: job}}) for path, name, job in jobs if (path, name) != (NIGHTLY, "newest")
+    ]
+
+
 def test_tools_and_torch_are_installed_at_pinned_versions():
-    """An unpinned linter or torch changes what CI checks from one day to the next without a commit."""
-    installs = [p for path in (*ALL, ROOT / ".ci" / "run") for p in _pip_installs(path.read_text())]
-    named = [pkg for pkgs in installs for pkg in pkgs]
+    """An unpinned linter or torch changes what CI checks from one day to the next without a commit: every
+    package is named with its version, or installed under CI's lock."""
+    installs = [p for script in _pinned_scripts() for p in _pip_installs(script)]
+    named = [pkg for pkgs, _ in installs for pkg in pkgs]
     assert {"ruff==0.17.6", "zizmor==1.32.0", "torch==2.13.0"} <= set(named)
-    for pkg in named:
-        assert re.fullmatch(r"[\w.-]+==[\w.]+", pkg), f"{pkg} is installed unpinned"
-    assert _pip_installs("pip install -q ruff torch==2.13.0 -e .") == [["ruff", "torch==2.13.0"]]
+    for pkgs, locked in installs:
+        for pkg in pkgs:
+            assert locked or re.fullmatch(r"[\w.-]+==[\w.]+", pkg), f"{pkg} is installed unpinned"
+    assert _pip_installs("pip install -q ruff torch==2.13.0 -e .") == [(["ruff", "torch==2.13.0"], False)]
+    assert _pip_installs(f"pip install -c {LOCK} pip -e .") == [(["pip"], True)]
+    assert _pip_installs("pip install -c other.txt pip") == [(["pip"], False)]
+
+
+def test_ci_run_installs_into_a_fresh_virtualenv_from_the_lock():
+    """.ci/run makes a virtualenv of its own in a fresh temporary folder, removes it when it ends, and installs
+    there, every install under the lock: nothing the machine had installed stands in for what a newcomer gets
+    (the system Python's pip is never used)."""
+    script = CI_RUN.read_text()
+    lines = [line for line in script.splitlines() if line and not line.startswith("#")]
+    venv = lines.index('python3 -m venv "$VENV"')
+    assert re.search(r'^VENV="\$\(mktemp -d ', script, re.M) and """trap 'rm -rf "$VENV"' EXIT""" in lines
+    assert lines[venv + 1] == '. "$VENV/bin/activate"'
+    installs = [i for i, line in enumerate(lines) if "pip install" in line]
+    assert installs and min(installs) > venv
+    assert all(locked for _, locked in _pip_installs(script))
+    assert not re.search(r"^python3 -m pip", script, re.M)
 
 
 @pytest.mark.parametrize("path", [GPU, BISECT], ids=lambda p: p.name)
@@ -365,7 +410,7 @@ def test_pre_commit_runs_ruff_check_ruff_format_and_mypy_at_the_pinned_versions(
     assert {"ruff", "mypy"} <= set(lint), "the [lint] extra must pin ruff and mypy"
     ci = {
         pkg.split("==")[0]: pkg.split("==")[1]
-        for pkgs in _pip_installs(CI.read_text())
+        for pkgs, _ in _pip_installs(CI.read_text())
         for pkg in pkgs
         if "==" in pkg
     }
