@@ -1,0 +1,149 @@
+"""pytest plugin: the CPU tier's time budget, held by the tier itself.
+
+The tier's budget is three minutes on 2 cores; it crept past that one feature at a time, and nothing failed.
+A budget in seconds cannot fail a run by itself: the same commit took 2.5 times longer on a loaded afternoon
+than on an idle morning. So the budget is a ratio: the summed time of the session's tests (setup, call and
+teardown, as junit counts them) over the time of a fixed reference workload (a CPU matmul and a Python loop)
+timed in the same session, at its start and at its end. Both slow down alike on a busy machine; only more
+work, or slower work, moves the ratio.
+
+Active by default only for the whole default tier (`pytest` with no paths, -k, -m or deselection of its own):
+a subset's summed time says nothing about the tier's. `--tier-budget=on` measures and enforces on any
+selection (and prints the ratio), `off` never. docs/ci.md (the CPU tier's time budget) says how to set it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+
+def reference_workload() -> float:
+    """Seconds one fixed piece of CPU work takes here: single-threaded matmuls (the tier's ranks are torch) and
+    a pure-Python loop (the tier's session process is Python), about 1 s on one core of the project's machine.
+    The work is fixed, never calibrated at run time: calibrating would divide the machine's speed out."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t0 = time.perf_counter()
+        a = torch.ones(192, 192)
+        for _ in range(400):
+            a = torch.tanh(a @ a / 192.0)
+        total = 0
+        for i in range(2_500_000):
+            total += i % 7
+        return time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(threads)
+
+
+class TierBudget:
+    """One session's figures, registered as a plugin while the budget is active: its tests' summed seconds
+    and the reference workload's at the session's start and end."""
+
+    def __init__(self, budget: float) -> None:
+        self.budget = budget
+        self.tests = 0.0
+        self.reference_start = self.reference_end = 0.0
+        self.judged = False
+
+    @property
+    def ratio(self) -> float:
+        return self.tests / ((self.reference_start + self.reference_end) / 2)
+
+    @property
+    def over(self) -> bool:
+        return self.judged and self.ratio > self.budget
+
+    def pytest_sessionstart(self) -> None:
+        self.reference_start = reference_workload()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.tests += report.duration
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """The verdict: an over-budget tier fails the session (exit 1) even when every test passed. A session
+        stopped early (Ctrl-C, -x, --maxfail, a collection error) ran part of the tier: no verdict."""
+        if session.shouldstop or session.shouldfail or exitstatus not in (0, 1):
+            return
+        self.reference_end = reference_workload()
+        self.judged = True
+        if self.over:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.judged:
+            terminalreporter.write_line("tier budget: no verdict, the session stopped early")
+            return
+        line = (
+            f"tier budget: tests took {self.tests:.1f} s = {self.ratio:.1f} reference workloads "
+            f"(the reference took {self.reference_start:.2f} s at the start, {self.reference_end:.2f} s at "
+            f"the end); budget {self.budget:g}"
+        )
+        if self.over:
+            terminalreporter.write_line(
+                f"{line}: OVER BUDGET, the session fails. Make tests cheaper, or move what another test "
+                "already guards to `-m slow` (docs/ci.md, the CPU tier's time budget)",
+                red=True,
+                bold=True,
+            )
+        else:
+            terminalreporter.write_line(f"{line}: within budget")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "tier_budget_ratio",
+        "the CPU tier's budget: its tests' summed seconds over the reference workload's "
+        "(distbench/testsuite/budget.py; docs/ci.md says how it was set)",
+        default="",
+    )
+    parser.getgroup("distbench").addoption(
+        "--tier-budget",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the CPU tier's time budget (tests' summed time over a reference workload's): auto (enforced on "
+        "the whole default tier only), on (measured, printed and enforced on any selection), off",
+    )
+
+
+def is_whole_default_tier(config: pytest.Config) -> bool:
+    """`pytest` as the README runs it: the testpaths, the addopts' -m, nothing deselected, not a lane."""
+    addopts = config.getini("addopts")  # already split, as the shell would
+    default_mark = next((v for k, v in zip(addopts, addopts[1:], strict=False) if k == "-m"), "")
+    return (
+        config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and not config.option.keyword
+        and config.option.markexpr == default_mark
+        and not config.getoption("deselect", None)
+        and not config.getoption("lf", False)
+        and not config.getoption("--distbench-lane", None)
+    )
+
+
+def _budget(config: pytest.Config) -> float:
+    """The committed budget (pyproject.toml's tier_budget_ratio); a missing or non-positive one stops the
+    session, named."""
+    text = str(config.getini("tier_budget_ratio"))
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise pytest.UsageError(
+            f"tier_budget_ratio = {text!r} ([tool.pytest.ini_options] in pyproject.toml): the tier's time "
+            "budget must be a positive number of reference workloads"
+        )
+    return value
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    mode = config.getoption("--tier-budget")
+    if config.option.collectonly:
+        return
+    if mode == "on" or (mode == "auto" and is_whole_default_tier(config)):
+        config.pluginmanager.register(TierBudget(_budget(config)), "distbench-tier-budget")
