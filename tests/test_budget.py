@@ -35,7 +35,9 @@ def test_left_out():
 @pytest.fixture
 def tier(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     """A tier of one test that sleeps 0.3 s (a ratio of 3 or a little more), its budget the argument."""
-    monkeypatch.setattr(budget, "reference_workload", lambda: 0.1)
+    monkeypatch.setattr(
+        budget, "reference_workload", lambda slices=budget.SLICES: 0.1 * slices / budget.SLICES
+    )
     pytester.mkdir("tests")
     (pytester.path / "tests" / "test_sleepy.py").write_text(SLEEPY)
 
