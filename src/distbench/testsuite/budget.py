@@ -27,26 +27,22 @@ SAMPLE_EVERY_S = 10.0
 
 
 def reference_workload(slices: int = SLICES) -> float:
-    """Seconds `slices` of one fixed piece of CPU work take here: single-threaded matmuls (the tier's ranks are
-    torch) and a pure-Python loop (the tier's session process is Python); the whole workload (SLICES) is about
-    1 s on one core of the project's machine. The work is fixed, never calibrated at run time: calibrating
-    would divide the machine's speed out."""
+    """Seconds `slices` of one fixed piece of CPU work take here: matmuls on torch's threads, as the tier's
+    ranks run them (a machine busy elsewhere slows threads that wait on each other more than one alone), and a
+    pure-Python loop (the tier's session process is Python); the whole workload (SLICES) is about 1 s on the
+    project's idle 2-core machine. The work is fixed, never calibrated at run time: calibrating would divide
+    the machine's speed out."""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        t0 = time.perf_counter()
-        for _ in range(slices):
-            a = torch.ones(192, 192)
-            for _ in range(250):
-                a = torch.tanh(a @ a / 192.0)
-            total = 0
-            for i in range(375_000):
-                total += i % 7
-        return time.perf_counter() - t0
-    finally:
-        torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    for _ in range(slices):
+        a = torch.ones(192, 192)
+        for _ in range(250):
+            a = torch.tanh(a @ a / 192.0)
+        total = 0
+        for i in range(375_000):
+            total += i % 7
+    return time.perf_counter() - t0
 
 
 class TierBudget:
