@@ -14,35 +14,41 @@ selection (and prints the ratio), `off` never. docs/ci.md (the CPU tier's time b
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
 
 #: The reference workload is this many slices; one slice is timed every SAMPLE_EVERY_S seconds of tests, and
 #: the whole workload at the session's start and end. A shared machine's speed moves within minutes (the
-#: workload took 0.37 s at one session's start and 0.65 s at its end): the ratio is taken against the mean of
-#: the slices over the whole session, not against two moments.
+#: workload took 0.37 s at one session's start and 0.65 s at its end): the ratio is taken against the median
+#: of the slices over the whole session, not against two moments.
 SLICES = 8
 SAMPLE_EVERY_S = 10.0
 
 
 def reference_workload(slices: int = SLICES) -> float:
-    """Seconds `slices` of one fixed piece of CPU work take here: matmuls on torch's threads, as the tier's
-    ranks run them (a machine busy elsewhere slows threads that wait on each other more than one alone), and a
-    pure-Python loop (the tier's session process is Python); the whole workload (SLICES) is about 1 s on the
-    project's idle 2-core machine. The work is fixed, never calibrated at run time: calibrating would divide
-    the machine's speed out."""
+    """Seconds `slices` of one fixed piece of CPU work take here: single-threaded matmuls (the tier's ranks are
+    torch) and a pure-Python loop (the tier's session process is Python); the whole workload (SLICES) is about
+    1 s on one core of the project's machine. The work is fixed, never calibrated at run time: calibrating
+    would divide the machine's speed out. One thread: on torch's two, the slices ranged 0.3-27.6 s in one
+    session (threads that wait on each other, beside the ranks' own), and the median of such samples moves."""
     import torch
 
-    t0 = time.perf_counter()
-    for _ in range(slices):
-        a = torch.ones(192, 192)
-        for _ in range(250):
-            a = torch.tanh(a @ a / 192.0)
-        total = 0
-        for i in range(375_000):
-            total += i % 7
-    return time.perf_counter() - t0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(slices):
+            a = torch.ones(192, 192)
+            for _ in range(250):
+                a = torch.tanh(a @ a / 192.0)
+            total = 0
+            for i in range(375_000):
+                total += i % 7
+        return time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(threads)
 
 
 class TierBudget:
@@ -62,8 +68,9 @@ class TierBudget:
 
     @property
     def reference(self) -> float:
-        """The whole workload's seconds at the session's mean speed."""
-        return SLICES * sum(self.slices) / len(self.slices)
+        """The whole workload's seconds at the session's median speed: a slice that ran beside a burst of
+        another process's work moves the mean, not the median."""
+        return SLICES * statistics.median(self.slices)
 
     @property
     def ratio(self) -> float:
@@ -98,7 +105,7 @@ class TierBudget:
             return
         line = (
             f"tier budget: tests took {self.tests:.1f} s = {self.ratio:.1f} reference workloads (the reference: "
-            f"{self.reference:.2f} s, the mean of {len(self.slices)} slices timed through the session, "
+            f"{self.reference:.2f} s, the median of {len(self.slices)} slices timed through the session, "
             f"{SLICES * min(self.slices):.2f}-{SLICES * max(self.slices):.2f} s as a whole); budget {self.budget:g}"
         )
         if self.over:
