@@ -110,8 +110,8 @@ class TierBudget:
         )
         if self.over:
             terminalreporter.write_line(
-                f"{line}: OVER BUDGET, the session fails. Make tests cheaper, or move what another test "
-                "already guards to `-m slow` (docs/ci.md, the CPU tier's time budget)",
+                f"{line}: OVER BUDGET, the session fails. Make tests cheaper, or mark `nightly` a case that "
+                "repeats another's behaviour (docs/ci.md, the CPU tier's time budget)",
                 red=True,
                 bold=True,
             )
