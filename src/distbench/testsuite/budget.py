@@ -30,7 +30,7 @@ SAMPLE_EVERY_S = 10.0
 def reference_workload(slices: int = SLICES) -> float:
     """Seconds `slices` of one fixed piece of CPU work take here: single-threaded matmuls (the tier's ranks are
     torch) and a pure-Python loop (the tier's session process is Python); the whole workload (SLICES) is about
-    1 s on one core of the project's machine. The work is fixed, never calibrated at run time: calibrating
+    0.4 s on one core of the project's machine. The work is fixed, never calibrated at run time: calibrating
     would divide the machine's speed out. One thread: on torch's two, the slices ranged 0.3-27.6 s in one
     session (threads that wait on each other, beside the ranks' own), and the median of such samples moves."""
     import torch
