@@ -5,4 +5,4 @@ from pathlib import Path
 # worktrees): rank processes are spawned with this sys.path too.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
 
-pytest_plugins = ["distbench.testsuite.plugin"]
+pytest_plugins = ["distbench.testsuite.plugin", "distbench.testsuite.budget"]

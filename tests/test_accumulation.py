@@ -30,6 +30,15 @@ def test_gradient_sync_once_per_step(suite, strategy, world_size):
     assert_sync_once_per_step(c_one, c_many, f"{strategy} ws{world_size} ({many.accum_steps} micro-batches)")
 
 
+@pytest.mark.default_cases(
+    "ddp-ws2",
+    "fsdp_full-ws2",
+    "fsdp_grad-ws2",
+    "fsdp_hybrid-ws2",
+    "zero2-ws2",
+    "zero3-ws2",
+    "zero3_offload-ws2",
+)
 def test_accumulation_preserves_losses(suite, strategy, world_size):
     """The same global batch in k > 1 micro-batches per rank (the tier's default run, shared with the parity
     tests) gives the losses of one micro-batch per rank."""

@@ -32,6 +32,8 @@ SEED_STRATEGIES = default_strategies("cuda")  # seed 004's, the GPU default grid
 
 
 @pytest.mark.strategies(*SEED_STRATEGIES)
+# one rank's step is single's; the other strategies' own steps are at 2 ranks (their ws1 cases run nightly)
+@pytest.mark.default_cases("single-ws1", *(f"{s}-ws2" for s in SEED_STRATEGIES if s != "single"))
 def test_step_time(benchmark, suite, strategy, world_size, save_result):
     cfg = suite.bench_config(strategy, world_size, steps=5, warmup=2)  # the tier's budget: 5 rounds each
     suite.run_job(world_size, bench_setup, cfg=cfg)

@@ -62,6 +62,10 @@ def comparisons(rep: dict) -> list[tuple[str, int, int]]:
     return [(p["kind"], p["base"], p["head"]) for p in rep["probes"] if p["outcome"] != "skip"]
 
 
+# About 220 s on 2 cores, most of CI's slow tier's time in one test: nightly. Per submission, the two tests below
+# run whole bisects on git histories, and the default tier's test_bisect.py resumes a killed bisect without
+# redoing its probes and reports the first of two regressions with the remainder still slower.
+@pytest.mark.nightly
 def test_the_first_of_two_regressions_among_16_commits_after_a_kill_and_a_resume(tmp_path, env):
     """16 commits: 3 makes the step 10% slower, 12 another 10%, 8 does not import. The search skips 8 (its
     first midpoint), names 3 in six comparisons, says the remainder is slower still; killed after two

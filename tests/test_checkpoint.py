@@ -27,6 +27,17 @@ from distbench.strategies.fsdp1 import LORA_ONE_RANK_WHY
 from recipe_jobs import LORA, refuses_lora
 
 
+@pytest.mark.default_cases(
+    "single-ws1",
+    "ddp-ws2",
+    "fsdp_full-ws2",
+    "fsdp_grad-ws2",
+    "fsdp_hybrid-ws2",
+    "zero1-ws2",
+    "zero2-ws2",
+    "zero3-ws2",
+    "zero3_offload-ws2",
+)
 def test_checkpoint_roundtrip(suite, strategy, world_size):
     """Train k steps, save, build everything fresh, load, train on to n: steps k+1..n are bitwise equal to
     the uninterrupted run, so optimizer state, LR schedule, RNG and data position were all restored."""
@@ -35,6 +46,7 @@ def test_checkpoint_roundtrip(suite, strategy, world_size):
 
 @pytest.mark.up_to_world_size(2)
 @pytest.mark.strategies("ddp", "fsdp_full", "fsdp1_full", "zero3")
+@pytest.mark.default_cases("ddp-ws2", "fsdp_full-ws2", "zero3-ws2")
 def test_lora_checkpoint_roundtrip(suite, strategy, world_size):
     """The same with LoRA: the adapters and their optimizer state come back exactly beside frozen base weights
     that have none (torch's state dict, DCP, DeepSpeed's engine checkpoint; ZeRO-2, saved and loaded by the same
@@ -364,7 +376,7 @@ RESHARDED_RNG_WHY = (
     "a resume at another world size cannot continue each rank's global random streams: the states are per "
     "rank and the ranks changed, so DCP and DeepSpeed's universal checkpoint loads start them afresh"
 )
-#: One strategy per checkpoint path (torch.save, DCP, DeepSpeed) at 2 ranks in the default tier, the rest slow.
+#: One strategy per checkpoint path (torch.save, DCP, DeepSpeed) at 2 ranks in the default tier, the rest nightly.
 _RNG_FAST = {("ddp", 2), ("fsdp_full", 2), ("zero2", 2)}
 
 

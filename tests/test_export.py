@@ -38,6 +38,7 @@ def test_export_to_plain_and_pretrained(suite, strategy, world_size, tmp_path):
 
 @pytest.mark.up_to_world_size(2)
 @pytest.mark.strategies("zero3", "fsdp_full")
+@pytest.mark.default_cases("fsdp_full-ws2", "zero3-ws2")
 def test_lora_merged_export(suite, strategy, world_size, tmp_path):
     """A LoRA run's checkpoint, its adapters merged into the base weights (peft's merge_and_unload): the
     merged weights are the reference's base plus alpha / rank * B A, and the plain model, saved and reloaded

@@ -25,6 +25,7 @@ TINY = RunConfig(strategy="single", model="gpt2-tiny", global_batch=4, micro_bat
 
 
 @pytest.mark.strategies("single", "ddp", "fsdp_grad", "fsdp_full", "zero2", "zero3")
+@pytest.mark.default_cases("single-ws1", "ddp-ws2", "fsdp_full-ws2", "zero3-ws2")  # a bare loop of each kind
 def test_harness_and_bare_loop_do_the_same_work(suite, strategy, world_size):
     """Through the rank pool: the first step's global loss agrees (same weights, data and loss; fp32 on CPU
     agrees to float rounding) and both loops train."""

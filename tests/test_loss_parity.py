@@ -37,6 +37,7 @@ def test_param_and_grad_parity(suite, strategy, world_size):
     )
 
 
+@pytest.mark.default_cases("ddp-ws2", "fsdp_full-ws2", "zero2-ws2", "zero3-ws2", "zero3_offload-ws2")
 def test_rerun_is_bitwise_identical(suite, strategy, world_size):
     cfg = suite.config(strategy, world_size)
     first = suite.checkpointed_run(cfg)["losses"]
@@ -81,6 +82,7 @@ SGD = {"algorithm": "sgd", "momentum": 0.9, "lr": 0.1}
 
 
 @pytest.mark.strategies("ddp", "fsdp_grad")
+@pytest.mark.default_cases("ddp-ws2", "fsdp_grad-ws2")
 def test_sgd_momentum_loss_parity(suite, strategy, world_size):
     """SGD with momentum beside AdamW: its update is proportional to the gradient, so a gradient scaled by a
     constant (which Adam's normalisation hides from the losses) moves its losses off the reference, as

@@ -195,3 +195,41 @@ def test_what_the_machine_cannot_run_is_the_reason_given_before_up_to_world_size
     result.assert_outcomes(skipped=3)  # world sizes 1, 2 and 4, the GPU tier's defaults
     result.stdout.fnmatch_lines(["*SKIPPED [[]3[]]*gpu tier: no CUDA device on this machine*"])
     result.stdout.no_fnmatch_line("*runs it here*")
+
+
+DEFAULT_CASES = """
+import pytest
+
+@pytest.mark.strategies("ddp", "fsdp_full")
+@pytest.mark.default_cases("ddp-ws2", "fsdp_full-ws2")
+def test_kept(strategy, world_size):
+    pass
+"""
+
+
+def test_default_cases_leave_the_other_cpu_cases_to_the_nightly_selection(pytester):
+    pytester.makepyfile(test_ids=DEFAULT_CASES)
+
+    def ids(*args: str) -> list[str]:
+        result = pytester.runpytest("-p", "distbench.testsuite.plugin", "--collect-only", "-q", *args)
+        return sorted(ln.split("[")[1].rstrip("]") for ln in result.outlines if "::" in ln)
+
+    assert ids("-m", "not gpu and not nightly") == ["ddp-ws2", "fsdp_full-ws2"]
+    assert ids("-m", "nightly") == ["ddp-ws1", "fsdp_full-ws1"]
+    assert ids("-m", "gpu") == [
+        "ddp-ws1-gpu",
+        "ddp-ws2-gpu",
+        "ddp-ws4-gpu",
+        "fsdp_full-ws1-gpu",
+        "fsdp_full-ws2-gpu",
+        "fsdp_full-ws4-gpu",
+    ]  # the GPU tier's cases are its own
+    # cases named on the command line run whatever the mark
+    assert ids("-m", "not gpu and not nightly", "--strategies", "ddp") == ["ddp-ws1", "ddp-ws2"]
+
+
+def test_default_cases_naming_no_case_of_the_test_stops_collection(pytester):
+    pytester.makepyfile(test_ids=DEFAULT_CASES.replace('"fsdp_full-ws2"', '"fsdp_ful-ws2"'))
+    result = pytester.runpytest("-p", "distbench.testsuite.plugin", "--collect-only", "-q")
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error
+    assert "test_ids.py::test_kept: default_cases names no case ['fsdp_ful-ws2']" in result.stdout.str()

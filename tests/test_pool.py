@@ -16,8 +16,17 @@ from distbench.jobs.train import train
 from distbench.runtime.pool import JobError, PoolManager, RankPool
 
 
+@pytest.fixture
+def pool(_suites) -> RankPool:
+    """The session's pool of 2 CPU ranks, which the tier's other tests use too: a pool of its own cost the
+    tier a start (5-10 s on 2 cores), and what these tests check holds of any pool a session serves."""
+    return _suites("cpu").pool_manager.pool_for(2)
+
+
 @pytest.fixture(scope="module")
-def pool():
+def faulted_pool():
+    """A pool of its own for the tests that fault its ranks and see it rebuilt: quick to give up on a failed
+    rank (error_grace), and never the session's."""
     p = RankPool(2, "cpu", error_grace=2.0)
     yield p
     p.close()
@@ -209,37 +218,37 @@ def test_bind_cpus_refuses_bad_settings_before_any_rank_starts(monkeypatch, mode
 
 
 @pytest.mark.slow  # fault injection: the pool is rebuilt after it (~5 s on 2 cores)
-def test_an_exception_reports_the_traceback_and_every_rank(pool):
-    before = _pids(pool)
+def test_an_exception_reports_the_traceback_and_every_rank(faulted_pool):
+    before = _pids(faulted_pool)
     with pytest.raises(JobError) as info:
-        pool.run(rank_jobs.raise_in, {"rank": 1}, timeout=60)
+        faulted_pool.run(rank_jobs.raise_in, {"rank": 1}, timeout=60)
     text = str(info.value)
     assert "rank 1 raised ValueError" in text and "planted failure in rank 1" in text
     assert "===== rank 0:" in text  # the healthy rank's state is reported too
-    assert [r["rank"] for r in pool.run(rank_jobs.whoami)] == [0, 1], "the pool did not recover"
-    assert _pids(pool) != before, "rank 0 was stuck in a barrier: the pool must be rebuilt"
+    assert [r["rank"] for r in faulted_pool.run(rank_jobs.whoami)] == [0, 1], "the pool did not recover"
+    assert _pids(faulted_pool) != before, "rank 0 was stuck in a barrier: the pool must be rebuilt"
 
 
 @pytest.mark.slow  # fault injection: the pool is rebuilt after it (~5 s on 2 cores)
-def test_a_hang_fails_with_each_ranks_python_stack_and_the_pool_is_rebuilt(pool):
+def test_a_hang_fails_with_each_ranks_python_stack_and_the_pool_is_rebuilt(faulted_pool):
     with pytest.raises(JobError) as info:
-        pool.run(rank_jobs.hang_in, {"rank": 0}, timeout=2)
+        faulted_pool.run(rank_jobs.hang_in, {"rank": 0}, timeout=2)
     err = info.value
     assert {o.status for o in err.outcomes} == {"timeout"}
     assert "did not finish in 2s" in str(err)
     stacks = {o.rank: o.text for o in err.outcomes}
     assert "planted_hang" in stacks[0], stacks[0]  # faulthandler's stack names the hung function
     assert "barrier" in stacks[1], stacks[1]  # and shows where the other rank waits
-    assert [r["rank"] for r in pool.run(rank_jobs.whoami)] == [0, 1]
+    assert [r["rank"] for r in faulted_pool.run(rank_jobs.whoami)] == [0, 1]
 
 
 @pytest.mark.slow  # fault injection: the pool is rebuilt after it (~3 s on 2 cores)
-def test_a_crashed_rank_is_reported_and_the_pool_is_rebuilt(pool):
+def test_a_crashed_rank_is_reported_and_the_pool_is_rebuilt(faulted_pool):
     with pytest.raises(JobError) as info:
-        pool.run(rank_jobs.crash_in, {"rank": 1}, timeout=60)
+        faulted_pool.run(rank_jobs.crash_in, {"rank": 1}, timeout=60)
     outcomes = {o.rank: o for o in info.value.outcomes}
     assert outcomes[1].status == "crashed" and "code 17" in outcomes[1].text
-    assert [r["rank"] for r in pool.run(rank_jobs.whoami)] == [0, 1]
+    assert [r["rank"] for r in faulted_pool.run(rank_jobs.whoami)] == [0, 1]
 
 
 def _gone(ctx):

@@ -640,7 +640,12 @@ def test_the_strict_build_fails_on_a_broken_link_an_orphan_and_a_bad_reference(t
         assert warning in out, (warning, out)
 
 
+# About 40 s on 2 cores (a whole `distbench run` and a pytest session): nightly. Per submission, the CPU tier
+# parses the example's commands with the real parsers (test_every_distbench_command_parses_with_the_real_parser,
+# test_every_pytest_command_has_real_options_markers_and_tests), and test_cli.py trains a user's own model file
+# at parity through the same loading.
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_the_readme_model_example_runs_as_written(tmp_path):
     """The README's model file in a folder of its own, and its two commands run there as written (`.` on
     PYTHONPATH is that folder; `distbench` and `pytest` are this checkout's), on CPU."""

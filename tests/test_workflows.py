@@ -175,7 +175,7 @@ def test_the_scale_tier_runs_nightly_and_on_demand_never_on_pull_requests():
     """`pytest -m scale` (which the default run deselects) on a hosted runner with CPU torch, as ci.yml installs."""
     wf = load(SCALE)
     assert set(wf["on"]) == {"schedule", "workflow_dispatch"}
-    assert "-m 'not gpu and not slow and not scale'" in (ROOT / "pyproject.toml").read_text()
+    assert "-m 'not gpu and not slow and not scale and not nightly'" in (ROOT / "pyproject.toml").read_text()
     (job,) = wf["jobs"].values()
     assert job["runs-on"] == "ubuntu-latest"
     script = runs(wf)
@@ -208,9 +208,9 @@ def test_bisect_runs_on_demand_on_the_gpu_runner_with_good_and_bad_as_inputs():
 def test_nightly_shuffles_the_tier_and_ratchets_the_mutation_score():
     """Scheduled (and by hand, never on a pull request's code): the CPU tier with the newest releases (no lock)
     and the property tests' nightly profile (fresh random cases, many more); the CPU tier in a random order
-    across modules, so a test that passes only beside another fails; mutmut over the decision modules, scored
-    against the committed baseline whatever the run's outcome, the survivors in the job summary and the
-    artifact."""
+    across modules, so a test that passes only beside another fails, then the nightly cases the per-submission
+    runs leave out; mutmut over the decision modules, scored against the committed baseline whatever the run's
+    outcome, the survivors in the job summary and the artifact."""
     wf = load(NIGHTLY)
     assert set(wf["on"]) == {"schedule", "workflow_dispatch"}
     newest = wf["jobs"]["newest"]
@@ -220,6 +220,8 @@ def test_nightly_shuffles_the_tier_and_ratchets_the_mutation_score():
     assert tier["env"]["DISTBENCH_HYPOTHESIS"] == "nightly" and "-m" not in shlex.split(tier["run"])
     shuffled = runs({"jobs": {"j": wf["jobs"]["random-order"]}})
     assert re.search(r"^pytest .*--random-order-bucket=global$", shuffled, re.M)
+    assert re.search(r"^pytest .*-m nightly$", shuffled, re.M)
+    assert re.search(r"^pytest -m 'slow and not nightly'", (ROOT / ".ci" / "run").read_text(), re.M)
     mutation = wf["jobs"]["mutation"]
     script = runs({"jobs": {"j": mutation}})
     assert re.search(r"^mutmut run\b", script, re.M) and "mutmut results --all true" in script

@@ -1,7 +1,8 @@
 """Tier x strategy x world-size cases written out, for tests whose CPU cases do not all fit the default tier.
 
 The plugin's `strategy`/`world_size` parametrization puts every case of a test in one tier; these cases carry
-their own marks instead: `slow` on the CPU cases left out of the default tier (run by `pytest -m slow`),
+their own marks instead: `nightly` on the CPU cases left out of the default tier, which repeat what its cases
+show for another strategy or world size (run by `pytest -m nightly`),
 `gpu` on the GPU tier's (ids ending in -gpu, as the plugin names them), `world_size` for the plugin's skips and
 lanes, and a skip naming the reason where the strategy cannot run the case. The test takes `device_type`
 (which the `suite` fixture reads), `strategy_name` and `ws`.
@@ -28,7 +29,7 @@ def cases(
     prefix: tuple[str, ...] = (),
 ) -> list:
     """CPU cases of `strategies` (default: all) at `world_sizes`, all but the `fast` (strategy, world size)
-    pairs marked slow, then GPU cases of `gpu` (default: the same strategies). `prefix` values come first in
+    pairs marked nightly, then GPU cases of `gpu` (default: the same strategies). `prefix` values come first in
     each case, and in its id."""
     names = list(REGISTRY) if strategies is None else list(strategies)
     sizes = list(world_sizes)
@@ -40,7 +41,7 @@ def cases(
                 if device_type == "cuda":
                     marks.append(pytest.mark.gpu)
                 elif (name, ws) not in fast:
-                    marks.append(pytest.mark.slow)
+                    marks.append(pytest.mark.nightly)
                 reason = REGISTRY[name].unsupported_reason(device_type, ws, precision=precision)
                 if reason:
                     marks.append(pytest.mark.skip(reason=reason))

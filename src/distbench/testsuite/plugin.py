@@ -172,6 +172,9 @@ MARKERS = (
     "exclusive: measures time or memory of the machine; under lanes it runs last, with nothing else running",
     "up_to_world_size(n): what the test checks does not change past n ranks (a recipe beside the sharding, "
     "not the sharding): the tier's larger default world sizes skip it, --world-sizes naming them runs it",
+    "default_cases(*ids): the CPU cases (e.g. 'ddp-ws2') the default tier runs of a strategy-parametrized "
+    "test; its other CPU cases repeat what these show and run nightly (`pytest -m nightly`), unless "
+    "--strategies or --world-sizes names them",
 )
 
 
@@ -235,6 +238,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     with_tier = "device_type" in names
     argnames = [n for n in ("device_type", "strategy", "world_size") if n in names]
     up_to = metafunc.definition.get_closest_marker("up_to_world_size")
+    chosen = metafunc.config.stash[OPTIONS]["strategies"] or metafunc.config.stash[OPTIONS]["world_sizes"]
+    default_cases = metafunc.definition.get_closest_marker("default_cases")
+    nightly = (
+        set() if chosen or default_cases is None else _nightly_cases(metafunc, selected, default_cases.args)
+    )
     params = []
     for device_type, suffix in TIERS:
         if gpu_only and device_type == "cpu":
@@ -249,10 +257,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                     spec = REGISTRY[s]
                     if spec.max_world_size is not None and ws > spec.max_world_size:
                         continue
-                    params.append(pytest.param(*tier, s, ws, id=f"{s}-ws{ws}{suffix}", marks=marks))
+                    case = f"{s}-ws{ws}"
+                    later = [pytest.mark.nightly] if device_type == "cpu" and case in nightly else []
+                    params.append(pytest.param(*tier, s, ws, id=f"{case}{suffix}", marks=marks + later))
             else:
                 params.append(pytest.param(*tier, ws, id=f"ws{ws}{suffix}", marks=marks))
     metafunc.parametrize(argnames, params)
+
+
+def _nightly_cases(metafunc: pytest.Metafunc, strategies: list[str], default: tuple[str, ...]) -> set[str]:
+    """The test's CPU cases not in `default` (a default_cases mark); a name there that is no case of the test
+    (a typo, or a strategy since restricted away) stops collection, named, rather than run nothing."""
+    cases = {f"{s}-ws{ws}" for s in strategies for ws in TIER_DEFAULTS["cpu"]["world_sizes"]}
+    unknown = sorted(set(default) - cases)
+    if unknown:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: default_cases names no case {unknown}")
+    return cases - set(default)
 
 
 def beyond_reason(up_to: int, world_size: int) -> str:

@@ -1,0 +1,173 @@
+"""pytest plugin: the CPU tier's time budget, held by the tier itself.
+
+The tier's budget is three minutes on 2 cores; it crept past that one feature at a time, and nothing failed.
+A budget in seconds cannot fail a run by itself: the same commit took 2.5 times longer on a loaded afternoon
+than on an idle morning. So the budget is a ratio: the summed time of the session's tests (setup, call and
+teardown, as junit counts them) over the time of a fixed reference workload (a CPU matmul and a Python loop)
+timed through the same session. Both slow down alike on a busy machine; more work, or slower work, moves
+the ratio.
+
+Active by default only for the whole default tier (`pytest` with no paths, -k, -m or deselection of its own):
+a subset's summed time says nothing about the tier's. `--tier-budget=on` measures and enforces on any
+selection (and prints the ratio), `off` never. docs/ci.md (the CPU tier's time budget) says how to set it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+
+#: The reference workload is this many slices; one slice is timed every SAMPLE_EVERY_S seconds of tests, and
+#: the whole workload at the session's start and end. A shared machine's speed moves within minutes (the
+#: workload took 0.37 s at one session's start and 0.65 s at its end): the ratio is taken against the median
+#: of the slices over the whole session, not against two moments.
+SLICES = 8
+SAMPLE_EVERY_S = 10.0
+
+
+def reference_workload(slices: int = SLICES) -> float:
+    """Seconds `slices` of one fixed piece of CPU work take here: single-threaded matmuls (the tier's ranks are
+    torch) and a pure-Python loop (the tier's session process is Python); the whole workload (SLICES) is about
+    0.4 s on one core of the project's machine. The work is fixed, never calibrated at run time: calibrating
+    would divide the machine's speed out. One thread: on torch's two, the slices ranged 0.3-27.6 s in one
+    session (threads that wait on each other, beside the ranks' own), and the median of such samples moves."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(slices):
+            a = torch.ones(192, 192)
+            for _ in range(250):
+                a = torch.tanh(a @ a / 192.0)
+            total = 0
+            for i in range(375_000):
+                total += i % 7
+        return time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(threads)
+
+
+class TierBudget:
+    """One session's figures, registered as a plugin while the budget is active: its tests' summed seconds,
+    and the reference workload's, sampled through the session."""
+
+    def __init__(self, budget: float) -> None:
+        self.budget = budget
+        self.tests = 0.0
+        self.sampled_at = 0.0  # self.tests when the last slice was timed
+        self.slices: list[float] = []  # seconds per slice, each sample
+        self.judged = False
+
+    def _sample(self, slices: int) -> None:
+        self.slices += [reference_workload(slices) / slices] * slices
+        self.sampled_at = self.tests
+
+    @property
+    def reference(self) -> float:
+        """The whole workload's seconds at the session's median speed: a slice that ran beside a burst of
+        another process's work moves the mean, not the median."""
+        return SLICES * statistics.median(self.slices)
+
+    @property
+    def ratio(self) -> float:
+        return self.tests / self.reference
+
+    @property
+    def over(self) -> bool:
+        return self.judged and self.ratio > self.budget
+
+    def pytest_sessionstart(self) -> None:
+        self._sample(SLICES)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.tests += report.duration
+        if report.when == "teardown" and self.tests - self.sampled_at >= SAMPLE_EVERY_S:
+            self._sample(1)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """The verdict: an over-budget tier fails the session (exit 1) even when every test passed. A session
+        stopped early (Ctrl-C, -x, --maxfail, a collection error) ran part of the tier: no verdict."""
+        if session.shouldstop or session.shouldfail or exitstatus not in (0, 1):
+            return
+        self._sample(SLICES)
+        self.judged = True
+        if self.over:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.judged:
+            terminalreporter.write_line("tier budget: no verdict, the session stopped early")
+            return
+        line = (
+            f"tier budget: tests took {self.tests:.1f} s = {self.ratio:.1f} reference workloads (the reference: "
+            f"{self.reference:.2f} s, the median of {len(self.slices)} slices timed through the session, "
+            f"{SLICES * min(self.slices):.2f}-{SLICES * max(self.slices):.2f} s as a whole); budget {self.budget:g}"
+        )
+        if self.over:
+            terminalreporter.write_line(
+                f"{line}: OVER BUDGET, the session fails. Make tests cheaper, or mark `nightly` a case that "
+                "repeats another's behaviour (docs/ci.md, the CPU tier's time budget)",
+                red=True,
+                bold=True,
+            )
+        else:
+            terminalreporter.write_line(f"{line}: within budget")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "tier_budget_ratio",
+        "the CPU tier's budget: its tests' summed seconds over the reference workload's "
+        "(distbench/testsuite/budget.py; docs/ci.md says how it was set)",
+        default="",
+    )
+    parser.getgroup("distbench").addoption(
+        "--tier-budget",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the CPU tier's time budget (tests' summed time over a reference workload's): auto (enforced on "
+        "the whole default tier only), on (measured, printed and enforced on any selection), off",
+    )
+
+
+def is_whole_default_tier(config: pytest.Config) -> bool:
+    """`pytest` as the README runs it: the testpaths, the addopts' -m, nothing deselected, not a lane."""
+    addopts = config.getini("addopts")  # already split, as the shell would
+    default_mark = next((v for k, v in zip(addopts, addopts[1:], strict=False) if k == "-m"), "")
+    return (
+        config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and not config.option.keyword
+        and config.option.markexpr == default_mark
+        and not config.getoption("deselect", None)
+        and not config.getoption("lf", False)
+        and not config.getoption("--distbench-lane", None)
+    )
+
+
+def _budget(config: pytest.Config) -> float:
+    """The committed budget (pyproject.toml's tier_budget_ratio); a missing or non-positive one stops the
+    session, named."""
+    text = str(config.getini("tier_budget_ratio"))
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise pytest.UsageError(
+            f"tier_budget_ratio = {text!r} ([tool.pytest.ini_options] in pyproject.toml): the tier's time "
+            "budget must be a positive number of reference workloads"
+        )
+    return value
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    mode = config.getoption("--tier-budget")
+    if config.option.collectonly:
+        return
+    if mode == "on" or (mode == "auto" and is_whole_default_tier(config)):
+        config.pluginmanager.register(TierBudget(_budget(config)), "distbench-tier-budget")
