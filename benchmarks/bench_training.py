@@ -44,6 +44,7 @@ import statistics as _statistics
 import sys as _sys
 from typing import Any
 
+from distbench.history.grid import asv_workload as _asv_workload
 from distbench.metrics import METRICS as _METRICS
 from distbench.runtime.pool import cuda_device_count as _cuda_device_count
 from distbench.strategies import default_strategies as _default_strategies
@@ -51,30 +52,9 @@ from distbench.strategies import get_spec as _get_spec
 
 GPUS = _cuda_device_count()
 DEVICE = "cuda" if GPUS else "cpu"
-if GPUS:
-    _DEFAULT_STRATEGIES = ",".join(_default_strategies("cuda"))
-    WORLD_SIZES = [n for n in (1, 2, 4, 8) if n <= GPUS]
-    WORKLOAD: dict[str, Any] = {
-        "model": _os.environ.get("DISTBENCH_ASV_MODEL", "gpt2-large"),
-        "precision": "bf16",
-        "micro_batch": 8,
-        "global_batch": 8 * max(WORLD_SIZES),
-        "steps": 20,
-        "warmup": 5,
-        "windows": 5,
-    }
-else:
-    _DEFAULT_STRATEGIES = ",".join(_default_strategies("asv-cpu"))
-    WORLD_SIZES = [1, 2]
-    WORKLOAD = {
-        "model": "gpt2-tiny",
-        "precision": "fp32",
-        "micro_batch": 2,
-        "global_batch": 8,
-        "steps": 5,
-        "warmup": 2,
-        "windows": 5,
-    }
+_DEFAULT_STRATEGIES = ",".join(_default_strategies("cuda" if GPUS else "asv-cpu"))
+WORLD_SIZES = [n for n in (1, 2, 4, 8) if n <= GPUS] if GPUS else [1, 2]
+WORKLOAD: dict[str, Any] = _asv_workload(GPUS)
 STRATEGIES = [
     _get_spec(s.strip()).name
     for s in _os.environ.get("DISTBENCH_ASV_STRATEGIES", _DEFAULT_STRATEGIES).split(",")

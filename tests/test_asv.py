@@ -121,7 +121,7 @@ def _asv_saves(tmp_path, benchmark: dict, output) -> dict:
     r.add_result(benchmark, res, record_samples=True)
     r.save(str(tmp_path))
     saved = json.loads(next(tmp_path.rglob("*.json")).read_text())
-    return dict(zip(saved["result_columns"], saved["results"][benchmark["name"]]))
+    return dict(zip(saved["result_columns"], saved["results"][benchmark["name"]], strict=False))
 
 
 @pytest.mark.parametrize("flagged", [False, True])
@@ -183,3 +183,56 @@ def test_the_dashboard_page_lists_what_the_registry_names():
     assert sorted(rows) == sorted(
         [m.asv.title, m.asv.unit, m.asv.where or "every run"] for m in METRICS.values() if m.asv is not None
     )
+
+
+@pytest.mark.slow  # the CPU grid of ddp at 1 and 2 ranks in asv's own processes: 1-3 minutes on 2 cores
+def test_an_asv_run_on_cpu_stores_the_statistics(tmp_path):
+    """A real `asv run --python=same --quick` of the step-time and plausibility tracks (ddp on gloo): every
+    configuration is in the results JSON with asv's statistics over its windows (repeat 5, or 7 where flagged)."""
+    import os
+    import subprocess
+
+    conf = json.loads((ROOT / "asv.conf.json").read_text())
+    conf.update(
+        repo=str(ROOT),
+        benchmark_dir=str(ROOT / "benchmarks"),
+        results_dir=str(tmp_path / "results"),
+        html_dir=str(tmp_path / "html"),
+        env_dir=str(tmp_path / "env"),
+    )
+    (tmp_path / "asv.conf.json").write_text(json.dumps(conf))
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "DISTBENCH_ASV_STRATEGIES": "ddp",
+        "ASV_PYTHONPATH": str(ROOT / "src"),
+    }
+    asv = [sys.executable, "-m", "asv", "--config", str(tmp_path / "asv.conf.json")]
+    subprocess.run([*asv, "machine", "--yes", "--machine", "cpu"], env=env, cwd=tmp_path, check=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    run = subprocess.run(
+        [*asv, "run", "--python=same", "--quick", "--machine", "cpu", "--show-stderr"]
+        + ["--set-commit-hash", commit, "-b", "StepTime|Plausibility"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    saved = json.loads(next((tmp_path / "results" / "cpu").glob(f"{commit[:8]}-*.json")).read_text())
+    row = dict(
+        zip(
+            saved["result_columns"], saved["results"]["bench_training.StepTime.track_step_time"], strict=False
+        )
+    )
+    flags = saved["results"]["bench_training.Plausibility.track_warnings"][0]
+    assert len(row["result"]) == 2 and all(v is not None for v in row["result"]), row  # ws 1 and 2: none n/a
+    for i, value in enumerate(row["result"]):
+        assert row["stats_repeat"][i] == (7 if flags[i] else 5)
+        assert row["stats_ci_99_a"][i] <= value <= row["stats_ci_99_b"][i]
+        assert row["stats_q_25"][i] <= value <= row["stats_q_75"][i]
+    if any(flags):
+        assert "asv: flagged:" in run.stdout + run.stderr
