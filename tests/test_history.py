@@ -260,3 +260,36 @@ def test_the_command_prints_each_change_and_runs_its_bisect_through_distbench_bi
 def test_bad_input_is_one_line_naming_the_flag(argv, message, capsys):
     assert main(argv) == 2
     assert message in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.slow  # 8 runs of gpt2-tiny and a 3-revision bisect on gloo: several minutes on 2 cores
+def test_the_gpu_script_finds_and_bisects_a_plant_on_cpu(tmp_path):
+    """scripts/history_gpu.sh's logic on CPU: 4 + 4 runs with a host-side plant that doubles the step in
+    revision 1, which the nights skip; the history finds the change between revisions 0 and 2, and its
+    bisect names revision 1 (the script's table says so and its exit status is 0)."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "GOOD_RUNS": "4",
+        "BAD_RUNS": "4",
+        "PLANT": "host-5pct",
+        "DISTBENCH_PLANT_SHARE": "1",
+        "CONFIG": "-s ddp -n 1 -m gpt2-tiny --precision fp32 --micro-batch 2 --global-batch 2 --steps 6 "
+        "--windows 3 --warmup 2 --device cpu",
+        "HISTORY": "--alpha 0.05 --include-flagged",  # 4 + 4 points; a shared CPU flags most runs
+        "BISECT": "--min-pairs 2 --look-every 1 --max-pairs 4",
+    }
+    run = subprocess.run(
+        ["bash", "scripts/history_gpu.sh", str(tmp_path)], cwd=root, env=env, capture_output=True, text=True
+    )
+    table = run.stdout[-1500:]
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert (
+        "planted revision 1 named     yes" in table
+        and "revision 0: this checkout's src -> revision 2" in table
+    )
+    saved = json.loads((tmp_path / "history" / "history.json").read_text())
+    assert [c["metric"] for c in saved] == ["step_time_s"] and saved[0]["regression"]
