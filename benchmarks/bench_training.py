@@ -10,7 +10,8 @@ like any slowdown. Each track has an explicit asv `version`, so refactoring this
 
 Grid: with CUDA GPUs, the model in DISTBENCH_ASV_MODEL (default gpt2-large) in bf16, micro-batch 8, at
 world sizes 1, 2, 4, 8 up to the GPU count; without, gpt2-tiny in fp32 on gloo at world sizes 1 and 2, small
-enough for `asv run --quick` on a laptop. The strategies are the registry's "cuda" or "asv-cpu" default grid
+enough for `asv run --quick` on a laptop. The workloads are distbench/history/grid.py's, which `distbench
+history` reads to name an asv series' configuration. The strategies are the registry's "cuda" or "asv-cpu" default grid
 (strategies/spec.py); DISTBENCH_ASV_STRATEGIES (comma-separated) overrides them.
 
 Every configuration is measured once, in the module-level `setup_cache`: asv runs it in one process and

@@ -264,8 +264,8 @@ def test_bad_input_is_one_line_naming_the_flag(argv, message, capsys):
 
 @pytest.mark.slow  # 8 runs of gpt2-tiny and a 3-revision bisect on gloo: several minutes on 2 cores
 def test_the_gpu_script_finds_and_bisects_a_plant_on_cpu(tmp_path):
-    """scripts/history_gpu.sh's logic on CPU: 4 + 4 runs with a host-side plant that doubles the step in
-    revision 1, which the nights skip; the history finds the change between revisions 0 and 2, and its
+    """scripts/history_gpu.sh's logic on CPU: 4 + 4 runs with a host-side plant in revision 1 (a 1 s sleep a
+    step, some 25 times gpt2-tiny's step), which the nights skip; the history finds the change between revisions 0 and 2, and its
     bisect names revision 1 (the script's table says so and its exit status is 0)."""
     import os
     import subprocess
@@ -275,10 +275,10 @@ def test_the_gpu_script_finds_and_bisects_a_plant_on_cpu(tmp_path):
         **os.environ,
         "GOOD_RUNS": "4",
         "BAD_RUNS": "4",
-        "PLANT": "host-5pct",
-        "DISTBENCH_PLANT_SHARE": "1",
-        "CONFIG": "-s ddp -n 1 -m gpt2-tiny --precision fp32 --micro-batch 2 --global-batch 2 --steps 6 "
-        "--windows 3 --warmup 2 --device cpu",
+        "PLANT": "host-sleep-fixed",  # a fixed sleep: a shared CPU's contention cannot stretch or hide it
+        "DISTBENCH_PLANT_SLEEP_S": "1",
+        "CONFIG": "-s ddp -n 1 -m gpt2-tiny --precision fp32 --micro-batch 2 --global-batch 2 --steps 4 "
+        "--windows 2 --warmup 1 --device cpu",
         "HISTORY": "--alpha 0.05 --include-flagged",  # 4 + 4 points; a shared CPU flags most runs
         "BISECT": "--min-pairs 2 --look-every 1 --max-pairs 4",
     }

@@ -68,8 +68,8 @@ def _workload_flags(config: dict[str, Any]) -> list[str]:
 def bisect_argv(found: Found, repo: str | None, output: str, extra: list[str]) -> list[str] | None:
     """The `distbench bisect` command line that names the commit of a regression, or None where there is no
     commit to name: an improvement, or a change between two runs of one commit (the machine, not the code)."""
-    if not found.worse or found.same_commit:
-        return None
+    if not found.worse or found.same_commit or "strategy" not in found.series.config:
+        return None  # nothing to name, or a collective's bandwidth, which `distbench bisect` does not follow
     argv = ["distbench", "bisect", "--good", found.last_good.commit, "--bad", found.first_bad.commit]
     argv += ["--repo", repo] if repo else []
     return [*argv, *_workload_flags(found.series.config), *extra, "-o", output]

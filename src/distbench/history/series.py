@@ -70,6 +70,13 @@ def _at(column: list[Any] | None, i: int) -> Any:
     return column[i] if column is not None and i < len(column) else None
 
 
+def _asv_config(metric: str, labels: list[str], machine: str) -> dict[str, Any]:
+    """What an asv series knows of its configuration: bench_training's parameters (strategy and world size
+    for training, collective and world size for bus bandwidth) and the machine."""
+    first = "op" if METRICS[metric].source == "busbw" else "strategy"
+    return {first: labels[0], "world_size": int(labels[1]), "machine": machine}
+
+
 def from_asv(results_dir: str | os.PathLike[str], machine: str | None = None) -> list[Series]:
     """Every tracked series of an asv results directory (one machine's, or every machine's); ConfigError for
     a directory that is not one, or a file in it that asv did not write."""
@@ -108,19 +115,17 @@ def from_asv(results_dir: str | os.PathLike[str], machine: str | None = None) ->
                     continue
                 params = row.get("params") or []
                 for i, combo in enumerate(itertools.product(*params) if params else [()]):
-                    value = _at(row["result"], i) if params else row["result"]
+                    value = _at(row["result"], i)
                     if value is None or (isinstance(value, float) and value != value):
                         continue
                     flag = _at(flags.get("result"), i) if flags and flags.get("params") == params else None
                     labels = [str(p).strip("'") for p in combo]
                     key = (mdir.name, bench, tuple(labels))
                     if key not in series:
-                        config = (
-                            {"strategy": labels[0], "world_size": int(labels[1])} if len(labels) == 2 else {}
+                        label = f"{bench} {' '.join(labels)} [{mdir.name}]"
+                        series[key] = Series(
+                            metric, label, _asv_config(metric, labels, mdir.name), asv_form=True
                         )
-                        where = " ".join(labels)
-                        series[key] = Series(metric, f"{bench} {where} [{mdir.name}]", config, asv_form=True)
-                        series[key].config["machine"] = mdir.name
                     series[key].points.append(
                         Point(
                             commit=data["commit_hash"],
