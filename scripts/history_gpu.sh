@@ -12,7 +12,7 @@
 # PLANT; CONFIG="..." replaces the run flags (on CPU: CONFIG="-s ddp -n 1 -m gpt2-tiny --precision fp32
 # --micro-batch 2 --global-batch 2 --steps 4 --windows 2 --warmup 1 --device cpu" with PLANT=host-sleep-fixed
 # and DISTBENCH_PLANT_SLEEP_S=1, as tests/test_history.py runs it); HISTORY="..." adds distbench history
-# flags; BISECT="..." replaces the bisect flags (default: 2 to 4 pairs a probe, at most 100 s each).
+# flags; BISECT="..." replaces the bisect flags (default: 3 to 5 pairs a probe, at most 100 s each).
 set -euo pipefail
 out=${1:?usage: scripts/history_gpu.sh OUT}
 good_runs=${GOOD_RUNS:-7}
@@ -47,7 +47,7 @@ for rev in 0 2; do  # the nights: each revision's own distbench runs, and its re
   PYTHONPATH="$out/rev-$rev/src" python3 -m distbench.cli run $config --repeats "$runs" \
     -o "$out/results/rev-$rev" 2>&1 | tee -a "$out/history.log"
 done
-bisect=${BISECT:-"--bind-cpus --min-pairs 2 --look-every 1 --max-pairs 4 --budget 100"}
+bisect=${BISECT:-"--bind-cpus --min-pairs 3 --look-every 1 --max-pairs 5 --budget 100"}
 rc=0
 # shellcheck disable=SC2086  # HISTORY is a flag list
 PYTHONPATH="$root/src" python3 -m distbench.cli history "$out/results" --repo "$repo" --metric step_time_s \

@@ -246,6 +246,8 @@ def test_the_command_prints_each_change_and_runs_its_bisect_through_distbench_bi
         4,
     )
     assert args.output == out / "bisect-1"
+    monkeypatch.setattr(bisect, "run", lambda args: 2)  # a bisect that could not run is no quiet success
+    assert main(["history", str(tmp_path / "r"), "-o", str(out), "--bisect", "--metric", "step_time_s"]) == 2
 
 
 @pytest.mark.parametrize(
@@ -280,7 +282,7 @@ def test_the_gpu_script_finds_and_bisects_a_plant_on_cpu(tmp_path):
         "CONFIG": "-s ddp -n 1 -m gpt2-tiny --precision fp32 --micro-batch 2 --global-batch 2 --steps 4 "
         "--windows 2 --warmup 1 --device cpu",
         "HISTORY": "--alpha 0.05 --include-flagged",  # 4 + 4 points; a shared CPU flags most runs
-        "BISECT": "--min-pairs 2 --look-every 1 --max-pairs 4",
+        "BISECT": "--min-pairs 3 --look-every 1 --max-pairs 4",
     }
     run = subprocess.run(
         ["bash", "scripts/history_gpu.sh", str(tmp_path)], cwd=root, env=env, capture_output=True, text=True

@@ -25,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "permutation test, as E-divisive means confirms them. For each change: the last good and first bad "
         "commit, the medians either side, the change in percent with its confidence interval, and the "
         "`distbench bisect` command that would name the commit of a regression. Exit 0 no regression, 1 a "
-        "regression found (or, with --bisect, a bisect that named a commit), 2 usage.",
+        "regression found (with --bisect: a bisect named a commit), 2 usage (or a bisect that could not run).",
     )
     p.add_argument("results", nargs="*", type=Path, help="distbench result files or directories")
     p.add_argument("--asv", type=Path, metavar="DIR", help="asv's results directory (e.g. .asv/results)")
@@ -106,22 +106,25 @@ def run(args: argparse.Namespace) -> int:
     for f, argv in zip(found, commands, strict=True):
         console.print(f"[bold]{escape(f.series.label)}[/]: {escape(report.describe(f))}")
         if argv:
-            console.print(f"  bisect: {escape(report.command_text(argv))}")
-    named = _run_bisects(commands, console) if args.bisect else False
+            console.print(f"  bisect: {escape(report.command_text(argv))}", soft_wrap=True)
+    codes = _run_bisects(commands, console) if args.bisect else []
     _table(found, console)
-    return 1 if named or (not args.bisect and any(f.worse for f in found)) else 0
+    if 2 in codes:
+        return 2
+    return 1 if 1 in codes or (not args.bisect and any(f.worse for f in found)) else 0
 
 
-def _run_bisects(commands: list[list[str] | None], console: Console) -> bool:
-    """Each proposed bisect through the `distbench bisect` command itself; whether any named a commit."""
+def _run_bisects(commands: list[list[str] | None], console: Console) -> list[int]:
+    """Each proposed bisect through the `distbench bisect` command itself; their exit statuses (1: it named
+    a commit, 2: it could not run, 3: undecided)."""
     from ..cli import main
 
-    named = False
+    codes = []
     for argv in commands:
         if argv:
-            console.print(f"running: {shlex.join(argv)}")
-            named |= main(argv[1:]) == 1
-    return named
+            console.print(f"running: {shlex.join(argv)}", soft_wrap=True)
+            codes.append(main(argv[1:]))
+    return codes
 
 
 def _table(found: list[Found], console: Console) -> None:
