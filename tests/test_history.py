@@ -188,6 +188,14 @@ def test_an_asv_history_is_read_with_its_intervals_and_flags(tmp_path):
     )
     argv = report.bisect_argv(f, None, "o", [])
     assert argv[argv.index("-m") + 1] == "gpt2-large" and argv[argv.index("--device") + 1] == "cuda"
+    collective = Series(
+        "busbw_gbps", "x", {"op": "all_reduce", "world_size": 2, "machine": "h200x2"}, asv_form=True
+    )
+    collective.points = ws2.points
+    (c,) = report.analyse([collective], alpha=0.01)
+    assert (
+        c.worse and report.bisect_argv(c, None, "o", []) is None
+    )  # `distbench bisect` follows training only
 
 
 def write_results(root: Path, values: list[float], shas: list[str], warned: set[int] = frozenset()) -> None:

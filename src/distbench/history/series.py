@@ -6,12 +6,12 @@ Two stores are read, because each keeps what the other lacks:
 * asv's results directory (`.asv/results`, benchmarks/bench_training.py): one point per commit and machine,
   the nightly grid's. Figures are asv's lower-is-better forms (1 / MFU, ...), the interval asv's 99% one
   over the timed windows; Plausibility.track_warnings says which points were flagged. asv keeps no workload,
-  so a series knows its strategy and world size only (the grid's workload is docs/asv-history.md's).
+  so a series knows its strategy and world size only (the grid's workload is distbench/history/grid.py's).
 * distbench's own result JSON (`distbench run -o DIR`, repeats included): one point per run, the commit from
   the result's environment fingerprint (env.git_commit), the full configuration (so a bisect command can
   name it exactly), the interval the range of its windows, flagged where it carries warnings.
 
-Points are ordered by when they were made: asv's by commit date, then the time it ran; distbench's by each
+Points are ordered by when they were made: asv's by the commit's date (asv's `date`); distbench's by each
 result's `created`. A nightly history runs in commit order, so that is commit order.
 """
 
@@ -39,7 +39,6 @@ class Point:
     low: float | None = None  # the point's interval, where its store has one
     high: float | None = None
     flagged: bool = False
-    when: str = ""  # when it was made (ISO time or asv's date), for ordering and display
 
 
 @dataclass
@@ -133,7 +132,6 @@ def from_asv(results_dir: str | os.PathLike[str], machine: str | None = None) ->
                             low=_at(row.get("stats_ci_99_a"), i),
                             high=_at(row.get("stats_ci_99_b"), i),
                             flagged=bool(flag),
-                            when=str(data["date"]),
                         )
                     )
     return list(series.values())
@@ -170,7 +168,5 @@ def from_results(paths: Iterable[str | os.PathLike[str]]) -> list[Series]:
                 label = f"{m.name} {c['strategy']} ws{c['world_size']} {c['model']} {c['precision']} mb{c['micro_batch']}"
                 series[key] = Series(m.name, label, dict(c))
             low, high = _window_interval(r, m.name) if m.time or m.source == "scaling" else (None, None)
-            series[key].points.append(
-                Point(commit, float(value), low, high, bool(r.get("warnings")), r.get("created", ""))
-            )
+            series[key].points.append(Point(commit, float(value), low, high, bool(r.get("warnings"))))
     return list(series.values())
