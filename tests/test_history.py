@@ -238,6 +238,7 @@ def test_the_command_prints_each_change_and_runs_its_bisect_through_distbench_bi
     (step,) = [c for c in saved if c["metric"] == "step_time_s"]
     assert step["bisect"].startswith(f"distbench bisect --good {'a' * 40} --bad {'b' * 40} --repo {tmp_path}")
     assert 1.01 < step["ratio_interval"][0] < step["ratio"] < step["ratio_interval"][1] < 1.03
+    assert (out / "series-1.png").read_bytes().startswith(b"\x89PNG")  # the series with its intervals drawn
 
     from distbench.commands import bisect
 

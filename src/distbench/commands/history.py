@@ -107,11 +107,24 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[bold]{escape(f.series.label)}[/]: {escape(report.describe(f))}")
         if argv:
             console.print(f"  bisect: {escape(report.command_text(argv))}", soft_wrap=True)
+    _plots(found, args.output, console)
     codes = _run_bisects(commands, console) if args.bisect else []
     _table(found, console)
     if 2 in codes:
         return 2
     return 1 if 1 in codes or (not args.bisect and any(f.worse for f in found)) else 0
+
+
+def _plots(found: list[Found], output: Path, console: Console) -> None:
+    """series-N.png under --output for each series that changed: its points, intervals and changes."""
+    from ..history.plot import series_plot
+
+    changed: dict[int, list[Found]] = {}
+    for f in found:
+        changed.setdefault(id(f.series), []).append(f)
+    for i, fs in enumerate(changed.values(), 1):
+        path = series_plot(fs[0].series, fs, output / f"series-{i}.png")
+        console.print(f"  plot: {path} ({fs[0].series.label})", soft_wrap=True)
 
 
 def _run_bisects(commands: list[list[str] | None], console: Console) -> list[int]:
