@@ -5,18 +5,19 @@
 # history skips revision 1, as nights skip commits: its points are runs of revision 0 and of revision 2.
 # `distbench history` must find the step time's change between them, and its `--bisect` must name revision 1.
 # Each point is a short device-bound run: ddp on one GPU, GPT-2 medium, bf16, micro-batch 16, 20 timed steps
-# in 5 windows (7 + 5 runs and a 3-comparison bisect: about 5-7 minutes on one H200).
+# in 5 windows (8 + 6 runs and a 3-comparison bisect: planned for 5-7 minutes on one H200).
 # Usage: scripts/history_gpu.sh OUT   writes OUT/results/ (the history), OUT/history/ (history.json, the
 # bisect under bisect-1/), OUT/history.log, and prints a short table last.
-# GOOD_RUNS, BAD_RUNS (default 7, 5: the fewest a side for which the permutation test can reach p < 0.01);
+# GOOD_RUNS, BAD_RUNS (default 8, 6: with fewer, the permutation test of a perfect separation may not reach
+# p < 0.01);
 # PLANT; CONFIG="..." replaces the run flags (on CPU: CONFIG="-s ddp -n 1 -m gpt2-tiny --precision fp32
-# --micro-batch 2 --global-batch 2 --steps 4 --windows 2 --warmup 1 --device cpu" with PLANT=host-sleep-fixed
-# and DISTBENCH_PLANT_SLEEP_S=1, as tests/test_history.py runs it); HISTORY="..." adds distbench history
+# --micro-batch 2 --global-batch 2 --steps 2 --windows 2 --warmup 2 --device cpu" with PLANT=host-sleep-fixed
+# and DISTBENCH_PLANT_SLEEP_S=3, as tests/test_history.py runs it); HISTORY="..." adds distbench history
 # flags; BISECT="..." replaces the bisect flags (default: 3 to 5 pairs a probe, at most 100 s each).
 set -euo pipefail
 out=${1:?usage: scripts/history_gpu.sh OUT}
-good_runs=${GOOD_RUNS:-7}
-bad_runs=${BAD_RUNS:-5}
+good_runs=${GOOD_RUNS:-8}
+bad_runs=${BAD_RUNS:-6}
 plant=${PLANT:-device-2pct}
 root=$(pwd)
 [ -f "$root/scripts/plants/$plant.patch" ] || { echo "run from the distbench checkout; no plant $plant" >&2; exit 2; }

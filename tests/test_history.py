@@ -81,14 +81,14 @@ def test_the_checks_fail_on_planted_defects(monkeypatch):
 
 
 def test_a_change_needs_enough_points_a_side_to_be_significant():
-    """The permutation test's floor: 5 runs and 3 of a 2% slowdown (0.3% noise) reach p ~ 2/C(8,3) = 0.036,
-    significant at 0.05 and not at 0.01; 7 and 5 reach 0.01."""
+    """The permutation test's floor: 5 runs and 4 of a 2% slowdown (0.3% noise), perfectly apart, reach
+    p ~ 0.03, significant at 0.05 and not at 0.01; 8 and 6 reach 0.002."""
     rng = np.random.default_rng(3)
-    small = np.r_[rng.normal(1, 0.003, 5), rng.normal(1.02, 0.003, 3)]
+    small = np.r_[rng.normal(1, 0.003, 5), rng.normal(1.02, 0.003, 4)]
     assert changepoints.find_changes(small, alpha=0.01) == []
     assert [c.index for c in changepoints.find_changes(small, alpha=0.05)] == [5]
-    larger = np.r_[rng.normal(1, 0.003, 7), rng.normal(1.02, 0.003, 5)]
-    assert [c.index for c in changepoints.find_changes(larger, alpha=0.01)] == [7]
+    larger = np.r_[rng.normal(1, 0.003, 8), rng.normal(1.02, 0.003, 6)]
+    assert [c.index for c in changepoints.find_changes(larger, alpha=0.01)] == [8]
 
 
 def commits(n: int) -> list[str]:
@@ -214,9 +214,9 @@ def write_results(root: Path, values: list[float], shas: list[str], warned: set[
 
 def test_distbench_results_are_read_by_commit_and_run(tmp_path):
     """Repeats of a commit are points of their own, ordered by when they ran."""
-    shas = ["a" * 40] * 7 + ["b" * 40] * 5
+    shas = ["a" * 40] * 8 + ["b" * 40] * 6
     rng = np.random.default_rng(4)
-    values = list(np.r_[rng.normal(0.1, 0.0003, 7), rng.normal(0.102, 0.0003, 5)])
+    values = list(np.r_[rng.normal(0.1, 0.0003, 8), rng.normal(0.102, 0.0003, 6)])
     write_results(tmp_path, values, shas, warned={2})
     (step,) = [s for s in from_results([tmp_path]) if s.metric == "step_time_s"]
     assert [p.commit for p in step.points] == shas and [p.value for p in step.points] == pytest.approx(values)
@@ -227,9 +227,9 @@ def test_distbench_results_are_read_by_commit_and_run(tmp_path):
 def test_the_command_prints_each_change_and_runs_its_bisect_through_distbench_bisect(
     tmp_path, monkeypatch, capsys
 ):
-    shas = ["a" * 40] * 7 + ["b" * 40] * 5
+    shas = ["a" * 40] * 8 + ["b" * 40] * 6
     rng = np.random.default_rng(5)
-    write_results(tmp_path / "r", list(np.r_[rng.normal(0.1, 0.0003, 7), rng.normal(0.102, 0.0003, 5)]), shas)
+    write_results(tmp_path / "r", list(np.r_[rng.normal(0.1, 0.0003, 8), rng.normal(0.102, 0.0003, 6)]), shas)
     out = tmp_path / "out"
     assert main(["history", str(tmp_path / "r"), "--repo", str(tmp_path), "-o", str(out)]) == 1
     text = capsys.readouterr().out
@@ -275,8 +275,8 @@ def test_bad_input_is_one_line_naming_the_flag(argv, message, capsys):
 
 @pytest.mark.slow  # 8 runs of gpt2-tiny and a 3-revision bisect on gloo: several minutes on 2 cores
 def test_the_gpu_script_finds_and_bisects_a_plant_on_cpu(tmp_path):
-    """scripts/history_gpu.sh's logic on CPU: 4 + 4 runs with a host-side plant in revision 1 (a 1 s sleep a
-    step, some 25 times gpt2-tiny's step), which the nights skip; the history finds the change between revisions 0 and 2, and its
+    """scripts/history_gpu.sh's logic on CPU: 6 + 6 runs with a host-side plant in revision 1 (a 3 s sleep a
+    step: on the project's shared 2-core machine gpt2-tiny's step ran 0.03-2 s), which the nights skip; the history finds the change between revisions 0 and 2, and its
     bisect names revision 1 (the script's table says so and its exit status is 0)."""
     import os
     import subprocess
@@ -284,13 +284,13 @@ def test_the_gpu_script_finds_and_bisects_a_plant_on_cpu(tmp_path):
     root = Path(__file__).resolve().parents[1]
     env = {
         **os.environ,
-        "GOOD_RUNS": "4",
-        "BAD_RUNS": "4",
+        "GOOD_RUNS": "6",
+        "BAD_RUNS": "6",
         "PLANT": "host-sleep-fixed",  # a fixed sleep: a shared CPU's contention cannot stretch or hide it
-        "DISTBENCH_PLANT_SLEEP_S": "1",
-        "CONFIG": "-s ddp -n 1 -m gpt2-tiny --precision fp32 --micro-batch 2 --global-batch 2 --steps 4 "
-        "--windows 2 --warmup 1 --device cpu",
-        "HISTORY": "--alpha 0.05 --include-flagged",  # 4 + 4 points; a shared CPU flags most runs
+        "DISTBENCH_PLANT_SLEEP_S": "3",
+        "CONFIG": "-s ddp -n 1 -m gpt2-tiny --precision fp32 --micro-batch 2 --global-batch 2 --steps 2 "
+        "--windows 2 --warmup 2 --device cpu",
+        "HISTORY": "--alpha 0.05 --include-flagged",  # a shared CPU flags most runs
         "BISECT": "--min-pairs 3 --look-every 1 --max-pairs 4",
     }
     run = subprocess.run(
