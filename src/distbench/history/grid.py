@@ -8,13 +8,14 @@ from typing import Any
 
 
 def asv_workload(gpus: int) -> dict[str, Any]:
-    """With GPUs, DISTBENCH_ASV_MODEL (default gpt2-large) in bf16 at micro-batch 8, its global batch for the
+    """With GPUs, DISTBENCH_ASV_MODEL (default gpt2-large) in bf16-amp (one precision regime for every
+    strategy, docs/measurement.md) at micro-batch 8, its global batch for the
     largest world size the grid runs (1, 2, 4, 8 up to `gpus`); without, gpt2-tiny in fp32 on gloo, small
     enough for `asv run --quick`. Five timed windows: each one is a sample of asv's statistics."""
     if gpus:
         return {
             "model": os.environ.get("DISTBENCH_ASV_MODEL", "gpt2-large"),
-            "precision": "bf16",
+            "precision": "bf16-amp",
             "micro_batch": 8,
             "global_batch": 8 * max(n for n in (1, 2, 4, 8) if n <= gpus),
             "steps": 20,
