@@ -61,12 +61,14 @@ def test_ci_installs_every_extra_and_requires_it():
 
 
 def test_readme_ci_and_asv_install_the_same_torch_where_there_is_none():
-    """Three places pin the CPU torch (the README's first command, .ci/run, asv's environments): one pin."""
+    """Three places pin the CPU torch (the README's first command, CI's lock, which .ci/run installs torch
+    under, and asv's environments): one pin."""
     pins = {
-        name: set(re.findall(r"torch==([\w.+]+)", (ROOT / name).read_text()))
-        for name in ("README.md", ".ci/run", "asv.conf.json")
+        name: set(re.findall(r"\btorch==([\w.+]+)", (ROOT / name).read_text()))
+        for name in ("README.md", ".ci/constraints.txt", "asv.conf.json")
     }
     assert len(set().union(*pins.values())) == 1 and all(pins.values()), pins
+    assert re.search(r"pip install -q -c \.ci/constraints\.txt torch$", (ROOT / ".ci/run").read_text(), re.M)
     install = json.loads((ROOT / "asv.conf.json").read_text())["install_command"]
     assert "find_spec('torch') or" in install[0]  # the machine's torch wins where the environment sees it
     assert (

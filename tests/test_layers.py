@@ -51,7 +51,10 @@ LAYERS: list[tuple[str, list[str]]] = [
             "distbench.doctor",
         ],
     ),
-    ("rendering: reports, comparisons", ["distbench.report", "distbench.compare"]),
+    (
+        "rendering: reports, comparisons, the history's change points",
+        ["distbench.report", "distbench.compare", "distbench.history"],
+    ),
     (
         "entry points: command line, pytest plugin",
         ["distbench.cli", "distbench.commands", "distbench.testsuite.plugin"],

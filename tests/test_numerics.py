@@ -285,3 +285,18 @@ def test_ab_numerics_across_two_transformers_releases(tmp_path):
         assert n["verdict"] in (nm.IDENTICAL, nm.WITHIN, nm.DIVERGED), n
         assert n["versions"]["head"]["transformers"] == OTHER_TRANSFORMERS, n["versions"]
         assert n["versions"]["base"]["transformers"] == transformers.__version__, n["versions"]
+
+
+def test_a_golden_holds_across_fields_that_only_time_the_run_or_were_added_at_their_default():
+    from distbench.config import RunConfig
+    from distbench.testsuite.goldens import same_computation
+
+    cfg = RunConfig(strategy="ddp", world_size=2, steps=4)
+    written = {k: v for k, v in cfg.to_dict().items() if k not in ("until_ci", "max_windows")}
+    assert same_computation(written, cfg)  # written before the timing fields existed
+    assert same_computation({**written, "windows": 4}, cfg)  # timed otherwise, the same computation
+    assert not same_computation({**written, "lr": 0.5}, cfg)
+    assert not same_computation({**written, "a_field_since_removed": 1}, cfg)
+    assert not same_computation(
+        written, cfg.replace(dropout=0.1)
+    )  # a field at a value other than its default

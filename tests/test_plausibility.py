@@ -178,7 +178,9 @@ def test_a_run_with_an_interval_gets_the_host_speed_as_its_reason_not_a_flag():
     annotate(results)
     assert moved["warnings"] == []
     (note,) = moved["notes"]
-    assert note.startswith("its interval is wide because the host ran at different speeds") and "x1.47" in note
+    assert (
+        note.startswith("its interval is wide because the host ran at different speeds") and "x1.47" in note
+    )
 
 
 def test_the_idle_probes_of_an_h200_draw_no_host_warning_and_its_host_bound_runs_do():

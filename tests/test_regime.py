@@ -50,3 +50,12 @@ def test_the_wrappers_own_bf16_policies_are_different_regimes(suite: Any) -> Non
     assert any(
         d.startswith("parameters") for d in regime_differences("bf16-amp", regime(suite, "zero2", "bf16"))
     )
+
+
+def test_a_bf16_amp_deepspeed_job_leaves_the_next_jobs_wire_alone(suite: Any) -> None:
+    """DeepSpeed marks torch_autocast initialized for the whole process: unreset, every later ZeRO-2 engine of
+    the rank reduced in its parameters' dtype and a planted bf16 communication_data_type went unseen."""
+    from test_wire import assert_plant_fails
+
+    assert regime_differences("bf16-amp", regime(suite, "zero2", "bf16-amp")) == []
+    assert_plant_fails(suite, "ds_bf16_communication", "zero2", 2, "fp32")

@@ -144,7 +144,9 @@ def test_the_seeds_figures_stand_beside_the_measured_and_the_shortfalls_are_trac
     assert f"| single | 1 | 33,468 | 32,582 | {SEED} | 1.027 |" in md
     row = next(line for line in md.splitlines() if line.startswith("| fsdp_full | 2 | 50,223 | ddp (63,370)"))
     assert "| 20.7% |" in row and row.endswith("| idle |")
-    assert "| 652.5 (trace) | +135.4 | +0.0 | +0.0 | +135.4 | +135.4 |" in row  # all of the growth is host wait
+    assert (
+        "| 652.5 (trace) | +135.4 | +0.0 | +0.0 | +135.4 | +135.4 |" in row
+    )  # all of the growth is host wait
 
 
 def test_an_untraced_shortfall_without_a_device_sample_says_so(monkeypatch, tmp_path):
@@ -167,7 +169,9 @@ def test_an_untraced_shortfall_is_split_from_its_device_time_sample():
     (short,) = shortfalls([ddp, fsdp])
     why = explain([ddp, fsdp], short)
     assert why is not None and why["source"] == "device time" and why["vs_ddp"]["largest"] == "idle"
-    assert why["vs_ddp"]["compute_ms"] == pytest.approx(1.2) and why["vs_ddp"]["idle_ms"] == pytest.approx(171.3)
+    assert why["vs_ddp"]["compute_ms"] == pytest.approx(1.2) and why["vs_ddp"]["idle_ms"] == pytest.approx(
+        171.3
+    )
 
 
 class FakeRankPool:
@@ -293,7 +297,9 @@ def test_fewer_steps_than_the_grids_windows_time_a_window_a_step():
     from distbench.errors import ConfigError
 
     def configs(*flags: str) -> list[RunConfig]:
-        args = build_parser(COMMANDS).parse_args(["run", "-s", "ddp", "-m", "gpt2-tiny", "--seq-len", "64", *flags])
+        args = build_parser(COMMANDS).parse_args(
+            ["run", "-s", "ddp", "-m", "gpt2-tiny", "--seq-len", "64", *flags]
+        )
         return build_matrix(args, "cuda", 2).configs("cuda", 2)[0]
 
     assert {(c.steps, c.windows) for c in configs("--steps", "3")} == {(3, 3)}

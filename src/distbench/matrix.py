@@ -46,7 +46,14 @@ from .strategies import REGISTRY, default_strategies, get_spec
 from .workloads import get_model
 
 MATRIX_KEYS = (
-    "strategies", "world_sizes", "models", "precisions", "repeats", "trace", "reference", "side_by_side"
+    "strategies",
+    "world_sizes",
+    "models",
+    "precisions",
+    "repeats",
+    "trace",
+    "reference",
+    "side_by_side",
 )
 
 
@@ -153,8 +160,16 @@ def default_matrix(device_type: str, device_count: int) -> Matrix:
         ["gpt2-124m"],
         ["bf16-amp"],
         # six windows of two steps, a slow start moved to warm-up, each row's interval kept (docs/measurement.md)
-        {"micro_batch": 8, "seq_len": 1024, "steps": 12, "windows": 6, "until_ci": 0.01, "max_windows": 6,
-         "warmup": 5, "deterministic": False},  # fmt: skip
+        {
+            "micro_batch": 8,
+            "seq_len": 1024,
+            "steps": 12,
+            "windows": 6,
+            "until_ci": 0.01,
+            "max_windows": 6,
+            "warmup": 5,
+            "deterministic": False,
+        },  # fmt: skip
     )
 
 

@@ -305,7 +305,7 @@ def alternate(
     callbacks close over the servers, which live only as long as the temporary directory."""
     import tempfile
 
-    from ..gate.ab import ABReport, run_ab
+    from ..gate.ab import ABReport, label_of, run_ab
     from ..gate.numerics import compare_servers
     from ..gate.variants import VariantProcess
     from ..results import save_result
@@ -379,7 +379,7 @@ def alternate(
                 f"distbench ab: {len(configs)} configuration(s) on {device}; base {base_v.describe()} "
                 f"vs head {head_v.describe()}; {interleave} interleaved; budget {args.budget:.0f} s"
             )
-            numerics = compare_servers(args, configs, servers, console)
+            numerics = compare_servers(args, configs, servers, console, label_of)
             if getattr(args, "numerics", "off") == "only":
                 return ABReport([], args.alpha, args.alpha, args.threshold, args.min_effect, 0.0, False, "", "",
                                 numerics=numerics, speed=False)  # fmt: skip

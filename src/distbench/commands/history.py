@@ -128,15 +128,17 @@ def _plots(found: list[Found], output: Path, console: Console) -> None:
 
 
 def _run_bisects(commands: list[list[str] | None], console: Console) -> list[int]:
-    """Each proposed bisect through the `distbench bisect` command itself; their exit statuses (1: it named
-    a commit, 2: it could not run, 3: undecided)."""
-    from ..cli import main
+    """Each proposed bisect through the `distbench bisect` command itself (its own parser reads the proposed
+    line); their exit statuses (1: it named a commit, 2: it could not run, 3: undecided)."""
+    from . import bisect
+    from .parser import build_parser
 
     codes = []
     for argv in commands:
         if argv:
             console.print(f"running: {shlex.join(argv)}", soft_wrap=True)
-            codes.append(main(argv[1:]))
+            args = build_parser([bisect]).parse_args(argv[1:])
+            codes.append(int(args.func(args) or 0))
     return codes
 
 

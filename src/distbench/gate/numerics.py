@@ -420,13 +420,16 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def compare_servers(
-    args: argparse.Namespace, configs: list[RunConfig], servers: dict[str, Any], console: Console
+    args: argparse.Namespace,
+    configs: list[RunConfig],
+    servers: dict[str, Any],
+    console: Console,
+    label_of: Callable[[RunConfig], str],
 ) -> list[NumericsOutcome]:
     """Unless --numerics off: head's numerics against base's per configuration (gate/numerics.py), then fresh
-    ranks for the speed runs."""
+    ranks for the speed runs; `label_of` names a configuration as the report does."""
     if getattr(args, "numerics", "off") == "off":
         return []
-    from .ab import label_of
 
     def show(o: NumericsOutcome) -> None:
         console.print(f"  numerics {o.label}: {o.verdict.describe() if o.verdict else o.error}")

@@ -69,7 +69,7 @@ class _Bench:
     gc_watch: GcWatch | None = None
     counters: ThreadCounters | None = None  # this thread's user-mode instructions and cycles, where allowed
     counters_missing: str | None = None  # why there are none
-    adaptive: dict[str, Any] | None = None  # how the timing stopped, when cfg.until_ci asks (measure/adaptive.py)
+    adaptive: dict[str, Any] | None = None  # how timing stopped under cfg.until_ci (measure/adaptive.py)
 
 
 def _free(ctx: RankContext) -> None:

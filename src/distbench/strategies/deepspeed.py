@@ -239,6 +239,19 @@ def destroy_engine(engine: Any) -> None:
     if hasattr(engine, "destroy"):
         engine.destroy()
     _forget_zero3_module(engine.module)
+    forget_torch_autocast()
+
+
+def forget_torch_autocast() -> None:
+    """Reset what an engine with a `torch_autocast` section (bf16-amp) sets for the whole process: DeepSpeed
+    marks autocast initialized in module globals and never unmarks it, and from then on every ZeRO-1/2 engine
+    of the process reduces each gradient in its parameter's dtype, whatever its communication_data_type says.
+    In a rank pool a bf16-amp job thus changed the wire of every later DeepSpeed job (the CPU tier's planted
+    bf16 communication went unseen after one)."""
+    from deepspeed.runtime import torch_autocast
+
+    torch_autocast.TORCH_AUTOCAST_INITIALIZED = False
+    torch_autocast.TORCH_AUTOCAST_DTYPE = None
 
 
 def forget_groups_of_a_gone_world() -> None:

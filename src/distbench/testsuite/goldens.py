@@ -86,9 +86,25 @@ def load(path: Path, cfg: RunConfig) -> tuple[Golden | None, str]:
             f"golden {path} is not readable ({type(e).__name__}: {e}); rewrite it with pytest "
             "--update-goldens"
         ) from None
-    if golden.config != cfg.to_dict():
+    if not same_computation(golden.config, cfg):
         return None, f"the golden {path} was written for another configuration (rewrite it: --update-goldens)"
     return golden, ""
+
+
+#: RunConfig fields that decide how a run is timed, not what it computes
+TIMING_ONLY = frozenset(
+    {"windows", "until_ci", "max_windows", "timing", "device_time_steps", "gc_during_steps"}
+)
+
+
+def same_computation(written_for: dict[str, Any], cfg: RunConfig) -> bool:
+    """Whether a golden written for the configuration `written_for` holds for `cfg`: the same fields that
+    decide what is computed, a field added to RunConfig since counting at its default. Comparing every field
+    made each new one (the timing's until_ci) turn every committed golden into a skip."""
+    now = {k: v for k, v in cfg.to_dict().items() if k not in TIMING_ONLY}
+    defaults = RunConfig().to_dict()
+    then = {k: written_for.get(k, defaults[k]) for k in now}
+    return then == now and set(written_for) - TIMING_ONLY <= set(now)
 
 
 def moved(old: Curve, new: Curve) -> list[str]:
