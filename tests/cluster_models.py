@@ -49,7 +49,10 @@ def hangs_in_a_step_on_last_rank() -> nn.Module:
 
 
 def _last_rank() -> bool:
-    return os.environ.get("RANK") is not None and int(os.environ["RANK"]) == int(os.environ["WORLD_SIZE"]) - 1
+    """The last rank of the launch: torchrun's ROLE_WORLD_SIZE, which a job's own WORLD_SIZE (the first ranks
+    of the launch, runtime/cluster.job_environment) leaves as it is."""
+    world = os.environ.get("ROLE_WORLD_SIZE") or os.environ.get("WORLD_SIZE")
+    return os.environ.get("RANK") is not None and world is not None and int(os.environ["RANK"]) == int(world) - 1
 
 
 class _SegfaultsInACollective(nn.Module):
