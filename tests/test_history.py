@@ -274,6 +274,7 @@ def test_bad_input_is_one_line_naming_the_flag(argv, message, capsys):
 
 
 @pytest.mark.slow  # 12 runs of gpt2-tiny and a 3-revision bisect on gloo: 704 s on the shared 2 cores
+@pytest.mark.nightly  # the per-submission tier keeps the detector's and the bisect line's tests (test_history)
 def test_the_gpu_script_finds_and_bisects_a_plant_on_cpu(tmp_path):
     """scripts/history_gpu.sh's logic on CPU: 6 + 6 runs with a host-side plant in revision 1 (a 3 s sleep a
     step: on the project's shared 2-core machine gpt2-tiny's step ran 0.03-2 s), which the nights skip; the history finds the change between revisions 0 and 2, and its
