@@ -4,6 +4,7 @@ and every run's result on disk; bad variants are usage errors."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,9 @@ def _protocol_1_tree(tmp_path) -> str:
     tree = tmp_path / "old"
     shutil.copytree(Path(__file__).resolve().parents[1] / "src", tree / "src")
     serve = tree / "src" / "distbench" / "gate" / "serve.py"
-    serve.write_text(serve.read_text().replace("PROTOCOL = 2", "PROTOCOL = 1"))
+    text, n = re.subn(r"^PROTOCOL = \d+$", "PROTOCOL = 1", serve.read_text(), flags=re.M)
+    assert n == 1, "serve.py no longer names its PROTOCOL on a line of its own"
+    serve.write_text(text)
     return str(tree)
 
 
