@@ -104,9 +104,13 @@ def _trace(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
         "compute_ms": dt["compute_s"] * 1e3,
         "non_compute_ms": max(0.0, dt["busy_s"] - dt["compute_s"]) * 1e3,
         "idle_ms": max(0.0, dt["wall_s"] - dt["busy_s"]) * 1e3,
-        "host_wait_ms": None,
         "source": "device time",
     }
+
+
+def _host_wait(breakdown: dict[str, Any]) -> float | None:
+    """A trace's host wait in ms; None from a device-time sample, which cannot tell it within the idle time."""
+    return None if breakdown["source"] == "device time" else breakdown.get("host_wait_ms") or 0.0
 
 
 def explain(results: list[dict[str, Any]], short: Shortfall) -> dict[str, Any] | None:
@@ -116,17 +120,15 @@ def explain(results: list[dict[str, Any]], short: Shortfall) -> dict[str, Any] |
     mine = _trace(short.runs)
     if mine is None:
         return None
-    keys = [k for k, _ in PARTS] + ["host_wait_ms"]
-    out: dict[str, Any] = {k: mine.get(k) or 0.0 for k in keys}
-    out["step_ms"] = sum(out[k] for k, _ in PARTS)
+    out: dict[str, Any] = {k: mine.get(k) or 0.0 for k, _ in PARTS}
+    out["step_ms"] = sum(out.values())
+    out["host_wait_ms"] = _host_wait(mine)
     out["source"] = mine["source"]
     base = _trace(ddp_runs(results, short)) if short.strategy != "ddp" else None
-    if mine.get("host_wait_ms") is None or (base is not None and base.get("host_wait_ms") is None):
-        keys.remove("host_wait_ms")  # a device-time sample cannot tell host wait within the idle time
-        out["host_wait_ms"] = mine.get("host_wait_ms")
     if base is not None:
-        delta: dict[str, Any] = {k: out[k] - (base.get(k) or 0.0) for k in keys}
-        delta.setdefault("host_wait_ms", None)
+        delta: dict[str, Any] = {k: out[k] - (base.get(k) or 0.0) for k, _ in PARTS}
+        waits = (out["host_wait_ms"], _host_wait(base))
+        delta["host_wait_ms"] = None if None in waits else waits[0] - waits[1]
         grew = max((k for k, _ in PARTS), key=lambda k: delta[k])
         out["vs_ddp"] = {**delta, "step_ms": sum(delta[k] for k, _ in PARTS), "largest": dict(PARTS)[grew]}
     return out

@@ -86,9 +86,7 @@ def record_regime(ctx: RankContext, cfg: RunConfig) -> dict[str, list[str]]:
     try:
         with DtypeRecorder() as recorder:
             run_steps(ctx, trainer, cfg, 1)
-        engine = getattr(trainer, "engine", None)  # DeepSpeed trains engine.module; the others trainer.model
-        module = engine.module if engine is not None else trainer.model  # type: ignore[attr-defined]
-        return regime_of(recorder.seen, list(module.parameters()))
+        return regime_of(recorder.seen, list(trainer.trained_module().parameters()))
     finally:
         trainer.close()
 

@@ -63,11 +63,8 @@ class Decision:
     reason: str  # "narrow", "cap" or "too few windows"
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "drop": self.drop,
-            "interval": list(self.interval) if self.interval else None,
-            "reason": self.reason,
-        }
+        """What a result keeps of it; the interval it keeps once, as results.py computes it from the windows."""
+        return {"drop": self.drop, "reason": self.reason}
 
 
 def decide(window_s: list[float], target: float, max_windows: int) -> Decision:

@@ -163,6 +163,7 @@ class Trainer(ABC):
     #: Torch-native strategies set these; optimizer_step uses them.
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    model: nn.Module  # the wrapped model the torch-native strategies train
 
     def __init__(self, ctx: RankContext, cfg: RunConfig, model: nn.Module) -> None:
         self.ctx = ctx
@@ -207,6 +208,10 @@ class Trainer(ABC):
             self.cfg, self.ctx.device_type, offload=offload, no_fused=no_fused
         )
         return build_optimizer(trainable, self.cfg, self.optimizer_impl)
+
+    def trained_module(self) -> nn.Module:
+        """The module whose parameters this rank trains and computes with (DeepSpeed's is its engine's)."""
+        return self.model
 
     # --- what each strategy provides -------------------------------------------------------------
     @abstractmethod

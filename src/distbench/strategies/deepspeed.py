@@ -74,6 +74,9 @@ class DeepSpeedTrainer(Trainer):
             self.engine.step()  # only counts the micro-step; the boundary's step is optimizer_step()
         return loss.detach()
 
+    def trained_module(self) -> nn.Module:
+        return self.engine.module
+
     def make_grad_scaler(self) -> None:
         """None: under fp16 DeepSpeed scales the loss, unscales, skips and rescales inside its engine (its fp16
         section, written from the run's loss-scale settings in ds_config.py)."""
