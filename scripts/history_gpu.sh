@@ -45,16 +45,16 @@ for rev in 0 2; do  # the nights: each revision's own distbench runs, and its re
   runs=$([ "$rev" = 0 ] && echo "$good_runs" || echo "$bad_runs")
   git -C "$repo" worktree add -q --detach "$out/rev-$rev" "main~$((2 - rev))"
   # shellcheck disable=SC2086  # CONFIG is a flag list
-  PYTHONPATH="$out/rev-$rev/src" python3 -m distbench.cli run $config --repeats "$runs" \
+  PYTHONPATH="$out/rev-$rev/src${PYTHONPATH:+:$PYTHONPATH}" python3 -m distbench.cli run $config --repeats "$runs" \
     -o "$out/results/rev-$rev" 2>&1 | tee -a "$out/history.log"
 done
 bisect=${BISECT:-"--bind-cpus --min-pairs 3 --look-every 1 --max-pairs 5 --budget 100"}
 rc=0
 # shellcheck disable=SC2086  # HISTORY is a flag list
-PYTHONPATH="$root/src" python3 -m distbench.cli history "$out/results" --repo "$repo" --metric step_time_s \
+PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" python3 -m distbench.cli history "$out/results" --repo "$repo" --metric step_time_s \
   --bisect --bisect-flags "$bisect" ${HISTORY:-} -o "$out/history" 2>&1 | tee -a "$out/history.log" || rc=$?
 for rev in 0 2; do git -C "$repo" worktree remove --force "$out/rev-$rev"; done
-PYTHONPATH="$root/src" python3 - "$out" "$repo" <<'PY'
+PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" python3 - "$out" "$repo" <<'PY'
 import json, subprocess, sys
 from pathlib import Path
 

@@ -105,6 +105,8 @@ def launched(tmp_path_factory):
             "2,4",
             "-m",
             f"gpt2-tiny,{FAILING}",
+            "--seq-len",
+            "32",
             "--steps",
             "2",
             "--warmup",
@@ -143,6 +145,8 @@ def test_parity_across_nodes_matches_the_reference(launched):
     }
     assert "rank 3" in rows[(FAILING, 4)]["error"]
     assert "planted failure on rank 3" in rows[(FAILING, 4)]["error"]
+    # the run's --seq-len, not the tier's default (on GPUs 256, past gpt2-tiny's 64 positions)
+    assert {r["config"]["seq_len"] for r in rows.values()} == {32}
 
 
 @pytest.mark.slow  # shares one 2x2 launch: ~35 s on 2 cores, most of it 4 ranks importing torch

@@ -128,6 +128,11 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
         cluster.device_type, pools=cluster, timeout=run_args.timeout, steps=run_args.steps or 4, shelf=shelf
     )
 
+    def config(strategy: str, ws: int, model: str) -> Any:
+        """The tier's parity workload at the run's --seq-len when given (a model of 64 positions cannot take
+        the GPU tier's 256: its embedding lookup fails on the device)."""
+        return suite.config(strategy, ws, model, **({"seq_len": run_args.seq_len} if run_args.seq_len else {}))
+
     def where(ws: int) -> str:
         return f"ws{ws} ({cluster.launch.job_nodes(ws)} node(s))"
 
@@ -157,7 +162,7 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
 
     try:
         for model, strategy, ws in cases:
-            cfg = suite.config(strategy, ws, model)
+            cfg = config(strategy, ws, model)
             what = f"{strategy} ws{ws} {model} ({cluster.launch.job_nodes(ws)} node(s))"
             check(what, cfg, lambda cfg=cfg, what=what: trained(cfg, what))
         for model, strategy in dict.fromkeys((m, s) for m, s, _ in cases):
@@ -165,7 +170,7 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
             fmt = get_spec(strategy).checkpoint
             if len(sizes) < 2 or fmt is None or not fmt.reshards:
                 continue
-            cfg = suite.config(strategy, sizes[-1], model)
+            cfg = config(strategy, sizes[-1], model)
             what = f"{strategy} {model} saved at {where(sizes[-1])}, resumed at {where(sizes[0])}"
             check(what, cfg, lambda cfg=cfg, ws=sizes[0], what=what: resumed(cfg, ws, what))
     finally:
