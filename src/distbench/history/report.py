@@ -43,7 +43,9 @@ def analyse(series: list[Series], alpha: float, include_flagged: bool = False, s
         points = [p for p in s.points if include_flagged or not p.flagged]
         if len(points) < MIN_POINTS or min(p.value for p in points) <= 0:
             continue  # too short, or not a positive figure whose changes are relative
-        for c in find_changes([p.value for p in points], alpha=alpha, seed=seed):
+        for c in find_changes(
+            [p.value for p in points], alpha=alpha, seed=seed, groups=[p.commit for p in points]
+        ):
             found.append(Found(s, c, points[c.index - 1], points[c.index], len(s.points) - len(points)))
     return found
 
