@@ -6,7 +6,7 @@
 #  (b) a hang planted in rank 1 of a zero2 job: every rank must print its one line and exit non-zero;
 #  (c) the NCCL fault tests (junit), then nvidia-smi for anything left on the GPUs.
 # A short table last. STRATEGIES (default: all eleven) narrows (a); MODEL (default gpt2-tiny; gpt2-124m adds
-# minutes) and SEQ (the model's default unless set) pick the workload.
+# minutes) and SEQ (the model's default unless set) pick the workload; PARTS (default abc) which parts run.
 # Needs `import deepspeed` to work (installed before this runs).
 set -uo pipefail
 out=${1:?usage: scripts/nodes_gpu.sh OUT}
@@ -40,7 +40,9 @@ two_nodes() {  # two_nodes NAME LIMIT_S LAUNCH_FLAGS -- RUN-ARGS: one agent per 
   echo "${codes[*]}"  # agent 0's, agent 1's; 124: stopped at the limit
 }
 
+parts=${PARTS:-abc}
 # (a) parity at world sizes 1 and 2 across the nodes, and the resumes
+if [[ $parts == *a* ]]; then
 t0=$(date +%s)
 # parity.json is written before the launch's benchmark half: a limit that stops the benchmark (124) keeps it
 codes=$(two_nodes parity "${PARITY_LIMIT_S:-270}" --parity -- -s "$strategies" -n 1,2 -m "$model" "${seq[@]}" \
@@ -57,8 +59,10 @@ print(f"(a) parity: {len(rows) - len(bad)}/{len(rows)} checks ok, agents exited 
 for r in rows:
     print(f"    {r['status']:5} {r['check']}")
 EOF
+fi
 
 # (b) a hang planted in rank 1 of a zero2 job, on NCCL
+if [[ $parts == *b* ]]; then
 t0=$(date +%s)
 codes=$(two_nodes hang 150 -- -s zero2 -n 2 -m cluster_models:hangs_in_a_step_on_last_rank --steps 2 --warmup 0 \
   --timeout 30)
@@ -70,13 +74,16 @@ codes=$(two_nodes hang 150 -- -s zero2 -n 2 -m cluster_models:hangs_in_a_step_on
     grep "^distbench launch rank .*; exiting 1$" "$out/hang-agent$i.log" | cut -c1-300 | sed 's/^/      /'
   done
 } >> "$table"
+fi
 
 # (c) the NCCL fault tests, one pytest session
+if [[ $parts == *c* ]]; then
 t0=$(date +%s)
 timeout -s INT -k 20 "${PYTEST_LIMIT_S:-200}" python3 -m pytest -m "gpu and slow" tests/test_faults.py --lanes off \
   -rfEs --tb=short -p no:cacheprovider --junitxml "$out/faults-junit.xml" -o junit_logging=system-out \
   > "$out/faults-pytest.log" 2>&1
 echo "(c) NCCL faults: pytest exit $? in $(( $(date +%s) - t0 )) s: $(tail -1 "$out/faults-pytest.log")" >> "$table"
+fi
 sleep 2
 nvidia-smi > "$out/nvidia-smi-after.txt" 2>&1
 left=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>&1)
