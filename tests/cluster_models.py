@@ -52,7 +52,9 @@ def _last_rank() -> bool:
     """The last rank of the launch: torchrun's ROLE_WORLD_SIZE, which a job's own WORLD_SIZE (the first ranks
     of the launch, runtime/cluster.job_environment) leaves as it is."""
     world = os.environ.get("ROLE_WORLD_SIZE") or os.environ.get("WORLD_SIZE")
-    return os.environ.get("RANK") is not None and world is not None and int(os.environ["RANK"]) == int(world) - 1
+    return (
+        os.environ.get("RANK") is not None and world is not None and int(os.environ["RANK"]) == int(world) - 1
+    )
 
 
 class _SegfaultsInACollective(nn.Module):

@@ -354,15 +354,14 @@ def one_gpu_repeats(items: list[pytest.Item]) -> list[pytest.Item]:
     def runs(item: pytest.Item) -> bool:
         return not any(m.name == "skip" for m in item.iter_markers())
 
-    gpu = [(it, _params(it)) for it in items if item_device_type(it) == "cuda" and _params(it).get("strategy")]
+    gpu = [
+        (it, _params(it)) for it in items if item_device_type(it) == "cuda" and _params(it).get("strategy")
+    ]
     at_two = {key(it, p) for it, p in gpu if p.get("world_size") == 2 and runs(it)}
     return [
         it
         for it, p in gpu
-        if p.get("world_size") == 1
-        and runs(it)
-        and get_spec(p["strategy"]).cpu
-        and key(it, p) in at_two
+        if p.get("world_size") == 1 and runs(it) and get_spec(p["strategy"]).cpu and key(it, p) in at_two
     ]
 
 
