@@ -343,7 +343,7 @@ ONE_GPU_REPEAT = (
 
 def one_gpu_repeats(items: list[pytest.Item]) -> list[pytest.Item]:
     """The GPU cases at world size 1 whose world-size-2 case of the same test, strategy and other parameters
-    also runs, for strategies the CPU tier runs too: half the 2-GPU tier's time repeated what world size 2
+    also runs, for strategies the CPU tier runs too: a third of the 2-GPU tier's time repeated what world size 2
     shows (1,116 of 3,327 s on 2x H200), and the one-rank branches it adds are the CPU tier's. Strategies with
     no CPU tier (FSDP1, FSDP2 offload) and those with no second rank (single) keep theirs."""
 
