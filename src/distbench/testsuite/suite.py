@@ -55,6 +55,16 @@ BENCH_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+def fitting_seq_len(seq_len: int, model: str) -> int:
+    """The tier's sequence length, cut to a registered model's positions where it has fewer: the GPU tier's 256
+    past gpt2-tiny's 64 fails every job in an embedding lookup on the device. 0 (the model's own) stays."""
+    from ..workloads.models import ALIASES, MODELS
+
+    spec = MODELS.get(ALIASES.get(model, model))
+    positions = spec.max_positions if spec is not None else None
+    return min(seq_len, positions) if seq_len and positions else seq_len
+
+
 @dataclass
 class Suite:
     device_type: str
@@ -87,13 +97,14 @@ class Suite:
         self, strategy: str = "single", world_size: int = 1, model: str | None = None, **overrides: Any
     ) -> RunConfig:
         d = TIER_DEFAULTS[self.device_type]
+        model = model or self.models[0]
         base = {
             "strategy": strategy,
             "world_size": world_size,
-            "model": model or self.models[0],
+            "model": model,
             "global_batch": self.global_batch or tier_global_batch(self.device_type, world_size),
             "micro_batch": d["micro_batch"],
-            "seq_len": d["seq_len"],
+            "seq_len": fitting_seq_len(d["seq_len"], model),
             "steps": self.steps,
         }
         return RunConfig(**{**base, **overrides})
