@@ -129,8 +129,7 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
     )
 
     def config(strategy: str, ws: int, model: str) -> Any:
-        """The tier's parity workload at the run's --seq-len when given (a model of 64 positions cannot take
-        the GPU tier's 256: its embedding lookup fails on the device)."""
+        """The tier's parity workload at the run's --seq-len when given, as the benchmark half runs."""
         return suite.config(
             strategy, ws, model, **({"seq_len": run_args.seq_len} if run_args.seq_len else {})
         )
