@@ -56,13 +56,14 @@ BENCH_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def fitting_seq_len(seq_len: int, model: str) -> int:
-    """The tier's sequence length, cut to a registered model's positions where it has fewer: the GPU tier's 256
-    past gpt2-tiny's 64 fails every job in an embedding lookup on the device. 0 (the model's own) stays."""
-    from ..workloads.models import ALIASES, MODELS
+    """The tier's sequence length, cut to the model's positions where it has fewer: the GPU tier's 256 past
+    gpt2-tiny's 64 fails every job in an embedding lookup on the device. 0 (the model's own) stays."""
+    if not seq_len:
+        return seq_len
+    from ..workloads import get_model
 
-    spec = MODELS.get(ALIASES.get(model, model))
-    positions = spec.max_positions if spec is not None else None
-    return min(seq_len, positions) if seq_len and positions else seq_len
+    positions = get_model(model).max_positions
+    return min(seq_len, positions) if positions else seq_len
 
 
 @dataclass
