@@ -20,9 +20,10 @@ def durations(junit: Path) -> dict[str, float]:
         skipped = case.find("skipped")
         if skipped is not None and "UNDECIDED" not in (skipped.get("message") or ""):
             continue  # skipped at collection: no cost to plan
-        if not case.get("classname"):
+        classname = case.get("classname")
+        if not classname:
             continue  # a session cut by SIGINT reports its interruption as a case of no test
-        parts = case.get("classname", "").split(".")
+        parts = classname.split(".")
         # "tests.test_x.TestY": the longest prefix that is a module of this checkout, then its classes
         i = next((i for i in range(len(parts), 0, -1) if Path(*parts[:i]).with_suffix(".py").exists()), 0)
         if i == 0:

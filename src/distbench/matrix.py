@@ -169,7 +169,7 @@ def default_matrix(device_type: str, device_count: int) -> Matrix:
             "max_windows": 6,
             "warmup": 5,
             "deterministic": False,
-        },  # fmt: skip
+        },
     )
 
 

@@ -354,9 +354,7 @@ def one_gpu_repeats(items: list[pytest.Item]) -> list[pytest.Item]:
     def runs(item: pytest.Item) -> bool:
         return not any(m.name == "skip" for m in item.iter_markers())
 
-    gpu = [
-        (it, _params(it)) for it in items if item_device_type(it) == "cuda" and _params(it).get("strategy")
-    ]
+    gpu = [(it, p) for it in items if (p := _params(it)).get("strategy") and item_device_type(it) == "cuda"]
     at_two = {key(it, p) for it, p in gpu if p.get("world_size") == 2 and runs(it)}
     return [
         it
