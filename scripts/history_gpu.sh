@@ -15,7 +15,8 @@
 # PLANT; CONFIG="..." replaces the run flags (on CPU: CONFIG="-s ddp -n 1 -m gpt2-tiny --precision fp32
 # --micro-batch 2 --global-batch 2 --steps 2 --windows 2 --warmup 2 --device cpu" with PLANT=host-sleep-fixed
 # and DISTBENCH_PLANT_SLEEP_S=3, as tests/test_history.py runs it); HISTORY="..." adds distbench history
-# flags; BISECT="..." replaces the bisect flags (default: 3 to 5 pairs a probe, at most 100 s each).
+# flags; BISECT="..." replaces the bisect flags (default: 3 to 5 pairs a probe in at most 150 s: on an H200 the
+# first pair of a probe takes 50 s, each later one 27 s).
 set -euo pipefail
 out=${1:?usage: scripts/history_gpu.sh OUT}
 good_runs=${GOOD_RUNS:-8}
@@ -51,7 +52,7 @@ for rev in 0 2; do  # the nights: each revision's own distbench runs, and its re
   PYTHONPATH="$out/rev-$rev/src${PYTHONPATH:+:$PYTHONPATH}" python3 -m distbench.cli run $config --repeats "$runs" \
     -o "$out/results/rev-$rev" 2>&1 | tee -a "$out/history.log"
 done
-bisect=${BISECT:-"--bind-cpus --min-pairs 3 --look-every 1 --max-pairs 5 --budget 100"}
+bisect=${BISECT:-"--bind-cpus --min-pairs 3 --look-every 1 --max-pairs 5 --budget 150"}
 rc=0
 # shellcheck disable=SC2086  # HISTORY is a flag list
 PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" python3 -m distbench.cli history "$out/results" --repo "$repo" --metric step_time_s \

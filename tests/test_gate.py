@@ -145,6 +145,25 @@ def test_pairs_stop_once_decided_and_budget_ends_the_rest():
     assert report.per_test_alpha == pytest.approx(0.05 / 4 / (28 + 1))
 
 
+def test_the_cold_first_round_does_not_price_the_rounds_after_it():
+    # a probe of `distbench bisect` on an H200: the first pair 50 s (both variants built from cold), then 27 s a
+    # pair. A 110 s budget fits the three pairs a judgement needs; priced by all rounds' median, the third looked
+    # like 38.5 s and the probe stopped undecided at two pairs
+    rng = np.random.default_rng(11)
+    quiet = Machine(rng, 0.001, 0.001, stall=0)
+    now = [0.0]
+    cost = iter([50.0] + [27.0] * 20)
+
+    def run(cfg, factor=1.0):
+        now[0] += next(cost) if factor == 1.0 else 0.0  # the base's run carries the pair's seconds
+        return quiet.run(0.3 * factor)
+
+    report = run_ab(CFGS[:1], run, lambda c: run(c, 1.05), min_pairs=3, max_pairs=5, look_every=1,
+                    budget_s=110, clock=lambda: now[0])  # fmt: skip
+    (only,) = report.outcomes
+    assert len(only.pairs) == 3 and only.verdict == stats.REGRESSION and not report.budget_exhausted
+
+
 def test_a_failed_run_ends_its_configuration_undecided():
     rng = np.random.default_rng(3)
     m = Machine(rng, 0.001, 0.001, stall=0)
