@@ -1,4 +1,6 @@
 """Write a GPU tier's per-test seconds for the lanes' plan: scripts/tier_durations.py JUNIT_XML OUT_JSON.
+An existing OUT_JSON keeps the tests the run did not time (another machine's tier: one GPU, or two); the run's
+own figures replace the rest.
 
 pytest's cache holds each test's seconds from the last session on that machine; a fresh runner (a clean
 checkout, a new VM) has none, and its lanes would start the costliest tests blind. The ini option
@@ -36,5 +38,7 @@ def durations(junit: Path) -> dict[str, float]:
 if __name__ == "__main__":
     junit, out = map(Path, sys.argv[1:3])
     table = durations(junit)
-    out.write_text(json.dumps(table, indent=0) + "\n")
-    print(f"{len(table)} tests, {sum(table.values()):.0f} s, written to {out}")
+    kept = json.loads(out.read_text()) if out.exists() else {}
+    merged = dict(sorted({**kept, **table}.items()))
+    out.write_text(json.dumps(merged, indent=0) + "\n")
+    print(f"{len(table)} tests timed, {len(merged) - len(table)} kept, {sum(merged.values()):.0f} s, written to {out}")
