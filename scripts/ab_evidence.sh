@@ -9,9 +9,9 @@
 # CONFIG="-s ddp -n 1 -m gpt2-124m --micro-batch 1" replaces a mode's configurations; AB="--max-pairs 8"
 # adds distbench ab flags; VARIANT=env.PYTHONHASHSEED=0 is added to both variants.
 set -uo pipefail
+. "$(dirname "$0")/gpu_env.sh"
 out=${1:?usage: scripts/ab_evidence.sh OUT MODE...}; shift
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
 root=$(pwd)
 both=${VARIANT:-}
 plants=()

@@ -11,13 +11,13 @@
 # configuration flags (on CPU, to try the script: CONFIG="--device cpu -s ddp -n 1 -m gpt2-tiny"); BISECT="..."
 # adds distbench bisect flags (default schedule: 3 to 6 pairs a probe, judged after every pair).
 set -euo pipefail
+. "$(dirname "$0")/gpu_env.sh"
 out=${1:?usage: scripts/bisect_evidence.sh OUT}
 culprit=${CULPRIT:-11}
 plant=${PLANT:-device-2pct}
 root=$(pwd)
 [ -f "$root/scripts/plants/$plant.patch" ] || { echo "run from the distbench checkout; no plant $plant" >&2; exit 2; }
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
 export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}"
 export GIT_AUTHOR_NAME="distbench evidence" GIT_AUTHOR_EMAIL="evidence@distbench.invalid"
 export GIT_COMMITTER_NAME="$GIT_AUTHOR_NAME" GIT_COMMITTER_EMAIL="$GIT_AUTHOR_EMAIL"

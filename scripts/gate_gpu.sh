@@ -16,17 +16,15 @@
 # Writes OUT/<name>/ (every run's result, ab.json, ab.md), OUT/<name>.log and OUT/machine.txt, and prints
 # a table of the verdicts last. AB="..." adds distbench ab flags to every comparison.
 set -uo pipefail
+. "$(dirname "$0")/gpu_env.sh"
 out=${1:?usage: scripts/gate_gpu.sh OUT}
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
-export PYTHONUNBUFFERED=1
 root=$(pwd)
 export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}"
 [ -f "$root/scripts/plants/device-2pct.patch" ] || { echo "run from the distbench checkout" >&2; exit 2; }
 gpus=$(nvidia-smi -L | wc -l)
 [ "$gpus" -ge 4 ] || { echo "needs 4 GPUs, found $gpus" >&2; exit 2; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/machine.txt" 2>&1
-echo "vCPUs: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" >> "$out/machine.txt"
+machine_txt "$out/machine.txt"
 plants=()
 trap 'rm -rf ${plants[@]+"${plants[@]}"}' EXIT  # the planted copies go with the script
 planted() {  # sets $tree: a copy of this checkout's src with one plant applied (scripts/plants/)

@@ -5,12 +5,10 @@
 # command's wall seconds, the machine, what was left on the GPUs), and prints the session's last lines. LIMIT_S=SECONDS stops pytest
 # with SIGINT at that time, so a session cut short still prints its failures and phase table.
 set -uo pipefail
+. "$(dirname "$0")/gpu_env.sh"
 out=${1:?usage: scripts/gpu_tier.sh OUT [pytest args...]}; shift
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/machine.txt" 2>&1
-echo "vCPUs: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" >> "$out/machine.txt"
+machine_txt "$out/machine.txt"
 start=$(date +%s.%N)
 timeout -s INT -k 30 "${LIMIT_S:-0}" python3 -m pytest -m gpu -rfEs --durations=30 --junitxml "$out/junit.xml" -o junit_logging=system-out --phases-json "$out/phases.json" \
   --timeline-json "$out/timeline.json" "$@" 2>&1 | tee "$out/pytest.log" | grep -E "^(FAILED|ERROR|UNDECIDED)|passed|failed|distbench lanes" 

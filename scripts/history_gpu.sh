@@ -18,6 +18,7 @@
 # flags; BISECT="..." replaces the bisect flags (default: 3 to 5 pairs a probe in at most 150 s: on an H200 the
 # first pair of a probe takes 50 s, each later one 27 s).
 set -euo pipefail
+. "$(dirname "$0")/gpu_env.sh"
 out=${1:?usage: scripts/history_gpu.sh OUT}
 good_runs=${GOOD_RUNS:-8}
 bad_runs=${BAD_RUNS:-6}
@@ -27,7 +28,6 @@ root=$(pwd)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 export DISTBENCH_PLANT_SHARE=${DISTBENCH_PLANT_SHARE:-0.05}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
 export GIT_AUTHOR_NAME="distbench evidence" GIT_AUTHOR_EMAIL="evidence@distbench.invalid"
 export GIT_COMMITTER_NAME="$GIT_AUTHOR_NAME" GIT_COMMITTER_EMAIL="$GIT_AUTHOR_EMAIL"
 export GIT_AUTHOR_DATE="2026-01-01T00:00:00Z" GIT_COMMITTER_DATE="2026-01-01T00:00:00Z"

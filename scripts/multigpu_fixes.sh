@@ -5,10 +5,9 @@
 # resharded resume: scripts/multigpu_fixes.sh OUT. Prints a short table last. PYTEST=0 skips the tests;
 # NODES="nodes2x2" runs only the named node layouts (default: nodes2x1 nodes2x2).
 set -uo pipefail
+. "$(dirname "$0")/gpu_env.sh"
 out=${1:?usage: scripts/multigpu_fixes.sh OUT}
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
-export PYTHONUNBUFFERED=1
 sel=${SELECT:-"test_resharding or accumulation+clip-fsdp_offload or fp16+clip or test_harness_and_bare_loop_do_the_same_work
   or test_activation_checkpointing_frees_the_blocks_activations or test_harness_overhead_at_most_1_percent"}
 start=$(date +%s)

@@ -9,12 +9,12 @@
 # minutes) and SEQ (the model's default unless set) pick the workload; PARTS (default abc) which parts run.
 # Needs `import deepspeed` to work (installed before this runs).
 set -uo pipefail
+. "$(dirname "$0")/gpu_env.sh"
 out=${1:?usage: scripts/nodes_gpu.sh OUT}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
-export PYTHONUNBUFFERED=1 PYTHONPATH="$root/src:$root/tests${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$root/src:$root/tests${PYTHONPATH:+:$PYTHONPATH}"
 model=${MODEL:-gpt2-tiny}
 # the GPU grid's default sequence (1024) is longer than gpt2-tiny's 64 positions: its own length unless SEQ says
 seq=()

@@ -10,10 +10,10 @@
 # Writes OUT/junit-numerics.xml, OUT/<comparison>/ab.json and ab.md, OUT/*.log, and prints a table of the
 # verdicts last. The machine may be offline: nothing is downloaded.
 set -uo pipefail
+. "$(dirname "$0")/gpu_env.sh"
 out=${1:?usage: scripts/numerics_gpu.sh OUT WHEELS}
 wheels=${2:?usage: scripts/numerics_gpu.sh OUT WHEELS (scripts/numerics_wheels.sh writes WHEELS)}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
-export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 root=$(pwd)
 export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}"
 [ -f "$root/tests/numerics_plants.py" ] || { echo "run from the distbench checkout" >&2; exit 2; }

@@ -5,8 +5,8 @@
 # (DDP at 2 GPUs, 40 timed steps, each rank bound to its own CPUs: 0.15% on 2x H200, seed 004's bar is 0.3%).
 # Usage: scripts/reproduce_seed004.sh OUT_DIR
 set -euo pipefail
+. "$(dirname "$0")/gpu_env.sh"
 out=${1:-results/seed004}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 db() { python3 -m distbench.cli "$@"; }
 db run --config configs/seed004.yaml --output "$out/matrix"
 db run --config configs/seed004.yaml --world-size 2 --strategy ddp,fsdp_full,fsdp_grad,zero2,zero3 --trace \

@@ -11,13 +11,12 @@
 # come after them), the planted run 60, the repeats the rest. A stage that would overrun its share is cut;
 # what it saved still counts, and the summary says it was cut.
 set -uo pipefail
+. "$(dirname "$0")/gpu_env.sh"
 out=$(realpath -m "${1:?usage: scripts/seed004_gpu.sh OUT}")
 cd "$(dirname "$0")/.." || exit 2
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's distbench
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/machine.txt" 2>&1
-echo "vCPUs: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" >> "$out/machine.txt"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's distbench
+machine_txt "$out/machine.txt"
 budget=${SEED004_BUDGET_S:-530}
 t0=$(date +%s)
 printf 'stage\tstart\twall_s\texit\tlimit_s\n' > "$out/stages.tsv"

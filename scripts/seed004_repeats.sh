@@ -6,15 +6,14 @@
 # repeat, its spread around the median of the repeats, the flags, and each repeat's wall time.
 # Writes OUT/repeat-K/ (results, traces), OUT/repeat-K.log, OUT/stages.tsv, OUT/machine.txt, OUT/summary.txt.
 set -uo pipefail
+. "$(dirname "$0")/gpu_env.sh"
 out=$(realpath -m "${1:?usage: scripts/seed004_repeats.sh OUT [N] [distbench run args...]}")
 n=${2:-3}
 shift $(( $# >= 2 ? 2 : 1 ))
 cd "$(dirname "$0")/.." || exit 2
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_CUDA_ARCH_LIST=9.0
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's distbench
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/machine.txt" 2>&1
-echo "vCPUs: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" >> "$out/machine.txt"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's distbench
+machine_txt "$out/machine.txt"
 printf 'stage\tstart\twall_s\texit\tlimit_s\n' > "$out/stages.tsv"
 for k in $(seq "$n"); do
   s=$(date +%s)
