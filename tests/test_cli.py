@@ -72,6 +72,27 @@ def test_more_ranks_than_cpus_on_gloo_is_warned_about(capsys, tmp_path, monkeypa
     assert "warning world size 2 on 1 CPU(s)" in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.parametrize(("preset", "flag", "mode"), [("", "--bind-cpus", "exclusive"),
+                                                     ("pinned", "--bind-cpus", "pinned"),
+                                                     ("pinned", "--no-bind-cpus", None)])  # fmt: skip
+def test_bind_cpus_keeps_a_binding_mode_the_caller_set(tmp_path, monkeypatch, preset, flag, mode):
+    """`--bind-cpus` (on by default on GPUs) once overwrote DISTBENCH_BIND_CPUS=pinned with exclusive, so a
+    run could not put its training threads on one core as `distbench ab` does; --no-bind-cpus unbinds."""
+    import distbench.matrix
+
+    seen = {}
+
+    def run_matrix(*a, **kw):
+        seen["mode"] = os.environ.get("DISTBENCH_BIND_CPUS")
+        return []
+
+    # registered, so what run() sets is undone after the test
+    monkeypatch.setenv("DISTBENCH_BIND_CPUS", preset)
+    monkeypatch.setattr(distbench.matrix, "run_matrix", run_matrix)
+    assert main(["run", "-s", "ddp", "-n", "1", flag, "--device", "cpu", "-o", str(tmp_path)]) == 0
+    assert seen["mode"] == mode
+
+
 @pytest.mark.slow  # a whole `distbench run` with its own pool (~6 s on 2 cores)
 def test_a_trace_that_cannot_be_analysed_costs_its_breakdown_not_the_run(capsys, tmp_path):
     """A CPU trace has no GPU kernels for HolisticTraceAnalysis (on an H100, HTA asserted on a 1-GPU trace):

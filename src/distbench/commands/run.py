@@ -188,7 +188,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--bind-cpus",
         action=argparse.BooleanOptionalAction,
         help="bind each rank to its own equal slice of this process's CPUs, its GPU's share where "
-        "configurations run side by side (DISTBENCH_BIND_CPUS=exclusive, recorded in each result's env); "
+        "configurations run side by side (DISTBENCH_BIND_CPUS=exclusive, or the mode it already names, such "
+        "as pinned: the training threads on one CPU of the slice; recorded in each result's env); "
         "default: on GPUs, where ranks then never compete for a core",
     )
     p.add_argument(
@@ -329,8 +330,8 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
     try:
         matrix = build_matrix(args, device_type, n_cuda)
         bind = device_type == "cuda" if args.bind_cpus is None else args.bind_cpus
-        if bind:
-            os.environ[affinity.ENV] = "exclusive"
+        if bind:  # a mode the caller set (pinned) stays: `--bind-cpus` asks for binding, not for its kind
+            os.environ[affinity.ENV] = os.environ.get(affinity.ENV) or "exclusive"
         elif args.bind_cpus is False:
             os.environ.pop(affinity.ENV, None)
         affinity.rank_cpus(0, max(matrix.world_sizes))  # a bad setting or too few CPUs: say so now
