@@ -149,6 +149,29 @@ def test_the_report_names_the_last_good_and_first_bad_commit_and_the_bisect():
     assert report.analyse([s], alpha=0.01)[0].worse is False
 
 
+def test_a_real_change_too_small_to_matter_is_negligible_not_a_regression(tmp_path, capsys):
+    """A noise-free figure (a memory peak) that moves by 4 KiB in 1.2 GB is a real change point, and no reason
+    to bisect or fail the night; the same series moving by 2% is a regression. --min-effect 0 asks for every
+    change."""
+    s = Series(
+        "mem_allocated_peak_bytes", "mem_allocated_peak_bytes ddp ws2", {"strategy": "ddp", "world_size": 2}
+    )
+    for step, negligible in ((4096.0, True), (0.02 * 1.2e9, False)):
+        s.points = [Point(c, 1.2e9 + (step if i >= 10 else 0.0)) for i, c in enumerate(commits(20))]
+        (f,) = report.analyse([s], alpha=0.01)
+        assert f.worse and f.negligible is negligible and f.regression is not negligible
+        assert (report.bisect_argv(f, None, "o", []) is None) is negligible
+    s.points = [Point(c, 1.2e9 + (4096.0 if i >= 10 else 0.0)) for i, c in enumerate(commits(20))]
+    assert report.analyse([s], alpha=0.01, min_effect=0.0)[0].regression
+    assert "within --min-effect" in report.describe(report.analyse([s], alpha=0.01)[0])
+    rng = np.random.default_rng(5)  # through the command: a 4 KiB step exits 0, at --min-effect 0 it exits 1
+    values = list(np.r_[rng.normal(0.1, 0.0003, 8), rng.normal(0.1, 0.0003, 6)])
+    write_results(tmp_path / "r", values, ["a" * 40] * 8 + ["b" * 40] * 6, memory_step=4096)
+    args = ["history", str(tmp_path / "r"), "--metric", "mem_allocated_peak_bytes", "-o", str(tmp_path / "o")]
+    assert main(args) == 0 and "negligible" in capsys.readouterr().out
+    assert main([*args, "--min-effect", "0"]) == 1
+
+
 def test_flagged_points_are_left_out_unless_asked():
     values = step_series()
     s = Series("step_time_s", "x", {"strategy": "ddp", "world_size": 1})
@@ -221,12 +244,17 @@ def test_an_asv_history_is_read_with_its_intervals_and_flags(tmp_path):
     )  # `distbench bisect` follows training only
 
 
-def write_results(root: Path, values: list[float], shas: list[str], warned: set[int] = frozenset()) -> None:
+def write_results(
+    root: Path, values: list[float], shas: list[str], warned: set[int] = frozenset(), memory_step: float = 0.0
+) -> None:
+    """One result per value, of the commit beside it; the memory peak 1e9 bytes, plus `memory_step` from the
+    second commit on."""
     for i, (v, sha) in enumerate(zip(values, shas, strict=True)):
+        memory = 1e9 + (memory_step if sha != shas[0] else 0.0)
         r = make_result(
             {"strategy": "ddp", "world_size": 1, "model": "gpt2-tiny", "precision": "fp32", "seq_len": 32,
              "global_batch": 4, "micro_batch": 2, "steps": 5, "warmup": 2, "windows": 5, "device": "cpu"},
-            metrics={"step_time_s": v, "tokens_per_s": 128 / v, "mem_allocated_peak_bytes": 1e9},
+            metrics={"step_time_s": v, "tokens_per_s": 128 / v, "mem_allocated_peak_bytes": memory},
             step_time_s={"median": v, "p10": v, "p90": v, "windows": [v * 0.99, v, v * 1.01, v, v]},
             env={"git_commit": sha},
         )  # fmt: skip

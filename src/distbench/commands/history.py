@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from ..compare import MIN_EFFECT
+
     p = sub.add_parser(
         "history",
         help="find the change points of every tracked metric over the stored history, and bisect them",
@@ -36,6 +38,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=0.01,
         help="false-alarm rate of a series' tests together (default 0.01)",
+    )
+    p.add_argument(
+        "--min-effect",
+        type=float,
+        default=MIN_EFFECT,
+        help="a change whose whole interval lies within this fraction either way is reported as negligible: no "
+        f"bisect, no failure (default {MIN_EFFECT}, the A/B gate's)",
     )
     p.add_argument(
         "--include-flagged",
@@ -77,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.alpha < 1:
         console.print(f"[red]error:[/] --alpha must lie between 0 and 1, got {args.alpha}")
         return 2
+    if not 0 <= args.min_effect < 1:
+        console.print(f"[red]error:[/] --min-effect must lie in [0, 1), got {args.min_effect}")
+        return 2
     try:
         series = (from_asv(args.asv, args.machine) if args.asv else []) + (
             from_results(args.results) if args.results else []
@@ -91,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"[red]error:[/] --metric {', '.join(unknown)}: no series of it in this history")
             return 2
         series = [s for s in series if s.metric in args.metric]
-    found = report.analyse(series, args.alpha, args.include_flagged)
+    found = report.analyse(series, args.alpha, args.include_flagged, min_effect=args.min_effect)
     commands = [
         report.bisect_argv(f, args.repo, str(args.output / f"bisect-{i}"), extra)
         for i, f in enumerate(found, 1)
@@ -112,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     _table(found, console)
     if 2 in codes:
         return 2
-    return 1 if 1 in codes or (not args.bisect and any(f.worse for f in found)) else 0
+    return 1 if 1 in codes or (not args.bisect and any(f.regression for f in found)) else 0
 
 
 def _plots(found: list[Found], output: Path, console: Console) -> None:
@@ -156,6 +168,6 @@ def _table(found: list[Found], console: Console) -> None:
             f"{c.percent:+.2f}%",
             f"[{(c.low - 1) * 100:+.2f}%, {(c.high - 1) * 100:+.2f}%]",
             f"{c.p_value:.3f}",
-            "regression" if f.worse else "improvement",
+            "negligible" if f.negligible else "regression" if f.worse else "improvement",
         )
     console.print(t if found else "change points: none")

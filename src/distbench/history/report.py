@@ -7,6 +7,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from ..compare import MIN_EFFECT
 from ..metrics import METRICS
 from .changepoints import Change, find_changes
 from .grid import asv_workload
@@ -23,6 +24,9 @@ class Found:
     last_good: Point
     first_bad: Point
     left_out: int  # flagged points the detection did not use
+    #: the whole interval lies within +-min_effect: real (a noise-free figure, such as a memory peak, moves by a
+    #: few KiB when an allocator rounds differently) but too small to bisect or to fail a night on
+    negligible: bool = False
 
     @property
     def worse(self) -> bool:
@@ -31,13 +35,24 @@ class Found:
         return (self.change.ratio > 1) == lower_is_better
 
     @property
+    def regression(self) -> bool:
+        """Worse, and by enough to act on: what gets a bisect and fails the command."""
+        return self.worse and not self.negligible
+
+    @property
     def same_commit(self) -> bool:
         return self.last_good.commit == self.first_bad.commit
 
 
-def analyse(series: list[Series], alpha: float, include_flagged: bool = False, seed: int = 0) -> list[Found]:
+def analyse(
+    series: list[Series],
+    alpha: float,
+    include_flagged: bool = False,
+    seed: int = 0,
+    min_effect: float = MIN_EFFECT,
+) -> list[Found]:
     """The change points of every series with MIN_POINTS points or more, flagged points left out unless
-    `include_flagged`."""
+    `include_flagged`; a change whose interval lies within +-`min_effect` is marked negligible."""
     found = []
     for s in series:
         points = [p for p in s.points if include_flagged or not p.flagged]
@@ -46,7 +61,10 @@ def analyse(series: list[Series], alpha: float, include_flagged: bool = False, s
         for c in find_changes(
             [p.value for p in points], alpha=alpha, seed=seed, groups=[p.commit for p in points]
         ):
-            found.append(Found(s, c, points[c.index - 1], points[c.index], len(s.points) - len(points)))
+            small = 1 / (1 + min_effect) <= c.low and c.high <= 1 + min_effect
+            found.append(
+                Found(s, c, points[c.index - 1], points[c.index], len(s.points) - len(points), small)
+            )
     return found
 
 
@@ -70,8 +88,8 @@ def _workload_flags(config: dict[str, Any]) -> list[str]:
 def bisect_argv(found: Found, repo: str | None, output: str, extra: list[str]) -> list[str] | None:
     """The `distbench bisect` command line that names the commit of a regression, or None where there is no
     commit to name: an improvement, or a change between two runs of one commit (the machine, not the code)."""
-    if not found.worse or found.same_commit or "strategy" not in found.series.config:
-        return None  # nothing to name, or a collective's bandwidth, which `distbench bisect` does not follow
+    if not found.regression or found.same_commit or "strategy" not in found.series.config:
+        return None  # nothing worth naming, or a collective's bandwidth, which `distbench bisect` does not follow
     argv = ["distbench", "bisect", "--good", found.last_good.commit, "--bad", found.first_bad.commit]
     argv += ["--repo", repo] if repo else []
     return [*argv, *_workload_flags(found.series.config), *extra, "-o", output]
@@ -92,6 +110,8 @@ def describe(found: Found) -> str:
     )
     if found.same_commit:
         text += "; both runs of one commit: the machine or its environment moved, not the code"
+    elif found.negligible:
+        text += "; its whole interval lies within --min-effect: too small to bisect"
     if found.left_out:
         text += f"; {found.left_out} flagged point(s) left out"
     return text
@@ -117,6 +137,7 @@ def to_json(found: list[Found], commands: list[list[str] | None]) -> list[dict[s
             "ratio_interval": [f.change.low, f.change.high],
             "p_value": f.change.p_value,
             "regression": f.worse,
+            "negligible": f.negligible,
             "flagged_left_out": f.left_out,
             "bisect": command_text(argv) if argv else None,
         }
