@@ -41,4 +41,6 @@ if __name__ == "__main__":
     kept = json.loads(out.read_text()) if out.exists() else {}
     merged = dict(sorted({**kept, **table}.items()))
     out.write_text(json.dumps(merged, indent=0) + "\n")
-    print(f"{len(table)} tests timed, {len(merged) - len(table)} kept, {sum(merged.values()):.0f} s, written to {out}")
+    print(
+        f"{len(table)} tests timed, {len(merged) - len(table)} kept, {sum(merged.values()):.0f} s, written to {out}"
+    )

@@ -159,10 +159,10 @@ def test_a_real_change_too_small_to_matter_is_negligible_not_a_regression(tmp_pa
     for step, negligible in ((4096.0, True), (0.02 * 1.2e9, False)):
         s.points = [Point(c, 1.2e9 + (step if i >= 10 else 0.0)) for i, c in enumerate(commits(20))]
         (f,) = report.analyse([s], alpha=0.01)
-        assert f.worse and f.negligible is negligible and f.regression is not negligible
+        assert f.worse and f.negligible is negligible and f.actionable is not negligible
         assert (report.bisect_argv(f, None, "o", []) is None) is negligible
     s.points = [Point(c, 1.2e9 + (4096.0 if i >= 10 else 0.0)) for i, c in enumerate(commits(20))]
-    assert report.analyse([s], alpha=0.01, min_effect=0.0)[0].regression
+    assert report.analyse([s], alpha=0.01, min_effect=0.0)[0].actionable
     assert "within --min-effect" in report.describe(report.analyse([s], alpha=0.01)[0])
     rng = np.random.default_rng(5)  # through the command: a 4 KiB step exits 0, at --min-effect 0 it exits 1
     values = list(np.r_[rng.normal(0.1, 0.0003, 8), rng.normal(0.1, 0.0003, 6)])

@@ -6,9 +6,8 @@ from distbench.testsuite.suite import Suite
 
 
 def test_the_gpu_tiers_sequence_is_cut_to_a_small_models_positions() -> None:
-    assert (
-        Suite("cuda").config("ddp", 2, "gpt2-tiny").seq_len == 64
-    )  # the tier's 256 would fail on the device
+    # the tier's 256 would fail on the device
+    assert Suite("cuda").config("ddp", 2, "gpt2-tiny").seq_len == 64
     assert Suite("cuda").config("ddp", 2, "gpt2-124m").seq_len == 256  # 1,024 positions: the tier's own
     assert Suite("cpu").config("ddp", 2, "gpt2-tiny").seq_len == 0  # 0: the model's own length
 

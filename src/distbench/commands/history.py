@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=MIN_EFFECT,
         help="a change whose whole interval lies within this fraction either way is reported as negligible: no "
-        f"bisect, no failure (default {MIN_EFFECT}, the A/B gate's)",
+        f"bisect, no failure (default {MIN_EFFECT}, as `distbench compare`)",
     )
     p.add_argument(
         "--include-flagged",
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     _table(found, console)
     if 2 in codes:
         return 2
-    return 1 if 1 in codes or (not args.bisect and any(f.regression for f in found)) else 0
+    return 1 if 1 in codes or (not args.bisect and any(f.actionable for f in found)) else 0
 
 
 def _plots(found: list[Found], output: Path, console: Console) -> None:

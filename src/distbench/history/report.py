@@ -35,8 +35,9 @@ class Found:
         return (self.change.ratio > 1) == lower_is_better
 
     @property
-    def regression(self) -> bool:
-        """Worse, and by enough to act on: what gets a bisect and fails the command."""
+    def actionable(self) -> bool:
+        """Worse, and by enough to act on: what gets a bisect and fails the command (history.json's
+        "regression" is `worse`, the direction alone, beside "negligible")."""
         return self.worse and not self.negligible
 
     @property
@@ -88,7 +89,7 @@ def _workload_flags(config: dict[str, Any]) -> list[str]:
 def bisect_argv(found: Found, repo: str | None, output: str, extra: list[str]) -> list[str] | None:
     """The `distbench bisect` command line that names the commit of a regression, or None where there is no
     commit to name: an improvement, or a change between two runs of one commit (the machine, not the code)."""
-    if not found.regression or found.same_commit or "strategy" not in found.series.config:
+    if not found.actionable or found.same_commit or "strategy" not in found.series.config:
         return None  # nothing worth naming, or a collective's bandwidth, which `distbench bisect` does not follow
     argv = ["distbench", "bisect", "--good", found.last_good.commit, "--bad", found.first_bad.commit]
     argv += ["--repo", repo] if repo else []
