@@ -5,6 +5,8 @@
 # included, must fit in 5 minutes), then prints scripts/seed004_repeats.py's table: every row's tokens/s per
 # repeat, its spread around the median of the repeats, the flags, and each repeat's wall time.
 # Writes OUT/repeat-K/ (results, traces), OUT/repeat-K.log, OUT/stages.tsv, OUT/machine.txt, OUT/summary.txt.
+# FIRST=K numbers the repeats from K (default 1) and adds to OUT's stages.tsv, so that repeats run in separate
+# calls make one table.
 set -uo pipefail
 . "$(dirname "$0")/gpu_env.sh"
 out=$(realpath -m "${1:?usage: scripts/seed004_repeats.sh OUT [N] [distbench run args...]}")
@@ -14,8 +16,9 @@ cd "$(dirname "$0")/.." || exit 2
 mkdir -p "$out"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's distbench
 machine_txt "$out/machine.txt"
-printf 'stage\tstart\twall_s\texit\tlimit_s\n' > "$out/stages.tsv"
-for k in $(seq "$n"); do
+first=${FIRST:-1}
+[ "$first" -gt 1 ] && [ -f "$out/stages.tsv" ] || printf 'stage\tstart\twall_s\texit\tlimit_s\n' > "$out/stages.tsv"
+for k in $(seq "$first" $((first + n - 1))); do
   s=$(date +%s)
   timeout --signal=INT --kill-after=20 "${REPEAT_LIMIT_S:-300}" python3 -m distbench.cli run \
     --config configs/seed004.yaml --world-size "${WORLD_SIZES:-1,2}" --output "$out/repeat-$k" "$@" > "$out/repeat-$k.log" 2>&1
