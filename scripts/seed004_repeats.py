@@ -1,7 +1,8 @@
 """The tables scripts/seed004_repeats.sh prints last: for every configuration its tokens/s in each repeat, the
 largest distance of a repeat from the median of the repeats, its 95% interval in the last repeat, and the
-plausibility flags; the same for its device compute time per step (the kernels' own time, which the host's
-speed cannot move) with the share of the step the device was busy; then each repeat's wall time and flagged
+plausibility flags; the same for its device compute floor per step (each compute kernel at its fastest over
+the sampled steps: the history's device series, which neither the host's speed nor the other rank's NCCL
+kernels move) with the share of the step the device was busy; then each repeat's wall time and flagged
 rows, and the trace split of the shortfalls.
 
     python scripts/seed004_repeats.py OUT
@@ -51,10 +52,10 @@ def main(out: Path) -> None:
             f"{key[0] + ' ws' + str(key[1]) + ' ' + key[2]:25} {cells} {off * 100:>7.1f}% {ci_txt:>14}  {'; '.join(flagged)}"
         )
     print(f"largest distance from a row's median: {worst * 100:.1f}%")
-    print(f"\n{'device compute ms/step':25} {head} {'max off':>8} {'busy':>10}")
+    print(f"\n{'device floor ms/step':25} {head} {'max off':>8} {'busy':>10}")
     worst = 0.0
     for key in keys:
-        dev = [rs[key]["metrics"].get("device_compute_s") if key in rs else None for _, rs, _ in runs]
+        dev = [rs[key]["metrics"].get("device_compute_floor_s") if key in rs else None for _, rs, _ in runs]
         busy = [rs[key]["metrics"].get("busy_ratio") for _, rs, _ in runs if key in rs]
         got = [d for d in dev if d]
         if not got:

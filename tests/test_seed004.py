@@ -45,19 +45,22 @@ def test_the_config_runs_the_seeds_strategies_beside_fsdp2_and_zero_with_its_fig
     assert m.reference == Reference(
         SEED, {"single": {1: 32582}, "ddp": {2: 62870}, "fsdp1_full": {2: 62244}, "fsdp1_grad": {2: 62495}}
     )
-    assert m.trace == [2]
+    assert m.trace is False  # shortfalls are split from every run's device-time sample: traces do not fit
     configs, _ = m.configs("cuda", 4)
     assert len(configs) == 22  # single at 1 GPU, the 7 others at 1, 2 and 4
 
 
-def test_the_command_line_keeps_the_configs_reference_and_trace_unless_told_otherwise():
+def test_the_command_line_keeps_the_configs_reference_and_trace_unless_told_otherwise(tmp_path):
     from distbench.cli import COMMANDS
     from distbench.commands.parser import build_parser
     from distbench.commands.run import build_matrix
 
+    traced = tmp_path / "seed004-traced.yaml"
+    traced.write_text(CONFIG.read_text() + "trace: [2]\n")
+
     def built(*flags: str) -> Matrix:
         return build_matrix(
-            build_parser(COMMANDS).parse_args(["run", "--config", str(CONFIG), *flags]), "cuda", 4
+            build_parser(COMMANDS).parse_args(["run", "--config", str(traced), *flags]), "cuda", 4
         )
 
     m = built("-n", "1,2")
@@ -172,6 +175,27 @@ def test_an_untraced_shortfall_is_split_from_its_device_time_sample():
     assert why["vs_ddp"]["compute_ms"] == pytest.approx(1.2) and why["vs_ddp"]["idle_ms"] == pytest.approx(
         171.3
     )
+
+
+def test_communication_nothing_hides_is_not_counted_as_idle():
+    """A step whose NCCL kernels ran 300 ms with nothing beside them (2x H200's zero3 at 2 GPUs read 970 ms
+    idle from its device-time sample when that time was counted as idle) splits into compute, the exposed
+    communication (non-compute) and the rest, idle; a sample from before exposed_comm_s keeps its old split."""
+    cfg = RunConfig(strategy="ddp", world_size=2, model="gpt2-large", precision="bf16-amp", seq_len=1024,
+                    global_batch=32, micro_batch=8)  # fmt: skip
+    ddp = result(cfg, 76982.0)
+    ddp["device_time"] = {"compute_s": 0.400, "busy_s": 0.405, "exposed_comm_s": 0.010, "wall_s": 0.430}
+    zero3 = result(cfg.replace(strategy="zero3"), 26745.0)
+    zero3["device_time"] = {"compute_s": 0.420, "busy_s": 0.425, "exposed_comm_s": 0.300, "wall_s": 1.225}
+    why = explain([ddp, zero3], shortfalls([ddp, zero3])[0])
+    assert why is not None
+    assert why["non_compute_ms"] == pytest.approx(305.0) and why["idle_ms"] == pytest.approx(500.0)
+    assert why["vs_ddp"]["non_compute_ms"] == pytest.approx(290.0) and why["vs_ddp"][
+        "idle_ms"
+    ] == pytest.approx(485.0)
+    del zero3["device_time"]["exposed_comm_s"]
+    old = explain([ddp, zero3], shortfalls([ddp, zero3])[0])
+    assert old is not None and old["idle_ms"] == pytest.approx(800.0)
 
 
 class FakeRankPool:

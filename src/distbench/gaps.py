@@ -1,11 +1,12 @@
-"""Where a strategy falls short, and what its trace says the missing time was.
+"""Where a strategy falls short, and what its device time says the missing time was.
 
 A configuration on more than one GPU falls short when its tokens/s (median of its runs) is more than GAP below
 DDP's at the same world size and workload, or below the figure its reference (a published seed, carried in
-each result's `reference`: matrix.Reference) states for it. The matrix traces such configurations, with DDP
-beside them (`trace: [2]` in a matrix file), and `explain` reads the gap off the two traces' breakdowns per
-step (measure/trace.py): compute, non-compute (exposed communication and copies), idle, and of the idle what
-HTA calls host wait (the GPU waiting for the host to launch): measured, not guessed.
+each result's `reference`: matrix.Reference) states for it. `explain` reads the gap off its step's breakdown
+against DDP's: compute, non-compute (exposed communication and copies) and idle, from every run's device-time
+sample, or from a trace where the matrix took one (`trace: [2]` in a matrix file: measure/trace.py), which
+also gives of the idle what HTA calls host wait (the GPU waiting for the host to launch): measured, not
+guessed.
 """
 
 from __future__ import annotations
@@ -88,10 +89,11 @@ def ddp_runs(results: list[dict[str, Any]], short: Shortfall) -> list[dict[str, 
 
 def _trace(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The runs' step breakdown in ms: a trace's (HTA) where one was taken, else every run's device-time
-    sample (measure/devicetime.py: kernel time of a few profiled steps), which splits the step into compute,
-    exposed communication (busy but not computing) and idle, without a host-wait share. On 2x H200 that
-    sample alone showed each FSDP and ZeRO-2 shortfall against DDP at 2 GPUs to be idle device time, with
-    compute within 15 ms of DDP's and exposed communication under 7 ms."""
+    sample (measure/devicetime.py: the device's activity in a few profiled steps), which splits the step into
+    compute, non-compute (copies, and communication while nothing else ran) and idle (no work on the device:
+    in a step with no synchronization inside, waiting for the host), without HTA's host-wait share. On 2x
+    H200 that sample alone showed each FSDP and ZeRO-2 shortfall against DDP at 2 GPUs to be idle device
+    time, with compute within 25 ms of DDP's."""
     traced = next((r["trace"] for r in runs if (r.get("trace") or {}).get("compute_ms") is not None), None)
     if traced is not None:
         return {**traced, "source": "trace"}
@@ -100,10 +102,11 @@ def _trace(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     )
     if dt is None:
         return None
+    exposed = dt.get("exposed_comm_s", 0.0)  # results from before it count it as idle
     return {
         "compute_ms": dt["compute_s"] * 1e3,
-        "non_compute_ms": max(0.0, dt["busy_s"] - dt["compute_s"]) * 1e3,
-        "idle_ms": max(0.0, dt["wall_s"] - dt["busy_s"]) * 1e3,
+        "non_compute_ms": (max(0.0, dt["busy_s"] - dt["compute_s"]) + exposed) * 1e3,
+        "idle_ms": max(0.0, dt["wall_s"] - dt["busy_s"] - exposed) * 1e3,
         "source": "device time",
     }
 

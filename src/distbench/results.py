@@ -235,8 +235,9 @@ def _device_time(replies: list[dict[str, Any]], step_time_s: float) -> dict[str,
         return None
     out = {k: max(d[k] for d in got) for k in ("compute_s", "comm_s", "busy_s", "wall_s", "processing_s")}
     out["compute_mean_s"] = statistics.fmean(d["compute_s"] for d in got)
-    if all("floor_s" in d for d in got):  # a distbench from before the floor has none
-        out["floor_s"] = max(d["floor_s"] for d in got)
+    for later in ("floor_s", "exposed_comm_s"):  # a distbench from before them has none
+        if all(later in d for d in got):
+            out[later] = max(d[later] for d in got)
     out["busy_ratio"] = min(1.0, out["busy_s"] / step_time_s)
     out["regime"] = regime(out["busy_ratio"])
     out["steps"] = got[0]["steps"]

@@ -23,6 +23,9 @@ and reads these figures per step from the raw Kineto events:
   memsets, all streams): time the device worked on its own. NCCL kernels are left out because they occupy
   the device while they wait for a peer: on 2x H200, fsdp_grad at micro-batch 8 read busy 1.00 with them
   and 0.78 without, and it is the host that bounds that step (wall spread 6-8% between processes).
+* exposed_comm_s: the time NCCL kernels ran while nothing else did (the union of all activity less
+  busy_s): communication the step waited for. What is left of the step, wall less both, is time the device
+  had no work at all: in a step with no synchronization inside, the device waiting for the host's launches.
 
 regime = "device-bound" when busy / wall >= DEVICE_BOUND_RATIO, else "host-bound" (host, or a network the
 compute does not hide: comm_s beside it tells which).
@@ -79,7 +82,8 @@ Row = tuple[Any, ...]
 
 
 def summarize_activity(events: Sequence[Row], steps: int, wall_s: float) -> dict[str, Any]:
-    """Per-step compute, communication and busy seconds from (activity, name, start_ns, duration_ns) rows."""
+    """Per-step compute, communication, busy and exposed-communication seconds from (activity, name, start_ns,
+    duration_ns) rows."""
     gpu = [e for e in events if e[0] in _GPU_ACTIVITIES]
     kernels = [e for e in gpu if e[0] == "kernel"]
     comm = sum(e[3] for e in kernels if is_comm_kernel(e[1]))
@@ -88,6 +92,8 @@ def summarize_activity(events: Sequence[Row], steps: int, wall_s: float) -> dict
     starts = np.array([e[2] for e in own], dtype=np.int64)
     ends = starts + np.array([e[3] for e in own], dtype=np.int64)
     busy = union_length(starts, ends)
+    every = np.array([e[2] for e in gpu], dtype=np.int64)
+    anything = union_length(every, every + np.array([e[3] for e in gpu], dtype=np.int64))
     per = 1e-9 / steps
     out: dict[str, Any] = {
         "steps": steps,
@@ -95,6 +101,7 @@ def summarize_activity(events: Sequence[Row], steps: int, wall_s: float) -> dict
         "compute_s": compute * per,
         "comm_s": comm * per,
         "busy_s": busy * per,
+        "exposed_comm_s": max(0.0, anything - busy) * per,
         "wall_s": wall_s / steps,
     }
     out["busy_ratio"] = out["busy_s"] / out["wall_s"] if out["wall_s"] > 0 else 0.0

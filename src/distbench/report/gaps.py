@@ -75,9 +75,10 @@ def shortfall_table(results: list[dict[str, Any]]) -> list[str]:
 
 
 SHORTFALL_NOTE = (
-    f"Configurations more than {GAP:.0%} below DDP at the same GPU count or below their reference figure. "
-    "A traced one is split against DDP's traced step (ms per step, HolisticTraceAnalysis): compute, "
-    "non-compute (exposed communication and copies) and idle, and of the idle the host wait, the GPU "
-    "waiting for the host to launch its next kernel. Traced steps synchronize after each step, so their "
-    "length differs a little from the timed steps'. A matrix file's `trace: [2]` traces them at 2 GPUs."
+    f"Configurations more than {GAP:.0%} below DDP at the same GPU count or below their reference figure, "
+    "split against DDP's step (ms per step): compute, non-compute (copies, and communication that ran with "
+    "nothing beside it) and idle. The split comes from each run's device-time sample (the step's length "
+    "there is the sampled step's, synchronized before and after), or from HolisticTraceAnalysis where the "
+    "run was traced (`--trace`, or `trace: [2]` in a matrix file), which also names the host wait: the GPU "
+    "waiting for the host to launch its next kernel."
 )
