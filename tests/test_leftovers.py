@@ -74,6 +74,40 @@ def test_a_session_with_a_failing_and_a_hanging_job_leaves_nothing(tmp_path: Pat
     assert not left, f"left behind by a pytest session: {left}"
 
 
+def test_a_session_whose_output_closes_then_is_terminated_leaves_nothing(tmp_path: Path):
+    """`timeout 60 pytest | head`: the output closes while tests run, so the session's later writes fail and
+    it winds up, and the SIGTERM that follows lands in its clean-up. What the session made must be removed
+    all the same: a session directory was left in this very case, SIGTERM having cut the clean-up short."""
+    tag, tmp, work = new_tag(), tmp_path / "tmp", tmp_path / "session"
+    tmp.mkdir()
+    work.mkdir()
+    (work / "test_session.py").write_text(SESSION)
+    shm = shm_entries()
+    argv = [sys.executable, "-m", "pytest", "-p", "distbench.testsuite.plugin", "-p", "no:cacheprovider"]
+    session = subprocess.Popen(
+        [*argv, "-v", "test_session.py"],
+        cwd=work,
+        env=_env(tag, tmp),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert session.stdout is not None
+    for line in session.stdout:  # as `head` reads it: until the first test has run, then the pipe is gone
+        if b"PASSED" in line:
+            break
+    session.stdout.close()
+    time.sleep(1.0)
+    session.send_signal(signal.SIGTERM)
+    try:
+        session.wait(timeout=120)
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait()
+    left = wait_clean(tag, tmp, shm, within=10.0)
+    assert not left, f"left behind by a session whose output pipe closed: {left}"
+
+
 #: How a run is stopped: Ctrl-C at a terminal (SIGINT to the process group), or a batch system's cancel or
 #: time limit (SIGTERM to the process it started: scancel, `timeout`, a CI runner's cancel).
 STOPS = {

@@ -687,14 +687,19 @@ def close_suites(config: pytest.Config) -> None:
         suite.close()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Close this process's suites, and remove the session's shelf (gigabytes of checkpoints on the GPU tier)
-    in the process that made it."""
-    close_suites(config)
-    facts = config.stash.get(SESSION, None)
-    if facts and facts.get("owner"):
-        shutil.rmtree(facts["shelf"], ignore_errors=True)
-    terminate.restore(config.stash.get(SIGTERM_BEFORE, None))
+    in the process that made it. First of the unconfigure hooks: after a SIGTERM or Ctrl-C, the terminal
+    reporter's hook prints the interrupt, and where the output is gone (`timeout 60 pytest | head`) that
+    raises and no later hook runs. A SIGTERM while the pools close still leaves the shelf removed."""
+    try:
+        close_suites(config)
+    finally:
+        facts = config.stash.get(SESSION, None)
+        if facts and facts.get("owner"):
+            shutil.rmtree(facts["shelf"], ignore_errors=True)
+        terminate.restore(config.stash.get(SIGTERM_BEFORE, None))
 
 
 @pytest.fixture
