@@ -2,7 +2,8 @@
 largest distance of a repeat from the median of the repeats, its 95% interval in the last repeat, and the
 plausibility flags; the same for its device compute floor per step (each compute kernel at its fastest over
 the sampled steps: the history's device series, which neither the host's speed nor the other rank's NCCL
-kernels move) with the share of the step the device was busy; then each repeat's wall time and flagged
+kernels move) and the step's idle device time (at one GPU, the wait for the host's launches), with the
+share of the step the device was busy; then each repeat's wall time and flagged
 rows, and the trace split of the shortfalls.
 
     python scripts/seed004_repeats.py OUT
@@ -13,6 +14,7 @@ from __future__ import annotations
 import csv
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from distbench.gaps import explain, shortfalls
@@ -52,21 +54,8 @@ def main(out: Path) -> None:
             f"{key[0] + ' ws' + str(key[1]) + ' ' + key[2]:25} {cells} {off * 100:>7.1f}% {ci_txt:>14}  {'; '.join(flagged)}"
         )
     print(f"largest distance from a row's median: {worst * 100:.1f}%")
-    print(f"\n{'device floor ms/step':25} {head} {'max off':>8} {'busy':>10}")
-    worst = 0.0
-    for key in keys:
-        dev = [rs[key]["metrics"].get("device_compute_floor_s") if key in rs else None for _, rs, _ in runs]
-        busy = [rs[key]["metrics"].get("busy_ratio") for _, rs, _ in runs if key in rs]
-        got = [d for d in dev if d]
-        if not got:
-            continue
-        med = statistics.median(got)
-        off = max(abs(d / med - 1) for d in got)
-        worst = max(worst, off)
-        cells = " ".join(f"{d * 1e3:>10.1f}" if d else f"{'-':>10}" for d in dev)
-        span = f"{min(b for b in busy if b) * 100:.0f}-{max(b for b in busy if b) * 100:.0f}%"
-        print(f"{key[0] + ' ws' + str(key[1]) + ' ' + key[2]:25} {cells} {off * 100:>7.1f}% {span:>10}")
-    print(f"largest distance from a row's median: {worst * 100:.1f}%")
+    _ms_table("device floor ms/step", lambda m: m.get("device_compute_floor_s"), keys, runs, head)
+    _ms_table("device idle ms/step", _idle, keys, runs, head)
     for st, rs, fl in runs:
         n_flag = sum(1 for r in rs.values() if fl.get(r["id"]))
         print(
@@ -91,6 +80,32 @@ def main(out: Path) -> None:
                 else "not measured"
             )
         )
+
+
+def _idle(metrics: dict) -> float | None:
+    """Seconds of the timed step with no work of its own on the device (the step less the device-time
+    sample's busy time, which leaves out NCCL kernels): at one GPU, waiting for the host's launches."""
+    busy = metrics.get("device_busy_s")
+    return None if busy is None else max(0.0, metrics["step_time_s"] - busy)
+
+
+def _ms_table(title: str, figure: Callable[[dict], float | None], keys: list, runs: list, head: str) -> None:
+    """One row per configuration: `figure` of its metrics in ms in each repeat, its largest distance from the
+    row's median, and the share of the step the device was busy."""
+    print(f"\n{title:25} {head} {'max off':>8} {'busy':>10}")
+    worst = 0.0
+    for key in keys:
+        got = [figure(rs[key]["metrics"]) if key in rs else None for _, rs, _ in runs]
+        busy = [b for _, rs, _ in runs if key in rs and (b := rs[key]["metrics"].get("busy_ratio"))]
+        if not any(got):
+            continue
+        med = statistics.median(v for v in got if v)
+        off = max(abs(v / med - 1) for v in got if v)
+        worst = max(worst, off)
+        cells = " ".join(f"{v * 1e3:>10.1f}" if v else f"{'-':>10}" for v in got)
+        span = f"{min(busy) * 100:.0f}-{max(busy) * 100:.0f}%" if busy else "-"
+        print(f"{key[0] + ' ws' + str(key[1]) + ' ' + key[2]:25} {cells} {off * 100:>7.1f}% {span:>10}")
+    print(f"largest distance from a row's median: {worst * 100:.1f}%")
 
 
 if __name__ == "__main__":
