@@ -88,12 +88,11 @@ def summarize_activity(events: Sequence[Row], steps: int, wall_s: float) -> dict
     kernels = [e for e in gpu if e[0] == "kernel"]
     comm = sum(e[3] for e in kernels if is_comm_kernel(e[1]))
     compute = sum(e[3] for e in kernels if not is_comm_kernel(e[1]))
-    own = [e for e in gpu if not (e[0] == "kernel" and is_comm_kernel(e[1]))]
-    starts = np.array([e[2] for e in own], dtype=np.int64)
-    ends = starts + np.array([e[3] for e in own], dtype=np.int64)
-    busy = union_length(starts, ends)
-    every = np.array([e[2] for e in gpu], dtype=np.int64)
-    anything = union_length(every, every + np.array([e[3] for e in gpu], dtype=np.int64))
+    starts = np.array([e[2] for e in gpu], dtype=np.int64)
+    ends = starts + np.array([e[3] for e in gpu], dtype=np.int64)
+    own = np.array([not (e[0] == "kernel" and is_comm_kernel(e[1])) for e in gpu], dtype=bool)
+    busy = union_length(starts[own], ends[own])
+    anything = union_length(starts, ends)
     per = 1e-9 / steps
     out: dict[str, Any] = {
         "steps": steps,
