@@ -54,7 +54,7 @@ def main(out: Path) -> None:
             f"{key[0] + ' ws' + str(key[1]) + ' ' + key[2]:25} {cells} {off * 100:>7.1f}% {ci_txt:>14}  {'; '.join(flagged)}"
         )
     print(f"largest distance from a row's median: {worst * 100:.1f}%")
-    _ms_table("device floor ms/step", lambda m: m.get("device_compute_floor_s"), keys, runs, head)
+    _ms_table("device floor ms/step", _floor, keys, runs, head)
     _ms_table("device idle ms/step", _idle, keys, runs, head)
     for st, rs, fl in runs:
         n_flag = sum(1 for r in rs.values() if fl.get(r["id"]))
@@ -82,27 +82,34 @@ def main(out: Path) -> None:
         )
 
 
-def _idle(metrics: dict) -> float | None:
-    """Seconds of the timed step with no work of its own on the device (the step less the device-time
-    sample's busy time, which leaves out NCCL kernels): at one GPU, waiting for the host's launches."""
-    busy = metrics.get("device_busy_s")
-    return None if busy is None else max(0.0, metrics["step_time_s"] - busy)
+def _floor(result: dict) -> float | None:
+    return result["metrics"].get("device_compute_floor_s")
+
+
+def _idle(result: dict) -> float | None:
+    """Seconds of the timed step with no work on the device: the step less the device-time sample's busy time
+    (NCCL kernels left out) and its communication that ran alone. At one GPU, the wait for the host's
+    launches."""
+    busy = result["metrics"].get("device_busy_s")
+    exposed = (result.get("device_time") or {}).get("exposed_comm_s", 0.0)  # none before distbench had it
+    return None if busy is None else max(0.0, result["metrics"]["step_time_s"] - busy - exposed)
 
 
 def _ms_table(title: str, figure: Callable[[dict], float | None], keys: list, runs: list, head: str) -> None:
-    """One row per configuration: `figure` of its metrics in ms in each repeat, its largest distance from the
+    """One row per configuration: `figure` of its result in ms in each repeat, its largest distance from the
     row's median, and the share of the step the device was busy."""
     print(f"\n{title:25} {head} {'max off':>8} {'busy':>10}")
     worst = 0.0
     for key in keys:
-        got = [figure(rs[key]["metrics"]) if key in rs else None for _, rs, _ in runs]
+        got = [figure(rs[key]) if key in rs else None for _, rs, _ in runs]
         busy = [b for _, rs, _ in runs if key in rs and (b := rs[key]["metrics"].get("busy_ratio"))]
-        if not any(got):
+        present = [v for v in got if v is not None]
+        if not present:
             continue
-        med = statistics.median(v for v in got if v)
-        off = max(abs(v / med - 1) for v in got if v)
+        med = statistics.median(present)
+        off = max(abs(v - med) for v in present) / med if med else 0.0
         worst = max(worst, off)
-        cells = " ".join(f"{v * 1e3:>10.1f}" if v else f"{'-':>10}" for v in got)
+        cells = " ".join(f"{v * 1e3:>10.1f}" if v is not None else f"{'-':>10}" for v in got)
         span = f"{min(busy) * 100:.0f}-{max(busy) * 100:.0f}%" if busy else "-"
         print(f"{key[0] + ' ws' + str(key[1]) + ' ' + key[2]:25} {cells} {off * 100:>7.1f}% {span:>10}")
     print(f"largest distance from a row's median: {worst * 100:.1f}%")
