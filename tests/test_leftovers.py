@@ -45,24 +45,24 @@ def _ctrl_c_reaches_it() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_a_session_with_a_failing_and_a_hanging_job_leaves_nothing(tmp_path: Path):
+#: a pytest session with the suite's plugin, as a project without the suite's conftest runs it
+PYTEST = [sys.executable, "-m", "pytest", "-p", "distbench.testsuite.plugin", "-p", "no:cacheprovider"]
+
+
+def _dirs(tmp_path: Path) -> tuple[str, Path, Path]:
+    """A tag for a session's processes, its TMPDIR and its (empty) work directory."""
     tag, tmp, work = new_tag(), tmp_path / "tmp", tmp_path / "session"
     tmp.mkdir()
     work.mkdir()
+    return tag, tmp, work
+
+
+def test_a_session_with_a_failing_and_a_hanging_job_leaves_nothing(tmp_path: Path):
+    tag, tmp, work = _dirs(tmp_path)
     (work / "test_session.py").write_text(SESSION)
     shm = shm_entries()
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "distbench.testsuite.plugin",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "test_session.py",
-        ],
+        [*PYTEST, "-q", "test_session.py"],
         cwd=work,
         env=_env(tag, tmp),
         capture_output=True,
@@ -78,14 +78,11 @@ def test_a_session_whose_output_closes_then_is_terminated_leaves_nothing(tmp_pat
     """`timeout 60 pytest | head`: the output closes while tests run, so the session's later writes fail and
     it winds up, and the SIGTERM that follows lands in its clean-up. What the session made must be removed
     all the same: a session directory was left in this very case, SIGTERM having cut the clean-up short."""
-    tag, tmp, work = new_tag(), tmp_path / "tmp", tmp_path / "session"
-    tmp.mkdir()
-    work.mkdir()
+    tag, tmp, work = _dirs(tmp_path)
     (work / "test_session.py").write_text(SESSION)
     shm = shm_entries()
-    argv = [sys.executable, "-m", "pytest", "-p", "distbench.testsuite.plugin", "-p", "no:cacheprovider"]
     session = subprocess.Popen(
-        [*argv, "-v", "test_session.py"],
+        [*PYTEST, "-v", "test_session.py"],
         cwd=work,
         env=_env(tag, tmp),
         stdout=subprocess.PIPE,
@@ -194,18 +191,7 @@ def _lane_session(tag: str, tmp: Path, work: Path, *args: str) -> subprocess.Pop
     for name in ("one", "two"):
         (work / f"test_{name}.py").write_text(LANE_TESTS.replace("{name}", name))
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "distbench.testsuite.plugin",
-            "-p",
-            "no:cacheprovider",
-            "--lanes",
-            "2",
-            *args,
-        ],
+        [*PYTEST, "--lanes", "2", *args],
         cwd=work,
         env=_env(tag, tmp),
         stdout=subprocess.PIPE,
@@ -227,9 +213,7 @@ def _wait_for(paths: list[Path], proc: subprocess.Popen[str], within: float = 12
     ["ctrl-c", pytest.param("sigterm", marks=pytest.mark.nightly)],  # the run above stops on SIGTERM
 )
 def test_a_stopped_lane_session_kills_every_lane_and_its_ranks(tmp_path: Path, stop: str):
-    tag, tmp, work = new_tag(), tmp_path / "tmp", tmp_path / "session"
-    tmp.mkdir()
-    work.mkdir()
+    tag, tmp, work = _dirs(tmp_path)
     shm = shm_entries()
     run = _lane_session(tag, tmp, work)
     try:
@@ -249,9 +233,7 @@ def test_a_stopped_lane_session_kills_every_lane_and_its_ranks(tmp_path: Path, s
 
 
 def test_exitfirst_stops_every_lane_and_leaves_nothing(tmp_path: Path):
-    tag, tmp, work = new_tag(), tmp_path / "tmp", tmp_path / "session"
-    tmp.mkdir()
-    work.mkdir()
+    tag, tmp, work = _dirs(tmp_path)
     shm = shm_entries()
     (work / "test_zero.py").write_text(  # fails once both other lanes hold their ranks, in their tests
         "import time\nfrom pathlib import Path\n\ndef test_fails_when_the_others_run():\n"
