@@ -180,8 +180,15 @@ FIDELITY_STRATEGIES = ("single", "ddp", "fsdp_grad", "zero2")
 HOST_BOUND_AT_ONE_GPU = ("fsdp_grad", "zero2")
 
 
+#: Why the claims across ranks wait for the nightly GPU job: on 2x H200 they held both GPUs alone for 132 s of
+#: a 515 s tier (ddp 57 s and still undecided at 15 rounds, fsdp_grad 49 s, zero2 25 s), a quarter of the
+#: session, where the one-rank claim and its planted 3% take 24 s and guard the harness's timed loop itself.
+ACROSS_RANKS_NIGHTLY = "the harness's cost across ranks needs both GPUs alone for about a minute a strategy"
+
+
 @pytest.mark.gpu
 @pytest.mark.strategies(*FIDELITY_STRATEGIES)
+@pytest.mark.nightly_gpu(2, ACROSS_RANKS_NIGHTLY)
 def test_harness_overhead_at_most_1_percent(suite, strategy, world_size):
     """The harness's timed loop against a bare loop of the same strategy doing the same work, same ranks. The
     bound holds where the overhead's interval lies under 1%, fails where it lies wholly above, and is

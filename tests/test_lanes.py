@@ -157,6 +157,40 @@ def concurrent(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Com
     return out, intervals(tmp / "log.jsonl")
 
 
+SOLO = {
+    "record.py": RECORD,
+    "test_whole.py": CONCURRENT["test_whole.py"],
+    "test_one.py": """
+from record import record
+def test_one_a(): record("one_a", 0.2, wait_for="solo")
+""",
+    "test_exclusive.py": """
+import pytest
+from record import record
+pytestmark = pytest.mark.exclusive
+def test_solo(): record("solo", 0.2, wait_for="one_a")
+@pytest.mark.world_size(2)
+def test_alone(): record("alone", 0.2)
+""",
+}
+
+
+def test_one_rank_exclusive_tests_run_on_a_slot_of_their_own_beside_a_lane_on_the_other(tmp_path):
+    """`--solo on` (auto does it on 2+ GPUs): once the world-size-2 lane is done, the one-rank exclusive test
+    runs in a lane on the last slot while a one-rank lane runs on the first (each waits for the other to start:
+    it passes only if they run at once); the world-size-2 exclusive test still runs here, after every lane."""
+    out = session(tmp_path, SOLO, "--lanes", "2", "--solo", "on", LANES_LOG=str(tmp_path / "log.jsonl"))
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    runs = intervals(tmp_path / "log.jsonl")
+    assert runs["solo"]["lane"] == "1" and runs["one_a"]["lane"] == "0"
+    assert overlap(runs["solo"], runs["one_a"])
+    assert runs["solo"]["start"] >= max(runs[n]["end"] for n in ("whole_a", "whole_b"))
+    assert runs["alone"]["lane"] is None
+    assert runs["alone"]["start"] >= max(r["end"] for n, r in runs.items() if n != "alone")
+    assert "1 one-rank exclusive on a device of their own, then 1 exclusive alone" in out.stdout
+    assert re.search(r"the one-rank exclusive tests \d+-\d+ s into them on a device of their own", out.stdout)
+
+
 def test_world_size_1_runs_in_two_lanes_at_once(concurrent):
     _, runs = concurrent
     assert overlap(runs["one_a"], runs["two_a"])

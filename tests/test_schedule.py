@@ -213,8 +213,11 @@ def test_no_unit_that_may_read_any_groups_runs_starts_while_shelved_runs_are_rem
     runner = object.__new__(LaneRunner)
     runner._drops, runner.running, runner.group_cap = queue.Queue(), [], 2
     runner.pending = [module_unit, strategy_unit]
+    runner.solo_run, runner.seats = None, Seats.of(1, 2)
     handed: list[Unit | None] = []
-    lane = SimpleNamespace(world_size=1, hand=handed.append, collected=frozenset({"m.py::t", "s.py::t"}))
+    lane = SimpleNamespace(
+        world_size=1, slots=[0], hand=handed.append, collected=frozenset({"m.py::t", "s.py::t"})
+    )
 
     runner._drops.put("zero3")  # a removal under way
     runner._hand_out(lane)
@@ -299,8 +302,9 @@ class FakeLanes:
         r.groups_left = Counter(u.group for u in units)
         r.start_failures = Counter()
         r.seats, r.free_slices, r.group_cap = Seats.of(2, 2), [], 1
-        r.plan = SimpleNamespace(seats=1)
-        r.stats = SimpleNamespace(exits=[], rerun_alone=[])
+        r.plan = SimpleNamespace(seats=2, devices=2, solo=None)
+        r.solo = r.solo_run = None
+        r.stats = SimpleNamespace(exits=[], rerun_alone=[], solo_left=[], stages=[])
         r.phases = r.occupancy = SimpleNamespace(
             add=lambda *a: None, start=lambda n: None, finish=lambda n: None
         )
@@ -318,16 +322,21 @@ class FakeLanes:
         r._replay = replay
         self.tmp_path, self.lanes = tmp_path, 0
 
-    def lane(self, world_size: int) -> LaneRun:
-        """A lane started now: it collected the tests of its world size pending now (as LaneRunner._start)."""
+    def lane(
+        self, world_size: int, slots: list[int] | None = None, collected: list[str] | None = None
+    ) -> LaneRun:
+        """A lane started now on `slots` (by default the first `world_size`): it collected `collected`, by
+        default the tests of its world size pending now (as LaneRunner._start)."""
         from distbench.testsuite.lanes import LaneRun
 
         self.lanes += 1
         d = self.tmp_path / f"lane{self.lanes}"
         d.mkdir()
-        collected = frozenset(n for u in self.runner.pending if u.world_size == world_size for n in u.nodeids)
+        if collected is None:
+            collected = [n for u in self.runner.pending if u.world_size == world_size for n in u.nodeids]
         proc = SimpleNamespace(pid=1000 + self.lanes, returncode=None)
-        run = LaneRun(world_size, [0, 1][:world_size], [], d, proc, io.StringIO(), collected)  # type: ignore[arg-type]
+        slots = [0, 1][:world_size] if slots is None else slots
+        run = LaneRun(world_size, slots, [], d, proc, io.StringIO(), frozenset(collected))  # type: ignore[arg-type]
         self.runner.running.append(run)
         return run
 
@@ -401,3 +410,99 @@ def test_lanes_of_a_world_size_are_given_up_after_failing_to_start_twice_in_a_ro
     )
     assert lanes.runner.pending == [one] and lanes.runner.groups_left["h"] == 0
     assert "o.py::x" not in lanes.reported, "a world size whose lanes could start was given up too"
+
+
+def test_one_rank_exclusive_cases_make_the_solo_unit_on_two_devices_or_more():
+    """On 2+ GPUs the one-rank exclusive cases run in a lane of their own (Plan.solo); those of several ranks
+    still run alone, last; on one GPU, or without `solo`, all of them do."""
+    mixed = [
+        Case("b::ws2", 2, "g", exclusive=True),
+        Case("b::ws1", 1, "g", exclusive=True, cost=3.0),
+        Case("c::ws1", 1, "h", exclusive=True, cost=2.0),
+        Case("s::skip", 1, "g", exclusive=True, inert=True),
+        *cases("ddp", 1, 2),
+    ]
+    p = plan(mixed, devices=2, seats=4, solo=True)
+    assert p.solo is not None and p.solo.nodeids == ["b::ws1", "c::ws1"] and p.solo.world_size == 1
+    assert p.solo.cost == 5.0 and p.solo.reads_any, "the solo may read any group's shared runs"
+    assert p.alone == ["b::ws2"] and p.first == ["s::skip"]
+    assert all(n not in p.solo.nodeids for u in p.units for n in u.nodeids)
+    assert plan(mixed, devices=1, seats=4, solo=True).solo is None
+    lone = [Case("b::ws1", 1, "g", exclusive=True), *cases("ddp", 1, 1)]
+    assert plan(lone, devices=2, seats=1, solo=True).worth_it, "the solo beside one lane is two at once"
+    assert not plan(lone, devices=2, seats=1).worth_it
+    assert plan(mixed, devices=2, seats=4).alone == ["b::ws1", "c::ws1", "b::ws2"]
+
+
+def test_the_solo_gets_the_last_device_whole_once_no_unit_of_several_ranks_waits(tmp_path):
+    """While a world-size-2 unit waits the last device stays open; then no new lane takes a seat there, a
+    one-rank lane there is told to end at its next ask, and the solo starts once the device is empty, beside a
+    lane on the other device. A world-size-2 unit given back (its lane died) opens the device again until the
+    solo starts. When the solo's lane ends the device is the lanes' again."""
+    solo = Unit(1, ["b.py::spin", "b.py::mfu"], 5.0, "exclusive, one rank", True)
+    wide, narrow = Unit(2, ["w.py::p"], 2.0, "g"), Unit(1, ["o.py::x", "o.py::y"], 2.0, "h")
+    lanes = FakeLanes([wide, narrow], tmp_path)
+    r = lanes.runner
+    r.plan.solo = r.solo = solo
+    r.groups_left[solo.group] = 1
+    launched: list[list[int]] = []
+
+    def launch(world_size: int, slots: list[int], work: Unit, shared: bool | None = None) -> LaneRun:
+        launched.append(slots)
+        return lanes.lane(world_size, slots, work.nodeids)
+
+    r._launch = launch
+    on_last = lanes.lane(1, [1])
+    assert r.seats.take(1) == [0] and r.seats.take(1) == [1]  # seats of the lanes on 0 and on 1
+    r._place_solo()
+    assert not r.seats.closed and not launched, "the device was kept while a world-size-2 unit waited"
+    assert lanes.ask(lanes.lane(2)) is wide
+    r._place_solo()
+    assert r.seats.closed == {1} and not launched, "the solo started on a device a lane still holds"
+    assert r.seats.take(1) == [0], "a new lane took a seat on the device kept for the solo"
+    assert lanes.ask(on_last) is None and on_last.told_to_end is not None
+    lanes.exits(on_last, status=0)
+    r.seats.free[1] -= 1  # the world-size-2 lane still holds a seat there
+    r._place_solo()
+    assert not launched
+    r.seats.free[1] += 1
+    r._place_solo()
+    assert launched == [[1]] and r.seats.free[1] == 0 and r.solo is None
+    assert lanes.ask(r.solo_run) is solo
+    other = lanes.lane(1, [0])
+    assert lanes.ask(other) is narrow, "a lane on the other device stopped getting work"
+    lanes.passes(r.solo_run, "b.py::spin")
+    lanes.passes(r.solo_run, "b.py::mfu")
+    assert lanes.ask(r.solo_run) is None, "the solo lane got other work"
+    lanes.exits(r.solo_run, status=0)
+    assert r.seats.free[1] == 2 and not r.seats.closed and r.groups_left[solo.group] == 0
+    assert [name for name, *_ in r.stats.stages] == ["solo"]
+
+
+def test_a_wide_unit_given_back_opens_the_kept_device_and_a_dead_solos_rest_runs_alone(tmp_path):
+    solo = Unit(1, ["b.py::spin", "b.py::mfu", "b.py::sweep"], 5.0, "exclusive, one rank", True)
+    lanes = FakeLanes([solo], tmp_path)  # (it knows the solo's tests)
+    r = lanes.runner
+    r.plan.solo = r.solo = solo
+    r.seats.closed.add(1)
+    r.pending = [Unit(2, ["w.py::q"], 1.0, "g")]  # the rest of a unit whose lane died
+    r._place_solo()
+    assert not r.seats.closed, "a world-size-2 unit given back waits on a device kept for the solo"
+    r.pending = []
+    r._launch = lambda ws, slots, work, shared=None: lanes.lane(ws, slots, work.nodeids)
+    r._place_solo()
+    run = r.solo_run
+    assert lanes.ask(run) is solo
+    lanes.passes(run, "b.py::spin")
+    r._on_event(run, {"event": "start", "nodeid": "b.py::mfu"})
+    lanes.exits(run, status=-9)
+    assert lanes.reported["b.py::mfu"] == [("setup", "failed")]
+    assert r.stats.solo_left == ["b.py::sweep"] and r.pending == [], "the solo's rest went to a shared lane"
+    (tmp_path / "never").mkdir()
+    never = FakeLanes([solo], tmp_path / "never")
+    nr = never.runner
+    nr.plan.solo, nr.solo, nr.pending = solo, solo, []
+    nr._launch = lambda ws, slots, work, shared=None: never.lane(ws, slots, work.nodeids)
+    nr._place_solo()
+    never.exits(nr.solo_run)  # it could not start: its tests run here, where their errors show
+    assert nr.stats.solo_left == solo.nodeids and not never.reported

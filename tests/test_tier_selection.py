@@ -1,5 +1,6 @@
 """Which GPU cases a 2-GPU machine runs by default: a one-GPU case skips only where its world-size-2 twin runs
-(plugin.one_gpu_repeats). Fake items: the rule is pure selection, no GPU needed to check it."""
+(plugin.one_gpu_repeats), and a case marked nightly_gpu from its world size up waits for the nightly GPU job
+(plugin.nightly_gpu_cases). Fake items: the rules are pure selection, no GPU needed to check them."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from typing import Any
 
 import pytest
 
-from distbench.testsuite.plugin import one_gpu_repeats
+from distbench.testsuite.plugin import nightly_gpu_cases, one_gpu_repeats
 
 
-def case(test: str, strategy: str, world_size: int, skipped: bool = False, **params: Any) -> Any:
-    """A collected GPU case as one_gpu_repeats reads it: nodeid, parameters, skip marks."""
+def case(
+    test: str, strategy: str, world_size: int, skipped: bool = False, nightly_from: int = 0, **params: Any
+) -> Any:
+    """A collected GPU case as the rules read it: nodeid, parameters, skip marks, a nightly_gpu mark."""
     marks = [pytest.mark.skip(reason="planted").mark] if skipped else []
+    marks += [pytest.mark.nightly_gpu(nightly_from, "planted why").mark] if nightly_from else []
     ident = "-".join([strategy, f"ws{world_size}", "gpu", *map(str, params.values())])
     return SimpleNamespace(
         nodeid=f"tests/test_x.py::{test}[{ident}]",
@@ -55,3 +59,11 @@ def test_no_twin_no_skip_a_skipped_twin_or_other_parameters_or_another_test() ->
 def test_a_one_gpu_case_already_skipped_is_left_alone() -> None:
     items = [case("test_parity", "ddp", 1, skipped=True), case("test_parity", "ddp", 2)]
     assert one_gpu_repeats(items) == []
+
+
+def test_a_case_marked_nightly_gpu_skips_from_its_world_size_up_with_the_way_to_run_it() -> None:
+    items = [case("test_claim", "ddp", ws, nightly_from=2) for ws in (1, 2, 4)]
+    items += [case("test_claim", "zero2", 2, skipped=True, nightly_from=2), case("test_other", "ddp", 2)]
+    chosen = nightly_gpu_cases(items)
+    assert ids([it for it, _ in chosen]) == ["test_claim[ddp-ws2-gpu]", "test_claim[ddp-ws4-gpu]"]
+    assert chosen[0][1] == "planted why; `--world-sizes 2` runs it here (the nightly GPU job does)"

@@ -11,6 +11,9 @@ the rest of its work goes back to the queue. Every lane process is its own proce
 killed with its ranks on Ctrl-C or -x; the lanes' directory (test ids, events, output, the lane's basetemp)
 is removed at the end. While lanes run, a unit is handed out only while the devices have memory to spare
 (GpuWatch), and each test is charged the device memory its lane held (the next session's seats read it).
+The plan's solo unit (one-rank exclusive tests) gets the last device whole: once no unit of several ranks
+waits, no new lane takes a seat there and its one-rank lanes end at their next unit; the solo lane starts when
+the device is empty and gives it back when done.
 """
 
 from __future__ import annotations
@@ -42,7 +45,16 @@ from ..runtime.pool import visible_devices
 from ..runtime.worker import THREADS_ENV
 from .lane_child import EVENTS, ITEMS, LANE_POOL_ENV, OUTPUT, WORK_FD_ENV
 from .lane_watch import GpuWatch, Occupancy, dirty_bytes, session_of, sync_filesystem
-from .schedule import CORES_PER_RANK, Plan, Seats, Unit, next_world_size, runnable, take_unit, warm_up_due
+from .schedule import (
+    CORES_PER_RANK,
+    Plan,
+    Seats,
+    Unit,
+    next_world_size,
+    runnable,
+    take_unit,
+    warm_up_due,
+)
 
 LANE_ENV = "DISTBENCH_LANE"
 #: lanes of one world size that may fail to start in a row (a passing cause, say memory another lane held)
@@ -248,6 +260,8 @@ class LaneStats:
     #: tests; the share of the host's CPU time the hypervisor stole while they ran (their timings' noise)
     disk_flush: tuple[int | None, float] | None = None
     alone_steal: float | None = None
+    #: the solo unit's tests its lane did not finish (it died): they run alone with the others, last
+    solo_left: list[str] = field(default_factory=list)
 
 
 def _out_of_memory(report: pytest.TestReport) -> bool:
@@ -293,7 +307,10 @@ class LaneRunner:
         self.drop_errors: list[str] = []
         self.warm_up = warm_up
         self._warming: threading.Thread | None = None
-        self.groups_left = Counter(u.group for u in plan.units)
+        self.solo = plan.solo  # the solo unit until its lane starts
+        self.solo_run: LaneRun | None = None
+        self._solo_since = 0.0
+        self.groups_left = Counter(u.group for u in [*plan.units, *([plan.solo] if plan.solo else [])])
         self.done_groups: list[str] = []  # every unit run, waiting for group_done
         #: lanes that may run one group's units at once: a quarter of them, so several groups go side by side
         #: and few lanes wait on one group's shared run
@@ -331,7 +348,7 @@ class LaneRunner:
             dirty, t3 = dirty_bytes(), time.monotonic()
             sync_filesystem(self._root)  # the lanes' checkpoints, and the shelf's beside them (TMPDIR)
             self.stats.disk_flush = (dirty, time.monotonic() - t3)
-            alone = self.stats.rerun_alone + self.plan.alone
+            alone = self.stats.rerun_alone + self.stats.solo_left + self.plan.alone
             here = [self.items[n] for n in alone]
             nxt = {it.nodeid: (here[i + 1] if i + 1 < len(here) else None) for i, it in enumerate(here)}
             before = cpu_stat()
@@ -360,14 +377,15 @@ class LaneRunner:
 
     # --- lanes ------------------------------------------------------------------------------------------
     def _run_lanes(self) -> None:
-        while self.pending or self.running:
+        while self.pending or self.running or self.solo is not None:
+            self._place_solo()
             if (
                 self.warm_up is not None
                 and self._warming is None
                 and warm_up_due(self.pending, len(self.running))
             ):
                 self._warming = self.warm_up()
-            waiting = Counter(run.world_size for run in self.running if run.units == 0)
+            waiting = Counter(r.world_size for r in self.running if r.units == 0 and r is not self.solo_run)
             while (ws := next_world_size(self.pending, waiting, self.seats)) is not None:
                 self._start(ws)
                 waiting[ws] += 1
@@ -395,10 +413,29 @@ class LaneRunner:
         if self.groups_left[unit.group] == 0:
             self.done_groups.append(unit.group)
 
+    def _place_solo(self) -> None:
+        """Once no unit of several ranks waits, keep the last device for the solo unit (no new lane there), and
+        start the solo's lane on it as soon as no lane holds a seat of it."""
+        if self.solo is None:
+            return
+        device = self.plan.devices - 1
+        if any(u.world_size > 1 for u in self.pending):  # (again: a lane that died gave its unit back)
+            self.seats.closed.discard(device)
+            return
+        self.seats.closed.add(device)
+        if self.seats.take_whole(device, self.plan.seats):
+            self._solo_since = time.monotonic()
+            self.solo_run = self._launch(1, [device], self.solo, shared=False)
+            self.solo = None
+
     def _hand_out(self, run: LaneRun) -> None:
         """The lane's next unit (None: no work it can run is left, and it ends; a fresh lane takes what it did
         not collect). While shelved runs are being removed, no unit that may read any group's runs
-        (Unit.reads_any) starts: the lane asks again."""
+        (Unit.reads_any) starts: the lane asks again. The solo lane gets the solo unit, then none; a lane on
+        the device kept for the solo gets none."""
+        if run is self.solo_run or self.seats.closed.intersection(run.slots):
+            run.hand(self.plan.solo if run is self.solo_run and run.units == 0 else None)
+            return
         busy = Counter(r.unit.group for r in self.running if r.unit is not None)
         dropping = self._drops.unfinished_tasks > 0
         startable = [u for u in self.pending if not (dropping and u.reads_any)]
@@ -439,11 +476,18 @@ class LaneRunner:
     def _start(self, world_size: int) -> None:
         slots = self.seats.take(world_size)
         assert slots is not None, "next_world_size chose a world size without free seats"
+        first = next(u for u in self.pending if u.world_size == world_size)
+        candidates = [n for u in self.pending if u.world_size == world_size for n in u.nodeids]
+        self._launch(world_size, slots, Unit(world_size, candidates, 0.0, device_type=first.device_type))
+
+    def _launch(self, world_size: int, slots: list[int], work: Unit, shared: bool | None = None) -> LaneRun:
+        """Start a lane process on `slots` that may be given the tests of `work` (its first pool is of
+        `work`'s tier); `shared`: whether lanes share its devices (by default, whether devices have seats)."""
         slices, self.free_slices = self.free_slices[:world_size], self.free_slices[world_size:]
         self.stats.started += 1
         d = self._root / f"lane{self.stats.started}"
         d.mkdir()
-        candidates = [n for u in self.pending if u.world_size == world_size for n in u.nodeids]
+        candidates = work.nodeids
         (d / ITEMS).write_text(json.dumps(candidates))
         paths = list(dict.fromkeys(str(self.items[n].path) for n in candidates))
         cmd = [
@@ -472,12 +516,11 @@ class LaneRunner:
             *paths,
         ]
         read_end, write_end = os.pipe()
-        first = next(u for u in self.pending if u.world_size == world_size)
         env = {
-            **lane_env(slots, self.gpus, shared=self.plan.seats > 1),
+            **lane_env(slots, self.gpus, shared=self.plan.seats > 1 if shared is None else shared),
             **self.env,
             WORK_FD_ENV: str(read_end),
-            LANE_POOL_ENV: f"{first.device_type}:{world_size}",
+            LANE_POOL_ENV: f"{work.device_type}:{world_size}",
         }
         try:
             with open(d / OUTPUT, "wb") as out:
@@ -496,8 +539,17 @@ class LaneRunner:
                 )
         finally:
             os.close(read_end)
-        work = os.fdopen(write_end, "w", encoding="utf-8")
-        self.running.append(LaneRun(world_size, slots, slices, d, proc, work, frozenset(candidates)))
+        run = LaneRun(
+            world_size,
+            slots,
+            slices,
+            d,
+            proc,
+            os.fdopen(write_end, "w", encoding="utf-8"),
+            frozenset(candidates),
+        )
+        self.running.append(run)
+        return run
 
     def _on_event(self, run: LaneRun, event: dict[str, Any]) -> None:
         kind = event["event"]
@@ -533,10 +585,18 @@ class LaneRunner:
         if run.told_to_end is not None:
             self.stats.exits.append(time.monotonic() - run.told_to_end)
         run.close_work()
-        self.seats.give(run.slots)
+        if run is self.solo_run:  # the device is the lanes' again
+            self.seats.free[run.slots[0]] = self.plan.seats
+            self.seats.closed.clear()
+            self.stats.stages.append(("solo", self._solo_since, time.monotonic()))
+        else:
+            self.seats.give(run.slots)
         self.free_slices += run.cpu_slices
         for test, phases in run.phases.items():
             self.phases.add(test, phases)
+        if run is self.solo_run and self.plan.solo and not run.started:  # its tests run here, alone, last
+            self.stats.solo_left += self.plan.solo.nodeids
+            return
         if not (run.started or run.told_to_end is not None or run.killed_why):
             self.start_failures[run.world_size] += 1
             if self.start_failures[run.world_size] >= _START_TRIES:
@@ -552,7 +612,11 @@ class LaneRunner:
                 reports.append(self._failure(run.current, when, run.story("during this test")))
             self._replay(run.current, reports)
             rest = [n for n in rest if n != run.current]
-            if rest and run.unit is not None:  # it died in a test it is blamed for: a fresh one runs the rest
+            if rest and run is self.solo_run:  # the rest of the solo runs here, alone, last
+                self.stats.solo_left += rest
+            elif (
+                rest and run.unit is not None
+            ):  # it died in a test it is blamed for: a fresh one runs the rest
                 share = run.unit.cost / len(run.unit.nodeids)
                 self.pending.insert(
                     0, Unit(run.world_size, rest, share * len(rest), run.unit.group, run.unit.reads_any)

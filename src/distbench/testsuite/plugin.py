@@ -80,6 +80,7 @@ def _parse_options(config: pytest.Config) -> dict[str, Any]:
         "job_timeout": parse_value(PositiveFloat, config.getoption("--job-timeout"), "--job-timeout"),
         "lanes": _parse_lanes(config.getoption("--lanes")),
         "lanes_per_device": _parse_lanes_per_device(config.getoption("--lanes-per-device")),
+        "solo": _parse_choice(config.getoption("--solo"), "--solo", ("auto", "on", "off")),
         "lane_timeout": None
         if config.getoption("--lane-timeout") is None
         else parse_value(PositiveFloat, config.getoption("--lane-timeout"), "--lane-timeout"),
@@ -93,6 +94,12 @@ def _parse_lanes(text: str) -> str | int:
     if not text.isdigit() or int(text) < 1:
         raise ConfigError(f"--lanes {text!r}: use auto, off, or a number of device slots (1 or more)")
     return int(text)
+
+
+def _parse_choice(text: str, option: str, choices: tuple[str, ...]) -> str:
+    if text not in choices:
+        raise ConfigError(f"{option} {text!r}: use {', '.join(choices)}")
+    return text
 
 
 def _parse_lanes_per_device(text: str) -> str | int:
@@ -148,6 +155,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="how many lanes may share one device slot: auto (on a GPU as many as fit in 80%% of its "
         "memory at the tests' measured or estimated peak per rank, with 2 host cores per rank; on a "
         "CPU slot 1), or N",
+    )
+    g.addoption(
+        "--solo",
+        default="auto",
+        help="under lanes on 2+ device slots, run the one-rank `exclusive` tests (device time, memory, kernels) "
+        "in a lane of their own on the last slot, once the lanes of several ranks are done, while one-rank "
+        "lanes go on on the other slots, instead of alone after every lane: auto (on with GPUs), on, or off",
     )
     g.addoption(
         "--lane-timeout",
@@ -332,6 +346,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if n_cuda is not None and n_cuda >= 2 and not config.stash[OPTIONS]["world_sizes"]:
         for item in one_gpu_repeats(items):
             item.add_marker(pytest.mark.skip(reason=ONE_GPU_REPEAT), append=False)
+    if not config.stash[OPTIONS]["world_sizes"]:
+        for item, why in nightly_gpu_cases(items):
+            item.add_marker(pytest.mark.skip(reason=why), append=False)
+
+
+def nightly_gpu_cases(items: list[pytest.Item]) -> list[tuple[pytest.Item, str]]:
+    """The GPU cases a `nightly_gpu(from_world_size, why)` mark leaves to the nightly GPU job, each with its
+    skip reason (`why` and how to run it here); none already skipped, whose reason is the truer one."""
+    out = []
+    for item in items:
+        mark = item.get_closest_marker("nightly_gpu")
+        ws = item_world_size(item)
+        if mark and item_device_type(item) == "cuda" and ws >= mark.args[0] and _runs(item):
+            out.append(
+                (item, f"{mark.args[1]}; `--world-sizes {ws}` runs it here (the nightly GPU job does)")
+            )
+    return out
+
+
+def _runs(item: pytest.Item) -> bool:
+    """Whether nothing has marked the item to skip yet."""
+    return not any(m.name == "skip" for m in item.iter_markers())
 
 
 #: Why a one-GPU case skips where two GPUs are (one_gpu_repeats), and where it runs.
@@ -351,15 +387,12 @@ def one_gpu_repeats(items: list[pytest.Item]) -> list[pytest.Item]:
         rest = {k: v for k, v in params.items() if k != "world_size"}
         return item.nodeid.split("[")[0], repr(sorted(rest.items()))
 
-    def runs(item: pytest.Item) -> bool:
-        return not any(m.name == "skip" for m in item.iter_markers())
-
     gpu = [(it, p) for it in items if (p := _params(it)).get("strategy") and item_device_type(it) == "cuda"]
-    at_two = {key(it, p) for it, p in gpu if p.get("world_size") == 2 and runs(it)}
+    at_two = {key(it, p) for it, p in gpu if p.get("world_size") == 2 and _runs(it)}
     return [
         it
         for it, p in gpu
-        if p.get("world_size") == 1 and runs(it) and get_spec(p["strategy"]).cpu and key(it, p) in at_two
+        if p.get("world_size") == 1 and _runs(it) and get_spec(p["strategy"]).cpu and key(it, p) in at_two
     ]
 
 
@@ -474,7 +507,7 @@ def _lane_plan(session: pytest.Session) -> tuple[Plan, bool] | None:
         peak = _rank_peak_estimate(cfg, shared, _cache_get(cfg, PEAKS_KEY)) if shared else None
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         seats = seats_per_device(devices, _gpu_memory_bytes(), peak, cores)
-    p = plan(cases, devices, seats)
+    p = plan(cases, devices, seats, solo=opts["solo"] == "on" or (opts["solo"] == "auto" and gpus))
     return (p, gpus) if p.worth_it else None
 
 
@@ -503,7 +536,9 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         reporter.write_line(
             f"distbench lanes on {p.devices} {'GPU' if gpus else 'slot'}(s), up to {p.seats} per device: "
             f"{len(p.first)} skipped here, then {len(p.units)} units of work in up to {p.lanes_at_once} "
-            f"lanes at once, then {len(p.alone)} exclusive alone"
+            f"lanes at once"
+            + (f", {len(p.solo.nodeids)} one-rank exclusive on a device of their own" if p.solo else "")
+            + f", then {len(p.alone)} exclusive alone"
         )
     opts = cfg.stash[OPTIONS]
     facts = {k: v for k, v in session_facts(cfg).items() if k != "owner"}

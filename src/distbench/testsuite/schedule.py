@@ -4,7 +4,11 @@ A session's cases are split three ways (`plan`): cases skipped at collection run
 (there is nothing to place); the other cases are cut into units of work (one group's cases of one world size
 and one test module) that lanes take one at a time, the costliest group first and each group's units one
 after another, so a group (a strategy) finishes early and its session files can go (lanes.py); cases marked
-`exclusive` (they measure time or memory of the machine) run last, alone, in the pytest process.
+`exclusive` (they measure time or memory of the machine) run last, alone, in the pytest process. On two or
+more GPUs the one-rank exclusive cases are instead the `solo` unit: a lane of its own on one whole GPU, once
+the lanes of several ranks are done, while the one-rank lanes go on on the other GPUs. Their figures are the
+device's (its time, memory and kernels), which another GPU's work does not move; in the 2-GPU tier they were
+45 s of the 214 s that ran alone after the lanes.
 
 A lane is a child pytest process whose ranks sit on `world_size` distinct devices. Lanes may share devices:
 each device has `seats` seats and a lane takes one seat on each of its devices, so on one GPU of 16 host
@@ -31,6 +35,8 @@ MEMORY_HEADROOM = 0.8
 #: start, imports, CUDA context and first kernels took about 15 s under the lanes' load on an H200. Started
 #: once every unit was handed out, the warm-up outlasted the lanes by 14 s, the first exclusive test's wait.
 WARM_UP_LEAD_S = 30.0
+#: The group of the solo unit (Plan.solo): its cases' groups are mixed, and it may read any shared run.
+SOLO = "exclusive, one rank"
 
 
 @dataclass(frozen=True)
@@ -70,12 +76,13 @@ class Plan:
     alone: list[str]  # here, last, with nothing else running
     devices: int
     seats: int
+    solo: Unit | None = None  # exclusive cases of one rank: one whole device, beside lanes on the others
 
     @property
     def lanes_at_once(self) -> int:
-        """The most lanes that can run side by side on this plan's units."""
+        """The most lanes that can run side by side on this plan's units (the solo's among them)."""
         per_ws: dict[int, int] = {}
-        for u in self.units:
+        for u in [*self.units, *([self.solo] if self.solo else [])]:
             per_ws[u.world_size] = per_ws.get(u.world_size, 0) + 1
         return max(
             (min(n, (self.devices // ws) * self.seats) for ws, n in per_ws.items() if ws <= self.devices),
@@ -88,16 +95,28 @@ class Plan:
         return self.lanes_at_once >= 2
 
 
-def plan(cases: Sequence[Case], devices: int, seats: int = 1) -> Plan:
+def plan(cases: Sequence[Case], devices: int, seats: int = 1, solo: bool = False) -> Plan:
     """Place `cases` on `devices` device slots of `seats` seats each. Units are one group's cases of one world
     size, module and tier, in collection order. Groups are ordered by their cost, largest first (a lane takes the
     next unit when it is done: the longest work starts first, so no lane is left with it at the end), and a
-    group's units by theirs, so lanes share out one group before the next."""
+    group's units by theirs, so lanes share out one group before the next. With `solo` (GPUs) and two devices
+    or more, the one-rank exclusive cases make the plan's solo unit instead of running alone."""
     first = [c.nodeid for c in cases if c.inert]
-    alone = [
-        c.nodeid
-        for c in sorted((c for c in cases if c.exclusive and not c.inert), key=lambda c: c.world_size)
-    ]
+    exclusive = sorted((c for c in cases if c.exclusive and not c.inert), key=lambda c: c.world_size)
+    one_rank = [c for c in exclusive if c.world_size == 1] if solo and devices >= 2 else []
+    alone = [c.nodeid for c in exclusive if c not in one_rank]
+    solo_unit = (
+        Unit(
+            1,
+            [c.nodeid for c in one_rank],
+            sum(c.cost for c in one_rank),
+            SOLO,
+            True,
+            one_rank[0].device_type,
+        )
+        if one_rank
+        else None
+    )
     units: dict[tuple[int, str, str, str], Unit] = {}
     for c in cases:
         if c.inert or c.exclusive:
@@ -113,7 +132,7 @@ def plan(cases: Sequence[Case], devices: int, seats: int = 1) -> Plan:
         group_cost[u.group] = group_cost.get(u.group, 0.0) + u.cost
     # stable: ties keep collection order
     ordered = sorted(units.values(), key=lambda u: (-group_cost[u.group], u.group, -u.cost))
-    return Plan(first, ordered, alone, devices, seats)
+    return Plan(first, ordered, alone, devices, seats, solo_unit)
 
 
 @dataclass
@@ -122,21 +141,35 @@ class Seats:
 
     free: list[int]
     taken: dict[int, int] = field(default_factory=dict)  # lanes holding a seat, per device
+    closed: set[int] = field(
+        default_factory=set
+    )  # devices no new lane may take a seat on (kept for the solo)
 
     @classmethod
     def of(cls, devices: int, seats: int) -> Seats:
         return cls([seats] * devices)
 
+    def open_devices(self) -> list[int]:
+        """Devices a new lane may take a seat on: not closed, a seat free."""
+        return [d for d, n in enumerate(self.free) if n > 0 and d not in self.closed]
+
     def take(self, world_size: int) -> list[int] | None:
-        """The `world_size` devices with the most free seats (lowest index first on ties), their seats taken;
-        None when fewer devices than that have one free."""
-        open_ = sorted((d for d, n in enumerate(self.free) if n > 0), key=lambda d: (-self.free[d], d))
+        """The `world_size` open devices with the most free seats (lowest index first on ties), their seats
+        taken; None when fewer devices than that are open."""
+        open_ = sorted(self.open_devices(), key=lambda d: (-self.free[d], d))
         if len(open_) < world_size:
             return None
         mine = sorted(open_[:world_size])
         for d in mine:
             self.free[d] -= 1
         return mine
+
+    def take_whole(self, device: int, seats: int) -> bool:
+        """All `seats` seats of `device` when no lane holds one (the solo unit's lane): whether it got them."""
+        if self.free[device] != seats:
+            return False
+        self.free[device] = 0
+        return True
 
     def give(self, devices: Iterable[int]) -> None:
         for d in devices:
@@ -152,7 +185,7 @@ def next_world_size(pending: Sequence[Unit], running: dict[int, int], seats: Sea
         cost[u.world_size] = cost.get(u.world_size, 0.0) + u.cost
         count[u.world_size] = count.get(u.world_size, 0) + 1
     for ws in sorted(cost, key=lambda w: -cost[w]):
-        if count[ws] > running.get(ws, 0) and sum(n > 0 for n in seats.free) >= ws:
+        if count[ws] > running.get(ws, 0) and len(seats.open_devices()) >= ws:
             return ws
     return None
 

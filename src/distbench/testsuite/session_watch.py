@@ -92,6 +92,11 @@ class SessionWatch:
             f"stages: {start}{stages['skipped'][1] - stages['skipped'][0]:.0f} s of skips, {b - a:.0f} s of lanes "
             f"(fewer than {half} tests at once for {self.occupancy.below(half, a, b):.0f} s of them)"
         )
+        if "solo" in stages:
+            line += (
+                f", the one-rank exclusive tests {stages['solo'][0] - a:.0f}-{stages['solo'][1] - a:.0f} s into "
+                "them on a device of their own"
+            )
         if "alone" in stages:
             line += f", {stages['alone'][1] - stages['alone'][0]:.0f} s of exclusive tests alone"
         out.append(line)
