@@ -456,16 +456,20 @@ def test_the_solo_gets_the_last_device_whole_once_no_unit_of_several_ranks_waits
     assert r.seats.take(1) == [0] and r.seats.take(1) == [1]  # seats of the lanes on 0 and on 1
     r._place_solo()
     assert not r.seats.closed and not launched, "the device was kept while a world-size-2 unit waited"
-    assert lanes.ask(lanes.lane(2)) is wide
+    wide_lane = lanes.lane(2)
+    assert r.seats.take(2) == [0, 1] and lanes.ask(wide_lane) is wide
     r._place_solo()
     assert r.seats.closed == {1} and not launched, "the solo started on a device a lane still holds"
-    assert r.seats.take(1) == [0], "a new lane took a seat on the device kept for the solo"
+    assert r.seats.take(1) is None, "a new lane took a seat on the device kept for the solo"
     assert lanes.ask(on_last) is None and on_last.told_to_end is not None
     lanes.exits(on_last, status=0)
-    r.seats.free[1] -= 1  # the world-size-2 lane still holds a seat there
+    r._lend_last_seats()  # the world-size-2 lane runs its last unit: its seats are lent ...
+    assert wide_lane.lent and r.seats.free == [1, 2]
     r._place_solo()
-    assert not launched
-    r.seats.free[1] += 1
+    assert not launched, "the solo started beside a lane of two ranks on its last unit"  # ... not to the solo
+    lanes.passes(wide_lane, "w.py::p")
+    lanes.exits(wide_lane, status=0)
+    assert r.seats.free == [1, 2], "a lent lane's seats were given back twice"
     r._place_solo()
     assert launched == [[1]] and r.seats.free[1] == 0 and r.solo is None
     assert lanes.ask(r.solo_run) is solo
@@ -506,3 +510,21 @@ def test_a_wide_unit_given_back_opens_the_kept_device_and_a_dead_solos_rest_runs
     nr._place_solo()
     never.exits(nr.solo_run)  # it could not start: its tests run here, where their errors show
     assert nr.stats.solo_left == solo.nodeids and not never.reported
+
+
+def test_a_wide_lane_on_its_last_unit_lends_its_seats_to_narrower_lanes_once(tmp_path):
+    """Once no unit of its world size waits, a world-size-2 lane's seats go to one-rank lanes, whose start
+    then overlaps its last unit; while world-size-2 units wait, they do not; one-rank lanes never lend."""
+    wide = [Unit(2, ["w.py::p"], 2.0, "g"), Unit(2, ["w.py::q"], 2.0, "g")]
+    lanes = FakeLanes([*wide, Unit(1, ["o.py::x"], 1.0, "h")], tmp_path)
+    r = lanes.runner
+    first, narrow = lanes.lane(2), lanes.lane(1, [0])
+    assert r.seats.take(2) == [0, 1] and r.seats.take(1) == [0] and lanes.ask(first) is wide[0]
+    r._lend_last_seats()
+    assert not first.lent and r.seats.free == [0, 1], "seats lent while a unit of two ranks waited"
+    lanes.passes(first, "w.py::p")
+    assert lanes.ask(first) is wide[1]  # the last unit of two ranks
+    r._lend_last_seats()
+    r._lend_last_seats()
+    assert first.lent and not narrow.lent and r.seats.free == [1, 2]
+    assert next_world_size(r.pending, {}, r.seats) == 1

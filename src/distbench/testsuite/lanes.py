@@ -166,6 +166,7 @@ class LaneRun:
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
     killed_why: str = ""
     told_to_end: float | None = None  # when it was told no work is left (time.monotonic())
+    lent: bool = False  # its seats went to new lanes while it ran its last unit (LaneRunner._lend_last_seats)
     _offset: int = 0
 
     def hand(self, unit: Unit | None) -> None:
@@ -385,6 +386,7 @@ class LaneRunner:
                 and warm_up_due(self.pending, len(self.running))
             ):
                 self._warming = self.warm_up()
+            self._lend_last_seats()
             waiting = Counter(r.world_size for r in self.running if r.units == 0 and r is not self.solo_run)
             while (ws := next_world_size(self.pending, waiting, self.seats)) is not None:
                 self._start(ws)
@@ -413,6 +415,22 @@ class LaneRunner:
         if self.groups_left[unit.group] == 0:
             self.done_groups.append(unit.group)
 
+    def _lend_last_seats(self) -> None:
+        """A lane of several ranks with no unit of its world size left waiting runs its last unit: its seats go
+        to lanes of fewer ranks now. Their start (rank pool, imports, collection: 10-15 s under the lanes' load)
+        then overlaps that unit; on 2x H200 the world-size-2 lanes' last units left the GPUs to 3-5 tests for
+        about 20 s while the one-rank lanes started."""
+        waiting = {u.world_size for u in self.pending}
+        for run in self.running:
+            if (
+                run.world_size > 1
+                and not run.lent
+                and run.world_size not in waiting
+                and run is not self.solo_run
+            ):
+                run.lent = True
+                self.seats.give(run.slots)
+
     def _place_solo(self) -> None:
         """Once no unit of several ranks waits, keep the last device for the solo unit (no new lane there), and
         start the solo's lane on it as soon as no lane holds a seat of it."""
@@ -423,7 +441,8 @@ class LaneRunner:
             self.seats.closed.discard(device)
             return
         self.seats.closed.add(device)
-        if self.seats.take_whole(device, self.plan.seats):
+        held = any(device in r.slots for r in self.running)  # (a lent seat is free, yet its lane runs there)
+        if not held and self.seats.take_whole(device, self.plan.seats):
             self._solo_since = time.monotonic()
             self.solo_run = self._launch(1, [device], self.solo, shared=False)
             self.solo = None
@@ -589,7 +608,7 @@ class LaneRunner:
             self.seats.free[run.slots[0]] = self.plan.seats
             self.seats.closed.clear()
             self.stats.stages.append(("solo", self._solo_since, time.monotonic()))
-        else:
+        elif not run.lent:
             self.seats.give(run.slots)
         self.free_slices += run.cpu_slices
         for test, phases in run.phases.items():
