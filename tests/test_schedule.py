@@ -111,7 +111,10 @@ def test_seats_per_device_is_bounded_by_memory_and_by_host_cores():
     # GPT-2 XL ranks (~38 GiB): memory allows 2 on an H200, 1 on an H100 (80 GiB)
     assert seats_per_device(1, 141 * GIB, 38 * GIB, cores=16) == 2
     assert seats_per_device(1, 80 * GIB, 38 * GIB, cores=16) == 1
-    assert seats_per_device(8, 141 * GIB, 5 * GIB, cores=128) == 8
+    # two GPUs or more count 4/3 cores a rank: 2x H200 (32 vCPUs) gets the 12 seats measured faster than 8
+    assert seats_per_device(2, 141 * GIB, 5 * GIB, cores=32) == 12
+    assert seats_per_device(8, 141 * GIB, 5 * GIB, cores=128) == 12
+    assert seats_per_device(2, 80 * GIB, 5 * GIB, cores=32) == 12  # an H100 runner: memory allows 12 too
     assert seats_per_device(1, 141 * GIB, 5 * GIB, cores=16, cores_per_rank=1.5) == 10
     assert seats_per_device(2, None, None, cores=2) == 1  # never below one
 
