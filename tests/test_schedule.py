@@ -531,3 +531,14 @@ def test_a_wide_lane_on_its_last_unit_lends_its_seats_to_narrower_lanes_once(tmp
     r._lend_last_seats()
     assert first.lent and not narrow.lent and r.seats.free == [1, 2]
     assert next_world_size(r.pending, {}, r.seats) == 1
+
+
+def test_a_device_kept_for_the_solo_seats_wider_lanes_but_no_one_rank_lane():
+    """Before the solo runs, its device takes world-size-2 lanes (they need it) but no one-rank lane, whose
+    unit (minutes of one strategy's cases) would keep the solo waiting once the wide lanes are done."""
+    s = Seats.of(devices=2, seats=2)
+    s.closed_to_one_rank.add(1)
+    assert s.take(1) == [0] and s.take(1) == [0] and s.take(1) is None
+    assert next_world_size([Unit(1, ["a"], 1.0)], {}, s) is None
+    s.give([0])
+    assert s.take(2) == [0, 1]

@@ -11,9 +11,9 @@ the rest of its work goes back to the queue. Every lane process is its own proce
 killed with its ranks on Ctrl-C or -x; the lanes' directory (test ids, events, output, the lane's basetemp)
 is removed at the end. While lanes run, a unit is handed out only while the devices have memory to spare
 (GpuWatch), and each test is charged the device memory its lane held (the next session's seats read it).
-The plan's solo unit (one-rank exclusive tests) gets the last device whole: once no unit of several ranks
-waits, no new lane takes a seat there and its one-rank lanes end at their next unit; the solo lane starts when
-the device is empty and gives it back when done.
+The plan's solo unit (one-rank exclusive tests) gets the last device whole: no one-rank lane takes a seat
+there before the solo has run, and once no unit of several ranks waits no lane at all does; the solo lane
+starts when the device is empty and gives it back when done.
 """
 
 from __future__ import annotations
@@ -320,6 +320,8 @@ class LaneRunner:
         self.items = {it.nodeid: it for it in session.items}
         self.pending = list(plan.units)
         self.seats = Seats.of(plan.devices, plan.seats)
+        if plan.solo:  # no one-rank lane there meanwhile: its unit could keep the solo waiting for minutes
+            self.seats.closed_to_one_rank.add(plan.devices - 1)
         self.free_slices = list(range(plan.devices * plan.seats))
         self.running: list[LaneRun] = []
         #: lanes of each world size that exited, one after another, before asking for work
@@ -607,6 +609,7 @@ class LaneRunner:
         if run is self.solo_run:  # the device is the lanes' again
             self.seats.free[run.slots[0]] = self.plan.seats
             self.seats.closed.clear()
+            self.seats.closed_to_one_rank.clear()
             self.stats.stages.append(("solo", self._solo_since, time.monotonic()))
         elif not run.lent:
             self.seats.give(run.slots)

@@ -145,22 +145,23 @@ class Seats:
 
     free: list[int]
     taken: dict[int, int] = field(default_factory=dict)  # lanes holding a seat, per device
-    closed: set[int] = field(
-        default_factory=set
-    )  # devices no new lane may take a seat on (kept for the solo)
+    #: devices no new lane may take a seat on, and those no new one-rank lane may (both: kept for the solo)
+    closed: set[int] = field(default_factory=set)
+    closed_to_one_rank: set[int] = field(default_factory=set)
 
     @classmethod
     def of(cls, devices: int, seats: int) -> Seats:
         return cls([seats] * devices)
 
-    def open_devices(self) -> list[int]:
-        """Devices a new lane may take a seat on: not closed, a seat free."""
-        return [d for d, n in enumerate(self.free) if n > 0 and d not in self.closed]
+    def open_devices(self, world_size: int) -> list[int]:
+        """Devices a new lane of `world_size` may take a seat on: a seat free, not closed (to it)."""
+        shut = self.closed | (self.closed_to_one_rank if world_size == 1 else set())
+        return [d for d, n in enumerate(self.free) if n > 0 and d not in shut]
 
     def take(self, world_size: int) -> list[int] | None:
         """The `world_size` open devices with the most free seats (lowest index first on ties), their seats
         taken; None when fewer devices than that are open."""
-        open_ = sorted(self.open_devices(), key=lambda d: (-self.free[d], d))
+        open_ = sorted(self.open_devices(world_size), key=lambda d: (-self.free[d], d))
         if len(open_) < world_size:
             return None
         mine = sorted(open_[:world_size])
@@ -189,7 +190,7 @@ def next_world_size(pending: Sequence[Unit], running: dict[int, int], seats: Sea
         cost[u.world_size] = cost.get(u.world_size, 0.0) + u.cost
         count[u.world_size] = count.get(u.world_size, 0) + 1
     for ws in sorted(cost, key=lambda w: -cost[w]):
-        if count[ws] > running.get(ws, 0) and len(seats.open_devices()) >= ws:
+        if count[ws] > running.get(ws, 0) and len(seats.open_devices(ws)) >= ws:
             return ws
     return None
 
