@@ -166,6 +166,20 @@ def test_a_lane_takes_another_groups_unit_when_enough_lanes_run_one_group():
     ]  # nothing else: it waits less
 
 
+def test_the_last_round_of_a_world_size_hands_out_its_costliest_unit_first(tmp_path):
+    """Once no more units of a world size wait than lanes serve it, a lane takes the costliest: the round then
+    ends with short units, not with a long one handed out last (a GPU held for a minute after the rest)."""
+    pending = [Unit(2, ["a"], 5.0, "ddp"), Unit(2, ["faults"], 60.0, "f.py"), Unit(2, ["c"], 3.0, "zero3")]
+    assert take_unit(list(pending), 2).nodeids == ["a"]  # plan order while more units wait
+    assert take_unit(list(pending), 2, last_round=True).nodeids == ["faults"]
+    assert take_unit(list(pending), 2, {"f.py": 1}, cap=1, last_round=True).nodeids == ["a"]  # the cap first
+    lanes = FakeLanes(pending, tmp_path)
+    first = lanes.lane(2)
+    assert lanes.ask(first).nodeids == ["a"], "one lane for three units: not yet the last round"
+    lanes.lane(2)
+    assert lanes.ask(lanes.lane(2)).nodeids == ["faults"], "three lanes for two units: the costliest first"
+
+
 def test_the_exclusive_pools_warm_once_the_work_left_is_within_the_lead_of_the_lanes_end():
     """Not at the lanes' start (the warm-up's ranks would compete with a full load) and not once every unit is
     handed out (the lanes' last units are then shorter than the warm-up, which the first exclusive test waits

@@ -460,7 +460,9 @@ class LaneRunner:
         busy = Counter(r.unit.group for r in self.running if r.unit is not None)
         dropping = self._drops.unfinished_tasks > 0
         startable = [u for u in self.pending if not (dropping and u.reads_any)]
-        unit = take_unit(startable, run.world_size, busy, self.group_cap, run.collected)
+        serving = sum(r.world_size == run.world_size for r in self.running if r is not self.solo_run)
+        last_round = sum(u.world_size == run.world_size for u in self.pending) <= serving
+        unit = take_unit(startable, run.world_size, busy, self.group_cap, run.collected, last_round)
         if unit is None and any(runnable(u, run.world_size, run.collected) for u in self.pending):
             return
         self.pending = [u for u in self.pending if u is not unit]
