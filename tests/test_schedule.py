@@ -169,7 +169,7 @@ def test_a_lane_takes_another_groups_unit_when_enough_lanes_run_one_group():
 def test_the_last_round_of_a_world_size_hands_out_its_costliest_unit_first(tmp_path):
     """Once no more units of a world size wait than lanes serve it, a lane takes the costliest: the round then
     ends with short units, not with a long one handed out last (a GPU held for a minute after the rest)."""
-    pending = [Unit(2, ["a"], 5.0, "ddp"), Unit(2, ["faults"], 60.0, "f.py"), Unit(2, ["c"], 3.0, "zero3")]
+    pending = [Unit(2, ["a"], 5.0, "ddp"), Unit(2, ["c"], 3.0, "zero3"), Unit(2, ["faults"], 60.0, "f.py")]
     assert take_unit(list(pending), 2).nodeids == ["a"]  # plan order while more units wait
     assert take_unit(list(pending), 2, last_round=True).nodeids == ["faults"]
     assert take_unit(list(pending), 2, {"f.py": 1}, cap=1, last_round=True).nodeids == ["a"]  # the cap first
