@@ -452,21 +452,22 @@ def test_one_rank_exclusive_cases_make_the_solo_unit_on_two_devices_or_more():
 
 
 def test_the_solo_gets_the_last_device_whole_once_no_unit_of_several_ranks_waits(tmp_path):
-    """While a world-size-2 unit waits the last device stays open; then no new lane takes a seat there, a
-    one-rank lane there is told to end at its next ask, and the solo starts once the device is empty, beside a
-    lane on the other device. A world-size-2 unit given back (its lane died) opens the device again until the
-    solo starts. When the solo's lane ends the device is the lanes' again."""
+    """While a world-size-2 unit waits the last device stays open. Then no new lane takes a seat there, a
+    one-rank lane there is told to end at its next ask, and the solo's lane starts at once (its start and
+    warm-up overlap the last units there) but is handed its unit only once no other lane is on the device,
+    lent seat or not, while a lane on the other device goes on. When the solo's lane ends the device is the
+    lanes' again."""
     solo = Unit(1, ["b.py::spin", "b.py::mfu"], 5.0, "exclusive, one rank", True)
     wide, narrow = Unit(2, ["w.py::p"], 2.0, "g"), Unit(1, ["o.py::x", "o.py::y"], 2.0, "h")
     lanes = FakeLanes([wide, narrow], tmp_path)
     r = lanes.runner
     r.plan.solo = r.solo = solo
     r.groups_left[solo.group] = 1
-    launched: list[list[int]] = []
+    launched: list[tuple[list[int], dict[str, str]]] = []
 
-    def launch(world_size: int, slots: list[int], work: Unit, shared: bool | None = None) -> LaneRun:
-        launched.append(slots)
-        return lanes.lane(world_size, slots, work.nodeids)
+    def launch(ws: int, slots: list[int], work: Unit, shared: bool | None = None, extra=None) -> LaneRun:
+        launched.append((slots, extra or {}))
+        return lanes.lane(ws, slots, work.nodeids)
 
     r._launch = launch
     on_last = lanes.lane(1, [1])
@@ -476,28 +477,28 @@ def test_the_solo_gets_the_last_device_whole_once_no_unit_of_several_ranks_waits
     wide_lane = lanes.lane(2)
     assert r.seats.take(2) == [0, 1] and lanes.ask(wide_lane) is wide
     r._place_solo()
-    assert r.seats.closed == {1} and not launched, "the solo started on a device a lane still holds"
+    assert r.seats.closed == {1} and launched == [([1], {"DISTBENCH_LANE_WARM": "1"})]
+    solo_lane = r.solo_run
     assert r.seats.take(1) is None, "a new lane took a seat on the device kept for the solo"
+    assert lanes.ask(solo_lane) is None and solo_lane.told_to_end is None, "handed, or told to end, too soon"
     assert lanes.ask(on_last) is None and on_last.told_to_end is not None
     lanes.exits(on_last, status=0)
     r._lend_last_seats()  # the world-size-2 lane runs its last unit: its seats are lent ...
     assert wide_lane.lent and r.seats.free == [1, 2]
     r._place_solo()
-    assert not launched, "the solo started beside a lane of two ranks on its last unit"  # ... not to the solo
+    assert lanes.ask(solo_lane) is None, "the solo began beside a lane of two ranks on its last unit"
     lanes.passes(wide_lane, "w.py::p")
     lanes.exits(wide_lane, status=0)
     assert r.seats.free == [1, 2], "a lent lane's seats were given back twice"
-    r._place_solo()
-    assert launched == [[1]] and r.seats.free[1] == 0 and r.solo is None
-    assert lanes.ask(r.solo_run) is solo
+    assert lanes.ask(solo_lane) is solo and r.seats.free[1] == 0 and r.solo is None
     other = lanes.lane(1, [0])
     assert lanes.ask(other) is narrow, "a lane on the other device stopped getting work"
-    lanes.passes(r.solo_run, "b.py::spin")
-    lanes.passes(r.solo_run, "b.py::mfu")
-    assert lanes.ask(r.solo_run) is None, "the solo lane got other work"
-    lanes.exits(r.solo_run, status=0)
+    lanes.passes(solo_lane, "b.py::spin")
+    lanes.passes(solo_lane, "b.py::mfu")
+    assert lanes.ask(solo_lane) is None, "the solo lane got other work"
+    lanes.exits(solo_lane, status=0)
     assert r.seats.free[1] == 2 and not r.seats.closed and r.groups_left[solo.group] == 0
-    assert [name for name, *_ in r.stats.stages] == ["solo"]
+    assert [name for name, *_ in r.stats.stages] == ["solo"] and len(launched) == 1
 
 
 def test_a_wide_unit_given_back_opens_the_kept_device_and_a_dead_solos_rest_runs_alone(tmp_path):
@@ -508,9 +509,11 @@ def test_a_wide_unit_given_back_opens_the_kept_device_and_a_dead_solos_rest_runs
     r.seats.closed.add(1)
     r.pending = [Unit(2, ["w.py::q"], 1.0, "g")]  # the rest of a unit whose lane died
     r._place_solo()
-    assert not r.seats.closed, "a world-size-2 unit given back waits on a device kept for the solo"
+    assert not r.seats.closed and r.solo_run is None, (
+        "a world-size-2 unit given back waits on the kept device"
+    )
     r.pending = []
-    r._launch = lambda ws, slots, work, shared=None: lanes.lane(ws, slots, work.nodeids)
+    r._launch = lambda ws, slots, work, shared=None, extra=None: lanes.lane(ws, slots, work.nodeids)
     r._place_solo()
     run = r.solo_run
     assert lanes.ask(run) is solo
@@ -523,10 +526,12 @@ def test_a_wide_unit_given_back_opens_the_kept_device_and_a_dead_solos_rest_runs
     never = FakeLanes([solo], tmp_path / "never")
     nr = never.runner
     nr.plan.solo, nr.solo, nr.pending = solo, solo, []
-    nr._launch = lambda ws, slots, work, shared=None: never.lane(ws, slots, work.nodeids)
+    nr._launch = lambda ws, slots, work, shared=None, extra=None: never.lane(ws, slots, work.nodeids)
     nr._place_solo()
-    never.exits(nr.solo_run)  # it could not start: its tests run here, where their errors show
-    assert nr.stats.solo_left == solo.nodeids and not never.reported
+    never.runner._on_event(nr.solo_run, {"event": "want"})  # it started and waits for its device ...
+    never.exits(nr.solo_run)  # ... and died there: its tests run here, where their errors show
+    assert nr.stats.solo_left == solo.nodeids and not never.reported and nr.solo is None
+    assert nr.seats.free == [2, 2], "a solo that never had its device gave seats back"
 
 
 def test_a_wide_lane_on_its_last_unit_lends_its_seats_to_narrower_lanes_once(tmp_path):

@@ -31,6 +31,9 @@ WORK_FD_ENV = "DISTBENCH_LANE_FD"
 #: "device_type:world_size" of the rank pool the lane's first unit runs in: the child spawns it before it
 #: collects, so the ranks' start (imports, CUDA context, NCCL) overlaps the collection, each lane's first ~9 s
 LANE_POOL_ENV = "DISTBENCH_LANE_POOL"
+#: Set: the lane runs a short benchmark in that pool before it first asks for work (the solo lane, whose first
+#: test times the device and is handed out only once the device is its own: the warm-up overlaps that wait)
+LANE_WARM_ENV = "DISTBENCH_LANE_WARM"
 
 
 class LaneReporter:
@@ -49,6 +52,7 @@ class LaneReporter:
         self._work = os.fdopen(int(os.environ[WORK_FD_ENV]), "r", encoding="utf-8")
         self._items: dict[str, pytest.Item] = {}
         self.exitstatus = int(pytest.ExitCode.INTERNAL_ERROR)  # until the session finishes
+        self.warm: Callable[[], None] | None = None  # run before the first request for work (LANE_WARM_ENV)
 
     def send(self, **event: Any) -> None:
         self._out.write(json.dumps(event, default=repr) + "\n")
@@ -87,6 +91,8 @@ class LaneReporter:
         """Run units as the parent hands them out, until it has none left. After a unit's last test pytest is
         told the session comes next, so module fixtures are torn down and session ones (the Suite and its
         rank pools) are kept for the next unit; pytest's session finish tears those down."""
+        if self.warm is not None:
+            self.warm()
         while unit := self._request():
             for i, nodeid in enumerate(unit):
                 nextitem = self._items[unit[i + 1]] if i + 1 < len(unit) else cast(pytest.Item, session)

@@ -12,8 +12,9 @@ killed with its ranks on Ctrl-C or -x; the lanes' directory (test ids, events, o
 is removed at the end. While lanes run, a unit is handed out only while the devices have memory to spare
 (GpuWatch), and each test is charged the device memory its lane held (the next session's seats read it).
 The plan's solo unit (one-rank exclusive tests) gets the last device whole: no one-rank lane takes a seat
-there before the solo has run, and once no unit of several ranks waits no lane at all does; the solo lane
-starts when the device is empty and gives it back when done.
+there before the solo has run, and once no unit of several ranks waits no lane at all does. The solo lane
+starts then, warms its pool beside the last lanes there, and is handed its unit once the device is empty;
+it gives the device back when done.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from ..measure.hostspeed import cpu_stat, steal_share
 from ..runtime.phases import PhaseLog
 from ..runtime.pool import visible_devices
 from ..runtime.worker import THREADS_ENV
-from .lane_child import EVENTS, ITEMS, LANE_POOL_ENV, OUTPUT, WORK_FD_ENV
+from .lane_child import EVENTS, ITEMS, LANE_POOL_ENV, LANE_WARM_ENV, OUTPUT, WORK_FD_ENV
 from .lane_watch import GpuWatch, Occupancy, dirty_bytes, session_of, sync_filesystem
 from .schedule import (
     CORES_PER_RANK,
@@ -308,7 +309,7 @@ class LaneRunner:
         self.drop_errors: list[str] = []
         self.warm_up = warm_up
         self._warming: threading.Thread | None = None
-        self.solo = plan.solo  # the solo unit until its lane starts
+        self.solo = plan.solo  # the solo unit until its lane is handed it
         self.solo_run: LaneRun | None = None
         self._solo_since = 0.0
         self.groups_left = Counter(u.group for u in [*plan.units, *([plan.solo] if plan.solo else [])])
@@ -434,19 +435,28 @@ class LaneRunner:
                 self.seats.give(run.slots)
 
     def _place_solo(self) -> None:
-        """Once no unit of several ranks waits, keep the last device for the solo unit (no new lane there), and
-        start the solo's lane on it as soon as no lane holds a seat of it."""
-        if self.solo is None:
+        """Once no unit of several ranks waits, keep the last device for the solo unit (no new lane there) and
+        start the solo's lane on it: its start and warm-up (LANE_WARM_ENV) overlap the last units there."""
+        if self.solo is None or self.solo_run is not None:
             return
         device = self.plan.devices - 1
         if any(u.world_size > 1 for u in self.pending):  # (again: a lane that died gave its unit back)
             self.seats.closed.discard(device)
             return
         self.seats.closed.add(device)
-        held = any(device in r.slots for r in self.running)  # (a lent seat is free, yet its lane runs there)
+        self.solo_run = self._launch(1, [device], self.solo, shared=False, extra={LANE_WARM_ENV: "1"})
+
+    def _hand_solo(self, run: LaneRun) -> None:
+        """The solo lane asked: its unit once no other lane holds its device (a lent seat is free, yet its lane
+        still runs there), else no answer yet; after its unit, none."""
+        if self.solo is None:
+            run.hand(None)
+            return
+        device = run.slots[0]
+        held = any(device in r.slots for r in self.running if r is not run)
         if not held and self.seats.take_whole(device, self.plan.seats):
             self._solo_since = time.monotonic()
-            self.solo_run = self._launch(1, [device], self.solo, shared=False)
+            run.hand(self.solo)
             self.solo = None
 
     def _hand_out(self, run: LaneRun) -> None:
@@ -454,8 +464,11 @@ class LaneRunner:
         not collect). While shelved runs are being removed, no unit that may read any group's runs
         (Unit.reads_any) starts: the lane asks again. The solo lane gets the solo unit, then none; a lane on
         the device kept for the solo gets none."""
-        if run is self.solo_run or self.seats.closed.intersection(run.slots):
-            run.hand(self.plan.solo if run is self.solo_run and run.units == 0 else None)
+        if run is self.solo_run:
+            self._hand_solo(run)
+            return
+        if self.seats.closed.intersection(run.slots):
+            run.hand(None)
             return
         busy = Counter(r.unit.group for r in self.running if r.unit is not None)
         dropping = self._drops.unfinished_tasks > 0
@@ -503,9 +516,17 @@ class LaneRunner:
         candidates = [n for u in self.pending if u.world_size == world_size for n in u.nodeids]
         self._launch(world_size, slots, Unit(world_size, candidates, 0.0, device_type=first.device_type))
 
-    def _launch(self, world_size: int, slots: list[int], work: Unit, shared: bool | None = None) -> LaneRun:
+    def _launch(
+        self,
+        world_size: int,
+        slots: list[int],
+        work: Unit,
+        shared: bool | None = None,
+        extra: dict[str, str] | None = None,
+    ) -> LaneRun:
         """Start a lane process on `slots` that may be given the tests of `work` (its first pool is of
-        `work`'s tier); `shared`: whether lanes share its devices (by default, whether devices have seats)."""
+        `work`'s tier); `shared`: whether lanes share its devices (by default, whether devices have seats);
+        `extra`: what its environment adds."""
         slices, self.free_slices = self.free_slices[:world_size], self.free_slices[world_size:]
         self.stats.started += 1
         d = self._root / f"lane{self.stats.started}"
@@ -544,6 +565,7 @@ class LaneRunner:
             **self.env,
             WORK_FD_ENV: str(read_end),
             LANE_POOL_ENV: f"{work.device_type}:{world_size}",
+            **(extra or {}),
         }
         try:
             with open(d / OUTPUT, "wb") as out:
@@ -609,17 +631,19 @@ class LaneRunner:
             self.stats.exits.append(time.monotonic() - run.told_to_end)
         run.close_work()
         if run is self.solo_run:  # the device is the lanes' again
-            self.seats.free[run.slots[0]] = self.plan.seats
+            if run.units:
+                self.seats.free[run.slots[0]] = self.plan.seats
+                self.stats.stages.append(("solo", self._solo_since, time.monotonic()))
             self.seats.closed.clear()
             self.seats.closed_to_one_rank.clear()
-            self.stats.stages.append(("solo", self._solo_since, time.monotonic()))
         elif not run.lent:
             self.seats.give(run.slots)
         self.free_slices += run.cpu_slices
         for test, phases in run.phases.items():
             self.phases.add(test, phases)
-        if run is self.solo_run and self.plan.solo and not run.started:  # its tests run here, alone, last
-            self.stats.solo_left += self.plan.solo.nodeids
+        if run is self.solo_run and self.solo is not None:  # never handed its unit: it runs here, alone, last
+            self.stats.solo_left += self.solo.nodeids
+            self.solo = None
             return
         if not (run.started or run.told_to_end is not None or run.killed_why):
             self.start_failures[run.world_size] += 1

@@ -202,7 +202,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(e)) from None
     lane_dir = config.getoption("--distbench-lane")
     if lane_dir:
-        from .lane_child import LANE_POOL_ENV, LaneReporter
+        from .lane_child import LANE_POOL_ENV, LANE_WARM_ENV, LaneReporter
 
         reporter = LaneReporter(
             config, Path(lane_dir), config.stash.setdefault(PHASES, PhaseLog()), lambda: close_suites(config)
@@ -211,7 +211,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.add_cleanup(reporter.close)
         if os.environ.get(LANE_POOL_ENV):  # its ranks start (imports, CUDA, NCCL) while this process collects
             device_type, world_size = os.environ[LANE_POOL_ENV].split(":")
-            session_suite(config, device_type).pool_manager.pool_for(int(world_size)).spawn()
+            suite = session_suite(config, device_type)
+            suite.pool_manager.pool_for(int(world_size)).spawn()
+            if os.environ.get(LANE_WARM_ENV):
+                reporter.warm = lambda: warm_pool(suite, int(world_size))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -650,14 +653,28 @@ def session_suite(cfg: pytest.Config, device_type: str) -> Suite:
     return suites[device_type]
 
 
+def warm_pool(suite: Suite, world_size: int) -> None:
+    """One short benchmark in the suite's pool of `world_size` (CUDA context, first kernels, the libraries'
+    handles: about 10 s of a pool's first test on an H200). A failure is left to the test that next uses the
+    pool, which reports it."""
+    from ..matrix import run_benchmark
+
+    try:
+        run_benchmark(
+            suite.pool_manager.pool_for(world_size),
+            suite.bench_config("ddp", world_size, steps=1, warmup=0),
+            nvml=False,
+        )
+    except Exception:
+        return
+
+
 def _warm_up(session: pytest.Session, nodeids: list[str]) -> Callable[[], threading.Thread]:
     """Start the pools the exclusive tests `nodeids` will use, and run one short benchmark in each: their
     ranks' start, imports, CUDA context and first kernels (about 15 s of the first exclusive test on an H200)
     then overlap the lanes' last tests instead of following them. The ranks are spawned here, on the session's
     thread (they die with the thread that spawned them), the rest in the thread returned. A failure is left
     to the test that next uses the pool, which reports it."""
-    from ..matrix import run_benchmark
-
     wanted = set(nodeids)
     needs = sorted(
         {
@@ -672,18 +689,14 @@ def _warm_up(session: pytest.Session, nodeids: list[str]) -> Callable[[], thread
         for device_type, ws in needs:
             suite = session_suite(session.config, device_type)
             try:
-                pool = suite.pool_manager.pool_for(ws)
-                pool.spawn()
+                suite.pool_manager.pool_for(ws).spawn()
             except Exception:
                 continue
-            pools.append((pool, suite.bench_config("ddp", ws, steps=1, warmup=0)))
+            pools.append((suite, ws))
 
         def warm() -> None:
-            for pool, cfg in pools:
-                try:
-                    run_benchmark(pool, cfg, nvml=False)
-                except Exception:
-                    continue
+            for suite, ws in pools:
+                warm_pool(suite, ws)
 
         thread = threading.Thread(target=warm, name="distbench-warm-up", daemon=True)
         thread.start()
