@@ -262,7 +262,7 @@ class LaneStats:
     #: tests; the share of the host's CPU time the hypervisor stole while they ran (their timings' noise)
     disk_flush: tuple[int | None, float] | None = None
     alone_steal: float | None = None
-    #: the solo unit's tests its lane did not finish (it died): they run alone with the others, last
+    #: the solo unit's tests its lane did not run (it died, or never got them): they run alone, last
     solo_left: list[str] = field(default_factory=list)
 
 
