@@ -77,7 +77,10 @@ from pathlib import Path
 from record import record
 pytestmark = pytest.mark.exclusive
 def test_alone(suite):
-    Path(os.environ["LANES_LOG"]).with_name("warm").write_text(str(suite.pool_manager.pool_for(1).alive))
+    here = Path(os.environ["LANES_LOG"])
+    here.with_name("warm").write_text(str(suite.pool_manager.pool_for(1).alive))
+    lanes = sorted(p.name for p in Path(os.environ["TMPDIR"]).glob("distbench-lanes-*/lane*"))
+    here.with_name("lane_dirs").write_text(" ".join(lanes))
     record("alone", 0.3)
 """,
 }
@@ -152,7 +155,10 @@ def overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
 @pytest.fixture(scope="module")
 def concurrent(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
     tmp = tmp_path_factory.mktemp("concurrent")
-    out = session(tmp, CONCURRENT, "--lanes", "2", LANES_LOG=str(tmp / "log.jsonl"))
+    (tmp / "tmpdir").mkdir()
+    out = session(
+        tmp, CONCURRENT, "--lanes", "2", LANES_LOG=str(tmp / "log.jsonl"), TMPDIR=str(tmp / "tmpdir")
+    )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     return out, intervals(tmp / "log.jsonl")
 
@@ -222,6 +228,15 @@ def test_the_exclusive_tests_pool_is_warm_before_they_run(concurrent, tmp_path_f
     """Started while the lanes ended (LaneRunner's warm_up): the first exclusive test does not pay for it."""
     (log,) = Path(tmp_path_factory.getbasetemp()).glob("concurrent[0-9]*/warm")
     assert log.read_text() == "True"
+
+
+def test_each_lanes_directory_is_gone_before_the_exclusive_tests(concurrent, tmp_path_factory):
+    """A lane's directory holds its tests' tmp_path (checkpoints: GiB each on GPUs): it goes as the lane ends,
+    not all at once at the session's end, where its removal held up the command; and the session leaves
+    nothing of its own in the temp directory (torch may keep its compile cache there)."""
+    (root,) = Path(tmp_path_factory.getbasetemp()).glob("concurrent[0-9]*")
+    assert (root / "lane_dirs").read_text() == "", "lane directories were left when the exclusive test ran"
+    assert list((root / "tmpdir").glob("distbench-*")) == []
 
 
 def test_the_session_reports_every_lane_test_and_merges_the_phase_tables(concurrent):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -110,7 +111,39 @@ def test_the_session_writes_when_each_test_ran_when_asked(pytester):
     out = pytester.path / "timeline.json"
     result = pytester.runpytest_inprocess("-p", "distbench.testsuite.plugin", f"--timeline-json={out}")
     result.assert_outcomes(passed=2)
-    spans = json.loads(out.read_text())
+    timeline = json.loads(out.read_text())
+    assert timeline["samples"] == []  # no GPU watched on the CPU tier
+    spans = timeline["tests"]
     assert list(spans) == ["test_two.py::test_a", "test_two.py::test_b"]
     (a0, a1), (b0, b1) = spans.values()
     assert a0 == 0.0 and a1 - a0 >= 0.2 and a1 <= b0 <= b1
+
+
+def test_a_slow_end_of_the_session_says_what_it_waited_on(pytester, monkeypatch):
+    """The rank pools' close and the shelf's removal come after the summary, yet a command's wall clock
+    includes them (10-20 s at the 2-GPU tier's end): past END_SAY_S the session says how long they took, and
+    its shelf is gone afterwards."""
+    from distbench.testsuite import plugin
+
+    pytester.makepyfile(
+        test_end="""
+        from pathlib import Path
+        from distbench.testsuite.plugin import session_facts
+
+        def test_makes_the_shelf(request):
+            shelf = Path(session_facts(request.config)["shelf"])
+            (shelf / "run.bin").write_bytes(b"0" * 1024)
+            Path("shelf.txt").write_text(str(shelf))
+        """
+    )
+    monkeypatch.setattr(plugin, "END_SAY_S", -1.0)
+    result = pytester.runpytest_inprocess("-p", "distbench.testsuite.plugin")
+    result.assert_outcomes(passed=1)
+    result.stdout.re_match_lines(
+        [r"distbench: the session's end took [0-9.]+ s: closing its rank pools [0-9.]+ s"]
+    )
+    shelf = (pytester.path / "shelf.txt").read_text()
+    assert not Path(shelf).exists()
+    monkeypatch.setattr(plugin, "END_SAY_S", 60.0)
+    quiet = pytester.runpytest_inprocess("-p", "distbench.testsuite.plugin")
+    assert "the session's end took" not in quiet.stdout.str()

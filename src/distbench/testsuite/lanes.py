@@ -307,6 +307,12 @@ class LaneRunner:
         self._drops: queue.Queue[str | None] = queue.Queue()
         self._dropper = threading.Thread(target=self._drop_loop, name="distbench-shelf-drops", daemon=True)
         self.drop_errors: list[str] = []
+        #: ended lanes' directories (their tests' tmp_path: checkpoints of GiB each), removed by a thread of
+        #: their own as lanes end: removed all at once at the session's end, they were on its critical path
+        self._dirs: queue.Queue[Path | None] = queue.Queue()
+        self._dir_remover = threading.Thread(
+            target=self._remove_dirs, name="distbench-lane-dirs", daemon=True
+        )
         self.warm_up = warm_up
         self._warming: threading.Thread | None = None
         self.solo = plan.solo  # the solo unit until its lane is handed it
@@ -339,11 +345,14 @@ class LaneRunner:
             t1 = time.monotonic()
             self.stats.stages.append(("skipped", t0, t1))
             self._dropper.start()
+            self._dir_remover.start()
             self._run_lanes()
             t2 = time.monotonic()
             self.stats.stages.append(("lanes", t1, t2))
             self._drops.put(None)
+            self._dirs.put(None)
             self._dropper.join()  # no disk work beside the exclusive tests' timings
+            self._dir_remover.join()
             for error in self.drop_errors:
                 warnings.warn(f"distbench: shelved runs of {error} were not removed", stacklevel=1)
             if self._warming is not None:
@@ -362,6 +371,7 @@ class LaneRunner:
         finally:
             self.watch.on_sample = None
             self._drops.put(None)
+            self._dirs.put(None)
             for run in self.running:
                 run.kill("was stopped")
                 run.close_work()
@@ -403,6 +413,7 @@ class LaneRunner:
                     self._hand_out(run)
                 if ended:
                     self._ended(run)
+                    self._dirs.put(run.dir)
                 elif run.current and time.monotonic() - run.current_since > self.lane_timeout:
                     run.kill(
                         f"was killed: this test ran longer than --lane-timeout {self.lane_timeout:.0f}s "
@@ -500,6 +511,11 @@ class LaneRunner:
                 self.drop_errors.append(f"{group}: {type(e).__name__}: {e}")
             finally:
                 self._drops.task_done()
+
+    def _remove_dirs(self) -> None:
+        """The lane directories' remover thread: each queued directory, until None."""
+        while (path := self._dirs.get()) is not None:
+            shutil.rmtree(path, ignore_errors=True)
 
     def _memory_tight(self, run: LaneRun) -> bool:
         """Whether one of the lane's GPUs is fuller than _MEMORY_TIGHT while other lanes run (they may free

@@ -13,6 +13,7 @@ never a failure and never a pass.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -632,6 +633,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         cache.set(PEAKS_KEY, {**_cache_get(cfg, PEAKS_KEY), **per_rank})
 
 
+#: seconds of the session's end (rank pools closed, shelf removed) past which pytest_unconfigure says so
+END_SAY_S = 2.0
+
 SUITES = pytest.StashKey[dict[str, Suite]]()  # this process's Suite per device type
 
 
@@ -740,14 +744,32 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """Close this process's suites, and remove the session's shelf (gigabytes of checkpoints on the GPU tier)
     in the process that made it. First of the unconfigure hooks: after a SIGTERM or Ctrl-C, the terminal
     reporter's hook prints the interrupt, and where the output is gone (`timeout 60 pytest | head`) that
-    raises and no later hook runs. A SIGTERM while the pools close still leaves the shelf removed."""
+    raises and no later hook runs. A SIGTERM while the pools close still leaves the shelf removed. The shelf
+    goes in a thread beside the pools' close: on the 2-GPU tier it held tens of GiB at the end. An end slower
+    than END_SAY_S says what it waited on (a command's wall clock includes it)."""
+    t0 = time.perf_counter()
+    facts = config.stash.get(SESSION, None)
+    remover = None
+    if facts and facts.get("owner"):
+        remover = threading.Thread(
+            target=shutil.rmtree, args=(facts["shelf"],), kwargs={"ignore_errors": True}, daemon=True
+        )
+        remover.start()
     try:
         close_suites(config)
     finally:
-        facts = config.stash.get(SESSION, None)
-        if facts and facts.get("owner"):
-            shutil.rmtree(facts["shelf"], ignore_errors=True)
+        closed = time.perf_counter() - t0
+        if remover is not None:
+            remover.join()
         terminate.restore(config.stash.get(SIGTERM_BEFORE, None))
+    took = time.perf_counter() - t0
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if took > END_SAY_S and reporter is not None and not config.getoption("--distbench-lane"):
+        with contextlib.suppress(OSError):  # the output may be gone (`pytest | head`)
+            reporter.write_line(
+                f"distbench: the session's end took {took:.1f} s: closing its rank pools {closed:.1f} s, "
+                "removing its shelved runs and checkpoints beside them"
+            )
 
 
 @pytest.fixture
