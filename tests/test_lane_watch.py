@@ -43,16 +43,17 @@ def test_below_counts_the_time_too_few_tests_ran_within_a_window():
 
 
 def test_summary_splits_the_samples_taken_while_lanes_ran():
-    w = GpuWatch(total_bytes=[100])
-    w.utilization = [[0.2], [0.6], [1.0]]
+    w = GpuWatch(total_bytes=[100, 100])
+    w.utilization = [[0.2, 0.0], [0.6, 0.2], [1.0, 0.4]]
     w.host_busy = [0.1, 0.9, None]
     w.in_lanes = [False, True, True]
-    w.used_bytes = [[10], [50], [30]]
+    w.used_bytes = [[10, 0], [50, 5], [30, 5]]
     s = w.summary()
     assert s is not None
-    assert s["busy"] == pytest.approx(0.6)
+    assert s["per_device"] == pytest.approx([0.6, 0.2])  # each GPU's own, not the pooled mean
+    assert s["busy"] == pytest.approx(0.4)
     assert s["host_busy"] == pytest.approx(0.5)  # the unknown sample is left out
-    assert s["lanes_busy"] == pytest.approx(0.8)
+    assert s["lanes_busy"] == pytest.approx(0.55)
     assert s["lanes_host_busy"] == pytest.approx(0.9)
     assert s["peak_used_bytes"] == 50
 

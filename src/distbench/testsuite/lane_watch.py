@@ -122,6 +122,7 @@ class GpuWatch:
     #: no samples while set: an exclusive test measures the machine, and each NVML query is a call into the
     #: driver beside its timed steps
     paused: bool = False
+    times: list[float] = field(default_factory=list)  # per sample: when (epoch seconds, as test reports)
     utilization: list[list[float]] = field(default_factory=list)  # per sample, per device, 0..1
     host_busy: list[float | None] = field(default_factory=list)  # per sample: the host's busy CPU share
     in_lanes: list[bool] = field(default_factory=list)  # per sample: whether lanes ran (on_sample set)
@@ -166,6 +167,7 @@ class GpuWatch:
             except Exception:
                 continue  # a device read failed this once: skip the sample
             now = host_jiffies()
+            self.times.append(time.time())
             self.host_busy.append(busy_share(host, now))
             host = now
             self.in_lanes.append(on_sample is not None)
@@ -180,7 +182,8 @@ class GpuWatch:
             self._thread.join(timeout=5)
 
     def summary(self) -> dict[str, Any] | None:
-        """busy: mean utilization over the samples and devices (the GPUs' busy ratio); host_busy: the host's
+        """busy: mean utilization over the samples and devices (the GPUs' busy ratio), per_device: each
+        device's; host_busy: the host's
         mean busy CPU share; both also over the samples taken while lanes ran (lanes_busy, lanes_host_busy),
         None without such samples; peak_used_bytes: the fullest device's most memory in use; None without
         samples."""
@@ -196,6 +199,7 @@ class GpuWatch:
         return {
             "samples": len(self.utilization),
             "busy": statistics.fmean(gpu),
+            "per_device": [statistics.fmean(col) for col in zip(*self.utilization, strict=True)],
             "host_busy": mean(self.host_busy),
             "lanes_busy": mean([gpu[i] for i in lanes]),
             "lanes_host_busy": mean([self.host_busy[i] for i in lanes]),

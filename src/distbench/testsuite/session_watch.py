@@ -66,14 +66,23 @@ class SessionWatch:
         if why is not None:
             self.undecided[report.nodeid] = why
 
-    def timeline(self) -> dict[str, list[float]]:
-        """Each test's start and end, seconds from the first test's start, in order of start."""
+    def timeline(self) -> dict[str, Any]:
+        """tests: each test's start and end, seconds from the first test's start, in order of start; samples:
+        the GPU watch's samples on the same clock (t, each device's utilization, the host's busy CPU share,
+        whether lanes ran), so a low busy ratio can be traced to the stage and tests that left a GPU idle."""
         if not self.spans:
-            return {}
+            return {"tests": {}, "samples": []}
         t0 = min(a for a, _ in self.spans.values())
+        g = self.gpu
         return {
-            t: [round(a - t0, 3), round(b - t0, 3)]
-            for t, (a, b) in sorted(self.spans.items(), key=lambda x: x[1])
+            "tests": {
+                t: [round(a - t0, 3), round(b - t0, 3)]
+                for t, (a, b) in sorted(self.spans.items(), key=lambda x: x[1])
+            },
+            "samples": [
+                {"t": round(t - t0, 2), "gpu": u, "host": None if h is None else round(h, 3), "lanes": on}
+                for t, u, h, on in zip(g.times, g.utilization, g.host_busy, g.in_lanes, strict=True)
+            ],
         }
 
     def _stage_lines(self) -> list[str]:
@@ -136,8 +145,13 @@ class SessionWatch:
         out += self._stage_lines()
         gpu = self.gpu.summary()
         if gpu:
+            each = (
+                f", {' and '.join(f'{b:.0%}' for b in gpu['per_device'])} by GPU"
+                if len(gpu["per_device"]) > 1
+                else ""
+            )
             out.append(
-                f"GPU busy {gpu['busy']:.0%} of the session ({gpu['samples']} NVML samples); device memory "
+                f"GPU busy {gpu['busy']:.0%} of the session ({gpu['samples']} NVML samples{each}); device memory "
                 f"in use at most {gpu['peak_used_bytes'] / 2**30:.1f} of {gpu['total_bytes'] / 2**30:.1f} GiB"
             )
             if gpu["host_busy"] is not None:
