@@ -40,7 +40,11 @@ def cases(group: str, ws: int, n: int, module: str = "t.py", cost: float = 1.0, 
     return [Case(f"{module}::{group}{i}-ws{ws}", ws, group, cost=cost, **kw) for i in range(n)]
 
 
-def test_a_unit_is_one_groups_cases_of_one_world_size_and_module_and_the_costliest_go_first():
+def test_a_unit_is_one_groups_cases_of_one_world_size_and_module_and_the_costliest_go_first(monkeypatch):
+    """Without the long units' rule (its own test below): on 4 lanes each of these units is long."""
+    from distbench.testsuite import schedule
+
+    monkeypatch.setattr(schedule, "LONG_UNIT_SHARE", float("inf"))
     p = plan(
         cases("ddp", 1, 3)
         + cases("zero3", 1, 2, cost=5.0)
@@ -155,6 +159,26 @@ def test_a_plan_keeps_every_seat_busy_and_finishes_near_the_ideal():
     makespan2, most2 = _simulate(p2, {c.nodeid: c.cost for c in cs2})
     assert sorted(n for u in p2.units for n in u.nodeids) == sorted(c.nodeid for c in cs2)
     assert most2 == 8 and makespan2 <= sum(c.cost for c in cs2) / 4 + max(u.cost for u in p2.units)
+
+
+def test_a_long_unit_is_split_into_its_tests_which_start_first_and_the_plan_ends_near_the_ideal():
+    """Two strategies of eight 10-s units each, and one module's three fault tests (20 + 15 + 5 s), on 4 lanes:
+    in group order that unit comes last and runs alone after the rest (80 s); split and first, its tests run
+    beside the rest, and the plan ends within one short unit of the ideal 50 s."""
+    cs = [
+        *[c for i in range(8) for c in cases("zero3", 2, 1, module=f"z{i}.py", cost=10.0)],
+        *[c for i in range(8) for c in cases("ddp", 2, 1, module=f"d{i}.py", cost=10.0)],
+        *[Case(f"faults.py::t{i}", 2, "faults.py", cost=cost) for i, cost in enumerate((20.0, 15.0, 5.0))],
+    ]
+    p = plan(cs, devices=2, seats=4)
+    assert [(u.nodeids, u.cost, u.group) for u in p.units[:3]] == [
+        (["faults.py::t0"], 20.0, "faults.py"),
+        (["faults.py::t1"], 15.0, "faults.py"),
+        (["faults.py::t2"], 5.0, "faults.py"),
+    ]
+    assert [u.group for u in p.units[3:]] == ["ddp"] * 8 + ["zero3"] * 8, "the rest keep their group order"
+    makespan, _ = _simulate(p, {c.nodeid: c.cost for c in cs})
+    assert makespan <= 200 / 4 + 10
 
 
 def test_a_lane_takes_another_groups_unit_when_enough_lanes_run_one_group():

@@ -39,6 +39,10 @@ MEMORY_HEADROOM = 0.8
 #: start, imports, CUDA context and first kernels took about 15 s under the lanes' load on an H200. Started
 #: once every unit was handed out, the warm-up outlasted the lanes by 14 s, the first exclusive test's wait.
 WARM_UP_LEAD_S = 30.0
+#: A unit of at least this share of its world size's phase is split into its tests, which start first
+#: (long_units_first): list scheduling ends within the longest unit of the ideal only when the longest start
+#: first, and no unit may be longer than the phase should be.
+LONG_UNIT_SHARE = 1 / 3
 #: The group of the solo unit (Plan.solo): its cases' groups are mixed, and it may read any shared run.
 SOLO = "exclusive, one rank"
 
@@ -103,7 +107,8 @@ def plan(cases: Sequence[Case], devices: int, seats: int = 1, solo: bool = False
     """Place `cases` on `devices` device slots of `seats` seats each. Units are one group's cases of one world
     size, module and tier, in collection order. Groups are ordered by their cost, largest first (a lane takes the
     next unit when it is done: the longest work starts first, so no lane is left with it at the end), and a
-    group's units by theirs, so lanes share out one group before the next. With `solo` (GPUs) and two devices
+    group's units by theirs, so lanes share out one group before the next; long units are split into their
+    tests, which go before all of them (long_units_first). With `solo` (GPUs) and two devices
     or more, the one-rank exclusive cases make the plan's solo unit instead of running alone."""
     first = [c.nodeid for c in cases if c.inert]
     exclusive = sorted((c for c in cases if c.exclusive and not c.inert), key=lambda c: c.world_size)
@@ -136,7 +141,30 @@ def plan(cases: Sequence[Case], devices: int, seats: int = 1, solo: bool = False
         group_cost[u.group] = group_cost.get(u.group, 0.0) + u.cost
     # stable: ties keep collection order
     ordered = sorted(units.values(), key=lambda u: (-group_cost[u.group], u.group, -u.cost))
-    return Plan(first, ordered, alone, devices, seats, solo_unit)
+    costs = {c.nodeid: c.cost for c in cases}
+    return Plan(first, long_units_first(ordered, costs, devices, seats), alone, devices, seats, solo_unit)
+
+
+def long_units_first(units: list[Unit], cost: dict[str, float], devices: int, seats: int) -> list[Unit]:
+    """`units` with the long ones first, longest first: those of at least LONG_UNIT_SHARE of their world
+    size's phase (its units' seconds over the lanes that run them at once), each split into a unit per test
+    (`cost`: seconds per test), so that their tests run in lanes side by side. Group order keeps a strategy's
+    units together so that its shelved runs go early; but a long unit of a cheap group (a module's three fault
+    tests, 110 s) then started 170 s into the 2x H200 tier's 200-s world-size-2 phase and held both GPUs 60 s
+    after the rest had ended, and the longest unit (five checkpoint tests of zero3, 180 s) set the phase's
+    length by itself."""
+    work: dict[int, float] = {}
+    for u in units:
+        work[u.world_size] = work.get(u.world_size, 0.0) + u.cost
+    phase = {ws: w / max(1, (devices // ws) * seats) for ws, w in work.items()}
+    long = [u for u in units if u.cost >= LONG_UNIT_SHARE * phase[u.world_size]]
+    pieces = [
+        Unit(u.world_size, [n], cost.get(n, u.cost / len(u.nodeids)), u.group, u.reads_any, u.device_type)
+        for u in long
+        for n in u.nodeids
+    ]
+    promoted = {id(u) for u in long}
+    return sorted(pieces, key=lambda u: -u.cost) + [u for u in units if id(u) not in promoted]
 
 
 @dataclass
