@@ -532,13 +532,13 @@ def assert_mfu_is_the_matmul_benchmarks(run: dict[str, Any]) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.exclusive  # times the device: no other lane on it
+@pytest.mark.exclusive(quiet_host=True)  # a launch-bound step's rate: no other lane on the host
 def test_mfu_matches_a_bf16_matmul_benchmark_of_the_same_shapes(suite: Any) -> None:
     assert_mfu_is_the_matmul_benchmarks(mfu_run(suite))
 
 
 @pytest.mark.gpu
-@pytest.mark.exclusive  # times the device: no other lane on it
+@pytest.mark.exclusive(quiet_host=True)  # a launch-bound step's rate: no other lane on the host
 @pytest.mark.parametrize(
     "plant, value",
     [
@@ -622,14 +622,14 @@ def assert_mfu_within_the_matmuls(run: dict[str, Any], policy: str) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.exclusive
+@pytest.mark.exclusive(quiet_host=True)  # a launch-bound step's rate: no other lane on the host
 @pytest.mark.parametrize("policy", list(MFU_POLICIES))
 def test_mfu_matches_matmuls_under_every_precision_policy(suite: Any, policy: str) -> None:
     assert_mfu_within_the_matmuls(mfu_policy_run(suite, policy), policy)
 
 
 @pytest.mark.gpu
-@pytest.mark.exclusive
+@pytest.mark.exclusive(quiet_host=True)  # a launch-bound step's rate: no other lane on the host
 @pytest.mark.parametrize(
     "policy, wrong",
     [

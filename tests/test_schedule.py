@@ -473,6 +473,11 @@ def test_one_rank_exclusive_cases_make_the_solo_unit_on_two_devices_or_more():
     assert plan(lone, devices=2, seats=1, solo=True).worth_it, "the solo beside one lane is two at once"
     assert not plan(lone, devices=2, seats=1).worth_it
     assert plan(mixed, devices=2, seats=4).alone == ["b::ws1", "c::ws1", "b::ws2"]
+    # a one-rank case that needs a quiet host (exclusive(quiet_host=True): an MFU truth, whose launch-bound
+    # step read 0.59 of the matmuls' rate beside the other GPU's lanes) runs alone, never in the solo
+    quiet = [*mixed, Case("m::mfu", 1, "m", exclusive=True, quiet_host=True)]
+    p = plan(quiet, devices=2, seats=4, solo=True)
+    assert p.solo is not None and "m::mfu" not in p.solo.nodeids and p.alone == ["m::mfu", "b::ws2"]
 
 
 def test_the_solo_gets_the_last_device_whole_once_no_unit_of_several_ranks_waits(tmp_path):

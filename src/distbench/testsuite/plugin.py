@@ -184,7 +184,8 @@ MARKERS = (
     "gpu: GPU tier (NCCL, GPU-size models); run with `pytest -m gpu`",
     "world_size(n): the test needs n ranks",
     "strategies(*names): restrict a strategy-parametrized test to these",
-    "exclusive: measures time or memory of the machine; under lanes it runs last, with nothing else running",
+    "exclusive(quiet_host=False): measures time or memory of the machine; under lanes it runs last, with nothing "
+    "else running (one-rank ones on 2+ GPUs in the solo lane, beside other GPUs' lanes, unless quiet_host)",
     "up_to_world_size(n): what the test checks does not change past n ranks (a recipe beside the sharding, "
     "not the sharding): the tier's larger default world sizes skip it, --world-sizes naming them runs it",
     "default_cases(*ids): the CPU cases (e.g. 'ddp-ws2') the default tier runs of a strategy-parametrized "
@@ -437,11 +438,13 @@ def _case(item: pytest.Item, durations: dict[str, float]) -> Case:
     params = _params(item)
     strategy = params.get("strategy") or params.get("strategy_name")
     group = strategy or item.nodeid.split("::")[0]
+    exclusive = item.get_closest_marker("exclusive")
     return Case(
         item.nodeid,
         item_world_size(item),
         str(group),
-        exclusive=bool(item.get_closest_marker("exclusive")),
+        exclusive=bool(exclusive),
+        quiet_host=bool(exclusive and exclusive.kwargs.get("quiet_host")),
         reads_any=not strategy,
         inert=bool(item.get_closest_marker("skip")),
         cost=durations.get(item.nodeid, UNMEASURED_COST.get(str(group), 1.0)),

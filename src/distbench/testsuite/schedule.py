@@ -55,6 +55,8 @@ class Case:
     world_size: int
     group: str  # a strategy, or a module: what a lane's cached runs and references are shared by
     exclusive: bool = False  # measures time or memory of the machine: runs alone, last
+    #: exclusive, and needs a quiet host too (a launch-bound step's rate): never the solo, beside other lanes
+    quiet_host: bool = False
     reads_any: bool = False  # its group is a module, not a strategy: it may read any strategy's shared runs
     inert: bool = False  # skipped at collection: runs first, here
     cost: float = 1.0  # expected seconds (the last session's, when known)
@@ -112,7 +114,9 @@ def plan(cases: Sequence[Case], devices: int, seats: int = 1, solo: bool = False
     or more, the one-rank exclusive cases make the plan's solo unit instead of running alone."""
     first = [c.nodeid for c in cases if c.inert]
     exclusive = sorted((c for c in cases if c.exclusive and not c.inert), key=lambda c: c.world_size)
-    one_rank = [c for c in exclusive if c.world_size == 1] if solo and devices >= 2 else []
+    one_rank = (
+        [c for c in exclusive if c.world_size == 1 and not c.quiet_host] if solo and devices >= 2 else []
+    )
     alone = [c.nodeid for c in exclusive if c not in one_rank]
     solo_unit = (
         Unit(
