@@ -109,6 +109,21 @@ def test_next_world_size_starts_lanes_while_seats_are_free_and_units_wait():
     assert take_unit(pending, 1) == Unit(1, ["a"], 5.0) and take_unit(pending, 4) is None
 
 
+def test_no_lane_starts_for_less_work_than_the_busy_lanes_do_while_it_starts():
+    """A GPU given back (the solo's, done) frees seats while the last units wait: twelve busy lanes take 20 s
+    of them before a new lane could ask (LANE_START_S each), so none starts; with none busy, or more work than
+    they take meanwhile, one does."""
+    from distbench.testsuite.schedule import LANE_START_S
+
+    pending = [Unit(1, [f"t{i}"], 2.0) for i in range(10)]
+    seats = Seats.of(devices=2, seats=12)
+    assert next_world_size(pending, {}, seats, serving={1: 12}) is None
+    assert next_world_size(pending, {}, seats, serving={}) == 1
+    assert next_world_size(pending, {}, seats, serving={1: 1}) == 1  # 20 s against one lane's 15 s
+    many = pending * int(12 * LANE_START_S / 20 + 1)
+    assert next_world_size(many, {}, seats, serving={1: 12}) == 1
+
+
 def test_seats_per_device_is_bounded_by_memory_and_by_host_cores():
     # one H200 (141 GiB) of 16 host cores: GPT-2 124M ranks (~5 GiB) fit 22 times, the cores allow 8
     assert seats_per_device(1, 141 * GIB, 5 * GIB, cores=16) == 8

@@ -400,8 +400,10 @@ class LaneRunner:
             ):
                 self._warming = self.warm_up()
             self._lend_last_seats()
-            waiting = Counter(r.world_size for r in self.running if r.units == 0 and r is not self.solo_run)
-            while (ws := next_world_size(self.pending, waiting, self.seats)) is not None:
+            lanes = [r for r in self.running if r is not self.solo_run]
+            waiting = Counter(r.world_size for r in lanes if r.units == 0)
+            serving = Counter(r.world_size for r in lanes if r.units > 0 and r.told_to_end is None)
+            while (ws := next_world_size(self.pending, waiting, self.seats, serving)) is not None:
                 self._start(ws)
                 waiting[ws] += 1
             for run in list(self.running):

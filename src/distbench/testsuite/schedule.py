@@ -43,6 +43,9 @@ WARM_UP_LEAD_S = 30.0
 #: (long_units_first): list scheduling ends within the longest unit of the ideal only when the longest start
 #: first, and no unit may be longer than the phase should be.
 LONG_UNIT_SHARE = 1 / 3
+#: Seconds a new lane takes before it asks for work under the lanes' load (its imports, collection and first
+#: rank pool: 10-20 s on 2x H200); a lane is not started for less work than the busy lanes do in that time.
+LANE_START_S = 15.0
 #: The group of the solo unit (Plan.solo): its cases' groups are mixed, and it may read any shared run.
 SOLO = "exclusive, one rank"
 
@@ -213,16 +216,29 @@ class Seats:
             self.free[d] += 1
 
 
-def next_world_size(pending: Sequence[Unit], running: dict[int, int], seats: Seats) -> int | None:
-    """The world size a new lane should serve: among those with more pending units than lanes already
-    serving them, the one with the most pending cost whose seats are free; None when no lane should start."""
+def next_world_size(
+    pending: Sequence[Unit],
+    running: dict[int, int],
+    seats: Seats,
+    serving: dict[int, int] | None = None,
+) -> int | None:
+    """The world size a new lane should serve: among those with more pending units than lanes still starting
+    for them (`running`), the one with the most pending cost whose seats are free; None when no lane should
+    start. Not one whose pending seconds the lanes already at work on it (`serving`) would take before a new
+    lane could start (LANE_START_S each): on 2x H200, twelve lanes started for the last few one-rank units
+    when the solo's GPU opened again, found none left 15-20 s later, and the lanes' stage waited 26 s for
+    them to end."""
     cost: dict[int, float] = {}
     count: dict[int, int] = {}
     for u in pending:
         cost[u.world_size] = cost.get(u.world_size, 0.0) + u.cost
         count[u.world_size] = count.get(u.world_size, 0) + 1
     for ws in sorted(cost, key=lambda w: -cost[w]):
-        if count[ws] > running.get(ws, 0) and len(seats.open_devices(ws)) >= ws:
+        if (
+            count[ws] > running.get(ws, 0)
+            and cost[ws] > LANE_START_S * (serving or {}).get(ws, 0)
+            and len(seats.open_devices(ws)) >= ws
+        ):
             return ws
     return None
 
