@@ -1,6 +1,7 @@
 """Which GPU cases a 2-GPU machine runs by default: a one-GPU case skips only where its world-size-2 twin runs
 (plugin.one_gpu_repeats), and a case marked nightly_gpu from its world size up waits for the nightly GPU job
-(plugin.nightly_gpu_cases). Fake items: the rules are pure selection, no GPU needed to check them."""
+(plugin.nightly_gpu_cases); an exclusive case that needs a quiet host is planned as one (plugin._case). Fake
+items: the rules are pure selection, no GPU needed to check them."""
 
 from __future__ import annotations
 
@@ -67,3 +68,15 @@ def test_a_case_marked_nightly_gpu_skips_from_its_world_size_up_with_the_way_to_
     chosen = nightly_gpu_cases(items)
     assert ids([it for it, _ in chosen]) == ["test_claim[ddp-ws2-gpu]", "test_claim[ddp-ws4-gpu]"]
     assert chosen[0][1] == "planted why; `--world-sizes 2` runs it here (the nightly GPU job does)"
+
+
+def test_an_exclusive_case_that_needs_a_quiet_host_is_planned_as_one() -> None:
+    """`exclusive(quiet_host=True)` reaches the plan (schedule.Case.quiet_host), which keeps such a case out of
+    the solo lane; a plain `exclusive` case does not ask for it."""
+    from distbench.testsuite.plugin import _case
+
+    quiet, plain = case("test_mfu", "single", 1), case("test_spin", "single", 1)
+    for item, mark in ((quiet, pytest.mark.exclusive(quiet_host=True)), (plain, pytest.mark.exclusive)):
+        item.get_closest_marker = lambda name, m=mark.mark: m if name == m.name else None
+    assert _case(quiet, {}).exclusive and _case(quiet, {}).quiet_host
+    assert _case(plain, {}).exclusive and not _case(plain, {}).quiet_host
