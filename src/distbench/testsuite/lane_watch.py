@@ -183,10 +183,9 @@ class GpuWatch:
 
     def summary(self) -> dict[str, Any] | None:
         """busy: mean utilization over the samples and devices (the GPUs' busy ratio), per_device: each
-        device's; host_busy: the host's
-        mean busy CPU share; both also over the samples taken while lanes ran (lanes_busy, lanes_host_busy),
-        None without such samples; peak_used_bytes: the fullest device's most memory in use; None without
-        samples."""
+        device's; host_busy: the host's mean busy CPU share; both also over the samples taken while lanes ran
+        (lanes_busy, lanes_host_busy), None without such samples; peak_used_bytes: the fullest device's most
+        memory in use; None without samples."""
         if not self.utilization:
             return None
         gpu = [statistics.fmean(u) for u in self.utilization]

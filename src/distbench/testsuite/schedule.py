@@ -225,9 +225,8 @@ def next_world_size(
     """The world size a new lane should serve: among those with more pending units than lanes still starting
     for them (`running`), the one with the most pending cost whose seats are free; None when no lane should
     start. Not one whose pending seconds the lanes already at work on it (`serving`) would take before a new
-    lane could start (LANE_START_S each): on 2x H200, twelve lanes started for the last few one-rank units
-    when the solo's GPU opened again, found none left 15-20 s later, and the lanes' stage waited 26 s for
-    them to end."""
+    lane could start (LANE_START_S each): on 2x H200, six more lanes started for the last one-rank units when
+    the solo's GPU opened again, found none left once started, and the lanes' stage waited 26 s for them."""
     cost: dict[int, float] = {}
     count: dict[int, int] = {}
     for u in pending:
