@@ -261,6 +261,9 @@ class LaneStats:
     #: dirty page cache (bytes) when the lanes ended, and the seconds writing it out took before the exclusive
     #: tests; the share of the host's CPU time the hypervisor stole while they ran (their timings' noise)
     disk_flush: tuple[int | None, float] | None = None
+    #: seconds from the lanes' end until the exclusive tests could start: the last shelved runs and lane
+    #: directories removed, the exclusive pools' warm-up joined (about 20 s on 2x H200)
+    before_alone_s: float | None = None
     alone_steal: float | None = None
     #: the solo unit's tests its lane did not run (it died, or never got them): they run alone, last
     solo_left: list[str] = field(default_factory=list)
@@ -357,6 +360,7 @@ class LaneRunner:
                 warnings.warn(f"distbench: shelved runs of {error} were not removed", stacklevel=1)
             if self._warming is not None:
                 self._warming.join()
+            self.stats.before_alone_s = time.monotonic() - t2
             self.watch.on_sample = None  # the exclusive tests run alone: no lane memory to charge
             dirty, t3 = dirty_bytes(), time.monotonic()
             sync_filesystem(self._root)  # the lanes' checkpoints, and the shelf's beside them (TMPDIR)

@@ -112,6 +112,8 @@ class SessionWatch:
         if self.lanes.disk_flush is not None:
             dirty, seconds = self.lanes.disk_flush
             line = "before the exclusive tests: "
+            if self.lanes.before_alone_s is not None:
+                line += f"{self.lanes.before_alone_s:.1f} s for the last removals and the warm-up, then "
             line += f"{_size(dirty)} of dirty page cache" if dirty is not None else "the page cache"
             line += f" written out in {seconds:.1f} s"
             if self.lanes.alone_steal is not None:
