@@ -155,7 +155,7 @@ def plan(cases: Sequence[Case], devices: int, seats: int = 1, solo: bool = False
 def long_units_first(units: list[Unit], cost: dict[str, float], devices: int, seats: int) -> list[Unit]:
     """`units` with the long ones first, longest first: those of at least LONG_UNIT_SHARE of their world
     size's phase (its units' seconds over the lanes that run them at once), each split into a unit per test
-    (`cost`: seconds per test), so that their tests run in lanes side by side. Group order keeps a strategy's
+    (`cost`: seconds per test, every test of `units`), so that their tests run in lanes side by side. Group order keeps a strategy's
     units together so that its shelved runs go early; but a long unit of a cheap group (a module's three fault
     tests, 110 s) then started 170 s into the 2x H200 tier's 200-s world-size-2 phase and held both GPUs 60 s
     after the rest had ended, and the longest unit (five checkpoint tests of zero3, 180 s) set the phase's
@@ -166,9 +166,7 @@ def long_units_first(units: list[Unit], cost: dict[str, float], devices: int, se
     phase = {ws: w / max(1, (devices // ws) * seats) for ws, w in work.items()}
     long = [u for u in units if u.cost >= LONG_UNIT_SHARE * phase[u.world_size]]
     pieces = [
-        Unit(u.world_size, [n], cost.get(n, u.cost / len(u.nodeids)), u.group, u.reads_any, u.device_type)
-        for u in long
-        for n in u.nodeids
+        Unit(u.world_size, [n], cost[n], u.group, u.reads_any, u.device_type) for u in long for n in u.nodeids
     ]
     promoted = {id(u) for u in long}
     return sorted(pieces, key=lambda u: -u.cost) + [u for u in units if id(u) not in promoted]
