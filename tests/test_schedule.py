@@ -186,14 +186,35 @@ def test_a_long_unit_is_split_into_its_tests_which_start_first_and_the_plan_ends
         *[Case(f"faults.py::t{i}", 2, "faults.py", cost=cost) for i, cost in enumerate((20.0, 15.0, 5.0))],
     ]
     p = plan(cs, devices=2, seats=4)
-    assert [(u.nodeids, u.cost, u.group) for u in p.units[:3]] == [
+    long = [(u.nodeids, u.cost, u.group) for u in p.units if u.group == "faults.py"]
+    assert long == [
         (["faults.py::t0"], 20.0, "faults.py"),
         (["faults.py::t1"], 15.0, "faults.py"),
         (["faults.py::t2"], 5.0, "faults.py"),
     ]
-    assert [u.group for u in p.units[3:]] == ["ddp"] * 8 + ["zero3"] * 8, "the rest keep their group order"
+    assert [u.group for u in p.units[:6]] == ["faults.py", "ddp"] * 3, (
+        "the long tests lead one in two: lanes that start at once do not all start host-bound tests"
+    )
+    rest = [u.group for u in p.units if u.group != "faults.py"]
+    assert rest == ["ddp"] * 8 + ["zero3"] * 8, "the rest keep their group order"
     makespan, _ = _simulate(p, {c.nodeid: c.cost for c in cs})
     assert makespan <= 200 / 4 + 10
+
+
+def test_long_tests_alternate_with_the_rest_within_each_world_size():
+    """A lane takes units of its own world size only: the one-rank long test leads the one-rank units, and the
+    two-rank long tests alternate with the two-rank units (not with one-rank units those lanes skip)."""
+    cs = [
+        *[c for i in range(6) for c in cases("ddp", 2, 1, module=f"d{i}.py", cost=10.0)],
+        *[c for i in range(6) for c in cases("ddp", 1, 1, module=f"s{i}.py", cost=10.0)],
+        *[Case(f"ck.py::t{i}[ws2]", 2, "ck.py", cost=40.0 - i) for i in range(3)],
+        Case("ck.py::one[ws1]", 1, "ck.py", cost=50.0),
+    ]
+    p = plan(cs, devices=2, seats=2)
+    for ws in (1, 2):
+        mine = [u.group for u in p.units if u.world_size == ws]
+        n_long = mine.count("ck.py")
+        assert mine[: 2 * n_long] == ["ck.py", "ddp"] * n_long, (ws, mine)
 
 
 def test_a_lane_takes_another_groups_unit_when_enough_lanes_run_one_group():
@@ -232,7 +253,7 @@ def test_the_exclusive_pools_warm_once_the_work_left_is_within_the_lead_of_the_l
 
 def test_a_module_units_cases_keep_every_groups_shared_runs_until_it_ends():
     """A unit grouped by module (no strategy parameter) may read any strategy's shelved runs: a finished
-    strategy's runs go only once no such unit runs (LaneRunner._release_groups)."""
+    strategy's runs go only once no such unit runs (LaneRunner._release_groups); the solo unit is not one."""
     from types import SimpleNamespace
 
     from distbench.testsuite.lanes import LaneRunner
@@ -252,6 +273,11 @@ def test_a_module_units_cases_keep_every_groups_shared_runs_until_it_ends():
     runner.running = [SimpleNamespace(unit=None)]
     runner._release_groups()
     assert runner._drops.get_nowait() == "zero3"
+    # the solo's exclusive cases (a module's among them) read no strategy's runs: removals go on beside it
+    solo = plan([Case("m.py::x", 1, "m.py", exclusive=True, reads_any=True)], devices=2, solo=True).solo
+    runner.done_groups, runner.running = ["ddp"], [SimpleNamespace(unit=solo)]
+    runner._release_groups()
+    assert runner._drops.get_nowait() == "ddp", "the solo held back a finished strategy's removal"
 
 
 def test_no_unit_that_may_read_any_groups_runs_starts_while_shelved_runs_are_removed():
@@ -480,7 +506,7 @@ def test_one_rank_exclusive_cases_make_the_solo_unit_on_two_devices_or_more():
     ]
     p = plan(mixed, devices=2, seats=4, solo=True)
     assert p.solo is not None and p.solo.nodeids == ["b::ws1", "c::ws1"] and p.solo.world_size == 1
-    assert p.solo.cost == 5.0 and p.solo.reads_any, "the solo may read any group's shared runs"
+    assert p.solo.cost == 5.0 and not p.solo.reads_any, "strategies' shelved runs are not held for the solo"
     assert p.alone == ["b::ws2"] and p.first == ["s::skip"]
     assert all(n not in p.solo.nodeids for u in p.units for n in u.nodeids)
     assert plan(mixed, devices=1, seats=4, solo=True).solo is None
@@ -501,7 +527,7 @@ def test_the_solo_gets_the_last_device_whole_once_no_unit_of_several_ranks_waits
     warm-up overlap the last units there) but is handed its unit only once no other lane is on the device,
     lent seat or not, while a lane on the other device goes on. When the solo's lane ends the device is the
     lanes' again."""
-    solo = Unit(1, ["b.py::spin", "b.py::mfu"], 5.0, "exclusive, one rank", True)
+    solo = Unit(1, ["b.py::spin", "b.py::mfu"], 5.0, "exclusive, one rank")
     wide, narrow = Unit(2, ["w.py::p"], 2.0, "g"), Unit(1, ["o.py::x", "o.py::y"], 2.0, "h")
     lanes = FakeLanes([wide, narrow], tmp_path)
     r = lanes.runner
@@ -546,7 +572,7 @@ def test_the_solo_gets_the_last_device_whole_once_no_unit_of_several_ranks_waits
 
 
 def test_a_wide_unit_given_back_opens_the_kept_device_and_a_dead_solos_rest_runs_alone(tmp_path):
-    solo = Unit(1, ["b.py::spin", "b.py::mfu", "b.py::sweep"], 5.0, "exclusive, one rank", True)
+    solo = Unit(1, ["b.py::spin", "b.py::mfu", "b.py::sweep"], 5.0, "exclusive, one rank")
     lanes = FakeLanes([solo], tmp_path)  # (it knows the solo's tests)
     r = lanes.runner
     r.plan.solo = r.solo = solo

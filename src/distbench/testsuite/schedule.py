@@ -46,7 +46,10 @@ LONG_UNIT_SHARE = 1 / 3
 #: Seconds a new lane takes before it asks for work under the lanes' load (its imports, collection and first
 #: rank pool: 10-20 s on 2x H200); a lane is not started for less work than the busy lanes do in that time.
 LANE_START_S = 15.0
-#: The group of the solo unit (Plan.solo): its cases' groups are mixed, and it may read any shared run.
+#: The group of the solo unit (Plan.solo): its cases' groups are mixed. It is not Unit.reads_any, so strategies'
+#: shelved runs are removed while it runs: exclusive cases measure a configuration of their own and read no
+#: strategy's shared run (one that did would compute it again). Held back for its 40-60 s, the removals ran
+#: after it on 2x H200, and the exclusive tests waited about 20 s for them.
 SOLO = "exclusive, one rank"
 
 
@@ -113,7 +116,7 @@ def plan(cases: Sequence[Case], devices: int, seats: int = 1, solo: bool = False
     size, module and tier, in collection order. Groups are ordered by their cost, largest first (a lane takes the
     next unit when it is done: the longest work starts first, so no lane is left with it at the end), and a
     group's units by theirs, so lanes share out one group before the next; long units are split into their
-    tests, which go before all of them (long_units_first). With `solo` (GPUs) and two devices
+    tests, which lead, alternating with the rest (long_units_first). With `solo` (GPUs) and two devices
     or more, the one-rank exclusive cases make the plan's solo unit instead of running alone."""
     first = [c.nodeid for c in cases if c.inert]
     exclusive = sorted((c for c in cases if c.exclusive and not c.inert), key=lambda c: c.world_size)
@@ -127,7 +130,7 @@ def plan(cases: Sequence[Case], devices: int, seats: int = 1, solo: bool = False
             [c.nodeid for c in one_rank],
             sum(c.cost for c in one_rank),
             SOLO,
-            True,
+            False,
             one_rank[0].device_type,
         )
         if one_rank
@@ -153,23 +156,43 @@ def plan(cases: Sequence[Case], devices: int, seats: int = 1, solo: bool = False
 
 
 def long_units_first(units: list[Unit], cost: dict[str, float], devices: int, seats: int) -> list[Unit]:
-    """`units` with the long ones first, longest first: those of at least LONG_UNIT_SHARE of their world
-    size's phase (its units' seconds over the lanes that run them at once), each split into a unit per test
-    (`cost`: seconds per test, every test of `units`), so that their tests run in lanes side by side. Group order keeps a strategy's
-    units together so that its shelved runs go early; but a long unit of a cheap group (a module's three fault
-    tests, 110 s) then started 170 s into the 2x H200 tier's 200-s world-size-2 phase and held both GPUs 60 s
-    after the rest had ended, and the longest unit (five checkpoint tests of zero3, 180 s) set the phase's
-    length by itself."""
+    """`units` with the long ones leading, longest first, one in every two: those of at least LONG_UNIT_SHARE
+    of their world size's phase (its units' seconds over the lanes that run them at once), each split into a
+    unit per test (`cost`: seconds per test, every test of `units`), so that their tests run in lanes side by
+    side. Group order keeps a strategy's units together so that its shelved runs go early; but a long unit of
+    a cheap group (a module's three fault tests, 110 s) then started 170 s into the 2x H200 tier's 200-s
+    world-size-2 phase and held both GPUs 60 s after the rest had ended, and the longest unit (five checkpoint
+    tests of zero3, 180 s) set the phase's length by itself. The long tests alternate with the other units, so
+    that half the first lanes start on them, not all: on 2x H200 the twelve longest, first in every lane, spent
+    their first 50 s building, saving and loading checkpoints and computing references, training for 4-16 s of
+    it, and both GPUs were 19-42% busy."""
     work: dict[int, float] = {}
     for u in units:
         work[u.world_size] = work.get(u.world_size, 0.0) + u.cost
     phase = {ws: w / max(1, (devices // ws) * seats) for ws, w in work.items()}
     long = [u for u in units if u.cost >= LONG_UNIT_SHARE * phase[u.world_size]]
-    pieces = [
-        Unit(u.world_size, [n], cost[n], u.group, u.reads_any, u.device_type) for u in long for n in u.nodeids
-    ]
+    pieces = sorted(
+        (
+            Unit(u.world_size, [n], cost[n], u.group, u.reads_any, u.device_type)
+            for u in long
+            for n in u.nodeids
+        ),
+        key=lambda u: -u.cost,
+    )
     promoted = {id(u) for u in long}
-    return sorted(pieces, key=lambda u: -u.cost) + [u for u in units if id(u) not in promoted]
+    rest = [u for u in units if id(u) not in promoted]
+    out: list[Unit] = []
+    for ws in sorted(work):  # lanes take units of their own world size only: alternate within each
+        out += _alternate([u for u in pieces if u.world_size == ws], [u for u in rest if u.world_size == ws])
+    return out
+
+
+def _alternate(first: list[Unit], then: list[Unit]) -> list[Unit]:
+    """`first` and `then` taken one from each in turn, `first` leading, the longer list's tail last."""
+    out: list[Unit] = []
+    for i in range(max(len(first), len(then))):
+        out += first[i : i + 1] + then[i : i + 1]
+    return out
 
 
 @dataclass
