@@ -604,22 +604,29 @@ def test_a_wide_unit_given_back_opens_the_kept_device_and_a_dead_solos_rest_runs
     assert nr.seats.free == [2, 2], "a solo that never had its device gave seats back"
 
 
-def test_a_wide_lane_on_its_last_unit_lends_its_seats_to_narrower_lanes_once(tmp_path):
-    """Once no unit of its world size waits, a world-size-2 lane's seats go to one-rank lanes, whose start
-    then overlaps its last unit; while world-size-2 units wait, they do not; one-rank lanes never lend."""
-    wide = [Unit(2, ["w.py::p"], 2.0, "g"), Unit(2, ["w.py::q"], 2.0, "g")]
+def test_a_wide_lane_lends_its_seats_to_narrower_lanes_once_its_work_left_is_within_a_lanes_start(tmp_path):
+    """Once the world-size-2 work still waiting is within LANE_START_S of the lanes serving it, a world-size-2
+    lane's seats go to one-rank lanes, whose start then overlaps its last units, which it still takes; while
+    more waits, they do not; one-rank lanes never lend."""
+    wide = [Unit(2, ["w.py::p"], 2.0, "g"), Unit(2, ["w.py::q"], 10.0, "g"), Unit(2, ["w.py::r"], 9.0, "g")]
     lanes = FakeLanes([*wide, Unit(1, ["o.py::x"], 1.0, "h")], tmp_path)
     r = lanes.runner
     first, narrow = lanes.lane(2), lanes.lane(1, [0])
     assert r.seats.take(2) == [0, 1] and r.seats.take(1) == [0] and lanes.ask(first) is wide[0]
     r._lend_last_seats()
-    assert not first.lent and r.seats.free == [0, 1], "seats lent while a unit of two ranks waited"
+    assert not first.lent and r.seats.free == [0, 1], (
+        "seats lent while 19 s of two-rank work waited for a lane"
+    )
     lanes.passes(first, "w.py::p")
-    assert lanes.ask(first) is wide[1]  # the last unit of two ranks
+    assert lanes.ask(first) is wide[1]  # 9 s of two-rank work left: less than a lane's start
     r._lend_last_seats()
     r._lend_last_seats()
     assert first.lent and not narrow.lent and r.seats.free == [1, 2]
-    assert next_world_size(r.pending, {}, r.seats) == 1
+    serving = Counter(lane.world_size for lane in r._serving())
+    assert serving == {2: 1}
+    assert next_world_size(r.pending, {}, r.seats, serving) == 1, "a one-rank lane starts on the lent seats"
+    lanes.passes(first, "w.py::q")
+    assert lanes.ask(first) is wide[2], "the lent lane still takes its world size's last unit"
 
 
 def test_a_device_kept_for_the_solo_seats_wider_lanes_but_no_one_rank_lane():

@@ -53,6 +53,7 @@ from .schedule import (
     Unit,
     next_world_size,
     runnable,
+    starts_in_time,
     take_unit,
     warm_up_due,
 )
@@ -404,9 +405,8 @@ class LaneRunner:
             ):
                 self._warming = self.warm_up()
             self._lend_last_seats()
-            lanes = [r for r in self.running if r is not self.solo_run]
-            waiting = Counter(r.world_size for r in lanes if r.units == 0)
-            serving = Counter(r.world_size for r in lanes if r.units > 0 and r.told_to_end is None)
+            waiting = Counter(r.world_size for r in self.running if r is not self.solo_run and r.units == 0)
+            serving = Counter(r.world_size for r in self._serving())
             while (ws := next_world_size(self.pending, waiting, self.seats, serving)) is not None:
                 self._start(ws)
                 waiting[ws] += 1
@@ -436,20 +436,26 @@ class LaneRunner:
             self.done_groups.append(unit.group)
 
     def _lend_last_seats(self) -> None:
-        """A lane of several ranks with no unit of its world size left waiting runs its last unit: its seats go
-        to lanes of fewer ranks now. Their start (rank pool, imports, collection: 10-15 s under the lanes' load)
-        then overlaps that unit; on 2x H200 the world-size-2 lanes' last units left the GPUs to 3-5 tests for
-        about 20 s while the one-rank lanes started."""
-        waiting = {u.world_size for u in self.pending}
+        """Lanes of several ranks lend their seats to lanes of fewer ranks once the work of their world size
+        still waiting is within LANE_START_S of the lanes serving it (schedule.starts_in_time): the narrower
+        lanes' start (rank pool, imports, collection: 15-20 s under the lanes' load) then overlaps the wide
+        lanes' last units, which they still take. Lent only once no wide unit waited, on 2x H200 the one-rank
+        lanes' first tests began 18 s after the last world-size-2 unit was handed out, and both GPUs were
+        0-34% busy for 30 s."""
+        serving = Counter(r.world_size for r in self._serving())
         for run in self.running:
             if (
                 run.world_size > 1
                 and not run.lent
-                and run.world_size not in waiting
                 and run is not self.solo_run
+                and not starts_in_time(self.pending, run.world_size, serving[run.world_size])
             ):
                 run.lent = True
                 self.seats.give(run.slots)
+
+    def _serving(self) -> list[LaneRun]:
+        """The lanes at work on units (not starting, not told to end), the solo's lane aside."""
+        return [r for r in self.running if r is not self.solo_run and r.units > 0 and r.told_to_end is None]
 
     def _place_solo(self) -> None:
         """Once no unit of several ranks waits, keep the last device for the solo unit (no new lane there) and

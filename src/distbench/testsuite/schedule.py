@@ -256,11 +256,17 @@ def next_world_size(
     for ws in sorted(cost, key=lambda w: -cost[w]):
         if (
             count[ws] > running.get(ws, 0)
-            and cost[ws] > LANE_START_S * (serving or {}).get(ws, 0)
+            and starts_in_time(pending, ws, (serving or {}).get(ws, 0))
             and len(seats.open_devices(ws)) >= ws
         ):
             return ws
     return None
+
+
+def starts_in_time(pending: Iterable[Unit], world_size: int, serving: int) -> bool:
+    """Whether a lane of `world_size` started now would find work: more of it waits than the `serving` lanes
+    at work on it take in a lane's start (LANE_START_S each)."""
+    return sum(u.cost for u in pending if u.world_size == world_size) > LANE_START_S * serving
 
 
 def runnable(unit: Unit, world_size: int, collected: Container[str] | None = None) -> bool:
