@@ -28,8 +28,10 @@ def _protocol_1_tree(tmp_path) -> str:
     return str(tree)
 
 
-@pytest.mark.slow  # two variant servers, three pairs, fresh ranks each round: ~35 s on 2 cores, per case
-@pytest.mark.parametrize("head", ["env", "protocol-1"])
+@pytest.mark.slow  # two variant servers, three pairs, fresh ranks each round: 60-95 s on 2 cores, per case
+# an old head's fallback to whole runs is decided per submission by
+# test_a_variant_whose_server_runs_whole_runs_only_makes_the_runs_alternate; through real processes, nightly
+@pytest.mark.parametrize("head", ["env", pytest.param("protocol-1", marks=pytest.mark.nightly)])
 def test_ab_smoke_on_gloo(tmp_path, head):
     out = tmp_path / "ab"
     # Two trivially different variants: the head's ranks see one more environment variable, or the head is a
@@ -119,6 +121,54 @@ def test_a_run_the_variant_cannot_do_is_a_failed_run_not_a_dead_server():
     assert out["status"] == "error" and "no pool for this world size here" in out["error"]
     bad = Server(Pools()).handle({"cfg": {"strategy": "ddp", "steps": "five"}, "timeout": 5})
     assert bad["status"] == "error" and "steps" in bad["error"]
+
+
+@pytest.mark.parametrize(
+    ("announced", "interleave", "note"),
+    [({"protocol": 3}, "windows", False), ({"protocol": 2}, "windows", False), ({}, "runs", True)],
+)
+def test_a_variant_whose_server_runs_whole_runs_only_makes_the_runs_alternate(
+    monkeypatch, tmp_path, announced, interleave, note
+):
+    """A head from before runs came in pieces announces no protocol (1): its windows cannot be interleaved, so
+    whole runs alternate and the output says why. (`test_ab_smoke_on_gloo[protocol-1]`, nightly, runs such a
+    distbench through real processes.)"""
+    from distbench.gate import ab as gate_ab
+    from distbench.gate import variants
+    from distbench.gate.ab import ABReport
+
+    class Server(variants.VariantProcess):
+        """A variant's server that starts nothing and announces what the case says (the real protocol)."""
+
+        def start(self) -> None:
+            self.info = {"ready": True, **(announced if self.variant.label == "head" else {"protocol": 3})}
+
+        def close(self) -> None:
+            pass
+
+        def remove_checkout(self) -> None:
+            pass
+
+    seen = {}
+
+    def run_ab(configs, base, head, servers=None, **kwargs):
+        seen["interleaved"] = servers is not None
+        return ABReport([], 0.05, 0.05, 0.02, 0.01, 0.0, False, "", "")
+
+    monkeypatch.setattr(variants, "VariantProcess", Server)
+    monkeypatch.setattr(gate_ab, "run_ab", run_ab)
+    monkeypatch.setenv("DISTBENCH_BIND_CPUS", "")
+    out = tmp_path / "ab"
+    lines = []
+    monkeypatch.setattr(
+        "rich.console.Console.print", lambda self, *a, **k: lines.append(" ".join(map(str, a)))
+    )
+    args = ["ab", "--device", "cpu", "-s", "ddp", "-n", "2", "--head", "env.X=1", "--numerics", "off"]
+    assert main([*args, "-o", str(out)]) == 3
+    assert seen["interleaved"] == (interleave == "windows")
+    said = [ln for ln in lines if "runs alternate" in ln]
+    assert bool(said) == note and (not note or "the head variant's distbench runs whole runs only" in said[0])
+    assert any(f"{interleave} interleaved" in ln for ln in lines), lines
 
 
 @pytest.mark.parametrize(("interleave", "mode"), [("windows", "pinned"), ("runs", "exclusive")])
