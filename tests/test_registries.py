@@ -12,6 +12,8 @@ from distbench.errors import ConfigError
 from distbench.invariants.export import EXPORTERS
 from distbench.strategies import REGISTRY, default_strategies, get_spec
 from distbench.strategies.spec import GRIDS, MemoryLayout, StrategySpec, check_spec
+from distbench.workloads import count_params, get_model
+from distbench.workloads.models import MODELS
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
@@ -246,3 +248,16 @@ def test_asv_tracks_what_the_registry_says():
                 assert got == {"samples": [m.asv_value(0.5)], "number": 1}
             else:
                 assert got == m.asv_value(0.5)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_registered_models_parameter_count_is_its_built_models(name):
+    """ModelSpec.param_count reads the configuration (the GPU session plans its lanes with it before any
+    model code is imported); the model transformers builds from it on the meta device is the reference."""
+    spec = MODELS[name]
+    assert spec.param_count() == count_params(spec.build(0, "meta"))
+
+
+def test_a_factorys_parameter_count_is_its_models():
+    spec = get_model("user_models:tiny_lm")
+    assert spec.param_count() == count_params(spec.build(0, "meta")) > 0

@@ -466,11 +466,10 @@ def _predict(args: argparse.Namespace, console: Any) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from ..config import RunConfig
     from ..invariants.memory import analytic_bytes
     from ..results import write_json_atomic
     from ..strategies import REGISTRY, get_spec
-    from ..workloads import count_params, get_model
+    from ..workloads import get_model
 
     if not (args.gpus and args.gpu_memory_gib):
         return _usage_error(
@@ -487,7 +486,7 @@ def _predict(args: argparse.Namespace, console: Any) -> int:
     precision: Precision = args.precision or "bf16"
     gpu_bytes = int(args.gpu_memory_gib * GIB)
     headroom = Headroom(bytes=int(args.headroom_gib * GIB), fraction=args.headroom_frac)
-    n_params = count_params(get_model(args.model).build(RunConfig().seed, "meta"))
+    n_params = get_model(args.model).param_count()
     predicted = []
     for name in args.strategies or list(REGISTRY):
         spec = get_spec(name)

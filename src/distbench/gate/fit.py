@@ -125,11 +125,10 @@ def describe(cfg: RunConfig, n_params: int, card: int | None) -> str:
 
 @functools.lru_cache
 def n_params(model: str) -> int:
-    """The model's parameter count (built on the meta device: free)."""
+    """The model's parameter count (ModelSpec.param_count)."""
     from ..workloads import get_model
-    from ..workloads.models import count_params
 
-    return count_params(get_model(model).build(0, "meta"))
+    return get_model(model).param_count()
 
 
 def card_bytes() -> int | None:

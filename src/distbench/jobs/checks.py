@@ -16,7 +16,7 @@ from ..invariants.reference import reference_run
 from ..invariants.regime import DtypeRecorder, regime_of
 from ..runtime.context import RankContext
 from ..runtime.shelf import save_tensors
-from ..workloads import count_params, get_model
+from ..workloads import get_model
 from .train import make_trainer, run_steps
 
 
@@ -124,7 +124,7 @@ def state_memory(ctx: RankContext, cfg: RunConfig) -> dict[str, Any]:
     # allocated once this job's trainer is gone bounds the baseline from above.
     if end < base:
         marks = {k: v + base - end for k, v in marks.items()}
-    n = count_params(get_model(cfg.model).build(cfg.seed, "meta"))
+    n = get_model(cfg.model).param_count()
     return {
         "rank": ctx.rank,
         "n_params": n,

@@ -214,7 +214,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if os.environ.get(LANE_POOL_ENV):  # its ranks start (imports, CUDA, NCCL) while this process collects
             device_type, world_size = os.environ[LANE_POOL_ENV].split(":")
             suite = session_suite(config, device_type)
-            suite.pool_manager.pool_for(int(world_size)).spawn()
+            suite.pool_manager.pool_for(int(world_size)).spawn(warm=suite.models)
             if os.environ.get(LANE_WARM_ENV):
                 reporter.warm = lambda: warm_pool(suite, int(world_size))
 
@@ -464,10 +464,10 @@ def _rank_peak_estimate(config: pytest.Config, cases: list[Case], peaks: dict[st
     measured = [peaks[c.nodeid] for c in cases if c.nodeid in peaks]
     if measured:
         return statistics.fmean(measured)
-    from ..workloads import count_params, get_model
+    from ..workloads import get_model
 
     models = config.stash[OPTIONS]["models"] or TIER_DEFAULTS["cuda"]["models"]
-    n = max(count_params(get_model(m).build(0, "meta")) for m in models)
+    n = max(get_model(m).param_count() for m in models)
     return 16 * n * 1.5 + 2 * 2**30
 
 

@@ -72,6 +72,16 @@ class ModelSpec:
         c._attn_implementation = "sdpa"
         return c
 
+    def hf_class(self) -> type[nn.Module]:
+        """The transformers class a registered model is built from. Its first import is most of a first
+        build's cost: 5-7 s for GPT-2's on an H200 host."""
+        import transformers
+
+        cls: type[nn.Module] = (
+            transformers.GPT2LMHeadModel if self.family == "gpt2" else transformers.LlamaForCausalLM
+        )
+        return cls
+
     def build(self, seed: int, device: torch.device | str = "cpu") -> nn.Module:
         """Build with random init from `seed`, directly on `device`. Every global generator is seeded, so a
         factory whose initialisation draws from numpy or Python's `random` builds the same model on every rank."""
@@ -81,14 +91,27 @@ class ModelSpec:
 
         seed_all(seed)
         with torch.device(device):
-            if self.factory is not None:
-                model = self.factory()
-            else:
-                import transformers
-
-                cls = transformers.GPT2LMHeadModel if self.family == "gpt2" else transformers.LlamaForCausalLM
-                model = cls(self.hf_config())
+            model = self.factory() if self.factory is not None else self.hf_class()(self.hf_config())
         return model.to(device=device, dtype=torch.float32).train()
+
+    def param_count(self) -> int:
+        """Unique parameters (tied weights once), from the configuration for the registered families, which
+        costs no import of their model code (GPT-2's took the GPU session's planning 6.9 s on an H200 host);
+        a user's factory is built on the meta device and counted."""
+        c = self.config
+        if self.family == "gpt2":
+            d, layers, inner = c["n_embd"], c["n_layer"], c.get("n_inner") or 4 * c["n_embd"]
+            block = 4 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * inner + inner) + (inner * d + d)
+            return (c["vocab_size"] + c["n_positions"]) * d + layers * block + 2 * d  # lm_head tied to wte
+        if self.family == "llama":
+            h, inner, heads = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+            head_dim = c.get("head_dim") or h // heads
+            kv = c.get("num_key_value_heads") or heads
+            attention = 2 * h * heads * head_dim + 2 * h * kv * head_dim  # q, o; k, v (no biases)
+            block = attention + 3 * h * inner + 2 * h  # gate, up, down (no biases); two RMSNorms
+            lm_head = 0 if c.get("tie_word_embeddings") else c["vocab_size"] * h
+            return c["vocab_size"] * h + c["num_hidden_layers"] * block + h + lm_head
+        return count_params(self.build(0, "meta"))
 
 
 def _gpt2(name: str, layers: int, hidden: int, heads: int, desc: str) -> ModelSpec:
