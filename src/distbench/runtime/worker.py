@@ -30,7 +30,7 @@ STACK_SIGNAL = signal.SIGUSR1
 #: Host threads per rank, set by a lane that shares its devices with other lanes (lanes.py)
 THREADS_ENV = "DISTBENCH_RANK_THREADS"
 #: Registered model names, comma-separated, whose classes a rank imports once it joined, with the training job's
-#: modules, before it reports itself started (RankPool.spawn(warm=...)): a lane's pool starts while the lane
+#: modules, before it reads its first job (RankPool.spawn(warm=...)): a lane's pool starts while the lane
 #: collects its tests, and its rank had waited idle for them, then paid the imports in its first test's build
 #: (on an H200 host the GPT-2 class 5-7 s, the training job 3-4 s).
 WARM_ENV = "DISTBENCH_RANK_WARM"
@@ -98,10 +98,9 @@ def worker_main(
     except BaseException:
         write_message(replies.fileno(), (-1, rank, "error", "ProcessGroupInit", traceback.format_exc(), 0))
         return
+    write_message(replies.fileno(), (-1, rank, "ok", None, None, 0))
     restore_numerics = numerics_restorer()
     _warm(os.environ.pop(WARM_ENV, ""))  # after the restorer, as a first job's own imports come after it
-    # joined and warm: a first job that waits for the warm-up counts it as its pool's start, not its own
-    write_message(replies.fileno(), (-1, rank, "ok", None, None, 0))
     while (msg := read_message(tasks.fileno())) is not None:
         reply = _run(ctx, *msg)
         msg = None  # nothing of this job may be frozen below
