@@ -368,26 +368,3 @@ def test_ranks_spawned_on_one_thread_serve_another_and_outlive_it():
     finally:
         spawned_here.close()
         spawned_there.close()
-
-
-def test_a_lanes_pool_warms_the_classes_of_its_registered_models_and_nothing_else(monkeypatch):
-    """A lane spawns its first pool before it collects (RankPool.spawn(warm=...)): its ranks import the training
-    job and each registered model's class once joined, instead of in their first test's build. A user's
-    factory is left to the job that builds it (importing it may do anything), and a failing import to the job
-    that needs it, which reports it."""
-    import sys
-
-    from distbench.runtime import worker
-    from distbench.runtime.pool import rank_env
-    from distbench.workloads.models import ModelSpec
-
-    assert rank_env("cuda", ("gpt2-124m", "llama-tiny"))[worker.WARM_ENV] == "gpt2-124m,llama-tiny"
-    assert worker.WARM_ENV not in rank_env("cuda"), "a pool spawned for its first job warms nothing"
-    warmed: list[str] = []
-    monkeypatch.setattr(ModelSpec, "hf_class", lambda spec: warmed.append(spec.name))
-    worker._warm("gpt2,never_imported_factory:make,llama-tiny")
-    assert warmed == ["gpt2-124m", "llama-tiny"] and "never_imported_factory" not in sys.modules
-    assert "distbench.jobs.train" in sys.modules
-    worker._warm("no-such-model")  # refused by name: the first job says so, not the warm-up
-    worker._warm("")
-    assert warmed == ["gpt2-124m", "llama-tiny"]

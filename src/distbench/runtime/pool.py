@@ -24,7 +24,7 @@ from ..config import RunConfig
 from ..errors import ConfigError, ResourceError
 from .affinity import rank_cpus
 from .channel import MessageReader, widen_pipe, write_message
-from .worker import STACK_SIGNAL, WARM_ENV, job_name, worker_main
+from .worker import STACK_SIGNAL, job_name, worker_main
 
 _EXIT_GRACE_S = 5.0
 #: How long hung ranks get to write their stacks after the stack-dump signal.
@@ -63,9 +63,8 @@ class JobError(RuntimeError):
         return {o.exc_type for o in self.outcomes if o.exc_type}
 
 
-def rank_env(device_type: str, warm: Sequence[str] = ()) -> dict[str, str]:
-    """Environment every rank gets on top of the parent's; `warm`: the models whose classes it imports once
-    it joined (worker.WARM_ENV)."""
+def rank_env(device_type: str) -> dict[str, str]:
+    """Environment every rank gets on top of the parent's."""
     env = {
         "PYTHONUNBUFFERED": "1",
         "TOKENIZERS_PARALLELISM": "false",
@@ -74,8 +73,6 @@ def rank_env(device_type: str, warm: Sequence[str] = ()) -> dict[str, str]:
     }
     if device_type == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
-    if warm:
-        env[WARM_ENV] = ",".join(warm)
     return env
 
 
@@ -148,12 +145,10 @@ class RankPool:
                 "ranks could not join the process group: " + failure_summary(outcomes, limit),
             )
 
-    def spawn(self, warm: Sequence[str] = ()) -> None:
+    def spawn(self) -> None:
         """Start the rank processes and return at once; the next start() (or run()) waits for them to join.
         A rank dies with the thread that spawned it (PR_SET_PDEATHSIG follows the parent thread): spawn
-        in a thread that outlives the pool, and wait for the join in any. `warm`: registered models whose
-        classes the ranks import once joined, beside whatever the spawner does before its first job
-        (worker.WARM_ENV)."""
+        in a thread that outlives the pool, and wait for the join in any."""
         if self._procs:
             return
         # a bad setting raises here
@@ -162,7 +157,7 @@ class RankPool:
 
         ctx = mp.get_context("spawn")
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        env = rank_env(self.device_type, warm)
+        env = rank_env(self.device_type)
         if self.gpus is not None and self.device_type == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(self.gpus)
         for r in range(self.world_size):

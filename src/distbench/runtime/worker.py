@@ -29,11 +29,6 @@ STATE: dict[str, Any] = {}
 STACK_SIGNAL = signal.SIGUSR1
 #: Host threads per rank, set by a lane that shares its devices with other lanes (lanes.py)
 THREADS_ENV = "DISTBENCH_RANK_THREADS"
-#: Registered model names, comma-separated, whose classes a rank imports once it joined, with the training job's
-#: modules, before it reads its first job (RankPool.spawn(warm=...)): a lane's pool starts while the lane
-#: collects its tests, and its rank had waited idle for them, then paid the imports in its first test's build
-#: (on an H200 host the GPT-2 class 5-7 s, the training job 3-4 s).
-WARM_ENV = "DISTBENCH_RANK_WARM"
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -100,7 +95,6 @@ def worker_main(
         return
     write_message(replies.fileno(), (-1, rank, "ok", None, None, 0))
     restore_numerics = numerics_restorer()
-    _warm(os.environ.pop(WARM_ENV, ""))  # after the restorer, as a first job's own imports come after it
     while (msg := read_message(tasks.fileno())) is not None:
         reply = _run(ctx, *msg)
         msg = None  # nothing of this job may be frozen below
@@ -117,23 +111,6 @@ def worker_main(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def _warm(models: str) -> None:
-    """Import the training job's modules and the classes of `models` (WARM_ENV). A failure is left to the
-    job that needs the import, which reports it."""
-    if not models:
-        return
-    try:
-        importlib.import_module("distbench.jobs.train")
-        from ..workloads.models import MODELS, check_model_name
-
-        for name in models.split(","):
-            spec = MODELS.get(check_model_name(name))
-            if spec is not None:  # a user's factory is imported by its first job, not here
-                spec.hf_class()
-    except Exception:
-        return
 
 
 def _join_group(rank: int, world_size: int, device_type: str, store_port: int) -> RankContext:

@@ -214,7 +214,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if os.environ.get(LANE_POOL_ENV):  # its ranks start (imports, CUDA, NCCL) while this process collects
             device_type, world_size = os.environ[LANE_POOL_ENV].split(":")
             suite = session_suite(config, device_type)
-            suite.pool_manager.pool_for(int(world_size)).spawn(warm=suite.models)
+            suite.pool_manager.pool_for(int(world_size)).spawn()
             if os.environ.get(LANE_WARM_ENV):
                 reporter.warm = lambda: warm_pool(suite, int(world_size))
 

@@ -72,16 +72,6 @@ class ModelSpec:
         c._attn_implementation = "sdpa"
         return c
 
-    def hf_class(self) -> type[nn.Module]:
-        """The transformers class a registered model is built from. Its first import is most of a first
-        build's cost: 5-7 s for GPT-2's on an H200 host."""
-        import transformers
-
-        cls: type[nn.Module] = (
-            transformers.GPT2LMHeadModel if self.family == "gpt2" else transformers.LlamaForCausalLM
-        )
-        return cls
-
     def build(self, seed: int, device: torch.device | str = "cpu") -> nn.Module:
         """Build with random init from `seed`, directly on `device`. Every global generator is seeded, so a
         factory whose initialisation draws from numpy or Python's `random` builds the same model on every rank."""
@@ -91,7 +81,13 @@ class ModelSpec:
 
         seed_all(seed)
         with torch.device(device):
-            model = self.factory() if self.factory is not None else self.hf_class()(self.hf_config())
+            if self.factory is not None:
+                model = self.factory()
+            else:
+                import transformers
+
+                cls = transformers.GPT2LMHeadModel if self.family == "gpt2" else transformers.LlamaForCausalLM
+                model = cls(self.hf_config())
         return model.to(device=device, dtype=torch.float32).train()
 
     def param_count(self) -> int:
