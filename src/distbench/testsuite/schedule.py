@@ -44,7 +44,8 @@ WARM_UP_LEAD_S = 30.0
 #: first, and no unit may be longer than the phase should be.
 LONG_UNIT_SHARE = 1 / 3
 #: Seconds a new lane takes before it asks for work under the lanes' load (its imports, collection and first
-#: rank pool: 10-20 s on 2x H200); a lane is not started for less work than the busy lanes do in that time.
+#: rank pool: 10-20 s on 2x H200); a lane is not started for less work than the busy lanes do in that time,
+#: and wide lanes lend their seats to narrower ones once no more than that waits for them (starts_in_time).
 LANE_START_S = 15.0
 #: The group of the solo unit (Plan.solo): its cases' groups are mixed. It is not Unit.reads_any, so strategies'
 #: shelved runs are removed while it runs: exclusive cases measure a configuration of their own and read no
