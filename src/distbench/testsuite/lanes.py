@@ -53,6 +53,7 @@ from .schedule import (
     Unit,
     next_world_size,
     runnable,
+    seconds_by_world_size,
     starts_in_time,
     take_unit,
     warm_up_due,
@@ -443,12 +444,13 @@ class LaneRunner:
         lanes' first tests began 18 s after the last world-size-2 unit was handed out, and both GPUs were
         0-34% busy for 30 s."""
         serving = Counter(r.world_size for r in self._serving())
+        waiting_s = seconds_by_world_size(self.pending)
         for run in self.running:
             if (
                 run.world_size > 1
                 and not run.lent
                 and run is not self.solo_run
-                and not starts_in_time(self.pending, run.world_size, serving[run.world_size])
+                and not starts_in_time(waiting_s.get(run.world_size, 0.0), serving[run.world_size])
             ):
                 run.lent = True
                 self.seats.give(run.slots)

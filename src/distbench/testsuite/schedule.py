@@ -21,6 +21,7 @@ cores (`seats_per_device`). Pure planning: no pytest and no processes here (lane
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -167,9 +168,7 @@ def long_units_first(units: list[Unit], cost: dict[str, float], devices: int, se
     that half the first lanes start on them, not all: on 2x H200 the twelve longest, first in every lane, spent
     their first 50 s building, saving and loading checkpoints and computing references, training for 4-16 s of
     it, and both GPUs were 19-42% busy."""
-    work: dict[int, float] = {}
-    for u in units:
-        work[u.world_size] = work.get(u.world_size, 0.0) + u.cost
+    work = seconds_by_world_size(units)
     phase = {ws: w / max(1, (devices // ws) * seats) for ws, w in work.items()}
     long = [u for u in units if u.cost >= LONG_UNIT_SHARE * phase[u.world_size]]
     pieces = sorted(
@@ -249,25 +248,30 @@ def next_world_size(
     start. Not one whose pending seconds the lanes already at work on it (`serving`) would take before a new
     lane could start (LANE_START_S each): on 2x H200, six more lanes started for the last one-rank units when
     the solo's GPU opened again, found none left once started, and the lanes' stage waited 26 s for them."""
-    cost: dict[int, float] = {}
-    count: dict[int, int] = {}
-    for u in pending:
-        cost[u.world_size] = cost.get(u.world_size, 0.0) + u.cost
-        count[u.world_size] = count.get(u.world_size, 0) + 1
+    cost = seconds_by_world_size(pending)
+    count = Counter(u.world_size for u in pending)
     for ws in sorted(cost, key=lambda w: -cost[w]):
         if (
             count[ws] > running.get(ws, 0)
-            and starts_in_time(pending, ws, (serving or {}).get(ws, 0))
+            and starts_in_time(cost[ws], (serving or {}).get(ws, 0))
             and len(seats.open_devices(ws)) >= ws
         ):
             return ws
     return None
 
 
-def starts_in_time(pending: Iterable[Unit], world_size: int, serving: int) -> bool:
-    """Whether a lane of `world_size` started now would find work: more of it waits than the `serving` lanes
-    at work on it take in a lane's start (LANE_START_S each)."""
-    return sum(u.cost for u in pending if u.world_size == world_size) > LANE_START_S * serving
+def starts_in_time(waiting_s: float, serving: int) -> bool:
+    """Whether a lane of a world size started now would find work: more of it waits (`waiting_s`, seconds)
+    than the `serving` lanes at work on it take in a lane's start (LANE_START_S each)."""
+    return waiting_s > LANE_START_S * serving
+
+
+def seconds_by_world_size(units: Iterable[Unit]) -> dict[int, float]:
+    """The units' expected seconds, summed per world size."""
+    out: dict[int, float] = {}
+    for u in units:
+        out[u.world_size] = out.get(u.world_size, 0.0) + u.cost
+    return out
 
 
 def runnable(unit: Unit, world_size: int, collected: Container[str] | None = None) -> bool:
