@@ -14,6 +14,7 @@ import torch
 
 from distbench.metrics import METRICS
 from distbench.results import make_result
+from extras import need
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = {"model": "gpt2-tiny", "precision": "fp32", "seq_len": 32, "global_batch": 4, "micro_batch": 2}
@@ -107,7 +108,7 @@ def _asv_saves(tmp_path, benchmark: dict, output) -> dict:
     """asv's own runner and results code on what a track returned: the runner's parse of the result file
     (asv.runner._run_benchmark_single_param, with a spawner that writes `output` as the benchmark process
     would), Results.add_result, and the results JSON it saves; the row of that benchmark, by column."""
-    from asv import results, runner
+    results, runner = need("asv.results"), need("asv.runner")
 
     class Spawner:
         def run(self, name, params_str, profile_path, result_file_name, timeout, cwd):

@@ -9,10 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-
-pytest.importorskip("hypothesis", reason="the `test` extra's hypothesis generates these histories")
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given
+from hypothesis import strategies as st
 
 from distbench.gate import bisect, stats  # noqa: E402
 from distbench.gate.bisect import Bisection  # noqa: E402

@@ -1,18 +1,19 @@
-"""The install stays two commands: the runtime needs no test, trace, history, lint or docs tool, a test of an
-opt-in extra skips with the install line where it is absent, and CI installs everything and fails on such a
-skip; asv's environments install the same torch as the README and CI where they see none."""
+"""The install stays two commands: the runtime needs no test, trace, history, lint or docs tool; a test of an
+opt-in extra's package reaches it through extras.need(), which fails naming the install line where it is absent;
+asv's environments install the same torch as the README and CI where they see none."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import json
 import re
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from extras import REQUIRE, need
+from extras import EXTRA_MODULES, IN_TEST, extra_of, need
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -37,38 +38,80 @@ def test_runtime_dependencies_leave_test_trace_history_lint_and_docs_tools_to_ex
     assert extras["dev"] == ["distbench[test,trace,history,lint,docs]"]
 
 
-def test_a_missing_extra_skips_with_the_install_line(monkeypatch):
-    monkeypatch.delenv(REQUIRE, raising=False)
-    with pytest.raises(pytest.skip.Exception, match=r"pip install --no-build-isolation -e '\.\[trace\]'"):
-        need("distbench_no_such_module", "trace")
-    assert need("yaml", "test").safe_load("a: 1") == {"a": 1}
+def test_a_missing_extras_package_fails_naming_it_and_its_install_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "hta", None)  # an import of hta raises ImportError
+    with pytest.raises(
+        pytest.fail.Exception, match=r"needs hta .*'trace'.*pip install --no-build-isolation -e '\.\[trace\]'"
+    ):
+        need("hta")
+    monkeypatch.setitem(sys.modules, "ruptures", None)
+    with pytest.raises(pytest.fail.Exception, match=r"needs ruptures .*-e '\.\[test\]'"):  # the README's line
+        need("ruptures")
+    assert need("asv").__name__ == "asv"
+    with pytest.raises(ValueError, match="no extra's package"):
+        need("yaml")
 
 
-def test_a_missing_extra_fails_where_every_extra_is_required(monkeypatch):
-    monkeypatch.setenv(REQUIRE, "1")
-    with pytest.raises(pytest.fail.Exception, match=r"\[trace\]"):
-        need("distbench_no_such_module", "trace")
+def _requirement_names(requirements: list[str]) -> list[str]:
+    return [re.split(r"[<>=!~;\[ ]", r)[0].lower().replace("_", "-") for r in requirements]
 
 
-def test_ci_installs_every_extra_and_requires_it():
-    script = (ROOT / ".ci" / "run").read_text()
-    assert re.search(r"pip install .*-e \"\.\[dev\]\"", script)
-    assert f"{REQUIRE}=1" in script
-    steps = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())["jobs"]["test"]["steps"]
-    assert any('-e ".[dev]"' in s.get("run", "") for s in steps)
-    (pytest_step,) = [s for s in steps if s.get("run", "").split() == ["pytest", "pytest", "-m", "slow"]]
-    assert pytest_step["env"] == {REQUIRE: "1"}  # the tier and the system tests it leaves out
+def test_the_extras_modules_are_pyprojects_extras():
+    """EXTRA_MODULES names every opt-in extra of pyproject.toml, and each installed package of an extra gives one of
+    the modules it lists; the extras the README's `.[test]` brings are the ones `test` asks for."""
+    extras = project()["optional-dependencies"]
+    assert set(EXTRA_MODULES) == set(extras) - {"test", "dev"}
+    brought = {e for r in extras["test"] if r.startswith("distbench[") for e in r[10:-1].split(",")}
+    assert brought == set(IN_TEST)
+    modules_of: dict[str, set[str]] = {}
+    for module, dists in importlib.metadata.packages_distributions().items():
+        for d in dists:
+            modules_of.setdefault(d.lower().replace("_", "-"), set()).add(module)
+    for extra, requirements in extras.items():
+        for name in _requirement_names(requirements):
+            if extra in EXTRA_MODULES and name in modules_of:
+                assert modules_of[name] & set(EXTRA_MODULES[extra]), (extra, name, modules_of[name])
+
+
+def direct_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) of each import of an extra's package, or pytest.importorskip call, in a module's source."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if extra_of(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and extra_of(node.module):
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "importorskip":
+            found.append((node.lineno, "pytest.importorskip"))
+    return found
+
+
+def test_no_test_module_imports_an_extras_package_directly():
+    """A test that needs an extra's package goes through extras.need(), which fails naming the install line;
+    a direct import fails with a bare ModuleNotFoundError deep in a test, or a skip hides it."""
+    tests = Path(__file__).resolve().parent
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for path in sorted(tests.rglob("*.py"))
+        if path.name != "extras.py"
+        for line, module in direct_imports(path.read_text(encoding="utf-8"))
+    ]
+    assert not offenders, "import these through extras.need():\n" + "\n".join(offenders)
+
+
+def test_the_import_check_catches_a_direct_import():
+    planted = "import json\nfrom asv import results\ndef f():\n    import hta.trace_analysis\n    pytest.importorskip('x')\n"
+    assert direct_imports(planted) == [(2, "asv"), (4, "hta.trace_analysis"), (5, "pytest.importorskip")]
 
 
 def test_readme_ci_and_asv_install_the_same_torch_where_there_is_none():
-    """Three places pin the CPU torch (the README's first command, CI's lock, which .ci/run installs torch
-    under, and asv's environments): one pin."""
+    """Three places pin the CPU torch (the README's first command, which .ci/run runs under CI's lock, the lock,
+    and asv's environments): one pin."""
     pins = {
         name: set(re.findall(r"\btorch==([\w.+]+)", (ROOT / name).read_text()))
         for name in ("README.md", ".ci/constraints.txt", "asv.conf.json")
     }
     assert len(set().union(*pins.values())) == 1 and all(pins.values()), pins
-    assert re.search(r"pip install -q -c \.ci/constraints\.txt torch$", (ROOT / ".ci/run").read_text(), re.M)
     install = json.loads((ROOT / "asv.conf.json").read_text())["install_command"]
     assert "find_spec('torch') or" in install[0]  # the machine's torch wins where the environment sees it
     assert (

@@ -13,6 +13,15 @@ from distbench.cli import main
 from distbench.history import changepoints, report
 from distbench.history.series import Point, Series, from_asv, from_results
 from distbench.results import make_result, save_result
+from extras import need
+
+
+@pytest.fixture(autouse=True, scope="module")
+def history_extra() -> None:
+    """The change-point search is ruptures' and the asv store is read with asv's code: both from the history
+    extra, which the README's `.[test]` brings."""
+    need("ruptures")
+    need("asv")
 
 
 def noisy(rng: np.random.Generator, n: int, level: float) -> np.ndarray:
@@ -186,7 +195,7 @@ def test_flagged_points_are_left_out_unless_asked():
 def write_asv_history(root: Path, values: list[float], flagged: set[int] = frozenset()) -> list[str]:
     """An asv results directory written by asv's own Results code: one commit a point, ddp at world sizes 1
     and 2, the step time (ws 2 takes `values`, ws 1 stays flat) with five samples each, and the flags."""
-    from asv import results, runner
+    results, runner = need("asv.results"), need("asv.runner")
 
     shas = commits(len(values))
     params = [["'ddp'"], ["1", "2"]]

@@ -85,7 +85,7 @@ def write_trace(trace_dir: Path, rank: int, kernels: list[tuple[str, int, int, i
 @pytest.fixture(scope="module")
 def analyzed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """Run A (all-reduce) and run B (all-gather, slower GEMM on rank 0, two memcpys per step) through HTA."""
-    need("hta", "trace")
+    need("hta")
     root = tmp_path_factory.mktemp("traces")
     write_trace(root / "a", 0, step_kernels(400))
     write_trace(root / "a", 1, step_kernels(450))
@@ -97,6 +97,7 @@ def analyzed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     }
 
 
+@pytest.mark.trace
 def test_breakdown_matches_construction(analyzed: dict[str, dict]) -> None:
     a = analyzed["a"]
     r0, r1 = a["per_rank"]["0"], a["per_rank"]["1"]
@@ -124,6 +125,7 @@ def test_breakdown_matches_construction(analyzed: dict[str, dict]) -> None:
     json.dumps(a, allow_nan=False)  # goes into result files as is
 
 
+@pytest.mark.trace
 def test_kernel_table(analyzed: dict[str, dict]) -> None:
     top = {k["name"]: k for k in analyzed["a"]["top_kernels"]}
     assert list(top)[0] == GEMM  # largest first
@@ -136,6 +138,7 @@ def test_kernel_table(analyzed: dict[str, dict]) -> None:
     assert top[ELEMENTWISE]["type"] == "COMPUTATION"
 
 
+@pytest.mark.trace
 def test_kernel_diff_statuses(analyzed: dict[str, dict]) -> None:
     rows = {r["name"]: r for r in tr.kernel_diff(analyzed["a"], analyzed["b"])}
     allgather = tr.normalize_kernel_name(ALLGATHER)
@@ -159,6 +162,7 @@ def test_kernel_diff_statuses(analyzed: dict[str, dict]) -> None:
     assert f"| `{allgather}` | 0 | 300 | +300 | 0→1 (+1) | NEW |" in md
 
 
+@pytest.mark.trace
 def test_render_breakdown(analyzed: dict[str, dict]) -> None:
     md = render_breakdown_markdown({"DDP": analyzed["a"], "FSDP_FULL": analyzed["b"]})
     assert "| Strategy | Idle Time (ms) | Compute Time (ms) |" in md
@@ -195,7 +199,8 @@ def test_missing_hta_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_pa
         tr.analyze_traces(str(tmp_path))
 
 
-def test_profile_steps_writes_rank_trace_and_cpu_trace_is_refused(tmp_path: Path) -> None:
+def profiled(tmp_path: Path) -> tuple[str, Path]:
+    """A rank's trace of two profiled steps (after one warm-up) as profile_steps writes it: its folder and file."""
     import torch
 
     ctx = RankContext(rank=3, world_size=4, local_rank=3, device=torch.device("cpu"), backend="gloo")
@@ -203,15 +208,21 @@ def test_profile_steps_writes_rank_trace_and_cpu_trace_is_refused(tmp_path: Path
     calls = []
     out = tr.profile_steps(ctx, lambda: calls.append(x @ x), steps=2, out_dir=str(tmp_path / "t"), warmup=1)
     assert len(calls) == 3
-    path = Path(out) / tr.trace_file_name(3)
+    return out, Path(out) / tr.trace_file_name(3)
+
+
+def test_profile_steps_writes_the_ranks_trace(tmp_path: Path) -> None:
+    _, path = profiled(tmp_path)
     with gzip.open(path, "rt") as f:
         trace = json.load(f)
     assert trace["distributedInfo"]["rank"] == 3
     assert sum(e.get("name", "").startswith("ProfilerStep#") for e in trace["traceEvents"]) == 2
 
-    need("hta", "trace")
-    from hta.common.trace_file import get_trace_files
 
+@pytest.mark.trace
+def test_hta_finds_the_ranks_trace_and_a_cpu_trace_is_refused(tmp_path: Path) -> None:
+    out, path = profiled(tmp_path)
+    get_trace_files = need("hta.common.trace_file").get_trace_files
     assert get_trace_files(out) == {3: str(path)}
     with pytest.raises(ConfigError, match="no GPU kernels"):
         tr.analyze_traces(out, steps=2)
