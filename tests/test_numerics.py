@@ -1,5 +1,5 @@
 """Does it still train to the same loss? The numerics comparison's verdicts and tolerance (gate/numerics.py), the
-goldens per machine and version set (testsuite/goldens.py), and the bites: changes of numerics that every side
+goldens per machine class (testsuite/goldens.py), and the bites: changes of numerics that every side
 of an installation shares, which within-installation parity passes and the comparison catches."""
 
 from __future__ import annotations
