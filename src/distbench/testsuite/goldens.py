@@ -17,6 +17,7 @@ field its RunConfig default (same_computation), `versions` the versions its old 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -231,8 +232,7 @@ def write(path: Path, golden: Golden, today: str | None = None) -> list[str]:
             note = ["the file before was unreadable"]
     entry = update_entry(before, golden, today) if before else None
     history = (before.history if before else []) + ([entry] if entry else [])
-    golden = Golden(golden.hardware, golden.versions, golden.config, golden.curve, golden.tolerance, history,
-                    golden.isa_env)  # fmt: skip
+    golden = dataclasses.replace(golden, history=history)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(golden.to_json(), indent=1) + "\n")
     if before is None:
