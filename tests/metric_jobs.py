@@ -340,8 +340,9 @@ def _planted(plant: str | None) -> Iterator[None]:
 
 def counted_bench(ctx: RankContext, cfg: RunConfig, plant: str | None = None) -> dict[str, Any]:
     """The `bench` job, with the model's input tokens counted by a forward hook and every time_window call
-    timed by a clock of its own: {"reply": bench's reply, "windows": [{"tokens", "seconds"}, ...]} with one
-    entry per window, warm-up first."""
+    timed by a clock of its own: {"reply": bench's reply, "windows": [{"tokens", "seconds", "wall_s"}, ...]}
+    with one entry per window, warm-up first ("seconds" by this clock around the call, "wall_s" the window's
+    own)."""
     seen = [0]
     windows: list[dict[str, float]] = []
 
@@ -358,7 +359,7 @@ def counted_bench(ctx: RankContext, cfg: RunConfig, plant: str | None = None) ->
     def window(ctx_: RankContext, timing: str, steps: Any, *rest: Any) -> Any:
         before, t0 = seen[0], time.perf_counter()
         w = real_window(ctx_, timing, steps, *rest)
-        windows.append({"tokens": seen[0] - before, "seconds": time.perf_counter() - t0})
+        windows.append({"tokens": seen[0] - before, "seconds": time.perf_counter() - t0, "wall_s": w.wall_s})
         return w
 
     with (

@@ -18,7 +18,7 @@ import mutants
 import rank_jobs
 import tier_cases
 from distbench.errors import CheckpointError
-from distbench.invariants.checks import assert_losses_match, assert_resume_exact
+from distbench.invariants.checks import SINGLE_PROCESS_REFERENCE, assert_losses_match, assert_resume_exact
 from distbench.invariants.export import full_state_dict_from_checkpoint
 from distbench.runtime.pool import JobError
 from distbench.strategies import REGISTRY
@@ -107,7 +107,10 @@ def test_resharding(suite, device_type, strategy_name, saved_ws, loaded_ws, tmp_
     assert resumed["start_step"] == k
     ref = suite.reference(saved)["losses"]
     assert_losses_match(
-        resumed["losses"], ref[k:], f"{strategy_name} saved at ws{saved_ws}, resumed at ws{loaded_ws}"
+        resumed["losses"],
+        ref[k:],
+        f"{strategy_name} saved at ws{saved_ws}, resumed at ws{loaded_ws}",
+        against=SINGLE_PROCESS_REFERENCE,
     )
 
 
@@ -130,7 +133,12 @@ def test_a_resharded_deepspeed_load_converts_after_every_rank_checked_the_checkp
         resume_from=str(_copy(run, tmp_path)),
         reshard=True,
     )[0]["losses"]
-    assert_losses_match(losses, suite.reference(saved)["losses"][k:], "zero2 saved at ws1, resumed at ws2")
+    assert_losses_match(
+        losses,
+        suite.reference(saved)["losses"][k:],
+        "zero2 saved at ws1, resumed at ws2",
+        against=SINGLE_PROCESS_REFERENCE,
+    )
 
 
 def _expect_checkpoint_error(suite, cfg, path, *needles, **kw) -> str:
@@ -200,7 +208,12 @@ def test_a_checkpoint_a_resharded_load_converted_still_resumes_at_its_own_world_
     k = run["save_at"]
     ckpt = _copy(run, tmp_path)
     resharded = suite.train(cfg.replace(world_size=1), resume_from=str(ckpt), reshard=True)[0]
-    assert_losses_match(resharded["losses"], suite.reference(cfg)["losses"][k:], "zero2 resharded 2 to 1")
+    assert_losses_match(
+        resharded["losses"],
+        suite.reference(cfg)["losses"][k:],
+        "zero2 resharded 2 to 1",
+        against=SINGLE_PROCESS_REFERENCE,
+    )
     assert (ckpt / "latest_universal").exists(), "the resharding load left no conversion to test"
     resumed = suite.train(cfg, resume_from=str(ckpt))[0]
     assert_resume_exact(resumed, run["losses"], k, "zero2 ws2, resumed after a resharding load converted it")

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from distbench.cli import main
-from distbench.invariants.checks import assert_losses_match
+from distbench.invariants.checks import SINGLE_PROCESS_REFERENCE, assert_losses_match
 from distbench.strategies import REGISTRY
 
 
@@ -124,4 +124,9 @@ def test_a_trace_that_cannot_be_analysed_costs_its_breakdown_not_the_run(capsys,
 def test_a_users_own_model_trains_like_the_reference(suite, strategy, world_size):
     cfg = suite.config(strategy, world_size, model="user_models:tiny_lm")
     losses = suite.train(cfg)[0]["losses"]
-    assert_losses_match(losses, suite.reference(cfg)["losses"], f"{strategy} ws{world_size} on a user model")
+    assert_losses_match(
+        losses,
+        suite.reference(cfg)["losses"],
+        f"{strategy} ws{world_size} on a user model",
+        against=SINGLE_PROCESS_REFERENCE,
+    )

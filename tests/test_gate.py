@@ -584,3 +584,21 @@ def test_the_report_says_what_each_configuration_ruled_out_or_could_not():
     assert "a regression, step_time_s +" in zero2
     md = render.to_markdown(report)
     assert "What was ruled out:" in md and f"- {ddp}" in md
+
+
+def test_the_speed_table_shows_the_interval_that_decides_and_no_p_that_cannot():
+    """A regression found at 6 pairs: the table names the interval with its level (1 - per-test alpha), has
+    no rank-test column, and the criteria say why the Wilcoxon p, whose floor at 6 pairs is 2/2^6 = 0.031,
+    above the per-test alpha, decides nothing; the p stays in ab.json."""
+    machine = Machine(np.random.default_rng(5), run_sd=0.001, window_sd=0.001, stall=0)
+    report = ab(machine, 0.05, min_pairs=6, max_pairs=6)
+    (row, *_) = report.outcomes[0].rows
+    assert row.verdict == stats.REGRESSION and row.effect is not None and row.effect.n == 6
+    md = render.to_markdown(report)
+    level = f"{100 * (1 - report.per_test_alpha):.4g}%"
+    header = next(line for line in md.splitlines() if line.startswith("| Config"))
+    assert f"| Effect [{level} CI] |" in header and "Wilcoxon" not in header and " p " not in header
+    assert (
+        f"at 6 pairs its smallest value is 0.0312, above the per-test alpha {report.per_test_alpha:.3g}" in md
+    )
+    assert render.to_json(report)["configs"][0]["rows"][0]["effect"]["p_value"] >= 0.03125

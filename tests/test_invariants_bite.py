@@ -12,6 +12,8 @@ import torch
 
 import mutants
 from distbench.invariants.checks import (
+    PARITY_RTOL,
+    SINGLE_PROCESS_REFERENCE,
     assert_exported_weights_match,
     assert_losses_match,
     assert_params_and_grads_match,
@@ -30,10 +32,10 @@ def _mutant(suite, job: str, mutation: str, **kwargs):
 def test_loss_parity_catches_ranks_that_never_sync_gradients(suite):
     cfg = suite.config("ddp", WS)
     ref = suite.reference(cfg)["losses"]
-    assert_losses_match(suite.checkpointed_run(cfg)["losses"], ref, "ddp")
+    assert_losses_match(suite.checkpointed_run(cfg)["losses"], ref, "ddp", against=SINGLE_PROCESS_REFERENCE)
     broken = _mutant(suite, "train", "no_grad_sync", cfg=cfg)[0]["losses"]
     with pytest.raises(AssertionError, match="diverges from the single-process reference"):
-        assert_losses_match(broken, ref, "ddp without gradient sync")
+        assert_losses_match(broken, ref, "ddp without gradient sync", against=SINGLE_PROCESS_REFERENCE)
 
 
 def test_grad_parity_catches_a_missing_average(suite):
@@ -72,10 +74,15 @@ def test_resharding_check_catches_a_reset_optimizer(suite):
     loaded = saved.replace(world_size=1)
     kwargs = {"resume_from": run["checkpoint"], "reshard": True}
     fine = suite.train(loaded, **kwargs)[0]["losses"]
-    assert_losses_match(fine, ref[k:], "fsdp_full resharded 2 to 1")
+    assert_losses_match(fine, ref[k:], "fsdp_full resharded 2 to 1", against=SINGLE_PROCESS_REFERENCE)
     broken = suite.run_job(1, mutants.train, mutation="fresh_optimizer", cfg=loaded, **kwargs)[0]["losses"]
     with pytest.raises(AssertionError, match="diverges from the single-process reference"):
-        assert_losses_match(broken, ref[k:], "fsdp_full resharded 2 to 1 with a fresh optimizer")
+        assert_losses_match(
+            broken,
+            ref[k:],
+            "fsdp_full resharded 2 to 1 with a fresh optimizer",
+            against=SINGLE_PROCESS_REFERENCE,
+        )
 
 
 def test_export_check_catches_bf16_rounded_weights(suite):
@@ -91,3 +98,19 @@ def test_export_check_catches_bf16_rounded_weights(suite):
     rounded = {n: t.to(torch.bfloat16).float() for n, t in state.items()}
     with pytest.raises(AssertionError, match="exported parameter"):
         assert_exported_weights_match(load_into_model(rounded, cfg.model), ref, cfg.lr, "fsdp_full in bf16")
+
+
+def test_a_loss_mismatch_names_what_it_was_compared_with():
+    """The message says what the losses were held to, as the caller named it: another distbench run is not
+    the single-process reference."""
+    with pytest.raises(
+        AssertionError, match="zero2 ws2 diverges from the same run in one micro-batch per rank"
+    ):
+        assert_losses_match(
+            [6.0, 5.0], [6.0, 5.9], "zero2 ws2", against="the same run in one micro-batch per rank"
+        )
+    with pytest.raises(AssertionError, match="1 losses, the same run unsharded has 2"):
+        assert_losses_match([6.0], [6.0, 5.9], "zero2 ws2", against="the same run unsharded")
+    assert_losses_match(
+        [6.0, 5.9], [6.0, 5.9 * (1 + PARITY_RTOL / 2)], "zero2 ws2", against=SINGLE_PROCESS_REFERENCE
+    )

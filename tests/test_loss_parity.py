@@ -12,7 +12,11 @@ import torch
 
 import mutants
 from distbench.config import RunConfig
-from distbench.invariants.checks import assert_losses_match, assert_params_and_grads_match
+from distbench.invariants.checks import (
+    SINGLE_PROCESS_REFERENCE,
+    assert_losses_match,
+    assert_params_and_grads_match,
+)
 from distbench.jobs.train import set_numerics
 
 
@@ -22,7 +26,9 @@ def test_loss_parity(suite, strategy, world_size):
     run = suite.checkpointed_run(cfg)
     per_rank = run["per_rank_losses"]
     assert all(r == per_rank[0] for r in per_rank), f"ranks report different global losses: {per_rank}"
-    assert_losses_match(run["losses"], ref, f"{strategy} at world size {world_size}")
+    assert_losses_match(
+        run["losses"], ref, f"{strategy} at world size {world_size}", against=SINGLE_PROCESS_REFERENCE
+    )
     assert run["losses"][-1] < run["losses"][0], (
         f"loss did not decrease over {cfg.steps} steps: {run['losses']}"
     )
@@ -56,7 +62,10 @@ def test_compiled_loss_parity(suite, strategy, world_size):
         )
     cfg = suite.config(strategy, world_size, compile=True)
     assert_losses_match(
-        suite.train(cfg)[0]["losses"], suite.reference(cfg)["losses"], f"{strategy} ws{world_size} compiled"
+        suite.train(cfg)[0]["losses"],
+        suite.reference(cfg)["losses"],
+        f"{strategy} ws{world_size} compiled",
+        against=SINGLE_PROCESS_REFERENCE,
     )
 
 
@@ -92,6 +101,7 @@ def test_sgd_momentum_loss_parity(suite, strategy, world_size):
         suite.train(cfg)[0]["losses"],
         suite.reference(cfg)["losses"],
         f"{strategy} ws{world_size} SGD+momentum",
+        against=SINGLE_PROCESS_REFERENCE,
     )
 
 
@@ -100,4 +110,9 @@ def test_sgd_parity_catches_a_missing_average(suite):
     cfg = suite.config("ddp", 2, **SGD)
     losses = suite.run_job(2, mutants.train, mutation="sum_not_mean", cfg=cfg)[0]["losses"]
     with pytest.raises(AssertionError):
-        assert_losses_match(losses, suite.reference(cfg)["losses"], "ddp ws2 SGD, gradients summed")
+        assert_losses_match(
+            losses,
+            suite.reference(cfg)["losses"],
+            "ddp ws2 SGD, gradients summed",
+            against=SINGLE_PROCESS_REFERENCE,
+        )

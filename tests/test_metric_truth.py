@@ -380,17 +380,21 @@ def counted(suite: Any, cfg: RunConfig, plant: str | None = None) -> list[dict[s
 
 
 def assert_tokens_per_s_is_tokens_seen_over_wall(cfg: RunConfig, per_rank: list[dict[str, Any]]) -> None:
-    """tokens/s = input tokens every rank's model consumed in the timed window / that window's wall clock
-    (the slowest rank's, read by a clock around the window); per GPU, the same over the world size. The
-    outer clock adds the call around the window: 3% covers it."""
+    """tokens/s = input tokens every rank's model consumed in the timed window (counted by a hook on the
+    model) / that window's wall clock (the slowest rank's); per GPU, the same over the world size. The window's
+    clock is held inside an independent clock around the call, on every rank: no fixed band, since on shared
+    cores the call around the window once took 6.8% more than the window."""
     assert all(len(r["windows"]) == 2 for r in per_rank)  # warm-up, then the one timed window
-    seen = sum(r["windows"][-1]["tokens"] for r in per_rank)
-    wall = max(r["windows"][-1]["seconds"] for r in per_rank)
+    timed = [r["windows"][-1] for r in per_rank]
+    assert all(0 < w["wall_s"] <= w["seconds"] for w in timed), (
+        timed
+    )  # the window's clock inside the outer one
+    seen, wall = sum(w["tokens"] for w in timed), max(w["wall_s"] for w in timed)
     metrics = results.summarize_bench(cfg, [r["reply"] for r in per_rank])["metrics"]
-    assert metrics["tokens_per_s"] == pytest.approx(seen / wall, rel=0.03)
-    assert metrics["tokens_per_s_per_gpu"] == pytest.approx(seen / cfg.world_size / wall, rel=0.03)
+    assert metrics["tokens_per_s"] == pytest.approx(seen / wall, rel=1e-9)
+    assert metrics["tokens_per_s_per_gpu"] == pytest.approx(seen / cfg.world_size / wall, rel=1e-9)
     seq_len = per_rank[0]["reply"]["seq_len"]
-    assert metrics["samples_per_s"] == pytest.approx(seen / seq_len / wall, rel=0.03)
+    assert metrics["samples_per_s"] == pytest.approx(seen / seq_len / wall, rel=1e-9)
 
 
 @pytest.mark.parametrize("name", THROUGHPUT_CONFIGS)

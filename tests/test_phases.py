@@ -16,13 +16,17 @@ pytest_plugins = ["pytester"]
 
 
 def test_a_clock_adds_up_each_phase():
+    """Two 20 ms sleeps add up to at least 40 ms and to no more than a clock around both read (no fixed upper
+    band: on shared cores a sleep wakes late)."""
     clock = PhaseClock()
+    t0 = time.perf_counter()
     for _ in range(2):
         with clock("steps"):
             time.sleep(0.02)
+    around = time.perf_counter() - t0
     with pytest.raises(RuntimeError), clock("save"):
         raise RuntimeError("a failing phase is still timed")
-    assert 0.04 <= clock.seconds["steps"] < 0.2 and "save" in clock.seconds
+    assert 0.04 <= clock.seconds["steps"] <= around and "save" in clock.seconds
 
 
 def test_job_phases_take_the_slowest_rank_and_charge_the_rest_to_transfer():
@@ -67,13 +71,16 @@ def test_a_train_job_reports_its_phases_to_the_session(suite, request):
     under load, importing the strategies took 0.6 s more than a 5% slack)."""
     cfg = suite.config("ddp", 2)
     t0 = time.perf_counter()
-    suite.run_job(2, train, cfg=cfg, return_params=True)
+    outs = suite.run_job(2, train, cfg=cfg, return_params=True)
     wall = time.perf_counter() - t0
     phases = suite.phases.by_test[request.node.nodeid]
     assert {"build and wrap", "training steps", "gather full state", "teardown", TRANSFER} <= set(phases)
-    assert all(s >= 0 for s in phases.values()) and sum(phases.values()) == pytest.approx(
-        wall, rel=0.05, abs=0.05
-    )
+    assert all(s >= 0 for s in phases.values())
+    # Each phase is charged at its slowest rank: where ranks are slowest in different phases (more so on shared
+    # cores), the sum exceeds the wall by that over-count, measured here from the ranks' own phases.
+    ranks = [o["phases"] for o in outs]
+    overcount = sum(max(r[k] for r in ranks) for k in ranks[0]) - max(sum(r.values()) for r in ranks)
+    assert wall * 0.95 - 0.05 <= sum(phases.values()) <= wall + overcount, (phases, wall, overcount)
 
 
 def test_the_session_writes_its_phases_as_json_when_asked(pytester):

@@ -18,7 +18,11 @@ import pytest
 
 import mutants
 from distbench.config import RunConfig
-from distbench.invariants.checks import assert_losses_match, assert_params_and_grads_match
+from distbench.invariants.checks import (
+    SINGLE_PROCESS_REFERENCE,
+    assert_losses_match,
+    assert_params_and_grads_match,
+)
 from distbench.strategies import REGISTRY
 
 pytestmark = pytest.mark.scale
@@ -68,7 +72,7 @@ def test_parity_at_scale(suite, model, strategy_name, ws, options):
     run, ref = suite.checkpointed_run(cfg), suite.reference(cfg)
     what = f"{strategy_name} {options or ''} ws{ws} {model}"
     assert all(r == run["losses"] for r in run["per_rank_losses"]), f"{what}: ranks report different losses"
-    assert_losses_match(run["losses"], ref["losses"], what)
+    assert_losses_match(run["losses"], ref["losses"], what, against=SINGLE_PROCESS_REFERENCE)
     assert_params_and_grads_match(run, ref, cfg.lr, what)
 
 
@@ -106,6 +110,7 @@ def test_resharding_at_scale(suite, model, strategy_name, saved_ws, loaded_ws, t
         _resumed(suite, saved, str(ckpt), loaded_ws),
         suite.reference(saved)["losses"][k:],
         f"{strategy_name} {model} saved at ws{saved_ws}, resumed at ws{loaded_ws}",
+        against=SINGLE_PROCESS_REFERENCE,
     )
 
 
@@ -122,10 +127,14 @@ def test_parity_catches_gradients_averaged_within_a_node(suite, ws):
     ref = suite.reference(cfg)["losses"]
     losses = suite.run_job(ws, mutants.train, mutation="node_local_reduce", cfg=cfg)[0]["losses"]
     if ws == 4:
-        assert_losses_match(losses, ref, "ddp ws4 averaging within its one node")
+        assert_losses_match(
+            losses, ref, "ddp ws4 averaging within its one node", against=SINGLE_PROCESS_REFERENCE
+        )
         return
     with pytest.raises(AssertionError, match="diverges from the single-process reference"):
-        assert_losses_match(losses, ref, "ddp ws8 averaging within each node")
+        assert_losses_match(
+            losses, ref, "ddp ws8 averaging within each node", against=SINGLE_PROCESS_REFERENCE
+        )
 
 
 @pytest.mark.parametrize(
@@ -166,4 +175,5 @@ def test_resharding_catches_a_second_node_that_saved_a_fresh_optimizer(suite, st
             _resumed(suite, saved, str(tmp_path / "ckpt"), 2),
             suite.reference(saved)["losses"][k:],
             f"{strategy_name} saved at ws8 with the second node's optimizer reset, resumed at ws2",
+            against=SINGLE_PROCESS_REFERENCE,
         )

@@ -7,6 +7,8 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -359,9 +361,23 @@ jobs:
 """
 
 
+def installed_tool(name: str) -> str | None:
+    """The executable `name` of this interpreter's own environment (its scripts directory, then the folder of
+    sys.executable, unresolved: a virtualenv's python is a link out of it), else the first on PATH. Run as
+    VENV/bin/python -m pytest without the virtualenv activated, PATH holds none of its tools."""
+    for folder in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        found = shutil.which(name, path=folder)
+        if found:
+            return found
+    return shutil.which(name)
+
+
 def _lint(tool: str, *args: str) -> subprocess.CompletedProcess:
-    exe = shutil.which(tool)
-    assert exe, f"{tool} is missing: pip install --no-build-isolation -e '.[test]' installs it"
+    exe = installed_tool(tool)
+    assert exe, (
+        f"{tool} is missing from this interpreter's environment ({sys.executable}) and PATH: "
+        "pip install --no-build-isolation -e '.[test]' installs it"
+    )
     return subprocess.run([exe, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
@@ -422,3 +438,21 @@ def test_pre_commit_runs_ruff_check_ruff_format_and_mypy_at_the_pinned_versions(
     assert re.search(r"^\[tool\.ruff\.format\]$", pyproject, re.M), (
         "no [tool.ruff.format] for the ruff-format hook"
     )
+
+
+def test_a_tool_of_the_interpreters_environment_is_found_without_it_on_path(tmp_path, monkeypatch):
+    """pytest run as VENV/bin/python -m pytest, the virtualenv not activated: its tools are not on PATH, and
+    are found beside the interpreter all the same."""
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    tool = venv_bin / "check-jsonschema"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setattr(sysconfig, "get_path", lambda name, *a, **k: str(tmp_path / "none"))
+    assert shutil.which("check-jsonschema") is None  # what the test looked up before
+    assert installed_tool("check-jsonschema") == str(tool)
+    monkeypatch.setattr(sysconfig, "get_path", lambda name, *a, **k: str(venv_bin))
+    monkeypatch.setattr(sys, "executable", "/usr/bin/python3")
+    assert installed_tool("check-jsonschema") == str(tool)  # the scripts directory, first

@@ -110,7 +110,11 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
     --output (every rank writes and reads them: across hosts, a shared filesystem) and go when it is done."""
     import shutil
 
-    from ..invariants.checks import assert_losses_match, assert_params_and_grads_match
+    from ..invariants.checks import (
+        SINGLE_PROCESS_REFERENCE,
+        assert_losses_match,
+        assert_params_and_grads_match,
+    )
     from ..results import write_json_atomic
     from ..runtime.pool import JobError
     from ..runtime.shelf import Shelf
@@ -151,14 +155,19 @@ def parity(cluster: Any, run_args: argparse.Namespace) -> int:
     def trained(cfg: Any, what: str) -> list[float]:
         out = suite.train(cfg, return_params=True, return_grads=True)[0]
         ref = suite.reference(cfg)
-        assert_losses_match(out["losses"], ref["losses"], what)
+        assert_losses_match(out["losses"], ref["losses"], what, against=SINGLE_PROCESS_REFERENCE)
         assert_params_and_grads_match(out, ref, cfg.lr, what)
         return list(out["losses"])
 
     def resumed(cfg: Any, loaded_ws: int, what: str) -> list[float]:
         run = suite.checkpointed_run(cfg)
         out = suite.train(cfg.resized(loaded_ws), resume_from=run["checkpoint"], reshard=True)[0]
-        assert_losses_match(out["losses"], suite.reference(cfg)["losses"][run["save_at"] :], what)
+        assert_losses_match(
+            out["losses"],
+            suite.reference(cfg)["losses"][run["save_at"] :],
+            what,
+            against=SINGLE_PROCESS_REFERENCE,
+        )
         return list(out["losses"])
 
     try:

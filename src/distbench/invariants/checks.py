@@ -17,15 +17,20 @@ PARITY_RTOL = 1e-5
 PARITY_ATOL = 1e-6
 
 
-def assert_losses_match(losses: list[float], reference: list[float], what: str) -> None:
-    """Per-step losses equal the reference's within the parity tolerance."""
-    assert len(losses) == len(reference), f"{what}: {len(losses)} losses, reference has {len(reference)}"
+#: What most parity checks compare with: invariants/reference.py's run of the same configuration.
+SINGLE_PROCESS_REFERENCE = "the single-process reference"
+
+
+def assert_losses_match(losses: list[float], reference: list[float], what: str, *, against: str) -> None:
+    """Per-step losses equal `reference`'s within the parity tolerance. `against` names what `reference` is
+    (SINGLE_PROCESS_REFERENCE, or another run's description), so that a failure says what it compared with."""
+    assert len(losses) == len(reference), f"{what}: {len(losses)} losses, {against} has {len(reference)}"
     np.testing.assert_allclose(
         losses,
         reference,
         rtol=PARITY_RTOL,
         atol=PARITY_ATOL,
-        err_msg=f"{what} diverges from the single-process reference",
+        err_msg=f"{what} diverges from {against}",
     )
 
 

@@ -173,8 +173,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption(
         "--update-goldens",
         action="store_true",
-        help="write the golden loss and gradient-norm curves of this machine and version set "
-        "(tests/goldens/, docs/numerics.md) instead of comparing with them; the summary lists what moved",
+        help="write the golden loss and gradient-norm curves of this machine class "
+        "(tests/goldens/, docs/numerics.md) instead of comparing with them; each golden records what moved, "
+        "between which versions, and the summary lists it",
     )
     g.addoption("--distbench-lane", default=None, help=argparse.SUPPRESS)  # set by lanes.py in a lane process
 
