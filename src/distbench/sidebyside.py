@@ -119,10 +119,12 @@ def interleave(
     if a setup or window ran out of memory (then nothing more ran, every stepper is finished and closed, and
     the caller tries fewer at once). A configuration whose setup or window fails otherwise gets its failure
     as its result and leaves the rotation."""
-    steppers = [start(c) for c in cfgs]
+    steppers: list[Stepper] = []
     results: list[dict[str, Any] | None] = [None] * len(cfgs)
     live: list[int] = []
     try:
+        for c in cfgs:  # every one's processes start at once; those started are closed whatever follows
+            steppers.append(start(c))
         for i, s in enumerate(steppers):
             failed = s.setup()
             if failed is not None and failed.get("status") == "oom":
