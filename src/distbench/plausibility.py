@@ -207,10 +207,10 @@ def repeat_notes(result: dict[str, Any]) -> list[str]:
         below, above = _half_widths(1 + vs["estimate"], 1 + vs["low"], 1 + vs["high"])
         if max(below, above) > SPEEDUP_HOLD:
             out.append(
-                f"its speedup against {result['side_by_side']['reference']} may not repeat: the 95% interval "
-                f"of its {vs['n']} paired rounds is -{below:.1%}/+{above:.1%}, wider than +/-{SPEEDUP_HOLD:.0%}: "
-                "its windows moved against the reference's in the same rounds, so the step itself varies "
-                "(take more windows, or a larger step)"
+                f"its speedup may not repeat: 95% interval -{below:.1%}/+{above:.1%} over {vs['n']} rounds "
+                f"(wider than +/-{SPEEDUP_HOLD:.0%}), as its windows moved against "
+                f"{result['side_by_side']['reference']}'s in the same rounds: the step itself varies; take "
+                "more windows"
             )
     st = result.get("step_time_s") or {}
     if st.get("interval") and (result.get("metrics") or {}).get("step_time_s"):
@@ -218,13 +218,13 @@ def repeat_notes(result: dict[str, Any]) -> list[str]:
         slower, faster = _half_widths(1 / result["metrics"]["step_time_s"], 1 / hi, 1 / lo)
         if max(slower, faster) > TOKENS_HOLD:
             why = (
-                "the host ran at different speeds during it (above)"
+                "the host ran at different speeds (above)"
                 if _host_speed_finding(result)
                 else f"its windows' times spread {rel_spread(result):.0%} (p10-p90)"
             )
             out.append(
-                f"its tokens/s may not repeat: the 95% interval of its windows' median is -{slower:.1%}/"
-                f"+{faster:.1%}, wider than +/-{TOKENS_HOLD:.0%}, because {why}"
+                f"its tokens/s may not repeat: 95% interval -{slower:.1%}/+{faster:.1%} (wider than "
+                f"+/-{TOKENS_HOLD:.0%}), as {why}"
             )
     return out
 

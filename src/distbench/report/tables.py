@@ -158,7 +158,8 @@ def _metric(name: str, spec: str, suffix: str = "") -> Callable[[dict[str, Any]]
 
 def _pm(low: float, high: float) -> str:
     """An interval's larger half-width, as a fraction of its estimate 1: "±2%"."""
-    return f"±{max(1 - low, high - 1):.0%}"
+    half = max(1 - low, high - 1)
+    return f"±{half:.1%}" if half < 0.01 else f"±{half:.0%}"
 
 
 def _speedup(r: dict[str, Any]) -> str:
