@@ -246,7 +246,7 @@ def test_paired_ratios_count_tokens_per_step():
         sidebyside.round_log_ratios([1.0], [1.0, 2.0])
 
 
-@pytest.mark.slow  # two small matrices in real CPU rank pools (~1-2 min on 2 busy cores)
+@pytest.mark.slow  # two small matrices in real CPU rank pools (8 min on 2 cores shared by seven sessions)
 def test_two_deterministic_cpu_runs_show_the_same_loss_column_side_by_side_or_not():
     import dataclasses
 
