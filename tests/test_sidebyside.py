@@ -266,3 +266,27 @@ def test_two_deterministic_cpu_runs_show_the_same_loss_column_side_by_side_or_no
     assert side[1]["side_by_side"]["vs_reference"]["n"] == 6 and "side_by_side" not in alone[1]
     assert [r["loss"] for r in side] == [r["loss"] for r in alone]
     assert {r["loss"]["step"] for r in side} == {8} and side[0]["loss"]["value"] is not None
+
+
+def test_the_memory_model_sends_runs_that_cannot_share_the_device_to_pairs_before_any_starts():
+    start, alone, host = bench(steady)
+    got = measure([cfg(s) for s in STRATEGIES], [None, 0, 0, 0], start, alone, fit_all=False)
+    assert {m.result["side_by_side"]["mode"] for m in got} == {PAIRS}
+    assert "memory model" in got[1].result["side_by_side"]["why"]
+    assert host.windows == 3 * 2 * plan(got[0].cfg)[0]  # three pairs' rounds, no attempt at all four
+
+
+@pytest.mark.parametrize(("card_gib", "fits"), [(80, False), (140.4, True)])
+def test_a_matrix_asks_the_memory_model_whether_its_residents_share_one_card(monkeypatch, card_gib, fits):
+    """GPT-2 Large at micro-batch 8 on one rank: 57 GiB a run measured on one H200 (results/seed004-1xh200-
+    2026-11-28), so two fit an H200 and not an 80 GB H100; a model the memory model has no footprint of
+    leaves it to the device."""
+    from distbench.gate import fit
+    from distbench.matrix import _fit_all
+
+    monkeypatch.setattr(fit, "card_bytes", lambda: int(card_gib * 2**30))
+    large = [RunConfig(strategy=s, world_size=1, model="gpt2-large", precision="bf16-amp", micro_batch=8,
+                       global_batch=8, seq_len=1024) for s in ("single", "ddp")]  # fmt: skip
+    assert _fit_all(large, "cuda") is fits
+    assert _fit_all(large, "cpu") is None
+    assert _fit_all([cfg("single"), cfg("ddp")], "cuda") is None  # gpt2-tiny: no footprint measured
