@@ -181,7 +181,9 @@ def test_a_run_with_an_interval_gets_the_host_speed_as_its_reason_not_a_flag():
     assert (
         note.startswith("its interval is wide because the host ran at different speeds") and "x1.47" in note
     )
-    assert repeat.startswith("its tokens/s may not repeat") and "as the host ran at different speeds" in repeat
+    assert (
+        repeat.startswith("its tokens/s may not repeat") and "as the host ran at different speeds" in repeat
+    )
 
 
 def test_the_idle_probes_of_an_h200_draw_no_host_warning_and_its_host_bound_runs_do():

@@ -1,7 +1,9 @@
 """A benchmark matrix (strategies x world sizes x models x precisions), from flags or YAML, and running it:
 one configuration in a pool (run_benchmark, run_trace: the `bench` and `trace` jobs of jobs/bench.py), or all.
 
-Configurations run smallest world size first; once the matrix has run, every result gets its plausibility
+Configurations run smallest world size first, the strategies of one world size side by side (sidebyside.py:
+resident at once, their timed windows taking turns) unless the matrix asks for one at a time; once the
+matrix has run, every result gets its plausibility
 warnings (plausibility.py), then its speedup and scaling efficiency against the workload's 1-GPU baseline
 (scaling.py). A matrix may carry a published reference (a seed's figures): each result it covers gets the
 figure beside its own. `trace` profiles every configuration, or, given world sizes, only those more than 5%

@@ -262,13 +262,12 @@ def _measured(
 
 @dataclass
 class Group:
-    """Configurations measured side by side: `rows` index the residents that are this group's own rows; the
-    others are guests, there only as the references of rows at another world size (their own rows come from
-    their own group)."""
+    """Configurations measured side by side, each against residents[references[i]]. The group's own rows come
+    first; any after them are guests, there only as the baselines of rows at another world size (their own
+    rows come from their own group)."""
 
     residents: list[RunConfig]
     references: list[int | None]
-    rows: list[int]
 
 
 def _workload(cfg: RunConfig) -> str:
@@ -280,7 +279,7 @@ def _workload(cfg: RunConfig) -> str:
 def groups(cfgs: list[RunConfig]) -> list[tuple[Group, list[int]]]:
     """The side-by-side groups of a matrix's configurations: per workload and world size, its configurations
     and the 1-rank baselines they are compared with (scaling.baseline_strategy), each with the indices into
-    `cfgs` of its rows, smallest world size first."""
+    `cfgs` of its rows (its first residents), smallest world size first."""
     by_workload: dict[str, list[int]] = {}
     for i, c in enumerate(cfgs):
         by_workload.setdefault(_workload(c), []).append(i)
@@ -292,5 +291,5 @@ def groups(cfgs: list[RunConfig]) -> list[tuple[Group, list[int]]]:
             base = {i: ones.get(baseline_strategy(cfgs[i].strategy, set(ones)) or "") for i in rows}
             members = rows + sorted({b for b in base.values() if b is not None and b not in rows})
             refs = [members.index(b) if (b := base.get(i)) is not None and b != i else None for i in members]
-            out.append((Group([cfgs[i] for i in members], refs, list(range(len(rows)))), rows))
+            out.append((Group([cfgs[i] for i in members], refs), rows))
     return out
