@@ -446,3 +446,14 @@ def test_the_loss_column_is_the_loss_at_one_named_step():
         r["loss"] = {"step": 2, "value": fixed}
     text = table_text(rows)
     assert "step 2" in text and "7.0000" in text and "7.1000" in text and "6.5000" not in text
+
+
+def test_a_speedup_measured_side_by_side_is_judged_by_its_paired_ratio_and_interval():
+    """Medians of separate windows say 0.98x inside a 4% spread ("within noise"); the paired windows say
+    0.90x +-1% at 2 ranks: the speedup the table states is judged, not the medians'."""
+    base = [run("single", 1, 1000), run("ddp", 2, 980)]
+    assert any("speedup within noise" in w for w in flagged(base, "ddp", 2))
+    paired = [run("single", 1, 1000), side_by_side(run("ddp", 2, 980), -0.10, 0.01)]
+    assert flagged(paired, "ddp", 2) == []
+    wide = [run("single", 1, 1000), side_by_side(run("ddp", 2, 980), -0.02, 0.05)]
+    assert any("speedup within noise: 0.98x" in w for w in flagged(wide, "ddp", 2))

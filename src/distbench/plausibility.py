@@ -36,7 +36,9 @@ reference's own runs:
 - a flagged reference: every 1-rank reference run has a measurement warning of its own, so no speedup is
   stated (scaling.py leaves flagged runs out of the baseline).
 
-Noise is the relative p10-p90 width of a run's step times, (p90 - p10) / median.
+Noise is the relative p10-p90 width of a run's step times, (p90 - p10) / median, summed over the two; for a
+speedup measured side by side with its reference (sidebyside.py), the paired speedup and the larger half of
+its 95% interval.
 
 Why the host checks read as they do: on an idle H200 virtual machine the reference launch work moved up to
 x1.49 between two readings of one process while the step times of the same runs spread 0.0-5.9% (the probes
@@ -82,8 +84,13 @@ def _scaling(result: dict[str, Any], refs: list[dict[str, Any]]) -> list[str]:
     it: a wrapped strategy at the unwrapped model's speed is what one GPU should show."""
     ws, tps = result["config"]["world_size"], tokens_per_s(result)
     ref_tps = statistics.median(t for r in refs if (t := tokens_per_s(r)))
-    speedup = tps / ref_tps
-    noise = rel_spread(result) + statistics.median(rel_spread(r) for r in refs)
+    vs = (result.get("side_by_side") or {}).get("vs_reference")
+    if vs:  # measured side by side with it: the speedup scaling.py states, and its paired interval as noise
+        speedup = 1 + vs["estimate"]
+        noise = max(_half_widths(speedup, 1 + vs["low"], 1 + vs["high"]))
+    else:
+        speedup = tps / ref_tps
+        noise = rel_spread(result) + statistics.median(rel_spread(r) for r in refs)
     against = (
         f"{speedup:.2f}x the tokens/s of {refs[0]['config'].get('strategy')} on 1 rank ({ref_tps:,.0f}, "
         f"median of {len(refs)} run(s)) on {ws} rank(s)"
