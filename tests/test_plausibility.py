@@ -437,6 +437,12 @@ def test_the_table_says_how_its_comparisons_were_measured():
     assert "Measured side by side: 6 rounds" in table_text(paired)
     paired[1]["side_by_side"].update(mode="pairs", why="the runs did not fit in device memory at once")
     assert "in pairs with the reference, as the runs did not fit" in table_text(paired)
+    for r in alone:  # not even a pair fitted: every row alone, and the title says why
+        r["side_by_side"] = {"mode": "alone", "why": "the runs did not fit in device memory at once"}
+    assert (
+        "Measured one at a time (the runs did not fit in device memory at once; nor in pairs)"
+        in table_text(alone)
+    )
 
 
 def test_the_loss_column_is_the_loss_at_one_named_step():

@@ -236,10 +236,11 @@ def measured_how(results: list[dict[str, Any]]) -> str:
     """One line on how the table's comparisons were measured (sidebyside.py), from its results' sections."""
     sections = [r.get("side_by_side") for r in results if r.get("status") == "ok"]
     modes = {s["mode"] for s in sections if s}
-    if not modes or modes == {"alone"} and not any(s.get("why") for s in sections if s):
+    if not modes - {"alone"}:  # none was measured beside another
+        why = next((s["why"] for s in sections if s and s.get("why")), None)
         return (
-            "Measured one at a time: each speedup is a ratio of separate runs, with no interval, and moves "
-            "with the host's speed between them"
+            "Measured one at a time" + (f" ({why}; nor in pairs)" if why else "") + ": each speedup is a "
+            "ratio of separate runs, with no interval, and moves with the host's speed between them"
         )
     rounds = next((s["rounds"] for s in sections if s and s.get("rounds")), None)
     how = (
