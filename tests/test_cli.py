@@ -130,3 +130,18 @@ def test_a_users_own_model_trains_like_the_reference(suite, strategy, world_size
         f"{strategy} ws{world_size} on a user model",
         against=SINGLE_PROCESS_REFERENCE,
     )
+
+
+@pytest.mark.parametrize(("flags", "one"), [([], False), (["--one-at-a-time"], True)])
+def test_run_measures_side_by_side_unless_asked_one_at_a_time(tmp_path, monkeypatch, flags, one):
+    import distbench.matrix
+
+    seen = {}
+
+    def run_matrix(matrix, **kw):
+        seen["one"] = matrix.one_at_a_time
+        return []
+
+    monkeypatch.setattr(distbench.matrix, "run_matrix", run_matrix)
+    assert main(["run", "-s", "ddp", "-n", "1", "--device", "cpu", "-o", str(tmp_path), *flags]) == 0
+    assert seen["one"] is one

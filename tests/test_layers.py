@@ -43,9 +43,10 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
-        "running configurations: matrix, suite, lanes, A/B gate, doctor",
+        "running configurations: matrix, side by side, suite, lanes, A/B gate, doctor",
         [
             "distbench.matrix",
+            "distbench.sidebyside",
             "distbench.testsuite",
             "distbench.gate",
             "distbench.doctor",

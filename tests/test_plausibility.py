@@ -177,9 +177,12 @@ def test_a_run_with_an_interval_gets_the_host_speed_as_its_reason_not_a_flag():
     results = [*clean()[:6], moved]
     annotate(results)
     assert moved["warnings"] == []
-    (note,) = moved["notes"]
+    note, repeat = moved["notes"]
     assert (
         note.startswith("its interval is wide because the host ran at different speeds") and "x1.47" in note
+    )
+    assert (
+        repeat.startswith("its tokens/s may not repeat") and "as the host ran at different speeds" in repeat
     )
 
 
@@ -332,3 +335,131 @@ def test_run_matrix_writes_the_warnings_into_every_result(tmp_path, monkeypatch)
     run_matrix(Matrix(["ddp"], [1, 2], ["gpt2-tiny"], ["fp32"]), out_dir=tmp_path, pools=Pools())
     saved = {r["config"]["world_size"]: r["warnings"] for r in load_results(tmp_path)}
     assert saved[1] == [] and saved[2][0].startswith("superlinear: 8.49x the tokens/s of ddp on 1 rank")
+
+
+def side_by_side(r: dict[str, Any], estimate: float, half: float, rounds: int = 6) -> dict[str, Any]:
+    """`r` as measured side by side with single at ws1: its tokens/s ratio `estimate` +- `half`."""
+    r["side_by_side"] = {
+        "mode": "all",
+        "rounds": rounds,
+        "reference": "single ws1 gpt2-tiny fp32 mb2",
+        "vs_reference": {"estimate": estimate, "low": estimate - half, "high": estimate + half, "n": rounds},
+    }
+    return r
+
+
+def with_interval(r: dict[str, Any], half: float) -> dict[str, Any]:
+    """`r` with a 95% interval of its median window of +-`half` of its step time."""
+    st = r["metrics"]["step_time_s"]
+    r["step_time_s"]["interval"] = [st * (1 - half), st * (1 + half)]
+    return r
+
+
+def judged(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`results` annotated as run_matrix leaves them: plausibility's flags and notes, then the speedups."""
+    from distbench import scaling
+
+    annotate(results)
+    scaling.annotate(results)
+    return results
+
+
+def table_text(results: list[dict[str, Any]]) -> str:
+    from rich.console import Console
+
+    from distbench.report.tables import results_table
+
+    console = Console(record=True, width=400)
+    console.print(results_table(results))
+    return " ".join(console.export_text().split())  # a caption wraps at the table's width
+
+
+def test_a_figure_whose_repeat_would_not_hold_is_footnoted_with_the_reason():
+    from distbench.plausibility import SPEEDUP_HOLD, TOKENS_HOLD
+
+    narrow = [
+        with_interval(run("single", 1, 1000), 0.01),
+        side_by_side(with_interval(run("ddp", 1, 900), 0.01), -0.1, 0.01),
+    ]
+    judged(narrow)
+    assert all(r["notes"] == [] for r in narrow)
+    text = table_text(narrow)
+    assert "0.90x±1%" in text and "1,000±1%" in text and "Notes on figures" not in text
+    wide = [
+        with_interval(run("single", 1, 1000), TOKENS_HOLD + 0.01),
+        side_by_side(with_interval(run("ddp", 1, 900), 0.01), -0.1, 0.9 * (SPEEDUP_HOLD + 0.01)),
+    ]
+    judged(wide)
+    assert "its tokens/s may not repeat" in wide[0]["notes"][0] and "wider than +/-5%" in wide[0]["notes"][0]
+    assert "its windows' times spread" in wide[0]["notes"][0]  # the reason
+    assert "its speedup may not repeat" in wide[1]["notes"][0] and "+/-3%" in wide[1]["notes"][0]
+    assert "against single ws1 gpt2-tiny fp32 mb2's in the same rounds" in wide[1]["notes"][0]
+    text = table_text(wide)
+    assert "Notes on figures a repeat may not reproduce:" in text
+    assert "ok * 1" in text and "ok * 2" in text
+    assert "* 1 single ws1: its tokens/s may not repeat" in text
+    assert "* 2 ddp ws1: its speedup may not repeat" in text
+
+
+def test_the_host_speed_note_is_footnoted_in_the_table_not_only_in_the_json():
+    r = with_interval(run("single", 1, 1000, spread=0.3), 0.02)
+    r["host"] = {"speed": [[{"ref_s": [0.001, 0.0017]}]]}
+    annotate([r])
+    assert r["notes"] and r["notes"][0].startswith("its interval is wide because the host ran at different")
+    assert "* 1 single ws1: its interval is wide because the host ran at different speeds" in table_text([r])
+
+
+def test_the_table_says_in_one_line_when_its_rows_are_host_bound():
+    from distbench.plausibility import host_bound
+
+    rows = [run("single", 1, 1000), run("ddp", 1, 950), run("zero3", 1, 400)]
+    for r, busy in zip(rows, (0.95, 0.76, 0.2), strict=True):
+        r["metrics"]["busy_ratio"] = busy
+    line = host_bound(rows)
+    assert (
+        line and "76% of ddp ws1's step" in line and "host's launch speed as much as the strategies" in line
+    )
+    assert "Host-bound: the device was busy 76% of ddp ws1's step" in table_text(rows)
+    rows[1]["metrics"]["busy_ratio"] = 0.93  # ddp's device busy: the rows measure the GPU
+    assert host_bound(rows) is None and "Host-bound" not in table_text(rows)
+    del rows[1]  # no ddp: the reference's row decides
+    assert host_bound(rows) is None
+    rows[0]["metrics"]["busy_ratio"] = 0.5
+    assert "50% of single ws1's step" in (host_bound(rows) or "")
+    assert host_bound(clean()) is None  # nothing sampled the device (CPU runs)
+
+
+def test_the_table_says_how_its_comparisons_were_measured():
+    alone = [run("single", 1, 1000), run("ddp", 1, 900)]
+    assert "Measured one at a time" in table_text(alone)
+    paired = [side_by_side(run("single", 1, 1000), 0.0, 0.0), side_by_side(run("ddp", 1, 900), -0.1, 0.01)]
+    paired[0]["side_by_side"]["vs_reference"] = None
+    assert "Measured side by side: 6 rounds" in table_text(paired)
+    paired[1]["side_by_side"].update(mode="pairs", why="the runs did not fit in device memory at once")
+    assert "in pairs with the reference, as the runs did not fit" in table_text(paired)
+    for r in alone:  # not even a pair fitted: every row alone, and the title says why
+        r["side_by_side"] = {"mode": "alone", "why": "the runs did not fit in device memory at once"}
+    assert (
+        "Measured one at a time (the runs did not fit in device memory at once; nor in pairs)"
+        in table_text(alone)
+    )
+
+
+def test_the_loss_column_is_the_loss_at_one_named_step():
+    rows = [run("single", 1, 1000), run("ddp", 1, 900)]
+    for r, (last, fixed) in zip(rows, ((6.5, 7.0), (6.2, 7.1)), strict=True):
+        r["losses"] = [9.0, fixed, last]
+        r["loss"] = {"step": 2, "value": fixed}
+    text = table_text(rows)
+    assert "step 2" in text and "7.0000" in text and "7.1000" in text and "6.5000" not in text
+
+
+def test_a_speedup_measured_side_by_side_is_judged_by_its_paired_ratio_and_interval():
+    """Medians of separate windows say 0.98x inside a 4% spread ("within noise"); the paired windows say
+    0.90x +-1% at 2 ranks: the speedup the table states is judged, not the medians'."""
+    base = [run("single", 1, 1000), run("ddp", 2, 980)]
+    assert any("speedup within noise" in w for w in flagged(base, "ddp", 2))
+    paired = [run("single", 1, 1000), side_by_side(run("ddp", 2, 980), -0.10, 0.01)]
+    assert flagged(paired, "ddp", 2) == []
+    wide = [run("single", 1, 1000), side_by_side(run("ddp", 2, 980), -0.02, 0.05)]
+    assert any("speedup within noise: 0.98x" in w for w in flagged(wide, "ddp", 2))

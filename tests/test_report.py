@@ -294,7 +294,7 @@ def test_the_console_table_fits_100_columns_and_leaves_out_what_is_not_measured(
     cpu[-1]["warnings"] = ["a figure the checks reject"]
     lines = render(cpu)
     assert max(map(len, lines)) <= CONSOLE_WIDTH
-    head = "\n".join(lines[:3])
+    head = "\n".join(lines[: next(i for i, line in enumerate(lines) if "───" in line)])
     assert "step ms" in head and "MFU" not in head and "GiB" not in head  # CPU runs measure neither
     assert "No values in these runs: MFU, peak GiB." in [line.strip() for line in lines]
     st = cpu[0]["step_time_s"]["median"] * 1000
@@ -311,7 +311,20 @@ def test_the_console_table_fits_100_columns_and_leaves_out_what_is_not_measured(
     scaling.annotate(gpu)
     for r in gpu:
         r["losses"] = [6.2, 6.1295]
+        r["loss"] = {"step": 17, "value": 6.1295}
     gpu[-1]["warnings"] = ["one", "two"]
     lines = render(gpu)
     assert max(map(len, lines)) <= CONSOLE_WIDTH
+    # measured side by side: each figure with its interval, a note on some rows, and still within the width
+    for r in gpu:
+        st = r["metrics"]["step_time_s"]
+        r["step_time_s"]["interval"] = [st * 0.88, st * 1.12]
+        r["side_by_side"] = {"mode": "all", "rounds": 6, "reference": "single ws1 gpt2-124m bf16-amp mb8",
+                             "vs_reference": {"estimate": -0.125, "low": -0.3, "high": 0.25, "n": 6}}  # fmt: skip
+        r["notes"] = ["a note", "another"]
+    scaling.annotate(gpu)
+    lines = render(gpu)
+    assert max(map(len, lines)) <= CONSOLE_WIDTH
+    assert any("±14%" in line and "±43%" in line for line in lines)  # the larger half of each interval
+    assert any("step 17" in line for line in lines)
     assert any("MFU" in line and "alloc/resv/nvml" in line for line in lines)

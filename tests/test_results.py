@@ -140,3 +140,15 @@ def test_a_result_is_fsynced_and_so_is_its_directory(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", fsync)
     save_result(good(), tmp_path)
     assert synced == [False, True]
+
+
+def test_the_loss_shown_is_at_warmup_plus_steps_whatever_the_timing_ran():
+    from distbench.config import RunConfig
+    from distbench.results import loss_at_step, loss_step
+
+    cfg = RunConfig(strategy="single", world_size=1, model="gpt2-tiny", precision="fp32", steps=6, warmup=2)
+    assert loss_step(cfg) == 8
+    losses = [float(i) for i in range(1, 13)]  # more windows under until_ci, or rounds side by side
+    assert loss_at_step(cfg, losses) == {"step": 8, "value": 8.0}
+    assert loss_at_step(cfg, losses[:8]) == loss_at_step(cfg, losses)
+    assert loss_at_step(cfg, losses[:7]) == {"step": 8, "value": None}

@@ -238,15 +238,16 @@ def placed_spans(monkeypatch, side_by_side: bool):
     m = load_matrix(CONFIG)
     m = Matrix(
         ["single", "ddp", "fsdp_full", "zero3"], [1, 2, 4], m.models, m.precisions, m.base,
-        side_by_side=side_by_side,
+        side_by_side=side_by_side, one_at_a_time=not side_by_side,
     )  # fmt: skip
     t0 = time.monotonic()
     results = run_matrix(m, pools=PoolManager("cuda"), device_count=4)
     return m, results, spans, time.monotonic() - t0
 
 
-def test_the_matrix_runs_one_configuration_at_a_time_unless_asked(monkeypatch):
-    """A host-bound run's figure moves with its neighbour's host work: by default nothing runs beside it."""
+def test_one_at_a_time_the_matrix_runs_nothing_beside_a_configuration(monkeypatch):
+    """A host-bound run's figure moves with its neighbour's host work: one at a time, nothing runs beside it
+    (side by side, tests/test_sidebyside.py, the runs are resident at once but their windows take turns)."""
     _, results, spans, _ = placed_spans(monkeypatch, side_by_side=False)
     assert len(results) == len(spans) > 1
     assert max(sum(s <= t < e for _, s, e, _ in spans) for _, t, _, _ in spans) == 1

@@ -1,7 +1,9 @@
 """A benchmark matrix (strategies x world sizes x models x precisions), from flags or YAML, and running it:
 one configuration in a pool (run_benchmark, run_trace: the `bench` and `trace` jobs of jobs/bench.py), or all.
 
-Configurations run smallest world size first; once the matrix has run, every result gets its plausibility
+Configurations run smallest world size first, the strategies of one world size side by side (sidebyside.py:
+resident at once, their timed windows taking turns) unless the matrix asks for one at a time; once the
+matrix has run, every result gets its plausibility
 warnings (plausibility.py), then its speedup and scaling efficiency against the workload's 1-GPU baseline
 (scaling.py). A matrix may carry a published reference (a seed's figures): each result it covers gets the
 figure beside its own. `trace` profiles every configuration, or, given world sizes, only those more than 5%
@@ -41,7 +43,8 @@ from .metrics import names
 from .plausibility import annotate
 from .results import failure_result, is_oom, save_result, summarize_bench
 from .runtime.fingerprint import environment_fingerprint
-from .runtime.pool import JobError, PoolManager, cuda_device_count
+from .runtime.pool import JobError, PoolManager, RankPool, cuda_device_count
+from .sidebyside import groups, measure
 from .strategies import REGISTRY, default_strategies, get_spec
 from .workloads import get_model
 
@@ -54,6 +57,7 @@ MATRIX_KEYS = (
     "trace",
     "reference",
     "side_by_side",
+    "one_at_a_time",
 )
 
 
@@ -90,6 +94,9 @@ class Matrix:
     #: False: one configuration at a time. True: side by side on disjoint GPUs (Placement), faster, but the
     #: runs then share the host, and a host-bound step moves with its neighbour's host work
     side_by_side: bool = False
+    #: False: the configurations of one world size resident at once in pools of their own, their timed
+    #: windows taking turns (sidebyside.py). True: one configuration at a time, each timed alone
+    one_at_a_time: bool = False
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -285,6 +292,10 @@ class SteppedRun:
             return _failed(self.pool, self.cfg, e)
         return summarize_bench(self.cfg, replies, env=environment_fingerprint())
 
+    def close(self) -> None:
+        """End the pool's ranks: a run measured side by side has a pool of its own (sidebyside.py)."""
+        self.pool.close()
+
 
 def sweep_micro_batch(pool: Any, cfg: RunConfig, sizes: list[int], **kwargs: Any) -> list[dict[str, Any]]:
     """Benchmark increasing micro-batch sizes (global batch = micro * world_size * cfg's accumulation)
@@ -394,12 +405,7 @@ def run_matrix(
     lock = threading.Lock()
     done: dict[int, tuple[RunConfig, dict[str, Any]]] = {}
 
-    def one(pool: Any, job: tuple[int, RunConfig]) -> None:
-        i, cfg = job
-        try:
-            result = run_benchmark(pool, cfg, timeout=timeout)
-        except JobError as e:  # recorded, and the matrix goes on: one broken strategy is one red row
-            result = failure_result(cfg, pools.device_type, e)
+    def land(pool: Any, i: int, cfg: RunConfig, result: dict[str, Any]) -> None:
         figure = matrix.reference.figure(cfg) if matrix.reference else None
         if figure:
             result["reference"] = figure
@@ -412,7 +418,14 @@ def run_matrix(
             if on_result:
                 on_result(cfg, result)
 
-    _each(placed, pools, [(cfg.world_size, (i, cfg)) for i, cfg in jobs], one)
+    def one(pool: Any, job: tuple[int, RunConfig]) -> None:
+        i, cfg = job
+        land(pool, i, cfg, _run_alone(pool, cfg, timeout))
+
+    if placed is None and not matrix.one_at_a_time and isinstance(pools, PoolManager):
+        _interleaved(configs, matrix.repeats, pools, timeout, land)
+    else:
+        _each(placed, pools, [(cfg.world_size, (i, cfg)) for i, cfg in jobs], one)
     results = [done[i][1] for i in sorted(done)]
     annotate(results)  # judged on the whole matrix: a speedup needs its reference, a run its repeats
     scaling.annotate(results)  # one rule for speedup and efficiency (scaling.py), from unflagged baselines
@@ -422,6 +435,64 @@ def run_matrix(
         for result in results:
             save_result(result, out_dir)
     return results
+
+
+def _run_alone(pool: Any, cfg: RunConfig, timeout: float) -> dict[str, Any]:
+    """run_benchmark, a failure of the configuration recorded as its result so that the matrix goes on: one
+    broken strategy is one red row."""
+    try:
+        return run_benchmark(pool, cfg, timeout=timeout)
+    except JobError as e:
+        return failure_result(cfg, pool.device_type, e)
+
+
+def _interleaved(
+    configs: list[RunConfig],
+    repeats: int,
+    pools: PoolManager,
+    timeout: float,
+    land: Callable[[Any, int, RunConfig, dict[str, Any]], None],
+) -> None:
+    """Each side-by-side group of the matrix (sidebyside.groups) `repeats` times, each run in a pool of its
+    own; `land(pool, index, cfg, result)` for each of the group's rows, indexed as run_matrix's jobs."""
+
+    def start(cfg: RunConfig) -> SteppedRun:
+        pool = RankPool(cfg.world_size, pools.device_type, gpus=None, cpus=None, **pools.pool_options)
+        pool.spawn()  # every resident's ranks start importing at once
+        return SteppedRun(pool, cfg, timeout)
+
+    def alone(cfg: RunConfig) -> dict[str, Any]:
+        return _run_alone(pools.pool_for(cfg.world_size), cfg, timeout)
+
+    for group, rows in groups(configs):
+        for r in range(repeats):
+            if len(group.residents) == 1:
+                measured = [alone(group.residents[0])]
+            else:
+                pools.close_all()  # the device's memory for the residents
+                fit = _fit_all(group.residents, pools.device_type)
+                measured = [
+                    m.result for m in measure(group.residents, group.references, start, alone, fit_all=fit)
+                ]
+                pools.close_all()
+            for k, i in enumerate(rows):
+                cfg = configs[i]
+                land(pools.pool_for(cfg.world_size), i * repeats + r, cfg, measured[k])
+
+
+def _fit_all(residents: list[RunConfig], device_type: str) -> bool | None:
+    """Whether every resident's rank on the first GPU fits in its memory at once, by the memory model
+    (gate/fit.py, HEADROOM left free); None where it cannot say (no card, or a model it has no footprint
+    of): then the device decides."""
+    if device_type != "cuda":
+        return None
+    from .gate import fit
+
+    card = fit.card_bytes()
+    peaks = [fit.predicted_peak(c, fit.n_params(c.model)) for c in residents]
+    if card is None or any(p is None for p in peaks):
+        return None
+    return fit.fits(sum(p or 0.0 for p in peaks), card, 1)
 
 
 def _each(

@@ -18,6 +18,12 @@ A run's own measurement (`measurement_warnings`):
   device-bound, and the step times spread by more than HOST_MOVED; for a run timed in six or more windows
   this is a note on its interval (`notes`), not a flag.
 
+What would not hold on a repeat (`notes`, footnoted in the table like the flags): a speedup measured side by
+side whose 95% interval is wider than +/-SPEEDUP_HOLD, or tokens/s whose interval is wider than
++/-TOKENS_HOLD, each with the reason: a repeat of the run may land anywhere in that interval. And of a whole
+table (`host_bound`): a DDP row (else the reference's) whose device was busy less than DEVICE_BOUND_RATIO
+of its step, where the speedups measure the host's launch speed as much as the strategies.
+
 Its speedup against the 1-rank reference of its workload (scaling.py), at every world size but the
 reference's own runs:
 
@@ -30,7 +36,9 @@ reference's own runs:
 - a flagged reference: every 1-rank reference run has a measurement warning of its own, so no speedup is
   stated (scaling.py leaves flagged runs out of the baseline).
 
-Noise is the relative p10-p90 width of a run's step times, (p90 - p10) / median.
+Noise is the relative p10-p90 width of a run's step times, (p90 - p10) / median, summed over the two; for a
+speedup measured side by side with its reference (sidebyside.py), the paired speedup and the larger half of
+its 95% interval.
 
 Why the host checks read as they do: on an idle H200 virtual machine the reference launch work moved up to
 x1.49 between two readings of one process while the step times of the same runs spread 0.0-5.9% (the probes
@@ -46,6 +54,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from .measure.devicetime import DEVICE_BOUND_RATIO
 from .results import config_key
 from .runtime.affinity import ENV as BIND_ENV
 from .scaling import baseline_runs, tokens_per_s
@@ -58,6 +67,9 @@ HOST_SPEED_RATIO = 1.25
 HOST_MOVED = 0.10
 #: the share of the timed windows a rank's training threads may wait for a CPU before the host is contended
 CONTENDED_SHARE = 0.05
+#: half-widths of the 95% intervals beyond which a repeat of the run need not hold: speedup, tokens/s
+SPEEDUP_HOLD = 0.03
+TOKENS_HOLD = 0.05
 
 
 def rel_spread(result: dict[str, Any]) -> float:
@@ -72,8 +84,13 @@ def _scaling(result: dict[str, Any], refs: list[dict[str, Any]]) -> list[str]:
     it: a wrapped strategy at the unwrapped model's speed is what one GPU should show."""
     ws, tps = result["config"]["world_size"], tokens_per_s(result)
     ref_tps = statistics.median(t for r in refs if (t := tokens_per_s(r)))
-    speedup = tps / ref_tps
-    noise = rel_spread(result) + statistics.median(rel_spread(r) for r in refs)
+    vs = (result.get("side_by_side") or {}).get("vs_reference")
+    if vs:  # measured side by side with it: the speedup scaling.py states, and its paired interval as noise
+        speedup = 1 + vs["estimate"]
+        noise = max(_half_widths(speedup, 1 + vs["low"], 1 + vs["high"]))
+    else:
+        speedup = tps / ref_tps
+        noise = rel_spread(result) + statistics.median(rel_spread(r) for r in refs)
     against = (
         f"{speedup:.2f}x the tokens/s of {refs[0]['config'].get('strategy')} on 1 rank ({ref_tps:,.0f}, "
         f"median of {len(refs)} run(s)) on {ws} rank(s)"
@@ -176,9 +193,74 @@ def notes(result: dict[str, Any]) -> list[str]:
     """What widened a run's interval, for a run that has one: the host-speed finding is then a reason beside
     the figure, not a flag. Timed in six or more windows, the figure is their median and its 95% interval
     holds the windows a slower host stretched; on one H200 the flag fired on 8 of 11 rows of an idle run
-    (every rank's readings of twelve windows compared), whose intervals held the next repeats' figures."""
+    (every rank's readings of twelve windows compared), whose intervals held the next repeats' figures.
+    Then the figures whose interval is too wide for a repeat to hold (`repeat_notes`)."""
     found = _host_speed_finding(result)
-    return [f"its interval is wide because {found}"] if found and _has_interval(result) else []
+    wide = [f"its interval is wide because {found}"] if found and _has_interval(result) else []
+    return wide + repeat_notes(result)
+
+
+def _half_widths(estimate: float, low: float, high: float) -> tuple[float, float]:
+    """(how far below, how far above) `estimate` an interval reaches, as fractions of it."""
+    return 1 - low / estimate, high / estimate - 1
+
+
+def repeat_notes(result: dict[str, Any]) -> list[str]:
+    """The run's figures whose 95% interval is wider than a repeat must hold to (SPEEDUP_HOLD on a paired
+    speedup, TOKENS_HOLD on tokens/s), each with its reason: a repeat may land anywhere inside."""
+    out = []
+    vs = (result.get("side_by_side") or {}).get("vs_reference")
+    if vs:
+        below, above = _half_widths(1 + vs["estimate"], 1 + vs["low"], 1 + vs["high"])
+        if max(below, above) > SPEEDUP_HOLD:
+            out.append(
+                f"its speedup may not repeat: 95% interval -{below:.1%}/+{above:.1%} over {vs['n']} rounds "
+                f"(wider than +/-{SPEEDUP_HOLD:.0%}), as its windows moved against "
+                f"{result['side_by_side']['reference']}'s in the same rounds: the step itself varies; take "
+                "more windows"
+            )
+    st = result.get("step_time_s") or {}
+    if st.get("interval") and (result.get("metrics") or {}).get("step_time_s"):
+        lo, hi = st["interval"]
+        slower, faster = _half_widths(1 / result["metrics"]["step_time_s"], 1 / hi, 1 / lo)
+        if max(slower, faster) > TOKENS_HOLD:
+            why = (
+                "the host ran at different speeds (above)"
+                if _host_speed_finding(result)
+                else f"its windows' times spread {rel_spread(result):.0%} (p10-p90)"
+            )
+            out.append(
+                f"its tokens/s may not repeat: 95% interval -{slower:.1%}/+{faster:.1%} (wider than "
+                f"+/-{TOKENS_HOLD:.0%}), as {why}"
+            )
+    return out
+
+
+def host_bound(results: list[dict[str, Any]]) -> str | None:
+    """One line for a table whose rows are host-bound: DDP's device (at its smallest world size; else the
+    speedups' reference's, else the first row's) busy less than DEVICE_BOUND_RATIO of its step; None where it
+    was busier, or nothing sampled the device."""
+    ok = [
+        r
+        for r in results
+        if r.get("status") == "ok" and (r.get("metrics") or {}).get("busy_ratio") is not None
+    ]
+    if not ok:
+        return None
+    ddp = sorted(
+        (r for r in ok if r["config"].get("strategy") == "ddp"), key=lambda r: r["config"]["world_size"]
+    )
+    ref = baseline_runs(ok, ok[0])
+    row = (ddp or ref or ok)[0]
+    busy = row["metrics"]["busy_ratio"]
+    if busy >= DEVICE_BOUND_RATIO:
+        return None
+    c = row["config"]
+    return (
+        f"Host-bound: the device was busy {busy:.0%} of {c['strategy']} ws{c['world_size']}'s step (under "
+        f"{DEVICE_BOUND_RATIO:.0%}), so the speedups here measure the host's launch speed as much as the "
+        "strategies; a larger model or micro-batch measures the GPU"
+    )
 
 
 def _host_speed_finding(result: dict[str, Any]) -> str | None:

@@ -12,6 +12,7 @@ A result is a plain JSON object:
       "metrics": {<name>: float, ...},          # flat, each described in distbench.metrics
       "step_time_s": {"median", "p10", "p90", "mean", "std", "cv", "n", "steps": [s, ...]},
       "losses": [float, ...],
+      "loss": {"step": N, "value": float | null},   # the loss the table shows (loss_at_step)
       "nvml": {... , "throttled": bool} | null,
       "trace": {...} | null,
       "gc": {"collector_on", "collections": [gen0, gen1, gen2], "seconds", "step_seconds": [...]} | null,
@@ -245,6 +246,19 @@ def _device_time(replies: list[dict[str, Any]], step_time_s: float) -> dict[str,
     return out
 
 
+def loss_step(cfg: RunConfig) -> int:
+    """The step (1-based, warm-up included) whose loss a result shows: the last of warmup + steps, which every
+    run of `cfg` reaches however its timing stops (more windows under until_ci, rounds side by side), so
+    two runs of one configuration show the loss of the same step, the same in deterministic mode."""
+    return cfg.warmup + cfg.steps
+
+
+def loss_at_step(cfg: RunConfig, losses: list[float]) -> dict[str, Any]:
+    """{"step": loss_step(cfg), "value": the global-batch loss of that step, None where the run stopped short}."""
+    n = loss_step(cfg)
+    return {"step": n, "value": losses[n - 1] if len(losses) >= n else None}
+
+
 def summarize_bench(
     cfg: RunConfig,
     replies: list[dict[str, Any]],
@@ -299,6 +313,7 @@ def summarize_bench(
         env=env,
         step_time_s=stats,
         losses=r0["losses"],
+        loss=loss_at_step(cfg, r0["losses"]),
         nvml=nvml,
         flops=flops,
         per_rank=per_rank,

@@ -8,8 +8,13 @@ repeats count by their median, less those whose own measurement the plausibility
 = speedup / world size. A world-size-1 run of a wrapped strategy gets its speedup too (0.9x: what the
 wrapper costs on one GPU).
 
+Where `distbench run` measured a result side by side with its baseline (sidebyside.py: their timed windows
+interleaved), the speedup is that paired ratio of tokens/s (`side_by_side.vs_reference`), whose interval
+holds still when the host's speed moves; elsewhere it is the ratio of the two medians.
+
 `distbench run` and the asv grid write both into each result (`annotate`), the report prints them and the
-plausibility checks judge them, all through `baseline_runs`, so no two places can disagree.
+plausibility checks judge them, all through `baseline_runs` and `baseline_strategy`, so no two places can
+disagree.
 """
 
 from __future__ import annotations
@@ -36,6 +41,16 @@ def unflagged(result: dict[str, Any]) -> bool:
     return not result.get("warnings")
 
 
+#: The strategy every speedup of a workload is stated against where it ran at world size 1.
+BASELINE_STRATEGY = "single"
+
+
+def baseline_strategy(strategy: str, at_one_rank: set[str]) -> str | None:
+    """Which strategy's 1-rank runs a run of `strategy` is measured against, given the strategies that ran
+    at world size 1 on its workload: BASELINE_STRATEGY's, else its own, else none."""
+    return next((s for s in (BASELINE_STRATEGY, strategy) if s in at_one_rank), None)
+
+
 def baseline_runs(
     results: list[dict[str, Any]],
     result: dict[str, Any],
@@ -51,11 +66,10 @@ def baseline_runs(
         and r["config"].get("world_size") == 1
         and workload(r) == workload(result)
     ]
-    for strategy in ("single", result["config"].get("strategy")):
-        runs = [r for r in ones if r["config"].get("strategy") == strategy]
-        if runs:
-            return [r for r in runs if usable(r)]
-    return []
+    strategy = baseline_strategy(
+        result["config"].get("strategy"), {r["config"].get("strategy") for r in ones}
+    )
+    return [r for r in ones if r["config"].get("strategy") == strategy and usable(r)]
 
 
 def baseline_tokens_per_s(results: list[dict[str, Any]], result: dict[str, Any]) -> float | None:
@@ -63,9 +77,16 @@ def baseline_tokens_per_s(results: list[dict[str, Any]], result: dict[str, Any])
     return statistics.median(tokens_per_s(r) for r in runs) if runs else None
 
 
+def paired_speedup(result: dict[str, Any]) -> float | None:
+    """The speedup measured side by side with the baseline (1 + the paired effect on tokens/s), if any."""
+    vs = (result.get("side_by_side") or {}).get("vs_reference")
+    return 1.0 + vs["estimate"] if vs else None
+
+
 def speedup(result: dict[str, Any], baseline_tps: float) -> tuple[float, float]:
-    """(speedup, scaling efficiency) of `result` against a baseline's tokens/s."""
-    s = tokens_per_s(result) / baseline_tps
+    """(speedup, scaling efficiency) of `result`: its paired ratio where it was measured side by side with
+    the baseline, else its tokens/s over the baseline's."""
+    s = paired_speedup(result) or tokens_per_s(result) / baseline_tps
     return s, s / result["config"]["world_size"]
 
 

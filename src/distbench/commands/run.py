@@ -140,8 +140,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--side-by-side",
         action=argparse.BooleanOptionalAction,
-        help="run configurations side by side on disjoint GPUs (faster; they share the host, which moves "
-        "host-bound figures); default: one at a time, or the --config file's `side_by_side`",
+        help="run configurations at the same time on disjoint GPUs (faster; they share the host, which moves "
+        "host-bound figures, and each is timed alone on its GPUs, as --one-at-a-time); default: off, or the "
+        "--config file's `side_by_side`",
+    )
+    p.add_argument(
+        "--one-at-a-time",
+        action=argparse.BooleanOptionalAction,
+        help="time each configuration alone, one after the other (speedups then move with the host's speed "
+        "between runs); default: the strategies of a world size resident at once, their timed windows "
+        "taking turns, so speedups come from paired windows with an interval (or the --config file's "
+        "`one_at_a_time`)",
     )
     p.add_argument(
         "--clip-grad-norm",
@@ -284,6 +293,7 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
         trace=m.trace if args.trace is None else args.trace,
         reference=m.reference,
         side_by_side=m.side_by_side if args.side_by_side is None else args.side_by_side,
+        one_at_a_time=m.one_at_a_time if args.one_at_a_time is None else args.one_at_a_time,
     )
 
 

@@ -198,7 +198,8 @@ def report_markdown(results: list[dict[str, Any]], images: dict[tuple, list[tupl
     lines += [
         "",
         "Speedup is tokens/s over the 1-rank baseline of the same workload (`single` when it ran, "
-        "else the same strategy on 1 rank); scaling efficiency = speedup / ranks. Step times are medians "
+        "else the same strategy on 1 rank): measured side by side with it, the paired windows' ratio, "
+        "else the ratio of the two runs' medians; scaling efficiency = speedup / ranks. Step times are medians "
         "over steady-state steps, [p10–p90] their spread; repeated runs are aggregated by median. "
         "Throttled runs are not comparable. Figures the plausibility checks reject (superlinear scaling "
         "beyond noise, a speedup within noise, a run far below its repeats, a step-time spread wider than "

@@ -9,8 +9,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..metrics import GIB, names
+from ..plausibility import host_bound
 from ..results import config_key
-from ..scaling import baseline_tokens_per_s
+from ..scaling import baseline_tokens_per_s, paired_speedup
 
 #: Peak device memory per GPU: torch allocated, torch reserved, NVML (adds NCCL buffers and the CUDA context).
 MEMORY_METRICS = names(unit="bytes")
@@ -102,11 +103,15 @@ def has_device_memory(cells: list[Cell]) -> bool:
 
 
 def scaling_of(cells: list[Cell], cell: Cell) -> tuple[float | None, float | None]:
-    """(speedup vs 1 GPU, scaling efficiency) of a cell's median tokens/s, by the one rule of scaling.py."""
+    """(speedup vs 1 GPU, scaling efficiency) of a cell, by the one rule of scaling.py: the median of its
+    runs' paired speedups where every run was measured side by side with the baseline, else its median
+    tokens/s over the baseline's."""
     runs = [r for c in cells for r in c.runs]
     base, tps = baseline_tokens_per_s(runs, cell.runs[0]), cell.metric("tokens_per_s")
+    paired = [paired_speedup(r) for r in cell.runs]
     if base and tps:
-        return tps / base, tps / base / cell.world_size
+        s = statistics.median(p for p in paired if p) if all(paired) else tps / base
+        return s, s / cell.world_size
     return None, None
 
 
@@ -135,6 +140,11 @@ def _step_ms(r: dict[str, Any]) -> str:
     return f"{fmt_ms(st['median'])} [{fmt_ms(st['p10'])}-{fmt_ms(st['p90'])}]" if st else "—"
 
 
+def _median_ms(r: dict[str, Any]) -> str:
+    step = (r.get("metrics") or {}).get("step_time_s")
+    return fmt_ms(step) if step else "—"
+
+
 def _peak_gib(r: dict[str, Any]) -> str:
     peaks = [(r.get("metrics") or {}).get(k) for k in MEMORY_METRICS]
     if all(v is None for v in peaks):
@@ -146,24 +156,112 @@ def _metric(name: str, spec: str, suffix: str = "") -> Callable[[dict[str, Any]]
     return lambda r: fmt_value((r.get("metrics") or {}).get(name), spec, suffix)
 
 
+def _pm(low: float, high: float) -> str:
+    """An interval's larger half-width, as a fraction of its estimate 1: "±2%"."""
+    half = max(1 - low, high - 1)
+    return f"±{half:.1%}" if half < 0.01 else f"±{half:.0%}"
+
+
+def _speedup(r: dict[str, Any]) -> str:
+    """The speedup, with the half-width of its 95% interval where it was measured side by side."""
+    s = (r.get("metrics") or {}).get("speedup")
+    vs = (r.get("side_by_side") or {}).get("vs_reference")
+    if s is None or not vs:
+        return fmt_value(s, ".2f", "x")
+    est = 1 + vs["estimate"]
+    return f"{s:.2f}x{_pm((1 + vs['low']) / est, (1 + vs['high']) / est)}"
+
+
+def _tokens(r: dict[str, Any]) -> str:
+    """tokens/s, with the half-width of its own 95% interval (from its windows) where it has one."""
+    m = r.get("metrics") or {}
+    tps, step, interval = (
+        m.get("tokens_per_s"),
+        m.get("step_time_s"),
+        (r.get("step_time_s") or {}).get("interval"),
+    )
+    if tps is None or not step or not interval:
+        return fmt_value(tps, ",.0f")
+    return f"{tps:,.0f}{_pm(step / interval[1], step / interval[0])}"
+
+
+def _loss(r: dict[str, Any]) -> str:
+    """The loss at the result's fixed step (results.loss_at_step); a result from before it: its last loss."""
+    if r.get("loss"):
+        return fmt_value(r["loss"]["value"], ".4f")
+    return f"{r['losses'][-1]:.4f}" if r.get("losses") else "—"
+
+
+def loss_header(results: list[dict[str, Any]]) -> str:
+    """The loss column's header: the step its losses were taken at, when every row took it at one step."""
+    steps = {r["loss"]["step"] for r in results if r.get("loss")}
+    return f"loss @\nstep {steps.pop()}" if len(steps) == 1 else "loss"
+
+
 #: The console table's columns but the status: header (rich markup) and a result's cell, "—" for no value.
 #: A column with no value in any row is left out (MFU and device memory on CPU).
 CONSOLE_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("strategy", lambda r: r["config"]["strategy"]),
     ("ws", lambda r: str(r["config"]["world_size"])),
-    ("tok/s", _metric("tokens_per_s", ",.0f")),
-    ("speedup", _metric("speedup", ".2f", "x")),
+    ("tok/s", _tokens),
+    ("speedup", _speedup),
     ("eff", _metric("scaling_efficiency", ".0%")),
     ("step ms\n\\[p10-p90]", _step_ms),
     ("MFU", _metric("mfu", ".1%")),
     ("peak GiB\nalloc/resv/nvml", _peak_gib),
-    ("loss", lambda r: f"{r['losses'][-1]:.4f}" if r.get("losses") else "—"),
+    ("loss", _loss),
 )
 
 
+def _paired(results: list[dict[str, Any]]) -> bool:
+    """Whether any row's speedup was measured side by side, with an interval."""
+    return any((r.get("side_by_side") or {}).get("vs_reference") for r in results)
+
+
+def console_columns(results: list[dict[str, Any]]) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
+    """CONSOLE_COLUMNS for these results: measured side by side, the step time without its per-step p10-p90
+    (the intervals beside tok/s and speedup say how far the figures may move, in the same width), and the
+    loss column headed by its step."""
+    out = []
+    for name, cell in CONSOLE_COLUMNS:
+        if cell is _step_ms and _paired(results):
+            name, cell = "step\nms", _median_ms
+        elif cell is _loss:
+            name = loss_header(results)
+        out.append((name, cell))
+    return out
+
+
+def measured_how(results: list[dict[str, Any]]) -> str:
+    """One line on how the table's comparisons were measured (sidebyside.py), from its results' sections."""
+    sections = [r.get("side_by_side") for r in results if r.get("status") == "ok"]
+    modes = {s["mode"] for s in sections if s}
+    if not modes - {"alone"}:  # none was measured beside another
+        why = next((s["why"] for s in sections if s and s.get("why")), None)
+        return (
+            "Measured one at a time" + (f" ({why}; nor in pairs)" if why else "") + ": each speedup is a "
+            "ratio of separate runs, with no interval, and moves with the host's speed between them"
+        )
+    rounds = next((s["rounds"] for s in sections if s and s.get("rounds")), None)
+    how = (
+        f"Measured side by side: {rounds} rounds of windows taking turns in rotation; each speedup is the "
+        "paired windows' ratio, ± its 95% interval"
+    )
+    if "pairs" in modes:
+        how += "; in pairs with the reference, as " + next(
+            s["why"] for s in sections if s and s["mode"] == "pairs"
+        )
+    elif "alone" in modes:
+        how += "; rows with no ± ran alone"
+    return how
+
+
 def results_table(results: list[dict[str, Any]]):
-    """`distbench run`'s table, within CONSOLE_WIDTH: throughput, speedup, efficiency, step time, MFU, memory,
-    loss and status. Each plausibility warning is a numbered footnote, marked in its row's status ("! 1,2")."""
+    """`distbench run`'s table, within CONSOLE_WIDTH: throughput and speedup (each ± its 95% interval where it
+    has one), efficiency, step time, MFU, memory, the loss at one fixed step, and status. Its title says how
+    the comparisons were measured; its caption, when the rows are host-bound (plausibility.host_bound). Each
+    plausibility warning is a numbered footnote marked in its row's status ("! 1,2"), and so is each note on
+    a figure a repeat may not reproduce ("* 3": plausibility.notes)."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
@@ -175,12 +273,13 @@ def results_table(results: list[dict[str, Any]]):
             for r in results
         }
     )
-    cells = [[cell(r) for _, cell in CONSOLE_COLUMNS] for r in results]
-    shown = [i for i in range(len(CONSOLE_COLUMNS)) if any(row[i] != "—" for row in cells)]
+    columns = console_columns(results)
+    cells = [[cell(r) for _, cell in columns] for r in results]
+    shown = [i for i in range(len(columns)) if any(row[i] != "—" for row in cells)]
     t = Table(
-        *(CONSOLE_COLUMNS[i][0] for i in shown),
+        *(columns[i][0] for i in shown),
         "status",
-        title="; ".join(workloads),
+        title="; ".join(workloads) + "\n" + measured_how(results),
         caption_justify="left",
         box=box.SIMPLE_HEAD,
         collapse_padding=True,
@@ -188,6 +287,7 @@ def results_table(results: list[dict[str, Any]]):
         show_edge=False,
     )
     t.columns[0].no_wrap = True  # a terminal narrower than the table wraps the figures, never a strategy name
+    flags: list[str] = []
     notes: list[str] = []
     for r, row in zip(results, cells, strict=True):
         c = r["config"]
@@ -195,14 +295,23 @@ def results_table(results: list[dict[str, Any]]):
         status = "throttled" if throttled else r["status"]
         marks = []
         for w in r.get("warnings") or []:
-            notes.append(f"[yellow]! {len(notes) + 1}[/] {c['strategy']} ws{c['world_size']}: {escape(w)}")
-            marks.append(str(len(notes)))
+            flags.append(f"[yellow]! {len(flags) + 1}[/] {c['strategy']} ws{c['world_size']}: {escape(w)}")
+            marks.append(str(len(flags)))
         if marks:
             status += f" [yellow]! {','.join(marks)}[/]"
+        if r.get("notes"):  # one footnote a row: its notes in one paragraph
+            notes.append(
+                f"* {len(notes) + 1} {c['strategy']} ws{c['world_size']}: {escape('; '.join(r['notes']))}"
+            )
+            status += f" * {len(notes)}"
         t.add_row(*(row[i] for i in shown), status)
-    empty = [CONSOLE_COLUMNS[i][0].split("\n")[0] for i in range(len(CONSOLE_COLUMNS)) if i not in shown]
-    caption = [f"No values in these runs: {', '.join(empty)}."] if empty else []
+    empty = [columns[i][0].split("\n")[0] for i in range(len(columns)) if i not in shown]
+    bound = host_bound(results)
+    caption = [f"{bound}."] if bound else []
+    caption += [f"No values in these runs: {', '.join(empty)}."] if empty else []
+    if flags:
+        caption += ["Implausible, not results:", *flags]
     if notes:
-        caption += ["Implausible, not results:", *notes]
+        caption += ["Notes on figures a repeat may not reproduce:", *notes]
     t.caption = "\n".join(caption) or None
     return t
