@@ -381,3 +381,53 @@ def test_the_night_plays_the_gate_fixed_pairs_without_an_early_stop(monkeypatch)
     host = Host(np.random.default_rng(1), 0.2)  # a 20% slowdown: decided after 3 pairs by the gate
     (row,) = relative.measure([CFG], lambda c: host.run("base"), lambda c: host.run("head"), servers=host)
     assert seen["min_pairs"] == seen["max_pairs"] == relative.PAIRS and row.pairs == relative.PAIRS
+
+
+def test_asv_keeps_each_pairs_ratio_and_history_reads_it_as_a_ratio_series(tmp_path, monkeypatch):
+    """benchmarks/bench_relative.py records a night's ratios as asv samples (one per pair), skipped without a
+    night; asv's own Results code stores them, and from_asv reads them back as a ratio series whose change
+    points are found like an absolute one's."""
+    import importlib
+    import sys
+
+    from asv import results, runner
+
+    from distbench.history.series import from_asv
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    try:
+        bench = importlib.import_module("benchmarks.bench_relative")
+    finally:
+        sys.path.remove(str(root))
+    with pytest.raises(NotImplementedError, match="no night"):
+        bench.Relative().setup(bench.setup_cache(), "fsdp_full", 1)
+    ratios = [1.0, 1.003, 0.998, 1.001, 0.999, 1.002, 1.0, 0.997, 1.031, 1.029, 1.033, 1.03, 1.028, 1.032]
+    machine = tmp_path / "results"
+    for i, ratio in enumerate(ratios):
+        path = save_night(night(i, [_row(ratio)]), tmp_path / f"night-{i:02d}")
+        monkeypatch.setenv(bench.ENV, str(path))
+        cache = bench.setup_cache()
+        track = bench.Relative()
+        track.setup(cache, "fsdp_full", 1)
+        got = track.track_step_time_s(cache, "fsdp_full", 1)
+        assert got == {"samples": [ratio] * 6, "number": 1}
+        with pytest.raises(NotImplementedError):
+            track.track_host_instructions(cache, "fsdp_full", 1)  # not in this night
+        r = results.Results(
+            {"machine": "h200"}, {}, commit(i), 1_700_000_000_000 + i * 86_400_000, "3.11", "e", {}
+        )
+        res = runner.BenchmarkResult(result=[got["samples"][0]], samples=[got["samples"]], number=[1], errcode=0,
+                                     stderr="", profile=None)  # fmt: skip
+        bm = {
+            "name": "bench_relative.Relative.track_step_time_s",
+            "params": [["'fsdp_full'"], ["1"]],
+            "version": "1",
+        }
+        r.add_result(bm, res)
+        r.save(str(machine))
+    (machine / "h200" / "machine.json").write_text('{"machine": "h200", "version": 1}')
+    (s,) = from_asv(machine)
+    assert s.ratio and s.unit == "x reference" and s.metric == "step_time_s"
+    (f,) = report.analyse([s], alpha=0.01)
+    assert f.worse and f.first_bad.commit == commit(8) and "side by side" in report.describe(f)
