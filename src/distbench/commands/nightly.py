@@ -367,6 +367,7 @@ def _against(
     from ..gate.relative import night_rows
     from .ab import alternate
 
+    output.mkdir(parents=True, exist_ok=True)  # the servers' logs go there from the start
     report = alternate(_ab_args(args, output), configs, device, variants, console)
     return night_rows(report, args.alpha)
 
