@@ -431,3 +431,36 @@ def test_asv_keeps_each_pairs_ratio_and_history_reads_it_as_a_ratio_series(tmp_p
     assert s.ratio and s.unit == "x reference" and s.metric == "step_time_s"
     (f,) = report.analyse([s], alpha=0.01)
     assert f.worse and f.first_bad.commit == commit(8) and "side by side" in report.describe(f)
+
+
+@pytest.mark.slow  # two variant servers, fresh gloo ranks for each of 3 pairs, then head alone: 2-5 min on 2 cores
+def test_a_real_night_on_gloo_and_one_whose_reference_venv_was_deleted(tmp_path, monkeypatch):
+    """Through real processes: an A/A night stores a ratio with its interval beside both sides' figures; a
+    night whose reference virtualenv was deleted names its interpreter and still stores head's figures."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("DISTBENCH_BIND_CPUS", "")
+    root = Path(__file__).resolve().parents[1]
+    workload = ["--device", "cpu", "-s", "ddp", "-n", "1", "-m", "gpt2-tiny", "--precision", "fp32",
+                "--micro-batch", "2", "--steps", "4", "--windows", "2", "--warmup", "1", "--pairs", "3"]  # fmt: skip
+    assert main(["nightly", *workload, "--reference", f"tree={root}", "-o", str(tmp_path / "n1")]) == 0
+    (row,) = load_night(tmp_path / "n1" / "night.json").rows
+    r = row.ratios["step_time_s"]
+    assert (
+        row.pairs == 3
+        and r.low < r.ratio < r.high
+        and row.head["step_time_s"] > 0 < row.reference["step_time_s"]
+    )
+    venv = tmp_path / "ref-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    assert python.exists()
+    subprocess.run(["rm", "-rf", str(venv)], check=True)
+    assert main(["nightly", *workload, "--reference", f"python={python}", "-o", str(tmp_path / "n2")]) == 3
+    n = load_night(tmp_path / "n2" / "night.json")
+    assert (
+        str(python) in (n.reference_error or "")
+        and n.rows[0].head["step_time_s"] > 0
+        and not n.rows[0].ratios
+    )

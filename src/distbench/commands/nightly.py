@@ -127,19 +127,23 @@ def configurations(args: argparse.Namespace, device: str, n_cuda: int) -> list[R
     sizes = args.world_size or ([n for n in (1, 2, 4, 8) if n <= gpus] if gpus else [1, 2])
     windows = args.windows or max(3, w["steps"] // WINDOW_STEPS)
     mb = args.micro_batch or w["micro_batch"]
+    precision = args.precision or w["precision"]
     configs = []
     for s in strategies:
         for ws in sizes:
-            if get_spec(s).unsupported_reason(device, ws, n_cuda if device == "cuda" else None):
-                if args.strategy and args.world_size:
-                    raise DistbenchError(get_spec(s).unsupported_reason(device, ws, n_cuda or None) or s)
+            reason = get_spec(s).unsupported_reason(
+                device, ws, n_cuda if device == "cuda" else None, precision
+            )
+            if reason:
+                if args.strategy and args.world_size:  # asked for by name: say why not
+                    raise DistbenchError(reason)
                 continue  # the grid's unsupported pairs are skipped, as asv skips them
             configs.append(
                 RunConfig(
                     strategy=s,
                     world_size=ws,
                     model=args.model or w["model"],
-                    precision=args.precision or w["precision"],
+                    precision=precision,
                     seq_len=args.seq_len or 0,
                     micro_batch=mb,
                     global_batch=mb * ws if args.micro_batch else max(w["global_batch"], mb * ws),
@@ -195,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         configs = configurations(args, device, n_cuda)
         head, reference, ref_v, ref_error = _variants(args)
-        previous = _previous(args, reference, console)
+        previous = _previous(args, reference, console) if ref_v is not None else None
     except DistbenchError as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         return 2
