@@ -433,10 +433,11 @@ def test_asv_keeps_each_pairs_ratio_and_history_reads_it_as_a_ratio_series(tmp_p
     assert f.worse and f.first_bad.commit == commit(8) and "side by side" in report.describe(f)
 
 
-@pytest.mark.slow  # two variant servers, fresh gloo ranks for each of 3 pairs, then head alone: 2-5 min on 2 cores
+@pytest.mark.slow  # two servers, fresh gloo ranks for each of 3 pairs, then head alone: 7 min on 2 loaded cores
 def test_a_real_night_on_gloo_and_one_whose_reference_venv_was_deleted(tmp_path, monkeypatch):
     """Through real processes: an A/A night stores a ratio with its interval beside both sides' figures; a
     night whose reference virtualenv was deleted names its interpreter and still stores head's figures."""
+    import shutil
     import subprocess
     import sys
 
@@ -456,7 +457,7 @@ def test_a_real_night_on_gloo_and_one_whose_reference_venv_was_deleted(tmp_path,
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     assert python.exists()
-    subprocess.run(["rm", "-rf", str(venv)], check=True)
+    shutil.rmtree(venv)
     assert main(["nightly", *workload, "--reference", f"python={python}", "-o", str(tmp_path / "n2")]) == 3
     n = load_night(tmp_path / "n2" / "night.json")
     assert (
@@ -464,3 +465,19 @@ def test_a_real_night_on_gloo_and_one_whose_reference_venv_was_deleted(tmp_path,
         and n.rows[0].head["step_time_s"] > 0
         and not n.rows[0].ratios
     )
+
+
+def test_the_gpu_scripts_host_plant_applies_and_sits_on_the_optimizer_steps_path(tmp_path):
+    """scripts/plants/host-step-3pct.patch still applies to this checkout's trainer, and its busy loop runs
+    right before the optimizer step (on the critical path of a host-bound step)."""
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    target = tmp_path / "src" / "distbench" / "strategies"
+    target.mkdir(parents=True)
+    shutil.copy(root / "src" / "distbench" / "strategies" / "base.py", target)
+    patch = root / "scripts" / "plants" / "host-step-3pct.patch"
+    subprocess.run(["patch", "-sp1", "-i", str(patch)], cwd=tmp_path, check=True)
+    text = (target / "base.py").read_text()
+    assert "_planted_step_spin(self)\n        self.optimizer_step()" in text
