@@ -114,6 +114,40 @@ def pct(x: float) -> str:
     return f"{100 * x:+.2f}%"
 
 
+def plot_repeats(nights, labels, path: Path) -> None:
+    """Per row, each night's step-time ratio and head's absolute step time as deviations from the row's median
+    over the nights: what a ratio history holds still that an absolute one does not."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for i, label in enumerate(labels):
+        rows = [next((r for r in n.rows if r.label == label), None) for n in nights]
+        for k, (pick, color, name) in enumerate(
+            ((lambda r: r.ratios["step_time_s"].ratio if "step_time_s" in r.ratios else None, "C0", "ratio"),
+             (lambda r: r.head.get("step_time_s"), "C1", "absolute"))
+        ):
+            xs = [pick(r) for r in rows if r is not None]
+            xs = [x for x in xs if x]
+            if xs:
+                mid = statistics.median(xs)
+                ax.plot([i + 0.15 * (2 * k - 1)] * len(xs), [100 * (x / mid - 1) for x in xs], "o", color=color,
+                        label=name if i == 0 else None)
+    for band in (1, 2):
+        ax.axhline(band, color="grey", linestyle=":", linewidth=0.8)
+        ax.axhline(-band, color="grey", linestyle=":", linewidth=0.8)
+    ax.set_xticks(range(len(labels)), [lb.split(" ")[0] for lb in labels])
+    ax.set_xlim(-0.5, len(labels) - 0.5)
+    ax.set_ylabel("off the row's median over the nights (%)")
+    ax.set_title("step time per night: ratio to the reference against absolute (targets +-1% / +-2%)", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 if mode == "aa":
     labels = sorted({r.label for n in nights for r in n.rows})
     lines.append("| row | regime | night | ratio head/ref [interval] | off median | head step ms | off median |")
@@ -137,6 +171,8 @@ if mode == "aa":
         hworst = max((abs(h / hmid - 1) for h in heads if h), default=float("nan"))
         case(f"{label} ratio within {target:.0%} of its median", len(got) == len(nights) and worst <= target,
              f"ratios {[round(x, 4) for x in got]}: worst {worst:.2%} (absolute: worst {hworst:.2%})")
+    plot_repeats(nights, labels, out / "repeats.png")
+    lines.append("figure: repeats.png (each night's deviation from the row's median: ratio against absolute)")
     for name, s in walls.items():
         case(f"{name} wall time at most 10 minutes", s <= 600, f"{s} s")
     case("every night stored its rows", len(nights) == len(walls) and bool(labels),
