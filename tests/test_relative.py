@@ -481,3 +481,15 @@ def test_the_gpu_scripts_host_plant_applies_and_sits_on_the_optimizer_steps_path
     subprocess.run(["patch", "-sp1", "-i", str(patch)], cwd=tmp_path, check=True)
     text = (target / "base.py").read_text()
     assert "_planted_step_spin(self)\n        self.optimizer_step()" in text
+
+
+def test_a_references_id_follows_its_commit_interpreter_and_environment():
+    """Two nights share a reference id only when they were measured against the same code, interpreter and
+    environment; an empty spec (this checkout) is identified by its commit, so it changes with every commit."""
+    from distbench.gate.variants import parse_variant
+
+    def rid(spec: str) -> str:
+        return relative.reference_id(parse_variant("base", spec), spec)
+
+    assert rid("rev=HEAD") == rid("rev=HEAD") == rid("")
+    assert len({rid("rev=HEAD"), rid("rev=HEAD~1"), rid("rev=HEAD,env.X=1")}) == 3

@@ -125,15 +125,18 @@ class NightFileError(ConfigError):
 
 
 def reference_id(v: Variant, spec: str) -> str:
-    """A reference's identity: the commit its code is at (rev= resolved, tree='s HEAD), its interpreter's real
-    path and its environment, hashed; two nights with the same id measured against the same thing."""
+    """A reference's identity: the commit its code is at (rev= resolved, tree='s HEAD, else this runner's own),
+    its interpreter's real path and its environment, hashed; two nights with the same id measured against the
+    same thing."""
     parts = [f"python={os.path.realpath(v.python)}", *(f"env.{k}={x}" for k, x in sorted(v.env.items()))]
     parts += [f"path={p}" for p in v.path]
     try:
         if v.rev:
             parts.append("commit=" + git("rev-parse", f"{v.rev}^{{commit}}"))
-        elif v.tree:
-            parts.append("commit=" + git("rev-parse", "HEAD", cwd=v.tree))
+        else:  # its tree, or the distbench this runner is (a reference that moves with it is no reference)
+            parts.append(
+                "commit=" + git("rev-parse", "HEAD", cwd=v.tree or Path(__file__).resolve().parents[2])
+            )
     except ConfigError:
         parts.append(f"spec={spec}")  # not a git checkout: the spec as written is all there is
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
