@@ -5,20 +5,24 @@
 # in bf16-amp, measured against a reference that is this same checkout (an A/A night), NIGHTS nights back to back.
 # Prints per row and night the step-time ratio head/reference, its deviation from the row's median over the nights
 # (targets: +-1% on device-bound rows, +-2% on host-bound ones) and head's absolute step time with its deviation
-# beside it, then each night's wall time (target: at most 10 minutes). Planned: 3-4 minutes a night on one H200
-# (6 rows x 3 pairs of about 10 s), so 10-12 minutes for the three nights; ROWS="ddp fsdp_full zero2" about halves it.
+# beside it, then each night's wall time (target: at most 10 minutes). Not timed on a GPU yet: planned from a bisect
+# probe's pairs on one H200 (27 s each for GPT-2 355M with 20 timed steps; fresh rank processes for both sides, a
+# build and a warm-up are most of it), about 20 s a pair here, so 6 rows x 3 pairs take 6-7 minutes a night and
+# three nights 18-20 minutes; ROWS="ddp fsdp_full zero2" halves it, NIGHTS=2 takes a third off.
 #
 # MODE=plant: a 3% host-side slowdown (scripts/plants/host-step-3pct.patch: a busy loop on the training thread at the
 # optimizer step, on the step's critical path in a host-bound row) planted in revision 1 of a repository made from
 # this checkout's src under OUT/repo. BEFORE short nights of revision 0 and AFTER of revision 1, each one row
 # (PLANT_ROW, default fsdp_full: device busy 0.67-0.85) against a frozen reference (a worktree of revision 0), then
-# `distbench history --nights` on the ratio series must find the change at revision 1. Planned: 5 + 5 nights of
-# about 30 s, 5-6 minutes on one H200. The after-nights' mean ratio over the before-nights' is the plant's
+# `distbench history --nights PATH` on the ratio series must find the change at revision 1. Planned: 5 + 5 nights
+# of about 70 s (two servers' start and 3 pairs), 11-12 minutes on one H200; BEFORE=4 AFTER=4 takes 9 minutes, but
+# then a perfect separation's p is 0.03-0.044 against --alpha 0.05 (5 + 5: 0.009-0.017, docs/history.md). The
+# after-nights' mean ratio over the before-nights' is the plant's
 # slowdown as measured side by side (15 pairs a side); LONG_AB=1 adds a `distbench ab` of revision 1 against 0.
 #
 # Usage: scripts/relative_nightly_gpu.sh OUT     writes OUT/nights/ (every night.json and its runs), OUT/summary.md,
 # OUT/junit.xml, OUT/machine.txt, OUT/nightly.log; prints the summary table last; exit 0 when every check passed.
-# Knobs: NIGHTS (3), PAIRS (3), ROWS, CONFIG (the workload flags; on CPU: CONFIG="-n 1 -m gpt2-tiny --precision fp32
+# Knobs: NIGHTS (3), PAIRS (3), NIGHT_BUDGET (900 s: a night's pairs stop there), ROWS, CONFIG (the workload flags; on CPU: CONFIG="-n 1 -m gpt2-tiny --precision fp32
 # --micro-batch 2 --steps 4 --windows 2 --warmup 1 --device cpu", as tests/test_relative.py runs it), BEFORE (5),
 # AFTER (5), PLANT_ROW, DISTBENCH_PLANT_SHARE (0.03), HISTORY (more `distbench history` flags; default --alpha 0.05:
 # 5 + 5 nights cannot reach p < 0.01, docs/history.md "How much it takes").
@@ -43,7 +47,8 @@ night() {  # night NAME FLAGS...: one `distbench nightly` into OUT/nights/NAME, 
   shift
   t0=$(date +%s)
   # shellcheck disable=SC2086  # CONFIG is a flag list
-  distbench nightly $config --pairs "$pairs" "$@" -o "$out/nights/$name" 2>&1 | tee -a "$out/nightly.log" || rc=$?
+  distbench nightly $config --pairs "$pairs" --budget "${NIGHT_BUDGET:-900}" "$@" -o "$out/nights/$name" 2>&1 |
+    tee -a "$out/nightly.log" || rc=$?
   echo "$(($(date +%s) - t0))" > "$out/nights/$name.s"
   [ "$rc" = 0 ] || echo "night $name: exit $rc" | tee -a "$out/nightly.log"
 }
