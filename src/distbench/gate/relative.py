@@ -43,8 +43,9 @@ SCHEMA = "distbench.night/1"
 ASV_CLASS = "Relative"
 NIGHT_FILE = "night.json"
 #: Pairs per configuration and night: the t interval over 6 pairs is 2.6 standard errors wide either way
-#: (5 degrees of freedom), against 4.3 over 3; on one H200 a pair of a GPT-2 124M row takes 10-15 s, so
-#: seed 004's six rows at one GPU take 6-9 minutes a night.
+#: (5 degrees of freedom), against 4.3 over 3. A pair of a GPT-2 124M row is planned at about 20 s on one
+#: H200 (a bisect probe's GPT-2 355M pairs took 27 s there), so seed 004's six rows at one GPU would take
+#: about 12 minutes a night; `--pairs 3` halves that.
 PAIRS = 6
 
 
