@@ -250,6 +250,9 @@ def test_a_night_file_is_validated_and_named_when_damaged(tmp_path):
         relative.NightFileError, match=r"night.json is a damaged distbench.night/1 file: rows"
     ):
         load_night(path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(relative.NightFileError, match="no night.json under .*distbench nightly -o DIR"):
+        relative.find_nights([tmp_path / "empty"])
 
 
 class FakeVariant:

@@ -289,5 +289,10 @@ def find_nights(paths: list[str | os.PathLike[str]]) -> list[Night]:
     for p in map(Path, paths):
         if not p.exists():
             raise NightFileError(f"no nights at {p}")
-        files += sorted(p.rglob(NIGHT_FILE)) if p.is_dir() else [p]
+        found = sorted(p.rglob(NIGHT_FILE)) if p.is_dir() else [p]
+        if not found:
+            raise NightFileError(
+                f"no {NIGHT_FILE} under {p} (`distbench nightly -o DIR` writes one per night)"
+            )
+        files += found
     return sorted((load_night(f) for f in files), key=lambda n: n.created)
