@@ -403,6 +403,56 @@ def test_the_bisect_follows_the_metric_that_moved(device_slower, expected):
     assert ("device-side" if expected == "device_compute_s" else "host-side") in metric_reason(b)
 
 
+def _confirm_rows(device: str, verdict: str, estimate: float, low: float, high: float) -> list:
+    step = bisect.MetricRow(metric="step_time_s", gated=True, verdict=stats.REGRESSION, estimate=0.031,
+                            low=0.02, high=0.042)  # fmt: skip
+    dev = bisect.MetricRow(metric=device, gated=True, verdict=verdict, estimate=estimate, low=low, high=high)
+    return [step, dev]
+
+
+@pytest.mark.parametrize(
+    ("verdict", "estimate", "low", "high", "says", "never"),
+    [
+        # the confirm that printed "did not" beside +2.19%: moved, only not decided
+        (stats.UNDECIDED, 0.0219, -0.004, 0.048, "moved by +2.19% but was not decided", "did not"),
+        (
+            stats.UNCHANGED,
+            0.001,
+            -0.003,
+            0.005,
+            "the device's kernel time did not (device_compute_s +0.10%",
+            "not decided",
+        ),  # fmt: skip
+        (stats.IMPROVEMENT, -0.03, -0.04, -0.02, "got faster", "did not"),
+    ],
+)
+def test_the_step_time_reason_says_what_the_device_figure_did(verdict, estimate, low, high, says, never):
+    """Bisect's words match the device figure printed beside them: ruled out, faster, or moved without a
+    decision (then neither "did not" nor "host-side" is claimed)."""
+    words = bisect.step_time_reason(_confirm_rows("device_compute_s", verdict, estimate, low, high))
+    assert says in words and never not in words, words
+    assert ("host-side change" in words) == (verdict != stats.UNDECIDED)
+    assert "was not sampled" in bisect.step_time_reason(
+        _confirm_rows("device_compute_s", verdict, 0, 0, 0)[:1]
+    )
+
+
+def test_a_device_floor_that_regressed_is_followed_not_called_unmoved():
+    """At two ranks the gated device figure is the floor: a regression of it is followed on it, as
+    device_compute_s is at one rank, and never explained as step time with an unmoved device."""
+    rows = _confirm_rows("device_compute_floor_s", stats.REGRESSION, 0.03, 0.02, 0.04)
+    assert bisect.chosen_metric(rows) == "device_compute_floor_s"
+
+
+def test_bite_the_old_fixed_words_contradict_an_undecided_device_figure(monkeypatch):
+    """The fixed sentence of before ("the device's kernel time did not") fails the first case."""
+    monkeypatch.setattr(bisect, "step_time_reason", lambda rows: "the step time moved and the device's "
+                        "kernel time did not (or was not sampled): a host-side change, followed on step time")  # fmt: skip
+    with pytest.raises(AssertionError):
+        test_the_step_time_reason_says_what_the_device_figure_did(stats.UNDECIDED, 0.0219, -0.004, 0.048,
+                                                                  "moved by +2.19% but was not decided", "did not")  # fmt: skip
+
+
 def test_bite_following_the_step_time_on_a_device_side_change(monkeypatch):
     order = dict(reversed(bisect.METRIC_ORDER.items()))
     monkeypatch.setattr(bisect, "METRIC_ORDER", order)

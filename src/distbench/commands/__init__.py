@@ -7,6 +7,32 @@ stays fast.
 
 from __future__ import annotations
 
-from . import ab, bisect, calibrate, compare, doctor, history, launch, recommend, report, run, strategies
+from . import (
+    ab,
+    bisect,
+    calibrate,
+    compare,
+    doctor,
+    history,
+    launch,
+    nightly,
+    recommend,
+    report,
+    run,
+    strategies,
+)
 
-COMMANDS = [run, ab, bisect, history, calibrate, launch, strategies, compare, report, doctor, recommend]
+COMMANDS = [
+    run,
+    ab,
+    bisect,
+    history,
+    nightly,
+    calibrate,
+    launch,
+    strategies,
+    compare,
+    report,
+    doctor,
+    recommend,
+]

@@ -22,8 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "history",
         help="find the change points of every tracked metric over the stored history, and bisect them",
         description="Read the stored history (asv's results directory with --asv, distbench result files "
-        "or directories as arguments; both may be given) and find where each tracked metric of each "
-        "configuration changed level: a change-point search (ruptures) whose every change is confirmed by a "
+        "or directories as arguments, `distbench nightly`'s ratio series with --nights; any of them together) "
+        "and find where each tracked metric of each configuration changed level: a change-point search (ruptures) whose every change is confirmed by a "
         "permutation test, as E-divisive means confirms them. For each change: the last good and first bad "
         "commit, the medians either side, the change in percent with its confidence interval, and the "
         "`distbench bisect` command that would name the commit of a regression. Exit 0 no regression, 1 a "
@@ -31,6 +31,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("results", nargs="*", type=Path, help="distbench result files or directories")
     p.add_argument("--asv", type=Path, metavar="DIR", help="asv's results directory (e.g. .asv/results)")
+    p.add_argument(
+        "--nights",
+        type=Path,
+        action="append",
+        metavar="PATH",
+        help="`distbench nightly` nights (night.json files, or folders searched for them): their ratio series "
+        "head/reference, chained across a change of reference, and head's absolute figures (repeatable)",
+    )
     p.add_argument("--machine", help="only this asv machine's results")
     p.add_argument("--metric", action="append", help="only this registry metric (repeatable)")
     p.add_argument(
@@ -76,12 +84,12 @@ def run(args: argparse.Namespace) -> int:
 
     from ..errors import DistbenchError
     from ..history import report
-    from ..history.series import from_asv, from_results
+    from ..history.series import from_asv, from_nights, from_results
     from ..results import write_json_atomic
 
     console = Console(width=None if Console().is_terminal else 200, highlight=False)
-    if not args.asv and not args.results:
-        console.print("[red]error:[/] give distbench result files or directories, or --asv DIR, or both")
+    if not args.asv and not args.results and not args.nights:
+        console.print("[red]error:[/] give distbench result files or directories, --asv DIR or --nights PATH")
         return 2
     if not 0 < args.alpha < 1:
         console.print(f"[red]error:[/] --alpha must lie between 0 and 1, got {args.alpha}")
@@ -90,8 +98,10 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/] --min-effect must lie in [0, 1), got {args.min_effect}")
         return 2
     try:
-        series = (from_asv(args.asv, args.machine) if args.asv else []) + (
-            from_results(args.results) if args.results else []
+        series = (
+            (from_asv(args.asv, args.machine) if args.asv else [])
+            + (from_results(args.results) if args.results else [])
+            + (from_nights(args.nights) if args.nights else [])
         )
         extra = shlex.split(args.bisect_flags)
     except (DistbenchError, ValueError, OSError) as e:

@@ -81,8 +81,9 @@ BUDGET_S = 1200.0
 METRIC_ORDER: dict[str, str] = {
     "device_compute_s": "the device's kernel time moved: a device-side change, followed on device compute "
     "time, which the host's noise does not reach",
-    "step_time_s": "the step time moved and the device's kernel time did not (or was not sampled): a "
-    "host-side change, followed on step time",
+    "device_compute_floor_s": "the device's kernel time moved: a device-side change, followed on each "
+    "kernel's least disturbed time, which neither the host's noise nor NCCL beside it reaches",
+    "step_time_s": "the step time moved: followed on step time",
     "host_instructions": "the training thread's instructions moved and the step time did not: a host-side "
     "change, followed on instructions per step",
     "mem_allocated_peak_bytes": "peak memory moved and no time did: followed on peak allocated memory",
@@ -403,6 +404,38 @@ class Bisection:
     def alpha_spent(self) -> float:
         """The family-wise alpha the comparisons run so far spent (their shares, summed)."""
         return sum(p.alpha or 0.0 for p in self.probes)
+
+
+def step_time_reason(rows: list[MetricRow]) -> str:
+    """Why a bisect follows the step time, in words that match the device figure beside it: the device-side
+    row of the confirm (gated where there is one) was ruled out, got faster, moved without being decided, or
+    was not sampled. (A confirm printed "the device's kernel time did not" move beside device_compute_s
+    +2.19%, undecided: that figure had moved, it was only not decided.)"""
+    device = ab.DEVICE_METRIC.values()
+    rows = [r for r in rows if r.metric in device and r.estimate is not None]
+    row = next((r for r in rows if r.gated), rows[0] if rows else None)
+    if row is None or row.low is None or row.high is None:
+        return (
+            "the step time moved and the device's kernel time was not sampled: followed on step time (a "
+            "host-side change, or a device-side one the run could not show)"
+        )
+    figure = f"{row.metric} {row.estimate:+.2%} [{row.low:+.2%}, {row.high:+.2%}]"
+    if row.verdict == stats.UNCHANGED:
+        return (
+            f"the step time moved and the device's kernel time did not ({figure}, a slowdown ruled out): a "
+            "host-side change, followed on step time"
+        )
+    if row.verdict == stats.IMPROVEMENT:
+        return (
+            f"the step time moved and the device's kernel time got faster ({figure}): a host-side change, "
+            "followed on step time"
+        )
+    if row.verdict == stats.UNDECIDED:
+        return (
+            f"the step time moved; the device's kernel time moved by {row.estimate:+.2%} but was not "
+            f"decided ({figure}): host-side or device-side, followed on step time"
+        )
+    return f"the step time moved and the device's kernel time with it ({figure}): followed on step time"
 
 
 def chosen_metric(rows: list[MetricRow]) -> str | None:

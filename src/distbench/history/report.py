@@ -109,6 +109,8 @@ def describe(found: Found) -> str:
         f"[{(c.low - 1) * 100:+.2f}%, {(c.high - 1) * 100:+.2f}%] (p = {c.p_value:.3f}); last good "
         f"{found.last_good.commit[:10]}, first bad {found.first_bad.commit[:10]}"
     )
+    if s.ratio and found.actionable and not found.same_commit:
+        text += "; a ratio against the frozen reference: its bisect compares the commits side by side"
     if found.same_commit:
         text += "; both runs of one commit: the machine or its environment moved, not the code"
     elif found.negligible:

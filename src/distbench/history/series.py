@@ -48,10 +48,13 @@ class Series:
     config: dict[str, Any]  # strategy and world_size at least; a distbench result's whole config
     points: list[Point] = field(default_factory=list)
     asv_form: bool = False  # values in asv's lower-is-better form (1 / MFU for mfu)
+    ratio: bool = False  # values are head / reference, measured side by side (gate/relative.py)
 
     @property
     def unit(self) -> str:
         m = METRICS[self.metric]
+        if self.ratio:
+            return "x reference"
         return m.asv.unit if self.asv_form and m.asv else m.unit
 
 
@@ -92,7 +95,10 @@ def from_asv(results_dir: str | os.PathLike[str], machine: str | None = None) ->
             + " (a directory with a folder per machine, each with its machine.json, as `asv run` writes "
             ".asv/results)"
         )
-    names = _by_name()
+    from ..gate.relative import asv_ratio_benchmarks
+
+    ratios = asv_ratio_benchmarks()
+    names = {**_by_name(), **ratios}
     series: dict[tuple, Series] = {}
     for mdir in machines:
         files = []
@@ -122,8 +128,13 @@ def from_asv(results_dir: str | os.PathLike[str], machine: str | None = None) ->
                     key = (mdir.name, bench, tuple(labels))
                     if key not in series:
                         label = f"{bench} {' '.join(labels)} [{mdir.name}]"
+                        ratio = bench in ratios
                         series[key] = Series(
-                            metric, label, _asv_config(metric, labels, mdir.name), asv_form=True
+                            metric,
+                            label,
+                            _asv_config(metric, labels, mdir.name),
+                            asv_form=not ratio,
+                            ratio=ratio,
                         )
                     series[key].points.append(
                         Point(
@@ -170,3 +181,69 @@ def from_results(paths: Iterable[str | os.PathLike[str]]) -> list[Series]:
             low, high = _window_interval(r, m.name) if m.time or m.source == "scaling" else (None, None)
             series[key].points.append(Point(commit, float(value), low, high, bool(r.get("warnings"))))
     return list(series.values())
+
+
+@dataclass
+class _Chain:
+    """A ratio series as it is being read: the reference its last point was measured against, and the factor
+    that turns a ratio against that reference into one against the series' first reference."""
+
+    series: Series
+    reference: str
+    factor: float = 1.0
+
+
+def from_nights(paths: Iterable[str | os.PathLike[str]]) -> list[Series]:
+    """Every series of the nights under `paths` (`distbench nightly`'s night.json, gate/relative.py): per
+    configuration and metric, the ratio head / reference with its interval, one point per night at head's
+    commit; and head's absolute figures of the same runs. A ratio series is carried across a change of
+    reference by the night's bridge, the new reference measured against the old: head/old = head/new x
+    new/old, so the switch adds no step of its own. A night whose reference changed without a bridge
+    starts a new series (named by its reference), rather than joining two scales."""
+    from ..gate.relative import find_nights
+
+    chains: dict[tuple, _Chain] = {}
+    out: list[Series] = []
+    absolute: dict[tuple, Series] = {}
+    for night in find_nights(list(paths)):
+        if not night.commit:
+            continue
+        rid = night.reference.id
+        bridged = {}
+        if night.bridge is not None:
+            for row in night.bridge.rows:
+                for metric, r in row.ratios.items():
+                    bridged[(config_key({"config": row.config}), metric)] = r.ratio
+        for row in night.rows:
+            key = config_key({"config": row.config})
+            c = row.config
+            what = f"{c['strategy']} ws{c['world_size']} {c['model']} {c['precision']} mb{c['micro_batch']}"
+            for metric, r in row.ratios.items():
+                chain = chains.get((key, metric))
+                if chain is not None and chain.reference != rid:
+                    step = bridged.get((key, metric))
+                    if (
+                        step is not None
+                        and night.bridge is not None
+                        and night.bridge.previous.id == chain.reference
+                    ):
+                        chain.factor *= step
+                        chain.reference = rid
+                    else:
+                        chain = None  # no measured bridge from the old reference: a new series
+                if chain is None:
+                    since = f" since reference {rid}" if (key, metric) in chains else ""
+                    label = f"{metric} head/reference {what}{since}"
+                    chain = _Chain(Series(metric, label, dict(c), ratio=True), rid)
+                    chains[(key, metric)] = chain
+                    out.append(chain.series)
+                f = chain.factor
+                chain.series.points.append(Point(night.commit, r.ratio * f, r.low * f, r.high * f))
+            for metric, value in row.head.items():
+                if metric not in METRICS or METRICS[metric].asv is None or value <= 0:
+                    continue
+                if (key, metric) not in absolute:
+                    absolute[(key, metric)] = Series(metric, f"{metric} head {what} (nightly)", dict(c))
+                    out.append(absolute[(key, metric)])
+                absolute[(key, metric)].points.append(Point(night.commit, value))
+    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import first_line
-from ..gate.bisect import METRIC_ORDER, Bisection, ProbeRecord, Verdict
+from ..gate.bisect import METRIC_ORDER, Bisection, ProbeRecord, Verdict, step_time_reason
 from .tables import md_table
 
 SCHEMA = "distbench.bisect/1"
@@ -68,7 +68,7 @@ def metric_reason(b: Bisection) -> str:
     if c is None or not c.metric:
         return ""
     moved = ", ".join(f"{r.metric} {r.estimate:+.2%}" for r in c.rows if r.gated and r.estimate is not None)
-    why = METRIC_ORDER.get(c.metric, "it moved")
+    why = step_time_reason(c.rows) if c.metric == "step_time_s" else METRIC_ORDER.get(c.metric, "it moved")
     return (
         f"bisecting on {c.metric}: {why} (bad against good: {moved}); a midpoint matches the good end once a "
         f"slowdown of {b.probe_threshold:.2%} is ruled out"

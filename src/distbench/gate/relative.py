@@ -1,0 +1,298 @@
+"""A night measured against a frozen reference: the nightly grid's configurations interleaved with a reference
+variant (gate/ab.py's run_ab), a fixed number of pairs each, stored as head/reference ratios with their
+intervals beside both sides' absolute figures (`distbench nightly`, docs/reference-runs.md).
+
+Why ratios: on a cloud VM the host's speed moves host-bound rows 5-30% from night to night (seed 004's
+repeats on 2x H200), so an absolute history cannot see a 10% host-side regression there. Head and reference
+take turns window by window on the same host, so both meet its speed and the ratio keeps still.
+
+Why a fixed number of pairs rather than the gate's early stop: a history needs a figure with an interval
+every night, for every gated metric, and one of comparable width from night to night; a gate stops a
+configuration as soon as it is decided, which leaves a decided row with three pairs and another with twelve.
+
+A night stores (`Night`, schema distbench.night/1, one night.json per night):
+- per configuration (`NightRow`): each gated and reported metric's ratio head/reference with its interval
+  and the ratio of every pair (asv's samples: benchmarks/bench_relative.py), and the medians of head's
+  and the reference's runs beside them;
+- the reference's identity (`Reference.id`), so that a history sees the night it changed;
+- on such a night, a `bridge`: the new reference measured against the previous one, the same way, so that
+  history/series.py chains the series across the switch (ratio head/new x new/old) instead of showing a step;
+- where the reference could not run, `reference_error` naming it, and head's absolute figures alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..config import RunConfig
+from ..errors import ConfigError
+from . import stats
+from .ab import ABReport, ConfigOutcome, Servers, judge, label_of, run_ab
+from .variants import Variant, git
+
+SCHEMA = "distbench.night/1"
+#: asv's class of ratio tracks (benchmarks/bench_relative.py): one track per metric a night may gate.
+ASV_CLASS = "Relative"
+NIGHT_FILE = "night.json"
+#: Pairs per configuration and night: the t interval over 6 pairs is 2.6 standard errors wide either way
+#: (5 degrees of freedom), against 4.3 over 3. A pair of a GPT-2 124M row is planned at about 20 s on one
+#: H200 (a bisect probe's GPT-2 355M pairs took 27 s there), so seed 004's six rows at one GPU would take
+#: about 12 minutes a night; `--pairs 3` halves that.
+PAIRS = 6
+
+
+def asv_ratio_benchmarks() -> dict[str, str]:
+    """asv benchmark name (class.method) of each ratio track -> its registry metric: the metrics a night can
+    gate (the gate's, the host-bound rows', the device-side candidates)."""
+    from ..metrics import names
+
+    gated = (*names(ab="gate"), *names(ab="gate-host-bound"), *names(ab="device"))
+    return {f"{ASV_CLASS}.track_{m}": m for m in gated}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Ratio(_Strict):
+    """One metric of one configuration: head / reference, with the interval the gate's statistics give."""
+
+    ratio: Annotated[float, Field(gt=0)]  # exp(mean log ratio over pairs)
+    low: Annotated[float, Field(gt=0)]
+    high: Annotated[float, Field(gt=0)]
+    level: Annotated[float, Field(gt=0, lt=1)]
+    gated: bool  # one of the metrics the gate decides on for this configuration's regime
+    verdict: str  # the gate's verdict at this night's alpha, for the log: a history judges the series
+    pairs: list[Annotated[float, Field(gt=0)]]  # head / reference of each pair (its windows' for step time)
+
+
+class NightRow(_Strict):
+    """One configuration of a night."""
+
+    label: str
+    config: dict[str, Any]  # RunConfig.to_dict(), as JSON
+    pairs: Annotated[int, Field(ge=0)]
+    interleave: Literal["windows", "runs", "none"]  # "none": head ran alone
+    regime: str | None = None
+    head: dict[str, float] = {}  # median of head's runs per metric
+    reference: dict[str, float] = {}  # median of the reference's runs per metric
+    ratios: dict[str, Ratio] = {}
+    error: str | None = None
+    failed: Literal["reference", "head"] | None = None  # whose run failed, with `error`
+
+
+class Reference(_Strict):
+    """What a night was measured against: the variant as written, in words, and its identity."""
+
+    spec: str
+    describe: str
+    id: Annotated[str, Field(min_length=1)]
+
+
+class Bridge(_Strict):
+    """The night's reference measured against the previous night's (head: new, reference: previous)."""
+
+    previous: Reference
+    rows: list[NightRow]
+
+
+class Night(_Strict):
+    """One night.json."""
+
+    schema_: Literal["distbench.night/1"] = Field(alias="schema")
+    created: str  # ISO 8601, UTC: the history's order
+    commit: str | None  # head's git commit: the history's point
+    head: str  # head's variant, in words
+    reference: Reference
+    reference_error: str | None = None  # the reference could not start or run: ratios are missing
+    pairs: Annotated[int, Field(ge=stats.MIN_RUNS)]  # asked per configuration
+    alpha: Annotated[float, Field(gt=0, lt=1)]
+    budget_s: Annotated[float, Field(gt=0)]
+    elapsed_s: Annotated[float, Field(ge=0)]
+    rows: list[NightRow]
+    bridge: Bridge | None = None
+
+
+class NightFileError(ConfigError):
+    """A night file that cannot be read or is damaged; the message names it."""
+
+
+def reference_id(v: Variant, spec: str) -> str:
+    """A reference's identity: the commit its code is at (rev= resolved, tree='s HEAD, else this runner's own),
+    its interpreter's real path and its environment, hashed; two nights with the same id measured against the
+    same thing."""
+    parts = [f"python={os.path.realpath(v.python)}", *(f"env.{k}={x}" for k, x in sorted(v.env.items()))]
+    parts += [f"path={p}" for p in v.path]
+    try:
+        if v.rev:
+            parts.append("commit=" + git("rev-parse", f"{v.rev}^{{commit}}"))
+        else:  # its tree, or the distbench this runner is (a reference that moves with it is no reference)
+            parts.append(
+                "commit=" + git("rev-parse", "HEAD", cwd=v.tree or Path(__file__).resolve().parents[2])
+            )
+    except ConfigError:
+        parts.append(f"spec={spec}")  # not a git checkout: the spec as written is all there is
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """The median of each metric over the ok runs that have it."""
+    keys = sorted(
+        {k for r in runs for k, v in (r.get("metrics") or {}).items() if isinstance(v, int | float)}
+    )
+    out = {}
+    for k in keys:
+        xs = [float(r["metrics"][k]) for r in runs if isinstance(r["metrics"].get(k), int | float)]
+        if xs and all(math.isfinite(x) for x in xs):
+            out[k] = statistics.median(xs)
+    return out
+
+
+def row_of(o: ConfigOutcome) -> NightRow:
+    """A played configuration as a night stores it: every judged metric's ratio and both sides' medians."""
+    ratios = {}
+    for r in o.rows:
+        if r.effect is None:
+            continue
+        windows = [p.window_log_ratios for p in o.pairs]
+        if r.metric == "step_time_s" and all(windows):
+            per_pair = [math.exp(x) for x in stats.round_log_ratios([w for w in windows if w])]
+        else:
+            per_pair = [h / b for b, h in zip(r.base, r.head, strict=True)]
+        e = r.effect
+        ratios[r.metric] = Ratio(
+            ratio=1 + e.estimate,
+            low=1 + e.low,
+            high=1 + e.high,
+            level=e.level,
+            gated=r.gated,
+            verdict=r.verdict,
+            pairs=per_pair,
+        )
+    error = o.error.replace("base run", "reference run") if o.error else None
+    return NightRow(
+        label=o.label,
+        config=o.cfg.to_dict(),
+        pairs=len(o.pairs),
+        interleave="windows" if o.interleave == "windows" else "runs",
+        regime=(o.regime or {}).get("regime"),
+        head=medians([p.head for p in o.pairs]),
+        reference=medians([p.base for p in o.pairs]),
+        ratios=ratios,
+        error=error,
+        failed="reference" if o.failed == "base" else "head" if o.failed == "head" else None,
+    )
+
+
+def night_rows(report: ABReport, alpha: float) -> list[NightRow]:
+    """The night's rows of a played comparison (the reference as run_ab's base), each judged once more at
+    `alpha` alone: a night's ratios are points of a history, whose change points are judged over the whole
+    series (history/changepoints.py), not verdicts to divide a false-alarm rate over."""
+    for o in report.outcomes:
+        if not o.error and len(o.pairs) >= stats.MIN_RUNS:
+            judge(o, alpha=alpha, threshold=report.threshold, min_effect=report.min_effect)
+    return [row_of(o) for o in report.outcomes]
+
+
+def measure(
+    configs: list[RunConfig],
+    run_reference: Callable[[RunConfig], dict[str, Any]],
+    run_head: Callable[[RunConfig], dict[str, Any]],
+    *,
+    pairs: int = PAIRS,
+    alpha: float = 0.05,
+    budget_s: float = 1800.0,
+    servers: Servers | None = None,
+) -> list[NightRow]:
+    """Every configuration interleaved against the reference for `pairs` pairs (fewer only where the budget
+    ends first: each row says how many it got), judged once at the end (`night_rows`). The schedule of
+    `distbench nightly`, which plays it through commands/ab.py's servers with the same pairs."""
+    report = run_ab(
+        configs,
+        run_reference,
+        run_head,
+        alpha=alpha,
+        min_pairs=pairs,
+        max_pairs=pairs,
+        look_every=pairs,
+        budget_s=budget_s,
+        servers=servers,
+    )
+    return night_rows(report, alpha)
+
+
+def head_alone(
+    configs: list[RunConfig],
+    run_head: Callable[[RunConfig], dict[str, Any]],
+    runs: int,
+    between: Callable[[], None] | None = None,
+) -> list[NightRow]:
+    """Head's absolute figures where the reference cannot run: `runs` runs of each configuration."""
+    rows = []
+    for cfg in configs:
+        got, error = [], None
+        for i in range(runs):
+            r = run_head(cfg)
+            if r.get("status") != "ok":
+                error = f"head run failed ({r.get('status')}): {str(r.get('error') or '')[:300]}"
+                break
+            got.append(r)
+            if between and i + 1 < runs:
+                between()
+        regime = (got[0].get("regime") or {}).get("regime") if got else None
+        rows.append(
+            NightRow(
+                label=label_of(cfg),
+                config=cfg.to_dict(),
+                pairs=len(got),
+                interleave="none",
+                regime=regime,
+                head=medians(got),
+                error=error,
+            )
+        )
+    return rows
+
+
+def save_night(night: Night, out_dir: str | os.PathLike[str]) -> Path:
+    from ..results import write_json_atomic
+
+    return write_json_atomic(Path(out_dir) / NIGHT_FILE, night.model_dump(mode="json", by_alias=True))
+
+
+def load_night(path: str | os.PathLike[str]) -> Night:
+    """A night file, validated; NightFileError naming it and what is wrong."""
+    import json
+
+    p = Path(path)
+    try:
+        return Night.model_validate(json.loads(p.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise NightFileError(f"{p}: cannot read a night file ({e})") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        raise NightFileError(f"{p} is a damaged {SCHEMA} file: {loc}: {err['msg'].lower()}") from None
+
+
+def find_nights(paths: list[str | os.PathLike[str]]) -> list[Night]:
+    """Every night under `paths` (files, or directories searched for night.json), oldest first."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise NightFileError(f"no nights at {p}")
+        found = sorted(p.rglob(NIGHT_FILE)) if p.is_dir() else [p]
+        if not found:
+            raise NightFileError(
+                f"no {NIGHT_FILE} under {p} (`distbench nightly -o DIR` writes one per night)"
+            )
+        files += found
+    return sorted((load_night(f) for f in files), key=lambda n: n.created)

@@ -1,0 +1,498 @@
+"""The nightly measured against a frozen reference (gate/relative.py, `distbench nightly`) and its history on
+ratios (history/series.py's from_nights): on a host whose speed flips and then changes mid-run, a ratio keeps
+still where both sides are slowed alike, a slowdown of one side is found at its commit, and a change of reference
+is carried across without a step. Synthetic servers play gate/ab.py's protocol, so each case takes under a
+second; the real processes run in the slow tier."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from distbench.cli import main
+from distbench.config import RunConfig
+from distbench.gate import ab as gate_ab
+from distbench.gate import relative, stats
+from distbench.gate.relative import SCHEMA, Bridge, Night, NightRow, Reference, load_night, save_night
+from distbench.history import report
+from distbench.history.series import from_nights
+
+#: fsdp_full at one rank on GPT-2 124M: a host-bound row (device busy 0.67-0.85 on one H200)
+CFG = RunConfig(
+    strategy="fsdp_full",
+    world_size=1,
+    model="gpt2-124m",
+    precision="bf16-amp",
+    micro_batch=8,
+    global_batch=8,
+    steps=20,
+    windows=10,
+    warmup=5,
+    deterministic=False,
+)
+
+
+class Host:
+    """Two variants' servers on one host: its speed flips between a fast and a slow state (x1.7, each for
+    0.1-2 s, as one H200 VM's vCPUs did), and from `slow_at` seconds on the whole host is `slow_by` slower
+    (a neighbour moved in). A step costs `step_s` x the host's speed now x the process's bias, x (1 + effect)
+    on the slowed `side`. It plays gate/ab.py's Servers (interleaved windows) and, through `run`, whole runs."""
+
+    def __init__(self, rng: np.random.Generator, effect: float = 0.0, side: str = "head") -> None:
+        self.rng, self.effect, self.side = rng, effect, side
+        self.step_s, self.now = 0.05, 0.0
+        self.slow_at, self.slow_by = math.inf, 1.0
+        self.state_until, self.state = 0.0, 1.0
+        self.bias: dict[str, float] = {}
+        self.walls: dict[str, list[float]] = {}
+        self.pending: dict[str, dict] = {}
+
+    def _speed(self) -> float:
+        if self.now >= self.state_until:
+            self.state_until = self.now + self.rng.uniform(0.1, 2.0)
+            self.state = 1.7 if self.rng.random() < 0.5 else 1.0
+        return self.state * (self.slow_by if self.now >= self.slow_at else 1.0)
+
+    def _steps(self, side: str, n: int) -> float:
+        total = 0.0
+        for _ in range(n):
+            dt = self.step_s * self._speed() * self.bias[side] * (1 + self.effect if side == self.side else 1)
+            dt *= math.exp(self.rng.normal(0, 0.002))
+            self.now += dt
+            total += dt
+        return total / n
+
+    def _result(self, side: str, walls: list[float]) -> dict:
+        st = float(np.median(walls))
+        return {
+            "status": "ok",
+            "schema": "distbench.result/1",
+            "id": f"{side}-{self.rng.integers(1 << 30)}",
+            "metrics": {"step_time_s": st, "tokens_per_s": 8192 / st},
+            "regime": {"regime": "host-bound", "busy_ratio": 0.7},
+        }
+
+    def post(self, side: str, request: dict) -> None:
+        if request["op"] == "setup":
+            self.bias[side] = math.exp(self.rng.normal(0, 0.005))
+            self.walls[side] = []
+            self.now += 15.0
+            self.pending[side] = {"status": "ok"}
+        elif request["op"] == "window":
+            wall = self._steps(side, request["steps"])
+            self.walls[side].append(wall)
+            self.pending[side] = {"status": "ok", "step_s": wall}
+        else:
+            self.pending[side] = self._result(side, self.walls.pop(side))
+
+    def reply(self, side: str) -> dict:
+        return self.pending.pop(side)
+
+    def run(self, side: str) -> dict:
+        """A whole run: a build, then its windows back to back."""
+        self.bias[side] = math.exp(self.rng.normal(0, 0.005))
+        self.now += 15.0
+        return self._result(side, [self._steps(side, CFG.steps // CFG.windows) for _ in range(CFG.windows)])
+
+
+def commit(i: int) -> str:
+    return f"{i + 1:02x}" * 20
+
+
+def night(i: int, rows: list[NightRow], ref: str = "ref-a", bridge: Bridge | None = None) -> Night:
+    return Night.model_validate(
+        {
+            "schema": SCHEMA,
+            "created": f"2026-12-{i + 1:02d}T02:00:00+00:00",
+            "commit": commit(i),
+            "head": "this checkout",
+            "reference": Reference(spec=f"tree=/refs/{ref}", describe=ref, id=ref),
+            "pairs": relative.PAIRS,
+            "alpha": 0.05,
+            "budget_s": 600,
+            "elapsed_s": 100,
+            "rows": rows,
+            "bridge": bridge,
+        }
+    )
+
+
+def nights(tmp_path: Path, host: Host, n: int, *, slowed_from: int | None = None, servers: bool = True,
+           host_slows_at: int | None = None) -> list[Night]:  # fmt: skip
+    """`n` nights of CFG on `host`, saved under tmp_path/night-i; from night `slowed_from` on, the host's
+    `side` is 3% slower; during night `host_slows_at` the whole host becomes 1.5x slower, mid-run."""
+    out = []
+    effect = host.effect
+    for i in range(n):
+        host.effect = effect if slowed_from is not None and i >= slowed_from else 0.0
+        if host_slows_at == i:
+            host.slow_at, host.slow_by = host.now + 40.0, 1.5  # in the night's third pair
+        rows = relative.measure(
+            [CFG],
+            lambda c: host.run("base"),
+            lambda c: host.run("head"),
+            servers=host if servers else None,
+        )
+        out.append(night(i, rows))
+        save_night(out[-1], tmp_path / f"night-{i:02d}")
+    return out
+
+
+def series_of(tmp_path: Path) -> dict[str, object]:
+    return {s.label: s for s in from_nights([tmp_path])}
+
+
+RATIO = "step_time_s head/reference fsdp_full ws1 gpt2-124m bf16-amp mb8"
+ABSOLUTE = "step_time_s head fsdp_full ws1 gpt2-124m bf16-amp mb8 (nightly)"
+
+
+def check_both_slowed_alike_keep_the_ratio(tmp_path: Path, servers: bool = True) -> None:
+    """A/A nights on a host that flips and, in night 6, becomes 1.5x slower mid-run: every night's ratio
+    within 2% of 1 (the host-bound target), and no change point in the ratios, where the absolute figures of
+    the same runs moved by over 30%."""
+    ns = nights(tmp_path, Host(np.random.default_rng(5)), 12, host_slows_at=6, servers=servers)
+    ratios = [n.rows[0].ratios["step_time_s"].ratio for n in ns]
+    assert all(abs(r - 1) < 0.02 for r in ratios), ratios
+    s = series_of(tmp_path)
+    found = report.analyse([s[RATIO]], alpha=0.01)
+    assert not found, [report.describe(f) for f in found]
+    absolute = [p.value for p in s[ABSOLUTE].points]
+    assert max(absolute) / min(absolute) > 1.3  # the same runs' absolute figures moved with the host
+
+
+def check_one_side_slowed_is_found(tmp_path: Path, side: str = "head") -> None:
+    """Head 3% slower from night 7 on, on the same flipping host (slowed by half in night 4, both sides): the
+    ratio series has a regression between nights 6 and 7, with an interval that holds 3%. (Seven nights a
+    side: on ranks, a split's least-squares gain favours the middle, so in 8 + 6 nights the last good night,
+    when it is the highest of its seven, is placed after the change.)"""
+    nights(tmp_path, Host(np.random.default_rng(7), 0.03, side), 14, slowed_from=7, host_slows_at=4)
+    found = report.analyse([series_of(tmp_path)[RATIO]], alpha=0.01)
+    assert len(found) == 1, [report.describe(f) for f in found]
+    (f,) = found
+    assert f.worse and (f.last_good.commit, f.first_bad.commit) == (commit(6), commit(7)), report.describe(f)
+    assert f.change.low < 1.03 < f.change.high
+    argv = report.bisect_argv(f, None, "o", [])
+    assert argv[:6] == ["distbench", "bisect", "--good", commit(6), "--bad", commit(7)]
+
+
+def test_both_sides_slowed_alike_leave_the_ratio_unchanged(tmp_path):
+    check_both_slowed_alike_keep_the_ratio(tmp_path)
+
+
+def test_one_side_slowed_is_found_at_its_commit(tmp_path):
+    check_one_side_slowed_is_found(tmp_path)
+
+
+def test_the_checks_fail_on_planted_defects(tmp_path):
+    """Whole runs instead of interleaved windows (each side's steps at another moment of the host's): the
+    ratio moves with the host. The slowdown planted on the reference's side (a ratio the wrong way round):
+    found, but as an improvement."""
+    with pytest.raises(AssertionError):
+        check_both_slowed_alike_keep_the_ratio(tmp_path / "runs", servers=False)
+    with pytest.raises(AssertionError):
+        check_one_side_slowed_is_found(tmp_path / "swapped", side="base")
+
+
+def _row(ratio: float, *, head: float = 0.1) -> NightRow:
+    r = relative.Ratio(ratio=ratio, low=ratio * 0.995, high=ratio * 1.005, level=0.95, gated=True,
+                       verdict=stats.UNCHANGED, pairs=[ratio] * 6)  # fmt: skip
+    return NightRow(label="x", config=CFG.to_dict(), pairs=6, interleave="windows",
+                    head={"step_time_s": head}, reference={"step_time_s": head / ratio},
+                    ratios={"step_time_s": r})  # fmt: skip
+
+
+def _switch(tmp_path: Path, bridge_ratio: float | None) -> list:
+    """12 nights of a head that does not change (ratio 1.00 +- 0.3%) against reference a, then from night 12
+    against reference b, 10% faster than a (the ratio reads 1.10); night 12's bridge measured b / a."""
+    rng = np.random.default_rng(2)
+    for i in range(20):
+        noise = math.exp(rng.normal(0, 0.003))
+        if i < 12:
+            n = night(i, [_row(noise)])
+        else:
+            bridge = None
+            if i == 12 and bridge_ratio is not None:
+                bridge = Bridge(previous=Reference(spec="tree=/refs/ref-a", describe="ref-a", id="ref-a"),
+                                rows=[_row(bridge_ratio)])  # fmt: skip
+            n = night(i, [_row(1.10 * noise)], ref="ref-b", bridge=bridge)
+        save_night(n, tmp_path / f"night-{i:02d}")
+    return [s for s in from_nights([tmp_path]) if s.ratio]
+
+
+def test_a_change_of_reference_is_carried_across_without_a_step(tmp_path):
+    """The night the reference changes measured the new against the old (0.909 = 1 / 1.10): the series is
+    chained, ratio head/new x new/old, and has no change point; without a bridge it is two series, neither
+    with a step. A chain that ignored the bridge (a bridge of 1.0) shows the 10% step: what the first check
+    catches."""
+    (chained,) = _switch(tmp_path / "bridged", 1 / 1.10)
+    assert len(chained.points) == 20 and report.analyse([chained], alpha=0.01) == []
+    assert all(abs(p.value - 1) < 0.02 for p in chained.points)
+    split = _switch(tmp_path / "unbridged", None)
+    assert [len(s.points) for s in split] == [12, 8] and "since reference ref-b" in split[1].label
+    assert all(report.analyse([s], alpha=0.01) == [] for s in split)
+    (ignored,) = _switch(tmp_path / "ignored", 1.0)
+    (step,) = report.analyse([ignored], alpha=0.01)
+    assert (step.last_good.commit, step.first_bad.commit) == (commit(11), commit(12))
+
+
+def test_a_night_file_is_validated_and_named_when_damaged(tmp_path):
+    n = night(0, [_row(1.0)])
+    path = save_night(n, tmp_path)
+    assert load_night(path) == n
+    data = json.loads(path.read_text())
+    data["rows"][0]["ratios"]["step_time_s"]["ratio"] = -1
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        relative.NightFileError, match=r"night.json is a damaged distbench.night/1 file: rows"
+    ):
+        load_night(path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(relative.NightFileError, match="no night.json under .*distbench nightly -o DIR"):
+        relative.find_nights([tmp_path / "empty"])
+
+
+class FakeVariant:
+    """gate/variants.py's VariantProcess without a process: both variants' servers on one `Host`, the head
+    `HEAD_EFFECT` slower; a reference whose interpreter is missing never gets here (parse_variant refuses it)."""
+
+    host: Host
+    started: list[str] = []
+
+    def __init__(self, variant, workdir, device_type, log_dir) -> None:
+        self.variant, self.log = variant, Path(log_dir) / f"{variant.label}.log"
+        self.info: dict = {}
+        self.reply_: dict | None = None
+
+    @property
+    def protocol(self) -> int:
+        return 3
+
+    def start(self) -> None:
+        FakeVariant.started.append(self.variant.describe())
+        self.info = {"ready": True, "protocol": 3}
+
+    def send(self, request: dict) -> bool:
+        side = self.variant.label
+        self.host.post(side, request)
+        self.reply_ = self.host.reply(side)
+        return True
+
+    def receive(self, timeout: float) -> dict | None:
+        return self.reply_
+
+    def run(self, cfg: dict, timeout: float) -> dict:
+        return self.host.run(self.variant.label)
+
+    def recycle(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def remove_checkout(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_servers(monkeypatch):
+    from distbench.gate import variants
+
+    FakeVariant.host, FakeVariant.started = Host(np.random.default_rng(11)), []
+    monkeypatch.setattr(variants, "VariantProcess", FakeVariant)
+    monkeypatch.setenv("DISTBENCH_BIND_CPUS", "")  # registered, so what run() sets is undone after the test
+    return FakeVariant
+
+
+ARGS = ["nightly", "--device", "cpu", "-s", "ddp", "-n", "1", "--pairs", "3"]
+
+
+def test_the_command_stores_ratios_beside_both_sides_absolute_figures(tmp_path, fake_servers):
+    out = tmp_path / "nights" / "1"
+    assert main([*ARGS, "--reference", f"tree={Path.cwd()}", "-o", str(out)]) == 0
+    n = load_night(out / "night.json")
+    (row,) = n.rows
+    assert row.pairs == 3 and row.interleave == "windows" and row.failed is None
+    r = row.ratios["step_time_s"]
+    assert r.gated and len(r.pairs) == 3 and r.low <= r.ratio <= r.high
+    assert row.head["step_time_s"] > 0 and row.reference["step_time_s"] > 0
+    assert n.reference.id and n.bridge is None and not n.reference_error
+    assert list((out / "runs" / "head").glob("*.json")) and list((out / "runs" / "base").glob("*.json"))
+    # the next night against another reference measures the new one against the old first
+    out2 = tmp_path / "nights" / "2"
+    assert main([*ARGS, "--reference", f"tree={Path.cwd()},env.X=1", "-o", str(out2)]) == 0
+    n2 = load_night(out2 / "night.json")
+    assert n2.reference.id != n.reference.id and n2.bridge is not None
+    assert n2.bridge.previous == n.reference and n2.bridge.rows[0].ratios["step_time_s"].pairs
+
+
+def test_a_reference_that_cannot_start_is_named_and_heads_figures_are_stored(tmp_path, fake_servers, capsys):
+    out = tmp_path / "night"
+    missing = tmp_path / "deleted-venv" / "bin" / "python"
+    assert main([*ARGS, "--reference", f"python={missing}", "-o", str(out)]) == 3
+    n = load_night(out / "night.json")
+    assert n.reference_error and str(missing) in n.reference_error and "cannot start" in n.reference_error
+    (row,) = n.rows
+    assert row.interleave == "none" and row.pairs == 3 and not row.ratios and row.head["step_time_s"] > 0
+    said = "".join(capsys.readouterr().out.split())  # as the console wrapped it
+    assert str(missing) in said and "head'sabsolutefiguresarestored" in said
+
+
+def test_a_reference_whose_server_does_not_start_is_named_too(tmp_path, fake_servers, monkeypatch):
+    """A reference whose interpreter exists but whose import crashes: VariantStartError, the night goes on."""
+    from distbench.gate.variants import VariantStartError
+
+    def start(self) -> None:
+        if self.variant.label == "base":
+            raise VariantStartError("base", "variant base (python=/x) did not start: ImportError: torch")
+        self.info = {"ready": True, "protocol": 3}
+
+    monkeypatch.setattr(FakeVariant, "start", start)
+    out = tmp_path / "night"
+    assert main([*ARGS, "--reference", f"tree={Path.cwd()}", "-o", str(out)]) == 3
+    n = load_night(out / "night.json")
+    assert "ImportError: torch" in (n.reference_error or "") and n.rows[0].head["step_time_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--pairs", "2"], "--pairs must be at least 3"),
+        (["--alpha", "0.7"], "--alpha must be between 0 and 0.5"),
+        (["--head", "rev=x,tree=y"], "holds no src/distbench"),
+    ],
+)
+def test_bad_flags_are_one_line_naming_the_flag(tmp_path, argv, message, capsys):
+    assert main(["nightly", "--device", "cpu", "-s", "ddp", "-n", "1", "--reference", "", *argv,
+                 "-o", str(tmp_path)]) == 2  # fmt: skip
+    assert message in capsys.readouterr().out
+
+
+def test_the_night_plays_the_gate_fixed_pairs_without_an_early_stop(monkeypatch):
+    """A night asks run_ab for min = max = `pairs`, so no row stops when it is decided."""
+    seen = {}
+    real = gate_ab.run_ab
+
+    def spy(*a, **k):
+        seen.update(k)
+        return real(*a, **k)
+
+    monkeypatch.setattr(relative, "run_ab", spy)
+    host = Host(np.random.default_rng(1), 0.2)  # a 20% slowdown: decided after 3 pairs by the gate
+    (row,) = relative.measure([CFG], lambda c: host.run("base"), lambda c: host.run("head"), servers=host)
+    assert seen["min_pairs"] == seen["max_pairs"] == relative.PAIRS and row.pairs == relative.PAIRS
+
+
+def test_asv_keeps_each_pairs_ratio_and_history_reads_it_as_a_ratio_series(tmp_path, monkeypatch):
+    """benchmarks/bench_relative.py records a night's ratios as asv samples (one per pair), skipped without a
+    night; asv's own Results code stores them, and from_asv reads them back as a ratio series whose change
+    points are found like an absolute one's."""
+    import importlib
+    import sys
+
+    from asv import results, runner
+
+    from distbench.history.series import from_asv
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    try:
+        bench = importlib.import_module("benchmarks.bench_relative")
+    finally:
+        sys.path.remove(str(root))
+    with pytest.raises(NotImplementedError, match="no night"):
+        bench.Relative().setup(bench.setup_cache(), "fsdp_full", 1)
+    ratios = [1.0, 1.003, 0.998, 1.001, 0.999, 1.002, 1.0, 0.997, 1.031, 1.029, 1.033, 1.03, 1.028, 1.032]
+    machine = tmp_path / "results"
+    for i, ratio in enumerate(ratios):
+        path = save_night(night(i, [_row(ratio)]), tmp_path / f"night-{i:02d}")
+        monkeypatch.setenv(bench.ENV, str(path))
+        cache = bench.setup_cache()
+        track = bench.Relative()
+        track.setup(cache, "fsdp_full", 1)
+        got = track.track_step_time_s(cache, "fsdp_full", 1)
+        assert got == {"samples": [ratio] * 6, "number": 1}
+        with pytest.raises(NotImplementedError):
+            track.track_host_instructions(cache, "fsdp_full", 1)  # not in this night
+        r = results.Results(
+            {"machine": "h200"}, {}, commit(i), 1_700_000_000_000 + i * 86_400_000, "3.11", "e", {}
+        )
+        res = runner.BenchmarkResult(result=[got["samples"][0]], samples=[got["samples"]], number=[1], errcode=0,
+                                     stderr="", profile=None)  # fmt: skip
+        bm = {
+            "name": "bench_relative.Relative.track_step_time_s",
+            "params": [["'fsdp_full'"], ["1"]],
+            "version": "1",
+        }
+        r.add_result(bm, res)
+        r.save(str(machine))
+    (machine / "h200" / "machine.json").write_text('{"machine": "h200", "version": 1}')
+    (s,) = from_asv(machine)
+    assert s.ratio and s.unit == "x reference" and s.metric == "step_time_s"
+    (f,) = report.analyse([s], alpha=0.01)
+    assert f.worse and f.first_bad.commit == commit(8) and "side by side" in report.describe(f)
+
+
+@pytest.mark.slow  # two servers, fresh gloo ranks for each of 3 pairs, then head alone: 7 min on 2 loaded cores
+def test_a_real_night_on_gloo_and_one_whose_reference_venv_was_deleted(tmp_path, monkeypatch):
+    """Through real processes: an A/A night stores a ratio with its interval beside both sides' figures; a
+    night whose reference virtualenv was deleted names its interpreter and still stores head's figures."""
+    import shutil
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("DISTBENCH_BIND_CPUS", "")
+    root = Path(__file__).resolve().parents[1]
+    workload = ["--device", "cpu", "-s", "ddp", "-n", "1", "-m", "gpt2-tiny", "--precision", "fp32",
+                "--micro-batch", "2", "--steps", "4", "--windows", "2", "--warmup", "1", "--pairs", "3"]  # fmt: skip
+    assert main(["nightly", *workload, "--reference", f"tree={root}", "-o", str(tmp_path / "n1")]) == 0
+    (row,) = load_night(tmp_path / "n1" / "night.json").rows
+    r = row.ratios["step_time_s"]
+    assert (
+        row.pairs == 3
+        and r.low < r.ratio < r.high
+        and row.head["step_time_s"] > 0 < row.reference["step_time_s"]
+    )
+    venv = tmp_path / "ref-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    assert python.exists()
+    shutil.rmtree(venv)
+    assert main(["nightly", *workload, "--reference", f"python={python}", "-o", str(tmp_path / "n2")]) == 3
+    n = load_night(tmp_path / "n2" / "night.json")
+    assert (
+        str(python) in (n.reference_error or "")
+        and n.rows[0].head["step_time_s"] > 0
+        and not n.rows[0].ratios
+    )
+
+
+def test_the_gpu_scripts_host_plant_applies_and_sits_on_the_optimizer_steps_path(tmp_path):
+    """scripts/plants/host-step-3pct.patch still applies to this checkout's trainer, and its busy loop runs
+    right before the optimizer step (on the critical path of a host-bound step)."""
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    target = tmp_path / "src" / "distbench" / "strategies"
+    target.mkdir(parents=True)
+    shutil.copy(root / "src" / "distbench" / "strategies" / "base.py", target)
+    patch = root / "scripts" / "plants" / "host-step-3pct.patch"
+    subprocess.run(["patch", "-sp1", "-i", str(patch)], cwd=tmp_path, check=True)
+    text = (target / "base.py").read_text()
+    assert "_planted_step_spin(self)\n        self.optimizer_step()" in text
+
+
+def test_a_references_id_follows_its_commit_interpreter_and_environment():
+    """Two nights share a reference id only when they were measured against the same code, interpreter and
+    environment; an empty spec (this checkout) is identified by its commit, so it changes with every commit."""
+    from distbench.gate.variants import parse_variant
+
+    def rid(spec: str) -> str:
+        return relative.reference_id(parse_variant("base", spec), spec)
+
+    assert rid("rev=HEAD") == rid("rev=HEAD") == rid("")
+    assert len({rid("rev=HEAD"), rid("rev=HEAD~1"), rid("rev=HEAD,env.X=1")}) == 3
