@@ -148,3 +148,57 @@ def test_a_planted_accumulation_bug_in_real_ranks_is_caught_by_the_recipes_alone
     )
     assert [(o.recipe, o.kind) for o in out] == [("default", nm.IDENTICAL), ("accumulation", nm.DIVERGED)]
     assert out[1].verdict.divergence.step == 0, out[1].detail
+
+
+def _ab_args(*flags: str):
+    from distbench.commands import COMMANDS
+    from distbench.commands.parser import build_parser
+
+    return build_parser(COMMANDS).parse_args(["ab", "--device", "cpu", *flags])
+
+
+def test_ab_takes_the_users_configuration_as_run_does(tmp_path):
+    """`distbench ab` reads run's recipe flags and --ds-config (one parser function, commands/run.py): they reach
+    the configurations its numerics and speed train, the DeepSpeed config only to the strategies that take it."""
+    from distbench.commands.ab import configurations
+
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"zero_optimization": {"reduce_bucket_size": 1000000}}')
+    flags = [
+        "-s",
+        "ddp,zero2",
+        "-n",
+        "2",
+        "--global-batch",
+        "8",
+        "--clip-grad-norm",
+        "0.5",
+        "--dropout",
+        "0.1",
+    ]
+    args = _ab_args(*flags, "--activation-checkpointing", "--lora-rank", "4", "--ds-config", str(ds))
+    ddp, zero2 = configurations(args, "cpu", 0)
+    for c in (ddp, zero2):
+        assert (c.global_batch, c.accum_steps, c.clip_grad_norm, c.dropout, c.lora_rank) == (
+            8,
+            2,
+            0.5,
+            0.1,
+            4,
+        )
+        assert c.activation_checkpointing
+    assert ddp.options == {} and zero2.options == {"ds_config": str(ds)}
+    plain = configurations(_ab_args("-s", "zero2", "-n", "2"), "cpu", 0)[0]
+    assert (plain.clip_grad_norm, plain.accum_steps, plain.options) == (0.0, 1, {})
+
+
+def test_ab_refuses_a_ds_config_before_any_variant_starts(tmp_path):
+    from distbench.commands.ab import configurations
+    from distbench.errors import DistbenchError
+
+    with pytest.raises(DistbenchError, match="zero\\* strategies only"):
+        configurations(_ab_args("-s", "ddp", "--ds-config", "{}"), "cpu", 0)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"train_batch_size": 3}')  # a key the harness owns, at another value
+    with pytest.raises(DistbenchError):
+        configurations(_ab_args("-s", "zero2", "-n", "2", "--ds-config", str(bad)), "cpu", 0)

@@ -227,14 +227,13 @@ def configurations(args: argparse.Namespace, device: str, n_cuda: int) -> list[R
             precision=precision,
             seq_len=d["seq_len"] if args.seq_len is None else args.seq_len,
             micro_batch=mb,
-            global_batch=mb * ws,
             steps=args.steps or d["steps"],
             windows=args.windows or d["windows"],
             warmup=d["warmup"] if args.warmup is None else args.warmup,
             optimizer=args.optimizer,
             device_time_steps=d["device_time_steps"],
             deterministic=False,
-            **recipe,
+            **{"global_batch": mb * ws, **recipe},
             options=spec.own_options(options),
         )
         spec.check_config(cfg)  # a malformed or conflicting --ds-config, before any variant starts
