@@ -202,3 +202,197 @@ def test_ab_refuses_a_ds_config_before_any_variant_starts(tmp_path):
     bad.write_text('{"train_batch_size": 3}')  # a key the harness owns, at another value
     with pytest.raises(DistbenchError):
         configurations(_ab_args("-s", "zero2", "-n", "2", "--ds-config", str(bad)), "cpu", 0)
+
+
+# --- the suite under head (gate/suite_ab.py) -----------------------------------------------------------------
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">{}</testsuite></testsuites>"""
+
+
+def _junit(path, cases: dict[str, str]):
+    body = {"passed": "", "failed": '<failure message="x"/>', "skipped": '<skipped message="y"/>'}
+    xml = "".join(
+        f'<testcase classname="tests.test_accumulation" name="{n}">{body[o]}</testcase>'
+        for n, o in cases.items()
+    )
+    path.write_text(JUNIT.format(xml))
+    return path
+
+
+def test_the_suite_names_per_strategy_the_tests_failing_under_head_alone(tmp_path):
+    from distbench.gate import suite_ab
+    from distbench.report import suite as render
+    from distbench.strategies import REGISTRY
+
+    base = suite_ab.read_junit(
+        _junit(
+            tmp_path / "b.xml",
+            {"test_a[ddp-ws2]": "passed", "test_a[zero2-ws2]": "failed", "test_c": "passed"},
+        )
+    )
+    head = suite_ab.read_junit(
+        _junit(
+            tmp_path / "h.xml",
+            {
+                "test_a[ddp-ws2]": "failed",
+                "test_a[zero2-ws2]": "failed",
+                "test_c": "skipped",
+                "test_new": "failed",
+            },
+        )
+    )
+    c = suite_ab.compare(base, head, REGISTRY)
+    assert c.regressions == {
+        "ddp": ["tests.test_accumulation::test_a[ddp-ws2]"],
+        suite_ab.NO_STRATEGY: ["tests.test_accumulation::test_new"],  # new under head, failing: counted
+    }
+    assert c.both == {"zero2": ["tests.test_accumulation::test_a[zero2-ws2]"]} and not c.fixed
+    assert c.exit_code == nm.EXIT_DIVERGED and c.counts["head"] == {"passed": 0, "failed": 3, "skipped": 1}
+    assert "2 test(s) fail under head and pass under base" in render.to_markdown(c, "b", "h")
+    same = suite_ab.compare(base, base, REGISTRY)
+    assert same.exit_code == 0 and not same.regressions and same.both
+    with pytest.raises(ValueError, match="not a JUnit XML"):
+        suite_ab.read_junit(tmp_path / "missing.xml")
+
+
+def test_the_suite_runs_each_side_with_its_own_interpreter_over_the_run(tmp_path):
+    from distbench.gate import suite_ab
+
+    cmd = suite_ab.pytest_command("/venv/bin/python", tmp_path / "j.xml", ["ddp", "zero2"], 2, "cpu")
+    assert cmd[:3] == ["/venv/bin/python", "-m", "pytest"] and all(m in cmd for m in suite_ab.MODULES)
+    assert cmd[cmd.index("--strategies") + 1] == "ddp,zero2" and cmd[cmd.index("--world-sizes") + 1] == "1,2"
+    assert "gpu" not in cmd and suite_ab.pytest_command("p", tmp_path, ["ddp"], None, "cuda")[-2:] == [
+        "-m",
+        "gpu",
+    ]
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    assert all((root / m).is_file() for m in suite_ab.MODULES)  # a renamed module would leave the suite empty
+
+
+# --- end to end through `distbench ab` -----------------------------------------------------------------------
+
+
+def _ab(
+    out, *flags: str, timeout: float = 900, device: str = "cpu", env: dict[str, str] | None = None
+) -> tuple[int, dict, float]:
+    """`distbench ab` in its own process (`env` added to its environment): exit status, ab.json, seconds."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "distbench.cli", "ab", "--device", device, "-o", str(out), *flags],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    took = time.perf_counter() - t0
+    report = json.loads((out / "ab.json").read_text()) if (out / "ab.json").is_file() else {}
+    return proc.returncode, {**report, "output": proc.stdout + proc.stderr}, took
+
+
+def _planted_head(plant: str) -> str:
+    from pathlib import Path
+
+    return f"path={Path(__file__).parent / 'plant_site'},env.{numerics_plants.ENV}={plant}"
+
+
+@pytest.mark.slow  # two variant servers, 2 + 4 numerics runs of ddp at 2 ranks: about 2 min on 2 loaded cores
+def test_ab_recipe_numerics_catch_a_planted_accumulation_bug_the_default_step_misses(tmp_path):
+    """The issue's user story with a planted defect: head drops the gradients DDP accumulates under no_sync
+    (tests/numerics_plants.py accum_drop). `--numerics default` reads identical and passes; the recipes
+    exit EXIT_DIVERGED, naming the accumulation recipe, the configuration and step 0."""
+    head = ["-s", "ddp", "-n", "2", "--numerics-steps", "3", "--head", _planted_head("accum_drop")]
+    code, report, _ = _ab(
+        tmp_path / "default", *head, "--numerics", "default", "--max-pairs", "3", "--budget", "1"
+    )
+    (n,) = report["numerics"]
+    assert (n["recipe"], n["verdict"]) == ("default", nm.IDENTICAL), report["output"]
+    assert code != nm.EXIT_DIVERGED, report["output"]
+    code, report, _ = _ab(
+        tmp_path / "recipes", *head, "--numerics", "only", "--recipes", "default,accumulation"
+    )
+    assert code == nm.EXIT_DIVERGED, report["output"]
+    default, accumulation = report["numerics"]
+    assert default["verdict"] == nm.IDENTICAL and accumulation["verdict"] == nm.DIVERGED
+    assert accumulation["divergence"]["step"] == 0
+    assert accumulation["detail"].startswith("accumulation on ddp ws2"), accumulation["detail"]
+
+
+@pytest.mark.slow  # pytest over ddp's accumulation tests at 1-2 ranks, once a side: about 2 min on 2 loaded cores
+def test_ab_suite_names_the_tests_a_planted_accumulation_bug_breaks(tmp_path):
+    """`--numerics suite`, narrowed to ddp's accumulation tests (PYTEST_ADDOPTS, which both sides' pytest read):
+    under base they pass, under head (accum_drop) they fail, and ab names them under ddp and exits
+    EXIT_DIVERGED."""
+    code, report, _ = _ab(
+        tmp_path,
+        *("-s", "ddp", "-n", "2", "--numerics", "suite", "--head", _planted_head("accum_drop")),
+        timeout=1200,
+        env={"PYTEST_ADDOPTS": "-k 'accumulat and ddp'"},
+    )
+    assert code == nm.EXIT_DIVERGED, report["output"]
+    assert report["counts"]["base"]["passed"] > 0 and report["counts"]["base"]["failed"] == 0, report[
+        "counts"
+    ]
+    assert report["regressions"].get("ddp") and not report["errors"], report
+    assert all("ddp" in t for t in report["regressions"]["ddp"]), report["regressions"]
+
+
+#: The recipe set's budgets (docs/gate.md): on CPU every default strategy at world sizes 1 and 2 with gpt2-tiny; on
+#: one GPU every default strategy at one rank with the numerics' GPU workload (commands/ab.py NUMERICS).
+CPU_BUDGET_S, GPU_BUDGET_S = 600.0, 300.0
+
+
+def _whole_recipe_set(tmp_path, device: str, world_sizes: tuple[int, ...], budget: float) -> None:
+    """An A/A `distbench ab --numerics only` over the default strategies at each world size: every strategy
+    compares every recipe or names why it skips it, all identical or within tolerance, in `budget` seconds in
+    all. Writes the table to $DISTBENCH_RECIPES_OUT/summary.md when set (scripts/gate_recipes.sh)."""
+    import os
+    from pathlib import Path
+
+    rows, total = [], 0.0
+    for ws in world_sizes:
+        out = tmp_path / f"ws{ws}"
+        code, report, took = _ab(out, "-n", str(ws), "--numerics", "only", timeout=budget, device=device)
+        total += took
+        assert code == 0, report["output"]
+        by_config: dict[str, set[str]] = {}
+        for n in report["numerics"]:
+            by_config.setdefault(n["config"], set()).add(n["recipe"])
+            assert n["verdict"] in (nm.IDENTICAL, nm.WITHIN, nm.SKIPPED), n
+            assert n["verdict"] != nm.SKIPPED or n["skipped"], n
+        assert by_config and all(recipes == REQUIRED for recipes in by_config.values()), by_config
+        kinds = [n["verdict"] for n in report["numerics"]]
+        compared = len(kinds) - kinds.count(nm.SKIPPED)
+        skips = sorted(
+            {f"{n['recipe']} ({n['config'].split()[0]})" for n in report["numerics"] if n["skipped"]}
+        )
+        rows.append(f"| {ws} | {len(by_config)} | {compared} | {', '.join(skips) or '-'} | {took:.0f} |")
+    table = [
+        "| World size | Strategies | Recipes compared | Skipped | Seconds |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
+    table.append(f"\n{device}: {total:.0f} s in all against a budget of {budget:.0f} s.")
+    if os.environ.get("DISTBENCH_RECIPES_OUT"):
+        Path(os.environ["DISTBENCH_RECIPES_OUT"], f"summary-{device}.md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+    assert total <= budget, "\n".join(table)
+
+
+@pytest.mark.nightly  # the whole recipe set at two world sizes: 5-10 min
+def test_the_whole_recipe_set_fits_its_cpu_budget(tmp_path):
+    _whole_recipe_set(tmp_path, "cpu", (1, 2), CPU_BUDGET_S)
+
+
+@pytest.mark.gpu
+@pytest.mark.exclusive
+@pytest.mark.nightly_gpu(1, "the whole recipe set of every default strategy: about 5 min of its own")
+def test_the_whole_recipe_set_fits_its_gpu_budget(tmp_path):
+    _whole_recipe_set(tmp_path, "cuda", (1,), GPU_BUDGET_S)

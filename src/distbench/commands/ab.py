@@ -305,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     bind_cpus(args)
     args.output.mkdir(parents=True, exist_ok=True)
+    if args.numerics == "suite":
+        return suite(args, configs, device, (base_v, head_v), console)
     try:
         report = alternate(args, configs, device, (base_v, head_v), console)
     except DistbenchError as e:
@@ -313,6 +315,51 @@ def run(args: argparse.Namespace) -> int:
     report.base_desc, report.head_desc = base_v.describe(), head_v.describe()
     _publish(report, args)
     return report.exit_code
+
+
+def suite(
+    args: argparse.Namespace,
+    configs: list[RunConfig],
+    device: str,
+    variants: tuple[Variant, Variant],
+    console: Console,
+) -> int:
+    """--numerics suite: the invariant tests under base, then head (gate/suite_ab.py), over the run's strategies
+    up to its world size; the tests failing under head alone, per strategy, in ab.md and ab.json."""
+    import json
+    import tempfile
+
+    from ..gate import suite_ab
+    from ..gate.variants import VariantProcess
+    from ..report import suite as render
+
+    strategies = [c.strategy for c in configs]
+    found: dict[str, dict[str, str]] = {}
+    errors: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="distbench-ab-") as tmp:
+        for v in variants:
+            proc = VariantProcess(v, Path(tmp), device, args.output)
+            console.print(f"distbench ab: the invariant tests under {v.label} ({v.describe()}) ...")
+            try:
+                got = suite_ab.run_side(proc, args.output, strategies, args.world_size, args.budget)
+            finally:
+                proc.remove_checkout()
+            if isinstance(got, str):
+                errors[v.label] = got
+            else:
+                found[v.label] = got
+    c = (
+        suite_ab.compare(found["base"], found["head"], strategies)
+        if not errors
+        else suite_ab.SuiteComparison()
+    )
+    c.errors = errors
+    base, head = (v.describe() for v in variants)
+    md = render.to_markdown(c, base, head)
+    (args.output / "ab.md").write_text(md)
+    (args.output / "ab.json").write_text(json.dumps(render.to_json(c, base, head), indent=1) + "\n")
+    console.print(md, markup=False)
+    return c.exit_code
 
 
 def sizes(configs: list[RunConfig], device: str) -> tuple[str, ...]:
