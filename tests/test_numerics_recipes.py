@@ -118,17 +118,14 @@ def test_an_old_variant_server_cannot_resume_and_says_so():
     assert reply["status"] == "error" and "predates numerics resumed runs" in reply["error"]
 
 
-@pytest.mark.up_to_world_size(2)
-def test_the_resume_recipe_in_real_ranks_continues_the_uninterrupted_curve(suite, tmp_path):
-    """ddp at 2 ranks, saved after step 2 and resumed in fresh trainers: the resumed steps are bitwise the
-    uninterrupted run's (what run_curve joins into one curve), and the resumed part is really trained anew
-    (its step count)."""
+def test_the_resume_recipe_in_real_ranks_continues_the_uninterrupted_curve(suite):
+    """run_curve at 2 ddp ranks, saved after step 2 and resumed in fresh trainers: one curve of all the steps,
+    bitwise the uninterrupted run's (what a variant whose resume works reports)."""
     cfg = nm.numerics_config(suite.config("ddp", 2), 4)
-    whole = nm.curve_of(suite.run_job(2, nm.curve_job, cfg=cfg), "whole")
-    saved = suite.run_job(2, nm.curve_job, cfg=cfg.replace(steps=2), save_at=2, checkpoint_dir=str(tmp_path))
-    rest = nm.curve_of(suite.run_job(2, nm.curve_job, cfg=cfg, resume_from=str(tmp_path)), "resumed")
-    assert len(rest.loss) == 2
-    assert nm.curve_of(saved, "saved").loss + rest.loss == whole.loss
+    pool = suite.pool_manager.pool_for(2)
+    whole, resumed = (nm.run_curve(pool, cfg, 600, resume_at) for resume_at in (None, 2))
+    assert resumed["status"] == "ok" and len(resumed["curve"]["loss"]) == 4, resumed
+    assert resumed["curve"] == whole["curve"]
 
 
 def test_a_planted_accumulation_bug_in_real_ranks_is_caught_by_the_recipes_alone(suite):
