@@ -59,6 +59,16 @@ def test_every_recipe_runs_and_trains_what_it_names():
     assert all(cfg.deterministic and cfg.steps == 4 for _, cfg, _ in ask.asked)
 
 
+def test_both_sides_at_once_come_to_the_same_verdicts():
+    broken = FakeVariants(broken=lambda cfg, resume_at: cfg.precision == "fp16")
+    one, both = (
+        nm.compare_variants([("ddp ws2", _config())], broken, steps=4, repeats=1, at_once=at_once)
+        for at_once in (False, True)
+    )
+    assert [(o.recipe, o.kind, o.detail) for o in one] == [(o.recipe, o.kind, o.detail) for o in both]
+    assert [o.recipe for o in both if o.kind == nm.DIVERGED] == ["fp16"]
+
+
 def test_a_recipe_the_strategy_cannot_run_here_is_skipped_with_its_reason():
     out = nm.compare_variants(
         [("zero2 ws2", _config("zero2"))], FakeVariants(), device="cpu", steps=4, repeats=0

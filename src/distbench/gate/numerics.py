@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -426,11 +427,14 @@ def compare_variants(
     device: str = "cpu",
     steps: int = DEFAULT_STEPS,
     repeats: int = DEFAULT_REPEATS,
+    at_once: bool = False,
     on_outcome: Callable[[NumericsOutcome], None] | None = None,
 ) -> list[NumericsOutcome]:
     """Per (label, configuration) and recipe: base and head in deterministic mode, `repeats` runs of base with
     non-deterministic kernels for the spread, and the verdict. A recipe the strategy cannot run on `device` is
-    SKIPPED with its reason; a run that fails leaves the recipe NOT_COMPARED with its error."""
+    SKIPPED with its reason; a run that fails leaves the recipe NOT_COMPARED with its error. `at_once`: base's
+    and head's deterministic runs at the same time (the values do not depend on it; the wall time halves where
+    the machine has the cores for both)."""
     out = []
     for label, cfg in configs:
         defaults: list[NumericsOutcome] = []
@@ -441,7 +445,7 @@ def compare_variants(
                 rcfg = numerics_config(recipe_config(recipe, cfg, clip), steps)
                 o.skipped = skip_reason(recipe, rcfg, device)
                 if o.skipped is None:
-                    _compare_recipe(o, ask, rcfg, resume_step(recipe, rcfg), repeats)
+                    _compare_recipe(o, ask, rcfg, resume_step(recipe, rcfg), repeats, at_once)
                     if recipe == "clipping":
                         o.note = _clip_note(rcfg.clip_grad_norm, o.base)
             except ValueError as e:
@@ -455,10 +459,19 @@ def compare_variants(
 
 
 def _compare_recipe(
-    o: NumericsOutcome, ask: Ask, cfg: RunConfig, resume_at: int | None, repeats: int
+    o: NumericsOutcome, ask: Ask, cfg: RunConfig, resume_at: int | None, repeats: int, at_once: bool
 ) -> None:
-    o.base = _curve(ask, "base", cfg, resume_at, o.versions)
-    o.head = _curve(ask, "head", cfg, resume_at, o.versions)
+    """Base's and head's deterministic runs (`at_once`: both at the same time, each side its own server),
+    base's noisy runs, the verdict."""
+    if at_once:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(2) as both:
+            sides = [both.submit(_curve, ask, side, cfg, resume_at, o.versions) for side in ("base", "head")]
+            o.base, o.head = (f.result() for f in sides)
+    else:
+        o.base = _curve(ask, "base", cfg, resume_at, o.versions)
+        o.head = _curve(ask, "head", cfg, resume_at, o.versions)
     noisy = [_curve(ask, "base", cfg.replace(deterministic=False), resume_at) for _ in range(repeats)]
     o.tolerance = tolerance(o.base, noisy)
     o.verdict = compare(o.base, o.head, o.tolerance)
@@ -617,6 +630,7 @@ def compare_servers(
         device=device,
         steps=args.numerics_steps,
         repeats=REPEATS_BY_DEVICE[device] if args.numerics_repeats is None else args.numerics_repeats,
+        at_once=device == "cpu" and all(2 * c.world_size <= (os.cpu_count() or 1) for c in configs),
         on_outcome=show,
     )
     for server in servers.values():
