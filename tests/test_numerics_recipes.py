@@ -79,6 +79,7 @@ def test_a_recipe_the_strategy_cannot_run_here_is_skipped_with_its_reason():
     from distbench.report import numerics as render
 
     assert "1 skipped" in render.summary(out) and any("SKIPPED" in r for r in render.verdict_rows(out)[4])
+    assert "fp16: fp16 compute with dynamic loss scaling" in "\n".join(render.to_markdown(out))
 
 
 def test_a_change_to_one_recipe_is_caught_there_and_named_with_its_step():

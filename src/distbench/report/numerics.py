@@ -10,6 +10,7 @@ from ..gate.numerics import (
     IDENTICAL,
     METRICS,
     NOT_COMPARED,
+    RECIPES,
     SKIPPED,
     NumericsOutcome,
     tolerance_statement,
@@ -75,6 +76,8 @@ def to_markdown(outcomes: list[NumericsOutcome]) -> list[str]:
         return []
     lines = ["### Numerics: head's loss and gradient norm against base's, deterministic mode", ""]
     lines += md_table(VERDICT_HEAD, verdict_rows(outcomes)) + [""]
+    ran = dict.fromkeys(o.recipe for o in outcomes)
+    lines += ["Recipes: " + "; ".join(f"{r}: {RECIPES[r]}" for r in ran if r in RECIPES) + ".", ""]
     for o in outcomes:
         if o.tolerance is not None:
             lines += [f"{o.label}, {o.recipe}: {tolerance_statement(o.tolerance)}. {versions(o)}", ""]
