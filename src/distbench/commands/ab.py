@@ -341,7 +341,7 @@ def suite(
             proc = VariantProcess(v, Path(tmp), device, args.output)
             console.print(f"distbench ab: the invariant tests under {v.label} ({v.describe()}) ...")
             try:
-                got = suite_ab.run_side(proc, args.output, strategies, args.world_size, args.budget)
+                got = suite_ab.run_side(proc, args.output, strategies, args.world_size, args.suite_timeout)
             finally:
                 proc.remove_checkout()
             if isinstance(got, str):

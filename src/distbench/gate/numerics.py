@@ -591,6 +591,12 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         + "); a recipe a strategy cannot run on the device is skipped with its reason",
     )
     p.add_argument(
+        "--suite-timeout",
+        type=float,
+        default=3600.0,
+        help="seconds each side's test run may take under --numerics suite (default 3600); past it, undecided",
+    )
+    p.add_argument(
         "--numerics-steps",
         type=int,
         default=DEFAULT_STEPS,
