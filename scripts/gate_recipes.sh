@@ -21,7 +21,7 @@ if [ "$tier" = gpu ]; then
 else
   args=(-m nightly -k cpu_budget)
 fi
-timeout -k 30 900 python3 -m pytest tests/test_numerics_recipes.py "${args[@]}" -p no:cacheprovider -q -rA -s \
+timeout -k 30 3700 python3 -m pytest tests/test_numerics_recipes.py "${args[@]}" -p no:cacheprovider -q -rA -s \
   --junitxml "$out/junit.xml" > "$out/pytest.log" 2>&1
 code=$?
 tail -n 15 "$out/pytest.log"

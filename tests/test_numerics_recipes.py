@@ -285,14 +285,20 @@ def test_the_suite_runs_each_side_with_its_own_interpreter_over_the_run(tmp_path
 def _ab(
     out, *flags: str, timeout: float = 900, device: str = "cpu", env: dict[str, str] | None = None
 ) -> tuple[int, dict, float]:
-    """`distbench ab` in its own process (`env` added to its environment): exit status, ab.json, seconds."""
+    """`distbench ab` in its own process (`env` added to its environment): exit status, ab.json (with "cpu_s",
+    the CPU seconds it and every process it waited for used), wall seconds."""
     import json
     import os
+    import resource
     import subprocess
     import sys
     import time
 
-    t0 = time.perf_counter()
+    def cpu() -> float:
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return used.ru_utime + used.ru_stime
+
+    t0, c0 = time.perf_counter(), cpu()
     proc = subprocess.run(
         [sys.executable, "-m", "distbench.cli", "ab", "--device", device, "-o", str(out), *flags],
         capture_output=True,
@@ -300,9 +306,9 @@ def _ab(
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
-    took = time.perf_counter() - t0
+    took, cpu_s = time.perf_counter() - t0, cpu() - c0
     report = json.loads((out / "ab.json").read_text()) if (out / "ab.json").is_file() else {}
-    return proc.returncode, {**report, "output": proc.stdout + proc.stderr}, took
+    return proc.returncode, {**report, "output": proc.stdout + proc.stderr, "cpu_s": cpu_s}, took
 
 
 def _planted_head(plant: str) -> str:
@@ -360,14 +366,15 @@ CPU_BUDGET_S, GPU_BUDGET_S = 600.0, 300.0
 def _whole_recipe_set(tmp_path, device: str, world_sizes: tuple[int, ...], budget: float) -> None:
     """An A/A `distbench ab --numerics only` over the default strategies at each world size: every strategy
     compares every recipe or names why it skips it, all identical or within tolerance, in `budget` seconds in
-    all. Writes the table to $DISTBENCH_RECIPES_OUT/summary.md when set (scripts/gate_recipes.sh)."""
+    all. Writes the table to $DISTBENCH_RECIPES_OUT/summary-<device>.md when set (scripts/gate_recipes.sh), with
+    the CPU seconds beside the wall seconds: on a shared machine the wall time says how loaded it was."""
     import os
     from pathlib import Path
 
     rows, total = [], 0.0
     for ws in world_sizes:
         out = tmp_path / f"ws{ws}"
-        code, report, took = _ab(out, "-n", str(ws), "--numerics", "only", timeout=budget, device=device)
+        code, report, took = _ab(out, "-n", str(ws), "--numerics", "only", timeout=3 * budget, device=device)
         total += took
         assert code == 0, report["output"]
         by_config: dict[str, set[str]] = {}
@@ -381,13 +388,16 @@ def _whole_recipe_set(tmp_path, device: str, world_sizes: tuple[int, ...], budge
         skips = sorted(
             {f"{n['recipe']} ({n['config'].split()[0]})" for n in report["numerics"] if n["skipped"]}
         )
-        rows.append(f"| {ws} | {len(by_config)} | {compared} | {', '.join(skips) or '-'} | {took:.0f} |")
-    table = [
-        "| World size | Strategies | Recipes compared | Skipped | Seconds |",
-        "|---|---|---|---|---|",
-        *rows,
-    ]
-    table.append(f"\n{device}: {total:.0f} s in all against a budget of {budget:.0f} s.")
+        cpu_s = report["cpu_s"]
+        rows.append(
+            f"| {ws} | {len(by_config)} | {compared} | {', '.join(skips) or '-'} | {took:.0f} | {cpu_s:.0f} |"
+        )
+    head = "| World size | Strategies | Recipes compared | Skipped | Wall s | CPU s |"
+    table = [head, "|---|---|---|---|---|---|", *rows]
+    load = os.getloadavg()[0]
+    table.append(
+        f"\n{device}: {total:.0f} s in all against a budget of {budget:.0f} s (load average {load:.1f})."
+    )
     if os.environ.get("DISTBENCH_RECIPES_OUT"):
         Path(os.environ["DISTBENCH_RECIPES_OUT"], f"summary-{device}.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))
