@@ -304,20 +304,26 @@ def _ab(
         return used.ru_utime + used.ru_stime
 
     t0, c0 = time.perf_counter(), cpu()
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "distbench.cli", "ab", "--device", device, "-o", str(out), *flags],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=timeout,
         env={
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, (SRC, os.environ.get("PYTHONPATH")))),
             **(env or {}),
         },
     )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: ab closes its variant servers, which run in sessions of their own
+        proc.communicate(timeout=120)
+        raise
     took, cpu_s = time.perf_counter() - t0, cpu() - c0
     report = json.loads((out / "ab.json").read_text()) if (out / "ab.json").is_file() else {}
-    return proc.returncode, {**report, "output": proc.stdout + proc.stderr, "cpu_s": cpu_s}, took
+    return proc.returncode, {**report, "output": output, "cpu_s": cpu_s}, took
 
 
 def _planted_head(plant: str) -> str:
