@@ -332,7 +332,8 @@ def _planted_head(plant: str) -> str:
     return f"path={Path(__file__).parent / 'plant_site'},env.{numerics_plants.ENV}={plant}"
 
 
-@pytest.mark.slow  # two variant servers, 2 + 4 numerics runs of ddp at 2 ranks: about 2 min on 2 loaded cores
+@pytest.mark.slow  # two variant servers, 2 + 4 numerics runs of ddp at 2 ranks and 3 speed pairs: 554 s on 2 cores
+# at a load average of about 27 (2026-12-02)
 def test_ab_recipe_numerics_catch_a_planted_accumulation_bug_the_default_step_misses(tmp_path):
     """The issue's user story with a planted defect: head drops the gradients DDP accumulates under no_sync
     (tests/numerics_plants.py accum_drop). `--numerics default` reads identical and passes; the recipes
@@ -360,7 +361,8 @@ def test_ab_recipe_numerics_catch_a_planted_accumulation_bug_the_default_step_mi
     assert accumulation["detail"].startswith("accumulation on ddp ws2"), accumulation["detail"]
 
 
-@pytest.mark.slow  # pytest over ddp's accumulation tests at 1-2 ranks, once a side: about 2 min on 2 loaded cores
+@pytest.mark.slow  # pytest over ddp's accumulation tests at 1-2 ranks, once a side: 987 s on 2 cores at a load
+@pytest.mark.nightly  # average of 15-34 (2026-12-02), too long for the per-submission slow tier
 def test_ab_suite_names_the_tests_a_planted_accumulation_bug_breaks(tmp_path):
     """`--numerics suite`, narrowed to ddp's accumulation tests (PYTEST_ADDOPTS, which both sides' pytest read):
     under base they pass, under head (accum_drop) they fail, and ab names them under ddp and exits
