@@ -25,7 +25,7 @@ planted() {  # sets $tree: a copy of this checkout's src with one plant applied
 ab() {  # name, default configuration, distbench ab args...
   local name=$1 config=$2; shift 2
   # shellcheck disable=SC2086  # CONFIG and AB are flag lists
-  python3 -m distbench.cli ab --bind-cpus -o "$out/$name" ${CONFIG:-$config} ${AB:-} "$@" > "$out/$name.log" 2>&1
+  python3 -m distbench.cli ab --bind-cpus --numerics default -o "$out/$name" ${CONFIG:-$config} ${AB:-} "$@" > "$out/$name.log" 2>&1
   echo "== $name: exit $?"
   grep -E "^(distbench ab|base:|head:)|pair [0-9]|│|FAIL|PASS|UNDECIDED" "$out/$name.log" | cut -c1-200
 }

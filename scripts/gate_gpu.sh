@@ -42,7 +42,7 @@ ab() {  # NAME GPUS CPUS BUDGET distbench-ab-args...: one comparison, its exit s
   local name=$1 devices=$2 cpuset=$3 budget=$4; shift 4
   # shellcheck disable=SC2086  # AB is a flag list
   CUDA_VISIBLE_DEVICES=$devices timeout -s INT -k 30 $((budget + 90)) taskset -c "$cpuset" \
-    python3 -m distbench.cli ab --bind-cpus -o "$out/$name" --budget "$budget" ${AB:-} "$@" > "$out/$name.log" 2>&1
+    python3 -m distbench.cli ab --bind-cpus --numerics default -o "$out/$name" --budget "$budget" ${AB:-} "$@" > "$out/$name.log" 2>&1
   echo $? > "$out/$name.exit"
   echo "== $name: exit $(cat "$out/$name.exit") ($(date +%T))"
 }

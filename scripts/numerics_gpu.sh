@@ -32,7 +32,7 @@ tail -n 25 "$out/pytest.log"
 mkdir -p "$out/goldens" && cp -r "$root"/tests/goldens/*/ "$out/goldens/" 2>/dev/null
 ab() {  # NAME distbench-ab-args...: one numerics-only comparison at one rank, its exit in OUT/NAME.exit
   local name=$1; shift
-  timeout -k 30 150 python3 -m distbench.cli ab --numerics only -n 1 -o "$out/$name" "$@" > "$out/$name.log" 2>&1
+  timeout -k 30 150 python3 -m distbench.cli ab --numerics only --recipes default -n 1 -o "$out/$name" "$@" > "$out/$name.log" 2>&1
   echo $? > "$out/$name.exit"
   echo "== $name: exit $(cat "$out/$name.exit") ($(date +%T))"
 }

@@ -9,8 +9,11 @@ within-installation parity cannot:
                    deterministic runs take the math kernel (a torch upgrade changing SDPA's choice)
   ddp_prediv       DDP's gradients pre-divided by twice the world size before their all-reduce (a pre-divide
                    factor changed in one strategy's wrapper alone)
+  accum_drop       DDP drops the gradients a rank accumulated under no_sync, so a step that accumulates
+                   several micro-batches applies only its last one's (an upgrade that breaks accumulation
+                   alone: a step of one micro-batch is bitwise unchanged)
 
-The first three change what the reference computes too, so parity stays green; the last changes one
+The first three change what the reference computes too, so parity stays green; the last two change one
 strategy only. `planted(name)` applies one in this process; `train` and `reference` run the jobs under it in
 the rank pool. A variant process (`distbench ab --head path=tests/plant_site,env.DISTBENCH_NUMERICS_PLANT=...`)
 gets it at interpreter start from plant_site/sitecustomize.py.
@@ -28,7 +31,14 @@ import torch
 import torch.nn.functional as F
 
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
-PLANTS = ("adamw_eps", "attention_eager", "bf16_loss", "ddp_prediv", *(f"sdpa_{b}" for b in SDPA_BACKENDS))
+PLANTS = (
+    "adamw_eps",
+    "attention_eager",
+    "bf16_loss",
+    "ddp_prediv",
+    "accum_drop",
+    *(f"sdpa_{b}" for b in SDPA_BACKENDS),
+)
 ENV = "DISTBENCH_NUMERICS_PLANT"
 
 
@@ -90,6 +100,17 @@ def _ddp_prediv_twice(wrap: Any) -> Any:
     return planted
 
 
+def _ddp_dropping_unsynced_gradients(forward_backward: Any) -> Any:
+    @functools.wraps(forward_backward)
+    def planted(self: Any, batch: Any, sync: bool) -> torch.Tensor:
+        loss = forward_backward(self, batch, sync)
+        if not sync:  # a micro-batch accumulated locally: its gradients lost before the next one
+            self.model.zero_grad(set_to_none=True)
+        return loss
+
+    return planted
+
+
 def _targets(name: str) -> tuple[Any, str, Any]:
     """(object, attribute, wrapper of the original) of a plant."""
     from distbench.strategies.ddp import DDPTrainer
@@ -102,6 +123,7 @@ def _targets(name: str) -> tuple[Any, str, Any]:
         "attention_eager": (ModelSpec, "hf_config", _eager_attention),
         "bf16_loss": (F, "cross_entropy", _cross_entropy_in_bf16),
         "ddp_prediv": (DDPTrainer, "wrap", _ddp_prediv_twice),
+        "accum_drop": (DDPTrainer, "forward_backward", _ddp_dropping_unsynced_gradients),
     }[name]
 
 
@@ -129,6 +151,14 @@ def train(ctx: Any, plant: str | None, **kwargs: Any) -> dict[str, Any]:
 
     with planted(plant) if plant else contextlib.nullcontext(), one_thread_on_cpu(ctx.device_type):
         return job(ctx, **kwargs)
+
+
+def curve(ctx: Any, plant: str | None, **kwargs: Any) -> dict[str, list[float]]:
+    """The numerics comparison's curve job (gate/numerics.py: curve_job) with `plant` in place (None: none)."""
+    from distbench.gate.numerics import curve_job
+
+    with planted(plant) if plant else contextlib.nullcontext():
+        return curve_job(ctx, **kwargs)
 
 
 def reference(ctx: Any, plant: str, **kwargs: Any) -> dict[str, Any]:

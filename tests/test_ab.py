@@ -39,7 +39,11 @@ def test_ab_smoke_on_gloo(tmp_path, head):
     spec = "env.DISTBENCH_AB_SMOKE=1" if head == "env" else f"tree={_protocol_1_tree(tmp_path)}"
     proc = subprocess.run(
         [sys.executable, "-m", "distbench.cli", "ab", "--device", "cpu", "-s", "ddp", "-n", "2"]
-        + ["--steps", "3", "--head", spec, "--min-pairs", "3", "--max-pairs", "3", "-o", str(out)],
+        + ["--steps", "3", "--head", spec, "--min-pairs", "3", "--max-pairs", "3", "-o", str(out)]
+        + [
+            "--numerics",
+            "default",
+        ],  # the speed's smoke test: the recipes have their own (test_numerics_recipes)
         capture_output=True,
         text=True,
         timeout=300,

@@ -349,7 +349,7 @@ def test_ab_numerics_catches_a_planted_adamw_epsilon(tmp_path):
     plant_site = Path(__file__).parent / "plant_site"
     proc = subprocess.run(
         [sys.executable, "-m", "distbench.cli", "ab", "--device", "cpu", "-s", "ddp", "-n", "2"]
-        + ["--numerics", "only", "--numerics-steps", "4", "-o", str(tmp_path)]
+        + ["--numerics", "only", "--recipes", "default", "--numerics-steps", "4", "-o", str(tmp_path)]
         + ["--head", f"path={plant_site},env.{numerics_plants.ENV}=adamw_eps"],
         capture_output=True,
         text=True,
@@ -387,7 +387,16 @@ def test_ab_numerics_across_two_transformers_releases(tmp_path):
         )
     proc = subprocess.run(
         [sys.executable, "-m", "distbench.cli", "ab", "--device", "cpu", "-s", "ddp,fsdp_full", "-n", "2"]
-        + ["--numerics", "only", "-o", str(tmp_path / "ab"), "--head", f"path={target}"],
+        + [
+            "--numerics",
+            "only",
+            "--recipes",
+            "default",
+            "-o",
+            str(tmp_path / "ab"),
+            "--head",
+            f"path={target}",
+        ],
         capture_output=True,
         text=True,
         timeout=900,

@@ -47,6 +47,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+#: The numerics' workload on GPUs (numerics_configurations).
+NUMERICS: dict[str, Any] = {"model": "gpt2-124m", "micro_batch": 2, "seq_len": 256}
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """`distbench ab`'s flags: the variants, the comparison's (add_comparison_flags), the numerics', where it
     writes."""
@@ -92,6 +96,7 @@ def add_comparison_flags(
     is its own). Long: one add_argument per flag, read best in one place."""
     from ..gate.ab import LOOK_EVERY, MAX_PAIRS, MIN_PAIRS
     from ..metrics import names
+    from .run import add_recipe_flags
 
     max_pairs = max_pairs or MAX_PAIRS
     from ..strategies import default_strategies
@@ -167,6 +172,7 @@ def add_comparison_flags(
         help="bind each rank to its own slice of the CPUs; with --interleave windows, both variants' training "
         "threads of a rank on that slice's first CPU",
     )
+    add_recipe_flags(p)
 
 
 def check_flags(args: argparse.Namespace) -> str | None:
@@ -178,30 +184,40 @@ def check_flags(args: argparse.Namespace) -> str | None:
         return f"need 3 <= --min-pairs <= --max-pairs, got {args.min_pairs} and {args.max_pairs}"
     if args.budget <= 0 or args.timeout <= 0:
         return "--budget and --timeout must be positive"
-    if getattr(args, "numerics_steps", 1) < 1 or getattr(args, "numerics_repeats", 0) < 0:
+    if getattr(args, "numerics_steps", 1) < 1 or (getattr(args, "numerics_repeats", None) or 0) < 0:
         steps, repeats = args.numerics_steps, args.numerics_repeats
         return f"need --numerics-steps >= 1 and --numerics-repeats >= 0, got {steps} and {repeats}"
     return None
 
 
 def configurations(args: argparse.Namespace, device: str, n_cuda: int) -> list[RunConfig]:
-    """One configuration per strategy at the tier's workload, flags on top, sized to the card where no
-    micro-batch is given (gate/fit.py); DistbenchError for one that cannot run here."""
+    """One configuration per strategy at the tier's workload, flags on top (the recipe flags `distbench run`
+    takes too), sized to the card where neither micro-batch nor global batch is given (gate/fit.py);
+    DistbenchError for one that cannot run here."""
     from ..config import RunConfig
     from ..errors import DistbenchError
     from ..gate import fit
     from ..strategies import default_strategies, get_spec
+    from .run import recipe_fields
 
     d = DEFAULTS[device]
     given = args.strategy or [",".join(default_strategies("ab"))]
     strategies = [s.strip() for v in given for s in v.split(",") if s]
     ws = args.world_size or (n_cuda if device == "cuda" else 2)
     mb = args.micro_batch or d["micro_batch"]
-    configs = []
-    card = fit.card_bytes() if device == "cuda" and args.micro_batch is None else None
+    recipe = recipe_fields(args)
+    options = recipe.pop("options", {})
+    sized = device == "cuda" and args.micro_batch is None and "global_batch" not in recipe
+    card = fit.card_bytes() if sized else None
     precision = args.precision or d["precision"]
+    if options and not any(get_spec(s).own_options(options) for s in strategies):
+        raise DistbenchError(
+            f"--ds-config applies to the zero* strategies only, and none of {strategies} is one"
+        )
+    configs = []
     for s in strategies:
-        reason = get_spec(s).unsupported_reason(device, ws, n_cuda if device == "cuda" else None, precision)
+        spec = get_spec(s)
+        reason = spec.unsupported_reason(device, ws, n_cuda if device == "cuda" else None, precision)
         if reason:
             raise DistbenchError(reason)
         cfg = RunConfig(
@@ -211,16 +227,41 @@ def configurations(args: argparse.Namespace, device: str, n_cuda: int) -> list[R
             precision=precision,
             seq_len=d["seq_len"] if args.seq_len is None else args.seq_len,
             micro_batch=mb,
-            global_batch=mb * ws,
             steps=args.steps or d["steps"],
             windows=args.windows or d["windows"],
             warmup=d["warmup"] if args.warmup is None else args.warmup,
             optimizer=args.optimizer,
             device_time_steps=d["device_time_steps"],
             deterministic=False,
+            **{"global_batch": mb * ws, **recipe},
+            options=spec.own_options(options),
         )
+        spec.check_config(cfg)  # a malformed or conflicting --ds-config, before any variant starts
         configs.append(fit.choose(cfg, fit.n_params(cfg.model), card) if card else cfg)
     return configs
+
+
+def numerics_configurations(
+    args: argparse.Namespace, configs: list[RunConfig], device: str
+) -> list[RunConfig]:
+    """What the numerics train of each configuration: on GPUs, the NUMERICS workload where --model,
+    --micro-batch, --global-batch and --seq-len leave it to the tier (the code paths a recipe runs are the same
+    at any size, and the whole recipe set fits its budget: docs/gate.md); on CPU, the configurations as they are.
+    Activation checkpointing only where asked (the card's sizing may have turned it on for speed)."""
+    if device != "cuda":
+        return configs
+    out = []
+    for c in configs:
+        mb = args.micro_batch or NUMERICS["micro_batch"]
+        c = c.replace(
+            model=args.model or NUMERICS["model"],
+            seq_len=NUMERICS["seq_len"] if args.seq_len is None else args.seq_len,
+            micro_batch=mb,
+            global_batch=args.global_batch or mb * c.world_size,
+            activation_checkpointing=args.activation_checkpointing,
+        )
+        out.append(c)
+    return out
 
 
 def _publish(report: ABReport, args: argparse.Namespace) -> None:
@@ -264,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     bind_cpus(args)
     args.output.mkdir(parents=True, exist_ok=True)
+    if args.numerics == "suite":
+        return suite(args, configs, device, (base_v, head_v), console)
     try:
         report = alternate(args, configs, device, (base_v, head_v), console)
     except DistbenchError as e:
@@ -272,6 +315,51 @@ def run(args: argparse.Namespace) -> int:
     report.base_desc, report.head_desc = base_v.describe(), head_v.describe()
     _publish(report, args)
     return report.exit_code
+
+
+def suite(
+    args: argparse.Namespace,
+    configs: list[RunConfig],
+    device: str,
+    variants: tuple[Variant, Variant],
+    console: Console,
+) -> int:
+    """--numerics suite: the invariant tests under base, then head (gate/suite_ab.py), over the run's strategies
+    up to its world size; the tests failing under head alone, per strategy, in ab.md and ab.json."""
+    import json
+    import tempfile
+
+    from ..gate import suite_ab
+    from ..gate.variants import VariantProcess
+    from ..report import suite as render
+
+    strategies = [c.strategy for c in configs]
+    found: dict[str, dict[str, str]] = {}
+    errors: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="distbench-ab-") as tmp:
+        for v in variants:
+            proc = VariantProcess(v, Path(tmp), device, args.output)
+            console.print(f"distbench ab: the invariant tests under {v.label} ({v.describe()}) ...")
+            try:
+                got = suite_ab.run_side(proc, args.output, strategies, args.world_size, args.suite_timeout)
+            finally:
+                proc.remove_checkout()
+            if isinstance(got, str):
+                errors[v.label] = got
+            else:
+                found[v.label] = got
+    c = (
+        suite_ab.compare(found["base"], found["head"], strategies)
+        if not errors
+        else suite_ab.SuiteComparison()
+    )
+    c.errors = errors
+    base, head = (v.describe() for v in variants)
+    md = render.to_markdown(c, base, head)
+    (args.output / "ab.md").write_text(md)
+    (args.output / "ab.json").write_text(json.dumps(render.to_json(c, base, head), indent=1) + "\n")
+    console.print(md, markup=False)
+    return c.exit_code
 
 
 def sizes(configs: list[RunConfig], device: str) -> tuple[str, ...]:
@@ -306,7 +394,7 @@ def alternate(
     import tempfile
 
     from ..gate.ab import ABReport, label_of, run_ab
-    from ..gate.numerics import compare_servers
+    from ..gate.numerics import NO_SPEED, compare_servers
     from ..gate.variants import VariantProcess
     from ..results import save_result
 
@@ -379,8 +467,10 @@ def alternate(
                 f"distbench ab: {len(configs)} configuration(s) on {device}; base {base_v.describe()} "
                 f"vs head {head_v.describe()}; {interleave} interleaved; budget {args.budget:.0f} s"
             )
-            numerics = compare_servers(args, configs, servers, console, label_of)
-            if getattr(args, "numerics", "off") == "only":
+            numerics = compare_servers(
+                args, numerics_configurations(args, configs, device), servers, console, label_of, device
+            )
+            if getattr(args, "numerics", "off") in NO_SPEED:
                 return ABReport([], args.alpha, args.alpha, args.threshold, args.min_effect, 0.0, False, "", "",
                                 numerics=numerics, speed=False)  # fmt: skip
             sizing = sizes(configs, device)

@@ -69,6 +69,61 @@ def _typed(annotation: Any) -> Callable[[str], Any]:
     return _arg(lambda text: parse_value(annotation, text, "value"))
 
 
+def add_recipe_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of how a configuration trains (batch, clipping, recomputation, dropout, LoRA, the user's
+    DeepSpeed config), which `distbench run` and `distbench ab` share (recipe_fields reads them)."""
+    p.add_argument(
+        "--global-batch", type=_typed(PositiveInt), help="samples per optimizer step, over all ranks"
+    )
+    p.add_argument(
+        "--clip-grad-norm",
+        type=_typed(NonNegativeFloat),
+        help="clip gradients to this global norm "
+        "before each step, as each strategy's users do (default 0: off)",
+    )
+    p.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="recompute each transformer block's "
+        "activations in backward (transformers' activation_checkpointing_enable)",
+    )
+    p.add_argument(
+        "--dropout",
+        type=_typed(DropoutRate),
+        help="the model's dropout rate, each sample's masks from its own random stream (default 0: off)",
+    )
+    p.add_argument(
+        "--lora-rank",
+        type=_typed(NonNegativeInt),
+        help="fine-tune LoRA adapters of this rank "
+        "through peft, the base weights frozen (default 0: train every weight)",
+    )
+    p.add_argument(
+        "--lora-alpha", type=_typed(PositiveInt), help="scale the adapters by alpha / rank (default 16)"
+    )
+    p.add_argument(
+        "--lora-targets",
+        type=_arg(lambda text: tuple(parse_list(LoraTarget, text, "LoRA target"))),
+        help="comma-separated module names to adapt (default: GPT-2's c_attn,c_proj; Llama's "
+        "q_proj,k_proj,v_proj,o_proj)",
+    )
+    p.add_argument("--ds-config", help="DeepSpeed config JSON merged into the zero* strategies' config")
+
+
+#: RunConfig fields add_recipe_flags sets from a value given (an absent flag leaves the field to the defaults).
+RECIPE_FIELDS = ("global_batch", "clip_grad_norm", "dropout", "lora_rank", "lora_alpha", "lora_targets")
+
+
+def recipe_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The RunConfig fields add_recipe_flags' flags give, the user's DeepSpeed config under options."""
+    out: dict[str, Any] = {k: getattr(args, k) for k in RECIPE_FIELDS if getattr(args, k) is not None}
+    if args.activation_checkpointing:
+        out["activation_checkpointing"] = True
+    if args.ds_config:
+        out["options"] = {"ds_config": args.ds_config}
+    return out
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """`distbench run`'s flags: long, one add_argument per flag, read best in one place."""
     p = sub.add_parser(
@@ -108,9 +163,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--steps", type=_typed(PositiveInt), help="timed steps")
     p.add_argument("--warmup", type=_typed(NonNegativeInt), help="untimed warm-up steps")
-    p.add_argument(
-        "--global-batch", type=_typed(PositiveInt), help="samples per optimizer step, over all ranks"
-    )
     p.add_argument(
         "--micro-batch",
         type=_typed(PositiveInt),
@@ -152,38 +204,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "taking turns, so speedups come from paired windows with an interval (or the --config file's "
         "`one_at_a_time`)",
     )
-    p.add_argument(
-        "--clip-grad-norm",
-        type=_typed(NonNegativeFloat),
-        help="clip gradients to this global norm "
-        "before each step, as each strategy's users do (default 0: off)",
-    )
-    p.add_argument(
-        "--activation-checkpointing",
-        action="store_true",
-        help="recompute each transformer block's "
-        "activations in backward (transformers' activation_checkpointing_enable)",
-    )
-    p.add_argument(
-        "--dropout",
-        type=_typed(DropoutRate),
-        help="the model's dropout rate, each sample's masks from its own random stream (default 0: off)",
-    )
-    p.add_argument(
-        "--lora-rank",
-        type=_typed(NonNegativeInt),
-        help="fine-tune LoRA adapters of this rank "
-        "through peft, the base weights frozen (default 0: train every weight)",
-    )
-    p.add_argument(
-        "--lora-alpha", type=_typed(PositiveInt), help="scale the adapters by alpha / rank (default 16)"
-    )
-    p.add_argument(
-        "--lora-targets",
-        type=_arg(lambda text: tuple(parse_list(LoraTarget, text, "LoRA target"))),
-        help="comma-separated module names to adapt (default: GPT-2's c_attn,c_proj; Llama's "
-        "q_proj,k_proj,v_proj,o_proj)",
-    )
+    add_recipe_flags(p)
     p.add_argument(
         "--optimizer", choices=OPTIMIZERS, help="AdamW implementation (default auto: fused on CUDA)"
     )
@@ -213,7 +234,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also profile each configuration (GPU) and record HolisticTraceAnalysis's compute/non-compute/"
         "idle and overlap breakdown; --no-trace: none, whatever the --config file's `trace` says",
     )
-    p.add_argument("--ds-config", help="DeepSpeed config JSON merged into the zero* strategies' config")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is present")
     p.add_argument(
         "--output",
@@ -255,7 +275,6 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
     for key in (
         "steps",
         "warmup",
-        "global_batch",
         "micro_batch",
         "seq_len",
         "optimizer",
@@ -263,26 +282,21 @@ def build_matrix(args: argparse.Namespace, device_type: str, device_count: int):
         "windows",
         "until_ci",
         "max_windows",
-        "clip_grad_norm",
-        "dropout",
-        "lora_rank",
-        "lora_alpha",
-        "lora_targets",
     ):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
+    given = recipe_fields(args)
+    base.update({k: v for k, v in given.items() if k != "options"})
+    if "options" in given:
+        base["options"] = {**base.get("options", {}), **given["options"]}
     if args.steps is not None and args.windows is None and base.get("windows", 1) > args.steps:
         # the grid's windows of two steps cannot split fewer steps than they are: a window a step instead
         # (`--steps 3` on a GPU stopped every run at "windows must be at most steps")
         base["windows"] = args.steps
-    if args.activation_checkpointing:
-        base["activation_checkpointing"] = True
     if args.compile:
         base["compile"] = True
     if args.gc_during_steps:
         base["gc_during_steps"] = True
-    if args.ds_config:
-        base["options"] = {**base.get("options", {}), "ds_config": args.ds_config}
     return Matrix(
         strategies=_flat(args.strategy) or m.strategies,
         world_sizes=_flat(args.world_size) or m.world_sizes,

@@ -10,6 +10,11 @@ Verdicts, per configuration:
     within       none differs by more than its step's tolerance
     diverged     from step k on, by how much (the first step and metric beyond tolerance)
 
+The comparison runs over RECIPES, the ways users train (accumulation, clipping that binds, bf16-amp, fp16 with its
+loss scaler, activation checkpointing, a resume half-way), not the default step alone: an upgrade that breaks one
+of those paths leaves the default step identical. A recipe a strategy cannot run on the device is skipped with
+the strategy's own reason, in the report.
+
 The tolerance of a step and metric is derived, never a constant picked to pass: the larger of
     rounding    ULPS units in the last place of float32 (losses and norms are float32 reductions) of the
                 base's value: what a changed reduction order alone moves a value by at its first steps
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -52,8 +58,13 @@ SPREAD_FACTOR = 2.0
 DEFAULT_STEPS = 8
 #: Runs of the base with non-deterministic kernels whose spread is measured (pairs among them: 3).
 DEFAULT_REPEATS = 3
+#: --numerics-repeats by device when not given. On CPU none: over every recipe of ddp at 2 ranks (2026-12-02) the
+#: runs with non-deterministic kernels were bitwise the deterministic one (CPU kernels and gloo have no atomics
+#: or TF32), and three more runs per recipe would take the recipe set past its budget (docs/gate.md).
+REPEATS_BY_DEVICE = {"cuda": DEFAULT_REPEATS, "cpu": 0}
 
 IDENTICAL, WITHIN, DIVERGED, NOT_COMPARED = "identical", "within tolerance", "diverged", "not compared"
+SKIPPED = "skipped"
 #: `distbench ab`'s exit status when a configuration's numerics diverged.
 EXIT_DIVERGED = 4
 
@@ -69,6 +80,56 @@ def numerics_config(cfg: RunConfig, steps: int = DEFAULT_STEPS, deterministic: b
         deterministic=deterministic,
         clip_grad_norm=cfg.clip_grad_norm or NEVER_CLIP,
     )
+
+
+# --- the recipes -------------------------------------------------------------------------------------------
+
+#: Micro-batches a rank accumulates per step in the accumulation recipe (where the configuration does not already).
+ACCUM = 4
+#: The clipping recipe's threshold, as a fraction of the smallest pre-clip gradient norm of base's default run:
+#: well under every step's norm, so clipping changes every update (a threshold that never binds multiplies the
+#: gradients by exactly 1.0 and leaves a broken clipping path unseen).
+CLIP_FRACTION = 0.25
+#: The recipes compared, by name, with what each trains: the configuration as given, then one change each.
+RECIPES: dict[str, str] = {
+    "default": "the configuration as given",
+    "accumulation": f"{ACCUM} micro-batches accumulated per rank per step",
+    "clipping": f"gradients clipped at {CLIP_FRACTION:g} x base's smallest default-run norm (binds every step)",
+    "bf16-amp": "fp32 weights, bf16 compute through torch.autocast",
+    "fp16": "fp16 compute with dynamic loss scaling",
+    "activation-checkpointing": "every transformer block recomputed in backward",
+    "resume": "saved after half the steps and resumed in fresh ranks: the steps after the resume compared",
+}
+
+
+def recipe_config(recipe: str, cfg: RunConfig, clip: float) -> RunConfig:
+    """`cfg` as `recipe` trains it (RECIPES); `clip`: the clipping recipe's threshold (the user's own where
+    `cfg` clips already)."""
+    if recipe == "accumulation":
+        return cfg if cfg.accum_steps >= 2 else cfg.replace(global_batch=cfg.global_batch * ACCUM)
+    if recipe == "clipping":
+        return cfg.replace(clip_grad_norm=cfg.clip_grad_norm or clip)
+    if recipe in ("bf16-amp", "fp16"):
+        return cfg.replace(precision=recipe)
+    if recipe == "activation-checkpointing":
+        return cfg.replace(activation_checkpointing=True)
+    if recipe in ("default", "resume"):
+        return cfg
+    raise ValueError(f"unknown recipe {recipe!r}; one of {', '.join(RECIPES)}")
+
+
+def skip_reason(recipe: str, cfg: RunConfig, device: str) -> str | None:
+    """Why the strategy cannot run `recipe` on `device` (its registry entry's own reason), or None."""
+    from ..strategies import get_spec
+
+    if recipe == "resume" and cfg.steps < 2:
+        return f"a resume half-way needs 2 steps or more, not {cfg.steps}: raise --numerics-steps"
+    return get_spec(cfg.strategy).unsupported_reason(device, cfg.world_size, None, cfg.precision)
+
+
+def resume_step(recipe: str, cfg: RunConfig) -> int | None:
+    """The step after which the resume recipe saves and resumes (half-way); None for the others."""
+    return cfg.steps // 2 if recipe == "resume" else None
 
 
 @dataclass(frozen=True)
@@ -118,12 +179,13 @@ def one_thread_on_cpu(device_type: str) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def curve_job(ctx: Any, cfg: RunConfig) -> dict[str, list[float]]:
-    """The train job of this distbench, in every rank: per-step losses and global gradient norms."""
+def curve_job(ctx: Any, cfg: RunConfig, **train_args: Any) -> dict[str, list[float]]:
+    """The train job of this distbench, in every rank: per-step losses and global gradient norms. `train_args`:
+    jobs.train's checkpoint arguments (save_at and checkpoint_dir, or resume_from)."""
     from ..jobs.train import train
 
     with one_thread_on_cpu(ctx.device_type):
-        out = train(ctx, cfg)
+        out = train(ctx, cfg, **train_args)
     return {"loss": out["losses"], "grad_norm": out["grad_norms"]}
 
 
@@ -136,13 +198,29 @@ def curve_of(per_rank: list[dict[str, list[float]]], what: str) -> Curve:
     return Curve.from_dict(first, what)
 
 
-def run_curve(pool: Any, cfg: RunConfig, timeout: float) -> dict[str, Any]:
+def run_curve(pool: Any, cfg: RunConfig, timeout: float, resume_at: int | None = None) -> dict[str, Any]:
     """One numerics run of `cfg` in `pool` (a variant server's request): {"status": "ok", "curve": ...}, or a
-    failure with the error."""
+    failure with the error. `resume_at`: train that many steps, save, and train the rest in fresh trainers
+    resumed from the checkpoint; the curve is the first steps' values, then the resumed run's."""
+    import tempfile
+
     from ..runtime.pool import JobError
 
+    what = f"{cfg.strategy} ws{cfg.world_size}"
     try:
-        curve = curve_of(pool.run(curve_job, {"cfg": cfg}, timeout), f"{cfg.strategy} ws{cfg.world_size}")
+        if resume_at is None:
+            curve = curve_of(pool.run(curve_job, {"cfg": cfg}, timeout), what)
+        else:
+            with tempfile.TemporaryDirectory(prefix="distbench-numerics-") as ckpt:
+                saved = {"cfg": cfg.replace(steps=resume_at), "save_at": resume_at, "checkpoint_dir": ckpt}
+                first = curve_of(pool.run(curve_job, saved, timeout), f"{what} before the save")
+                rest = curve_of(
+                    pool.run(curve_job, {"cfg": cfg, "resume_from": ckpt}, timeout), f"{what} resumed"
+                )
+            if len(rest.loss) != cfg.steps - resume_at:
+                raise ValueError(f"{what}: resumed after step {resume_at}, trained {len(rest.loss)} more steps "
+                                 f"where {cfg.steps - resume_at} were asked")  # fmt: skip
+            curve = Curve(first.loss + rest.loss, first.grad_norm + rest.grad_norm)
     except (JobError, ValueError) as e:
         return {"status": "error", "error": str(e)}
     return {"status": "ok", "curve": curve.to_dict(), "versions": versions()}
@@ -293,23 +371,38 @@ def tolerance_statement(tol: Tolerance) -> str:
 
 @dataclass
 class NumericsOutcome:
-    label: str
+    label: str  # the configuration, as the report names it
+    recipe: str = "default"
     base: Curve | None = None
     head: Curve | None = None
     tolerance: Tolerance | None = None
     verdict: Verdict | None = None
     error: str | None = None
+    skipped: str | None = None  # why the strategy cannot run the recipe here
     versions: dict[str, dict[str, Any]] = field(default_factory=dict)  # per side, what its run reported
+    note: str = ""  # what the recipe trained with, where it chose a value (the clipping threshold)
 
     @property
     def kind(self) -> str:
-        return self.verdict.kind if self.verdict else NOT_COMPARED
+        return self.verdict.kind if self.verdict else SKIPPED if self.skipped else NOT_COMPARED
+
+    @property
+    def detail(self) -> str:
+        """The verdict in words, naming the recipe and configuration where it diverged."""
+        if self.verdict is None:
+            return self.skipped or self.error or ""
+        text = self.verdict.describe()
+        if self.verdict.divergence is not None:
+            text = f"{self.recipe} on {self.label}: {text}"
+        return f"{text}; {self.note}" if self.note else text
 
     def to_json(self) -> dict[str, Any]:
         return {
             "config": self.label,
+            "recipe": self.recipe,
             "verdict": self.kind,
-            "detail": self.verdict.describe() if self.verdict else self.error,
+            "detail": self.detail,
+            "skipped": self.skipped,
             "base": self.base.to_dict() if self.base else None,
             "head": self.head.to_dict() if self.head else None,
             "tolerance": self.tolerance.to_dict() if self.tolerance else None,
@@ -321,40 +414,87 @@ class NumericsOutcome:
         }
 
 
-#: Asks one variant for one numerics run of a configuration: ("base" or "head", cfg) -> the server's reply.
-Ask = Callable[[str, RunConfig], dict[str, Any]]
+#: Asks one variant for one numerics run of a configuration: ("base" or "head", cfg, the step after which to save
+#: and resume, or None) -> the server's reply.
+Ask = Callable[[str, RunConfig, "int | None"], dict[str, Any]]
 
 
 def compare_variants(
     configs: list[tuple[str, RunConfig]],
     ask: Ask,
     *,
+    recipes: tuple[str, ...] = tuple(RECIPES),
+    device: str = "cpu",
     steps: int = DEFAULT_STEPS,
     repeats: int = DEFAULT_REPEATS,
+    at_once: bool = False,
     on_outcome: Callable[[NumericsOutcome], None] | None = None,
 ) -> list[NumericsOutcome]:
-    """Per (label, configuration): base and head in deterministic mode, `repeats` runs of base with
-    non-deterministic kernels for the spread, and the verdict. A run that fails leaves the configuration
-    NOT_COMPARED with its error."""
+    """Per (label, configuration) and recipe: base and head in deterministic mode, `repeats` runs of base with
+    non-deterministic kernels for the spread, and the verdict. A recipe the strategy cannot run on `device` is
+    SKIPPED with its reason; a run that fails leaves the recipe NOT_COMPARED with its error. `at_once`: base's
+    and head's deterministic runs at the same time (the values do not depend on it; the wall time halves where
+    the machine has the cores for both)."""
     out = []
     for label, cfg in configs:
-        o = NumericsOutcome(label)
-        try:
-            o.base = _curve(ask, "base", numerics_config(cfg, steps), o.versions)
-            o.head = _curve(ask, "head", numerics_config(cfg, steps), o.versions)
-            noisy = [_curve(ask, "base", numerics_config(cfg, steps, False)) for _ in range(repeats)]
-            o.tolerance = tolerance(o.base, noisy)
-            o.verdict = compare(o.base, o.head, o.tolerance)
-        except ValueError as e:
-            o.error = str(e)
-        out.append(o)
-        if on_outcome:
-            on_outcome(o)
+        defaults: list[NumericsOutcome] = []
+        for recipe in (r for r in RECIPES if r in recipes):
+            o = NumericsOutcome(label, recipe)
+            try:
+                clip = _clip_threshold(ask, cfg, steps, defaults) if recipe == "clipping" else 0.0
+                rcfg = numerics_config(recipe_config(recipe, cfg, clip), steps)
+                o.skipped = skip_reason(recipe, rcfg, device)
+                if o.skipped is None:
+                    _compare_recipe(o, ask, rcfg, resume_step(recipe, rcfg), repeats, at_once)
+                    if recipe == "clipping":
+                        o.note = _clip_note(rcfg.clip_grad_norm, o.base)
+            except ValueError as e:
+                o.error = str(e)
+            if recipe == "default":
+                defaults.append(o)
+            out.append(o)
+            if on_outcome:
+                on_outcome(o)
     return out
 
 
-def _curve(ask: Ask, side: str, cfg: RunConfig, versions: dict[str, Any] | None = None) -> Curve:
-    reply = ask(side, cfg)
+def _compare_recipe(
+    o: NumericsOutcome, ask: Ask, cfg: RunConfig, resume_at: int | None, repeats: int, at_once: bool
+) -> None:
+    """Base's and head's deterministic runs (`at_once`: both at the same time, each side its own server),
+    base's noisy runs, the verdict."""
+    if at_once:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(2) as both:
+            sides = [both.submit(_curve, ask, side, cfg, resume_at, o.versions) for side in ("base", "head")]
+            o.base, o.head = (f.result() for f in sides)
+    else:
+        o.base = _curve(ask, "base", cfg, resume_at, o.versions)
+        o.head = _curve(ask, "head", cfg, resume_at, o.versions)
+    noisy = [_curve(ask, "base", cfg.replace(deterministic=False), resume_at) for _ in range(repeats)]
+    o.tolerance = tolerance(o.base, noisy)
+    o.verdict = compare(o.base, o.head, o.tolerance)
+
+
+def _clip_threshold(ask: Ask, cfg: RunConfig, steps: int, defaults: list[NumericsOutcome]) -> float:
+    """CLIP_FRACTION of the smallest pre-clip norm of base's default run (that recipe's, or one run for it)."""
+    run = defaults[0].base if defaults else None
+    base = run or _curve(ask, "base", numerics_config(cfg, steps), None)
+    return CLIP_FRACTION * min(base.grad_norm)
+
+
+def _clip_note(threshold: float, base: Curve | None) -> str:
+    """The threshold and the steps it bound at in base's run (pre-clip norm above it)."""
+    norms = base.grad_norm if base else ()
+    bound = sum(n > threshold for n in norms)
+    return f"clipped at {threshold:.4g}, binding at {bound} of {len(norms)} steps"
+
+
+def _curve(
+    ask: Ask, side: str, cfg: RunConfig, resume_at: int | None, versions: dict[str, Any] | None = None
+) -> Curve:
+    reply = ask(side, cfg, resume_at)
     if reply.get("status") != "ok":
         raise ValueError(f"{side}'s numerics run failed: {reply.get('error') or reply.get('status')}")
     if versions is not None:
@@ -371,22 +511,27 @@ def exit_status(outcomes: list[NumericsOutcome]) -> int | None:
     return 3 if NOT_COMPARED in kinds else None
 
 
-#: The server protocol (gate/serve.py) from which a variant runs numerics requests.
-PROTOCOL = 3
+#: The server protocol (gate/serve.py) from which a variant runs numerics requests, and runs them with a resume.
+PROTOCOL, RESUME_PROTOCOL = 3, 4
 
 
 def ask_servers(servers: dict[str, Any], timeout: float) -> Ask:
     """An Ask over `distbench ab`'s two variant servers (gate/variants.py's VariantProcess, started)."""
 
-    def ask(side: str, cfg: RunConfig) -> dict[str, Any]:
+    def ask(side: str, cfg: RunConfig, resume_at: int | None) -> dict[str, Any]:
         server = servers[side]
-        if server.protocol < PROTOCOL:
+        needs, what = (PROTOCOL, "numerics runs") if resume_at is None else (RESUME_PROTOCOL, "resumed runs")
+        if server.protocol < needs:
             return {
                 "status": "error",
-                "error": f"the {side} variant's distbench predates numerics runs (its server speaks protocol "
-                f"{server.protocol}, numerics needs {PROTOCOL}): compare speed alone with --numerics off",
+                "error": f"the {side} variant's distbench predates numerics {what} (its server speaks protocol "
+                f"{server.protocol}, they need {needs}): leave them out with --recipes, or compare speed alone "
+                "with --numerics off",
             }
-        return server.request({"op": "numerics", "cfg": cfg.to_dict()}, timeout) or {
+        request: dict[str, Any] = {"op": "numerics", "cfg": cfg.to_dict()}
+        if resume_at is not None:
+            request["resume_at"] = resume_at
+        return server.request(request, timeout) or {
             "status": "error",
             "error": f"the {side} variant died or hung (log: {server.log})",
         }
@@ -394,15 +539,62 @@ def ask_servers(servers: dict[str, Any], timeout: float) -> Ask:
     return ask
 
 
+#: --numerics: on (the recipes, then speed), only (the recipes, no speed), default (the default step alone, then
+#: speed), suite (the invariant tests under each side, no speed: gate/suite.py), off (speed alone).
+MODES = ("on", "only", "default", "suite", "off")
+#: The modes that compare no speed.
+NO_SPEED = ("only", "suite")
+
+
+def parse_recipes(text: str) -> tuple[str, ...]:
+    """--recipes: comma-separated names of RECIPES, or "all"; ArgumentTypeError naming an unknown one."""
+    import argparse
+
+    from ..errors import did_you_mean
+
+    names = (
+        tuple(RECIPES) if text.strip() == "all" else tuple(r.strip() for r in text.split(",") if r.strip())
+    )
+    for r in names:
+        if r not in RECIPES:
+            raise argparse.ArgumentTypeError(
+                f"unknown recipe {r!r}.{did_you_mean(r, list(RECIPES))} Known: all, {', '.join(RECIPES)}"
+            )
+    if not names:
+        raise argparse.ArgumentTypeError("no recipe given; name one or more of: all, " + ", ".join(RECIPES))
+    return names
+
+
+def recipes_of(args: argparse.Namespace) -> tuple[str, ...]:
+    """The recipes `distbench ab` compares: the default step alone under --numerics default, else --recipes."""
+    return ("default",) if args.numerics == "default" else args.recipes
+
+
 def add_flags(p: argparse.ArgumentParser) -> None:
     """`distbench ab`'s flags of the numerics comparison."""
     p.add_argument(
         "--numerics",
-        choices=["on", "off", "only"],
+        choices=MODES,
         default="on",
-        help="compare head's per-step loss and gradient norm with base's in deterministic mode before the "
-        "speed: on (default), off, or only (no speed runs); a divergence beyond the tolerance exits "
-        f"{EXIT_DIVERGED}",
+        help="compare head's per-step loss and gradient norm with base's in deterministic mode, over the "
+        "recipes (--recipes): on (default: then the speed), only (no speed runs), default (the default step "
+        "alone, then the speed), suite (run the invariant tests under base and head instead: those that "
+        "fail under head alone, per strategy; no speed), off (speed alone); a divergence beyond the "
+        f"tolerance, or a test failing under head alone, exits {EXIT_DIVERGED}",
+    )
+    p.add_argument(
+        "--recipes",
+        type=parse_recipes,
+        default=tuple(RECIPES),
+        help="the recipes the numerics compare, comma-separated (default: all, i.e. "
+        + ", ".join(RECIPES)
+        + "); a recipe a strategy cannot run on the device is skipped with its reason",
+    )
+    p.add_argument(
+        "--suite-timeout",
+        type=float,
+        default=3600.0,
+        help="seconds each side's test run may take under --numerics suite (default 3600); past it, undecided",
     )
     p.add_argument(
         "--numerics-steps",
@@ -413,9 +605,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--numerics-repeats",
         type=int,
-        default=DEFAULT_REPEATS,
         help="runs of base with non-deterministic kernels whose spread sets the tolerance beside rounding "
-        f"(default {DEFAULT_REPEATS}; under 2: rounding alone)",
+        f"(default {REPEATS_BY_DEVICE['cuda']} on GPUs, {REPEATS_BY_DEVICE['cpu']} on CPU, whose kernels run "
+        "alike either way; under 2: rounding alone)",
     )
 
 
@@ -425,20 +617,26 @@ def compare_servers(
     servers: dict[str, Any],
     console: Console,
     label_of: Callable[[RunConfig], str],
+    device: str,
 ) -> list[NumericsOutcome]:
-    """Unless --numerics off: head's numerics against base's per configuration (gate/numerics.py), then fresh
-    ranks for the speed runs; `label_of` names a configuration as the report does."""
-    if getattr(args, "numerics", "off") == "off":
+    """Unless --numerics is off or suite: head's numerics against base's per configuration and recipe, then
+    fresh ranks for the speed runs; `label_of` names a configuration as the report does."""
+    if getattr(args, "numerics", "off") in ("off", "suite"):
         return []
 
     def show(o: NumericsOutcome) -> None:
-        console.print(f"  numerics {o.label}: {o.verdict.describe() if o.verdict else o.error}")
+        console.print(
+            f"  numerics {o.recipe} {o.label}: {o.detail if o.verdict else f'{o.kind}: {o.detail}'}"
+        )
 
     outcomes = compare_variants(
         [(label_of(c), c) for c in configs],
         ask_servers(servers, args.timeout),
+        recipes=recipes_of(args),
+        device=device,
         steps=args.numerics_steps,
-        repeats=args.numerics_repeats,
+        repeats=REPEATS_BY_DEVICE[device] if args.numerics_repeats is None else args.numerics_repeats,
+        at_once=device == "cpu" and all(2 * c.world_size <= (os.cpu_count() or 1) for c in configs),
         on_outcome=show,
     )
     for server in servers.values():

@@ -11,7 +11,8 @@ timed windows (gate/ab.py): {"op": "setup", "cfg", "timeout"} builds and warms u
 {"op": "window", "steps", "timeout"} times steps (reply {"status": "ok", "step_s": wall per step}),
 {"op": "finish", "timeout"} gives the run's result; a piece that fails replies with the failure result and
 ends the run. Since protocol 3, {"op": "numerics", "cfg", "timeout"} trains cfg with this variant's own
-distbench and replies {"status": "ok", "curve": {"loss": [...], "grad_norm": [...]}} (gate/numerics.py).
+distbench and replies {"status": "ok", "curve": {"loss": [...], "grad_norm": [...]}} (gate/numerics.py); since
+protocol 4 with "resume_at": k, it saves after step k and trains the rest resumed from that checkpoint.
 {"recycle": true}
 closes the rank pools, so the next request runs in fresh rank processes: a process keeps a bias of its own
 (host-bound steps spread 6-8% between processes on 2x H200), and fresh ones turn that bias into noise
@@ -26,8 +27,8 @@ import sys
 from typing import Any
 
 FDS_ENV = "DISTBENCH_AB_FDS"
-#: 1: whole runs; 2: runs in pieces (setup, window, finish) too; 3: numerics runs too
-PROTOCOL = 3
+#: 1: whole runs; 2: runs in pieces (setup, window, finish) too; 3: numerics runs too; 4: numerics with a resume
+PROTOCOL = 4
 
 
 class Server:
@@ -59,7 +60,8 @@ class Server:
             from .numerics import run_curve
 
             cfg = RunConfig.from_dict(request["cfg"])
-            return run_curve(self.pools.pool_for(cfg.world_size), cfg, timeout)
+            resume_at = request.get("resume_at")
+            return run_curve(self.pools.pool_for(cfg.world_size), cfg, timeout, resume_at)
         if op in ("run", "setup"):
             cfg = RunConfig.from_dict(request["cfg"])
             pool = self.pools.pool_for(cfg.world_size)

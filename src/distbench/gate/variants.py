@@ -147,27 +147,38 @@ class VariantProcess:
         self.log = log_dir / f"{variant.label}.log"
         self.info: dict[str, Any] = {}
 
-    def _checkout(self) -> None:
+    def checkout(self) -> None:
+        """A rev= variant's temporary worktree, made once (remove_checkout takes it away)."""
         if self.variant.rev and self._worktree is None:
             path = str(self.workdir / f"worktree-{self.variant.label}")
             add_worktree(self.variant.rev, path)
             self._worktree, self.tree = path, path
 
-    def start(self) -> None:
-        self._checkout()
-        to_server, from_parent = os.pipe()
-        from_server, to_parent = os.pipe()
+    @property
+    def src(self) -> Path:
+        """Where the variant's distbench package is imported from: its checkout's src/ (rev=, tree=), or the
+        directory this runner's distbench is in."""
+        return Path(self.tree) / "src" if self.tree else Path(__file__).resolve().parents[2]
+
+    def environment(self) -> dict[str, str]:
+        """The variant's process environment: its env. items, its code first on PYTHONPATH, its path= after.
+        The variant's own code first: its checkout, or else the distbench this runner is (for python=); then
+        its path= directories (a user's code), also its working directory, which `python -m` puts first."""
         env = {
             **os.environ,
             **self.variant.env,
-            FDS_ENV: f"{to_server},{to_parent}",
             "DISTBENCH_AB_DEVICE": self.device_type,
             "PYTHONUNBUFFERED": "1",
         }
-        # The variant's own code first: its checkout, or else the distbench this runner is (for python=); then
-        # its path= directories (a user's code), also its working directory, which `python -m` puts first.
-        src = str(Path(self.tree) / "src") if self.tree else str(Path(__file__).resolve().parents[2])
+        src = str(self.src)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, *self.variant.path, env.get("PYTHONPATH")]))
+        return env
+
+    def start(self) -> None:
+        self.checkout()
+        to_server, from_parent = os.pipe()
+        from_server, to_parent = os.pipe()
+        env = {**self.environment(), FDS_ENV: f"{to_server},{to_parent}"}
         with self.log.open("ab") as log:
             self._proc = subprocess.Popen(
                 [self.variant.python, "-m", "distbench.gate.serve"],

@@ -5,10 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..gate.numerics import DIVERGED, METRICS, NOT_COMPARED, NumericsOutcome, tolerance_statement
+from ..gate.numerics import (
+    DIVERGED,
+    IDENTICAL,
+    METRICS,
+    NOT_COMPARED,
+    RECIPES,
+    SKIPPED,
+    NumericsOutcome,
+    tolerance_statement,
+)
 from .tables import md_table
 
-VERDICT_HEAD = ["Config", "Numerics", "Detail"]
+VERDICT_HEAD = ["Config", "Recipe", "Numerics", "Detail"]
 STEP_HEAD = ["Step", "Metric", "Base", "Head", "Head - base", "Tolerance", "Set by"]
 
 
@@ -28,9 +37,7 @@ def summary(outcomes: list[NumericsOutcome]) -> str:
 
 
 def verdict_rows(outcomes: list[NumericsOutcome]) -> list[list[str]]:
-    return [
-        [o.label, o.kind.upper(), o.verdict.describe() if o.verdict else (o.error or "")] for o in outcomes
-    ]
+    return [[o.label, o.recipe, o.kind.upper(), o.detail] for o in outcomes]
 
 
 def step_rows(o: NumericsOutcome) -> list[list[str]]:
@@ -69,9 +76,11 @@ def to_markdown(outcomes: list[NumericsOutcome]) -> list[str]:
         return []
     lines = ["### Numerics: head's loss and gradient norm against base's, deterministic mode", ""]
     lines += md_table(VERDICT_HEAD, verdict_rows(outcomes)) + [""]
+    ran = dict.fromkeys(o.recipe for o in outcomes)
+    lines += ["Recipes: " + "; ".join(f"{r}: {RECIPES[r]}" for r in ran if r in RECIPES) + ".", ""]
     for o in outcomes:
         if o.tolerance is not None:
-            lines += [f"{o.label}: {tolerance_statement(o.tolerance)}. {versions(o)}", ""]
+            lines += [f"{o.label}, {o.recipe}: {tolerance_statement(o.tolerance)}. {versions(o)}", ""]
             lines += md_table(STEP_HEAD, step_rows(o)) + [""]
     return lines
 
@@ -83,16 +92,17 @@ def to_rich(outcomes: list[NumericsOutcome]) -> list[Any]:
         return []
     out = []
     for o in outcomes:
-        if o.tolerance is None:
+        if o.tolerance is None or o.kind == IDENTICAL:  # the console shows the steps where they differ
             continue
         caption = f"{tolerance_statement(o.tolerance)}. {versions(o)}"
-        steps = Table(*STEP_HEAD, title=f"numerics {o.label}", caption=caption)
+        steps = Table(*STEP_HEAD, title=f"numerics {o.label}, {o.recipe}", caption=caption)
         for cells in step_rows(o):
             steps.add_row(*cells)
         out.append(steps)
     verdicts = Table(*VERDICT_HEAD, title="numerics: head against base")
     for o, cells in zip(outcomes, verdict_rows(outcomes), strict=True):
         style = "bold red" if o.kind == DIVERGED else "yellow" if o.kind == NOT_COMPARED else ""
+        style = "dim" if o.kind == SKIPPED else style
         verdicts.add_row(*cells, style=style)
     return [*out, verdicts]
 

@@ -304,8 +304,11 @@ def beyond_reason(up_to: int, world_size: int) -> str:
 
 
 def _params(item: pytest.Item) -> dict[str, Any]:
+    """The item's parameters, less those of an empty parameter set (a --strategies or --world-sizes filter that
+    leaves a test none, which pytest collects once with NOTSET values and skips)."""
     callspec = getattr(item, "callspec", None)
-    return callspec.params if callspec else {}
+    params = callspec.params if callspec else {}
+    return {k: v for k, v in params.items() if type(v).__name__ != "NotSetType"}
 
 
 def item_device_type(item: pytest.Item) -> str:
