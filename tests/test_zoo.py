@@ -172,3 +172,19 @@ def test_a_case_no_check_reaches_fails_the_run_and_the_table_says_so(tmp_path, c
     with pytest.raises(SystemExit):
         zoo.main(["--case", "no-such-case"])
     assert "no such case" in capsys.readouterr().err
+
+
+def test_the_nightly_runs_the_whole_zoo_and_keeps_its_table():
+    """Scheduled with the other nightly jobs: every case (no --case), its table in the job summary and the
+    results folder uploaded whatever the outcome."""
+    job = yaml.safe_load((SCRIPT.parents[1] / ".github" / "workflows" / "nightly.yml").read_text())["jobs"][
+        "zoo"
+    ]
+    (step,) = [s for s in job["steps"] if "scripts/zoo.py" in s.get("run", "")]
+    assert (
+        "--case" not in step["run"]
+        and "--github-summary" in step["run"]
+        and "--output zoo-results" in step["run"]
+    )
+    upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert upload["if"] == "always()" and upload["with"]["path"] == "zoo-results"
