@@ -73,6 +73,8 @@ def test_the_start_dropped_is_the_leading_windows_slower_than_every_later_one() 
     one as slow later on (a stall) keeps it, and a slow window that is not leading is never dropped."""
     assert steady_start([1.5, 1.3, 1.0, 1.0, 1.0, 1.0], 0.01) == 2
     assert steady_start([1.5, 1.0, 1.6, 1.0, 1.0, 1.0], 0.01) == 0  # a later window as slow: not a start
+    assert steady_start([1.5, 1.6, 1.0, 1.0, 1.0, 1.0], 0.01) == 0  # the very next one counts too
+    assert steady_start([1.5, 1.0, 1.0, 1.0], 0.5) == 0  # exactly the target slower: not beyond it
     assert steady_start([1.0, 1.5, 1.0, 1.0, 1.0, 1.0], 0.01) == 0  # the second window stalled: kept
     assert steady_start([1.0101, 1.0, 1.0, 1.0], 0.01) == 1  # beyond the target, by a hair
     assert steady_start([1.0099, 1.0, 1.0, 1.0], 0.01) == 0  # within it
