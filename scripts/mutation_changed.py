@@ -223,7 +223,9 @@ def _run(
     judged = sum(1 for n in by_mutant if any(fnmatch.fnmatch(n, p) for p in wanted)) - len(unjudged)
     print(f"{judged} mutant(s) judged in {took:.0f} s against {', '.join(tests)}")
     if args.modules:
-        print(ms.summary(ms.scores(by_mutant), ms.load_json(ms.BASELINE), by_mutant))
+        run_here = {ms.module_name(m) for m in modules}
+        baseline = {m: b for m, b in ms.load_json(ms.BASELINE).items() if m in run_here}
+        print(ms.summary(ms.scores(by_mutant), baseline, by_mutant))
     for n in survivors:
         print(
             f"SURVIVED {n} ({by_mutant[n]}): test it, or list it in tests/mutation_equivalent.json with why"

@@ -111,3 +111,25 @@ def test_a_result_keeps_the_drop_and_the_reason() -> None:
         "drop": 1,
         "reason": "too few windows",
     }
+
+
+def test_an_interval_ending_exactly_at_the_target_is_narrow() -> None:
+    """ "Within +/-target" includes its ends (exact in binary: median 1, target 1/2, ends 0.5 and 1.5)."""
+    d = decide([0.5, 1.0, 1.0, 1.0, 1.0, 1.5], 0.5, 12)
+    assert d.interval == (0.5, 1.5) and d.reason == "narrow" and d.more is False
+
+
+def test_a_capped_decision_stops_and_keeps_its_dropped_start() -> None:
+    d = decide([2.0, 1.0, 1.1, 0.9, 1.05, 0.95, 1.0], 0.01, 6)
+    assert d.reason == "cap" and d.more is False and d.drop == 1
+
+
+def test_the_medians_interval_is_the_narrowest_pair_of_order_statistics_that_still_covers() -> None:
+    """Of six windows: (x_(1), x_(6)) covers the median with probability 1 - 2/64 = 0.96875, (x_(2), x_(5))
+    0.78, (x_(3), x_(4)) 0.31; the interval is the narrowest pair whose coverage reaches the confidence, the
+    confidence itself included."""
+    xs = [6.0, 1.0, 5.0, 2.0, 4.0, 3.0]
+    assert median_interval(xs, 0.96875) == (1.0, 6.0)
+    assert median_interval(xs, 0.97) is None
+    assert median_interval(xs, 0.5) == (2.0, 5.0)
+    assert median_interval(xs, 0.3) == (3.0, 4.0)
