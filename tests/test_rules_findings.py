@@ -69,7 +69,8 @@ def moved_host(interval: Any) -> dict[str, Any]:
 def test_the_host_speed_is_a_flag_unless_the_figure_has_an_interval() -> None:
     """results.py writes `interval: None` for a figure timed in fewer than six windows: the key is there and
     there is no interval, so the finding is a flag, not a reason beside an interval."""
-    for no_interval in (None, []):
+    no_intervals: tuple[Any, ...] = (None, [])
+    for no_interval in no_intervals:
         r = moved_host(no_interval)
         results = [*clean()[:6], r]
         annotate(results)

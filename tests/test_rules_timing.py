@@ -19,17 +19,19 @@ def test_the_budget_counts_every_phase_of_a_test(monkeypatch: pytest.MonkeyPatch
     call: a budget that counted calls only would let a test move its cost into a fixture. A slice of the
     reference workload is timed once SAMPLE_EVERY_S seconds of tests have passed, at a teardown."""
     sampled: list[int] = []
-    monkeypatch.setattr(
-        budget, "reference_workload", lambda slices=budget.SLICES: sampled.append(slices) or 0.1
-    )
+    def reference_workload(slices: int = budget.SLICES) -> float:
+        sampled.append(slices)
+        return 0.1
+
+    monkeypatch.setattr(budget, "reference_workload", reference_workload)
     tier = budget.TierBudget(2.0)
     tier.pytest_sessionstart()
     assert sampled == [budget.SLICES]
     for when, seconds in [("setup", 3.0), ("call", 0.5), ("teardown", 2.0)]:
-        tier.pytest_runtest_logreport(SimpleNamespace(when=when, duration=seconds))  # type: ignore[arg-type]
+        tier.pytest_runtest_logreport(SimpleNamespace(when=when, duration=seconds))
     assert tier.tests == 5.5 and sampled == [budget.SLICES]  # 5.5 s: not yet SAMPLE_EVERY_S
     for when, seconds in [("setup", 4.0), ("call", 0.5), ("teardown", 0.0)]:
-        tier.pytest_runtest_logreport(SimpleNamespace(when=when, duration=seconds))  # type: ignore[arg-type]
+        tier.pytest_runtest_logreport(SimpleNamespace(when=when, duration=seconds))
     assert tier.tests == 10.0 and sampled == [budget.SLICES, 1]  # at the teardown that reached 10 s
     assert tier.sampled_at == 10.0
     assert tier.reference == pytest.approx(budget.SLICES * 0.1 / budget.SLICES * 1)  # median of slices
