@@ -19,6 +19,7 @@ def test_the_budget_counts_every_phase_of_a_test(monkeypatch: pytest.MonkeyPatch
     call: a budget that counted calls only would let a test move its cost into a fixture. A slice of the
     reference workload is timed once SAMPLE_EVERY_S seconds of tests have passed, at a teardown."""
     sampled: list[int] = []
+
     def reference_workload(slices: int = budget.SLICES) -> float:
         sampled.append(slices)
         return 0.1
@@ -30,12 +31,16 @@ def test_the_budget_counts_every_phase_of_a_test(monkeypatch: pytest.MonkeyPatch
     for when, seconds in [("setup", 3.0), ("call", 0.5), ("teardown", 2.0)]:
         tier.pytest_runtest_logreport(SimpleNamespace(when=when, duration=seconds))
     assert tier.tests == 5.5 and sampled == [budget.SLICES]  # 5.5 s: not yet SAMPLE_EVERY_S
-    for when, seconds in [("setup", 4.0), ("call", 0.5), ("teardown", 0.0)]:
+    for when, seconds in [("setup", 4.0), ("call", 0.0)]:
         tier.pytest_runtest_logreport(SimpleNamespace(when=when, duration=seconds))
+    assert tier.tests == 9.5 and sampled == [budget.SLICES]
+    tier.pytest_runtest_logreport(SimpleNamespace(when="teardown", duration=0.5))
     assert tier.tests == 10.0 and sampled == [budget.SLICES, 1]  # at the teardown that reached 10 s
     assert tier.sampled_at == 10.0
-    assert tier.reference == pytest.approx(budget.SLICES * 0.1 / budget.SLICES * 1)  # median of slices
-    assert tier.ratio == pytest.approx(10.0 / 0.1)
+    tier.pytest_runtest_logreport(SimpleNamespace(when="teardown", duration=2.0))
+    assert sampled == [budget.SLICES, 1]  # 2 s since the last sample
+    assert tier.reference == pytest.approx(0.1)  # SLICES x the median slice, 0.1 / SLICES
+    assert tier.ratio == pytest.approx(12.0 / 0.1)
 
 
 def test_the_budget_is_exceeded_only_past_its_ratio() -> None:
