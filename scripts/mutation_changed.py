@@ -4,7 +4,8 @@
     python scripts/mutation_changed.py --modules src/distbench/measure/adaptive.py ...   # whole modules
 
 Finds the functions and methods of the guarded modules (tests/mutation_guards.json) whose lines the change
-touched (`git diff` of the work tree against --base: by default the merge base with origin/main, else HEAD~1),
+touched (`git diff` of the work tree against --base: by default the merge base with origin/main, or HEAD~1
+on main itself),
 and runs mutmut on only their mutants, against only those modules' guarding tests, in a copy of the checkout
 (the work tree is never changed). It fails when a mutant survives that tests/mutation_equivalent.json does not
 list, naming each (`mutmut show NAME` in the copy prints its diff), or when the mutants could not all be
@@ -46,13 +47,18 @@ def git(*args: str) -> str:
 
 
 def default_base() -> str:
-    """The merge base with origin/main, else HEAD~1 (a clone without origin/main)."""
-    for args in (("merge-base", "HEAD", "origin/main"), ("rev-parse", "HEAD~1")):
-        try:
-            return git(*args).strip()
-        except subprocess.CalledProcessError:
-            continue
-    raise SystemExit("no base to diff against: give --base REF")
+    """The merge base with origin/main; HEAD~1 where that is HEAD itself (a commit on main: its own change) or
+    there is no origin/main."""
+    try:
+        base = git("merge-base", "HEAD", "origin/main").strip()
+        if base != git("rev-parse", "HEAD").strip():
+            return base
+    except subprocess.CalledProcessError:
+        pass
+    try:
+        return git("rev-parse", "HEAD~1").strip()
+    except subprocess.CalledProcessError:
+        raise SystemExit("no base to diff against: give --base REF") from None
 
 
 def changed_lines(diff: str) -> dict[str, set[int]]:
