@@ -64,3 +64,49 @@ def test_pure_noise_draws_a_change_in_at_most_alpha_of_series(alpha: float) -> N
     series = 200
     alarms = sum(bool(changepoints.find_changes(noise(s, 40), alpha=alpha, seed=s)) for s in range(series))
     assert alarms <= binom.ppf(0.999, series, alpha), alarms
+
+
+def one_change_at(monkeypatch: pytest.MonkeyPatch, index: int) -> None:
+    """The search proposes `index` and the permutation test finds it significant."""
+    monkeypatch.setattr(changepoints, "candidates", lambda x: [index])
+    monkeypatch.setattr(changepoints, "split_p_value", lambda y, rng: 0.001)
+
+
+def test_a_changes_interval_is_welchs_on_the_log_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments of unequal size and spread: the ratio's interval is Welch's (unequal variances,
+    Welch-Satterthwaite degrees of freedom) at 1 - alpha, computed here from its formula, exp()-ed back."""
+    from scipy.stats import t
+
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(0.0, 0.002, 6), rng.normal(0.4, 0.03, 10)
+    one_change_at(monkeypatch, 6)
+    (c,) = changepoints.find_changes(np.exp(np.r_[a, b]), alpha=0.05)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    d, half = b.mean() - a.mean(), t.ppf(0.975, df) * np.sqrt(va + vb)
+    assert c.index == 6 and c.ratio == pytest.approx(np.exp(d), rel=1e-12)
+    assert (c.low, c.high) == (
+        pytest.approx(np.exp(d - half), rel=1e-9),
+        pytest.approx(np.exp(d + half), rel=1e-9),
+    )
+
+
+def test_two_constant_segments_have_the_ratio_as_their_whole_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A noise-free figure (a memory peak) that steps: no spread to speak of, so the interval is the ratio."""
+    one_change_at(monkeypatch, 5)
+    (c,) = changepoints.find_changes([1.0] * 5 + [2.0] * 5)
+    assert c.low == c.high == pytest.approx(c.ratio) == pytest.approx(2.0)
+    assert (c.before, c.after) == (pytest.approx(1.0), pytest.approx(2.0))
+
+
+def test_a_change_goes_to_the_best_commit_boundary_when_it_gains_nearly_as_much() -> None:
+    """Ranks whose best split (before point 2) falls inside commit a: the boundary a|b gains 9.375 of its
+    9.6 (at least BOUNDARY_GAIN_SHARE), b|c nothing; the change goes to a|b, the best of the boundaries, not
+    merely the last one."""
+    y = np.array([7, 10, 6, 8, 5, 4, 3, 9, 11, 2, 12, 1], dtype=float)
+    commits = ["a"] * 4 + ["b"] * 4 + ["c"] * 4
+    assert changepoints.best_split(y) == 2
+    assert changepoints.best_split(y, commits) == 4
+    assert changepoints.best_split(y, ["a"] * 12) == 2  # no boundary: the best split
