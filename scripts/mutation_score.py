@@ -11,7 +11,7 @@ score, as it is a change nothing would notice. The job fails when any module's s
 tests/mutation_baseline.json; a module the baseline does not list yet is reported, not judged. The summary
 (GitHub's job summary) holds each module's score beside its baseline and every surviving mutant by name
 (`mutmut show NAME` prints its diff). `--update` writes the counts measured into the baseline where the score
-is higher, the way to record an improvement in a commit.
+is higher and the run judged every mutant of the module, the way to record an improvement in a commit.
 """
 
 from __future__ import annotations
@@ -162,11 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.summary, "a") as f:
             f.write(report)
     if args.update:
+        cut_short = {module_of(n) for n, st in by_mutant.items() if st in UNJUDGED}
         higher = {
             m: s
             for m, s in measured.items()
-            if float(s["score"]) > float(baseline.get(m, {}).get("score", -1))
+            if m not in cut_short and float(s["score"]) > float(baseline.get(m, {}).get("score", -1))
         }
+        if cut_short:
+            print(f"not recorded, their runs judged only some mutants: {', '.join(sorted(cut_short))}")
         raised = {**baseline, **higher}
         args.baseline.write_text(json.dumps(dict(sorted(raised.items())), indent=1) + "\n")
         return 0

@@ -86,7 +86,8 @@ def test_the_job_fails_only_where_a_score_drops_below_its_baseline(tmp_path, bas
 
 def test_update_only_raises_the_baseline(tmp_path):
     results, base = tmp_path / "results.txt", tmp_path / "baseline.json"
-    results.write_text(RESULTS)
+    complete = "".join(line for line in RESULTS.splitlines(keepends=True) if "not checked" not in line)
+    results.write_text(complete)
     base.write_text(json.dumps({"distbench.gate.stats": score(0.8), "distbench.plausibility": score(0.5)}))
     assert ms.main([str(results), "--baseline", str(base), "--update"]) == 0
     assert json.loads(base.read_text()) == {
@@ -94,6 +95,17 @@ def test_update_only_raises_the_baseline(tmp_path):
         "distbench.plausibility": score(0.5),  # not run: kept
         "distbench.testsuite.claims": {"judged": 3, "detected": 1, "equivalent": 0, "score": 0.3333},  # new
     }
+
+
+def test_update_records_no_module_whose_run_was_cut_short(tmp_path):
+    """A run stopped by its time limit leaves mutants not checked: the score of the ones judged is not the
+    module's, so it is reported and not recorded."""
+    results, base = tmp_path / "results.txt", tmp_path / "baseline.json"
+    results.write_text(RESULTS.replace("x_within__mutmut_1: killed", "x_within__mutmut_1: not checked"))
+    base.write_text("{}")
+    assert ms.main([str(results), "--baseline", str(base), "--update"]) == 0
+    assert "distbench.testsuite.claims" not in json.loads(base.read_text())
+    assert "distbench.gate.stats" not in json.loads(base.read_text())  # its mutmut_4 was not checked either
 
 
 def test_the_committed_baseline_names_modules_the_nightly_mutates():
