@@ -114,7 +114,7 @@ def summary(
     lines = [
         "## Mutation score of the decision modules",
         "",
-        "| module | score | baseline | detected / judged |",
+        "| module | score | baseline | detected / judged less equivalent |",
     ]
     lines.append("| --- | --- | --- | --- |")
     for m in sorted(measured.keys() | baseline.keys()):
@@ -122,7 +122,7 @@ def summary(
         score = f"{float(s['score']):.1%}" if s else "not run"
         floor = f"{float(baseline[m]['score']):.1%}" if m in baseline else "not recorded"
         mark = " **dropped**" if m in low else ""
-        counts = f"{s['detected']} / {s['judged']}" if s else "—"
+        counts = f"{s['detected']} / {int(s['judged']) - int(s['equivalent'])}" if s else "—"
         lines.append(f"| {m} | {score}{mark} | {floor} | {counts} |")
     survivors = sorted(n for n, st in by_mutant.items() if st not in DETECTED | UNJUDGED | {"equivalent"})
     lines += [
