@@ -5,6 +5,8 @@ field existed compares that field at its default."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -125,3 +127,38 @@ def test_a_golden_written_before_a_field_existed_compares_it_at_its_default(
     cfg = RunConfig() if at_default else RunConfig().replace(**{field: OTHER_VALUES[field]})
     written = {k: v for k, v in RunConfig().to_dict().items() if k != field}
     assert same_computation(written, cfg) == at_default
+
+
+def test_writing_a_golden_says_what_moved_from_the_one_before(tmp_path, monkeypatch) -> None:
+    """A new golden (or one over a damaged file) is "new golden"; over an earlier one, every step and metric
+    that moved, or "nothing moved"; each write is listed for the session's summary, and the file reads back
+    as what was written."""
+    from distbench.testsuite import goldens
+
+    monkeypatch.setattr(goldens, "UPDATED", [])
+    cfg = RunConfig(steps=2)
+    path = tmp_path / "machine" / goldens.file_name(cfg)
+
+    def golden(loss: list[float], norm: list[float]) -> goldens.Golden:
+        c = curve(loss, norm)
+        return goldens.Golden({"hardware": "x"}, cfg.to_dict(), c, nm.tolerance(c, []))
+
+    first = golden([6.0, 5.0], [2.0, 1.0])
+    assert goldens.write(path, first) == ["new golden"]
+    assert json.loads(path.read_text()) == first.to_json()
+    loaded, why = goldens.load(path, cfg)
+    assert loaded == first and why == ""
+    assert goldens.write(path, first) == ["nothing moved"]
+    assert goldens.write(path, golden([6.0, 5.5], [2.5, 1.0])) == [
+        "step 1 loss: 5.0 -> 5.5",
+        "step 0 grad_norm: 2.0 -> 2.5",
+    ]
+    path.write_text("{")
+    assert goldens.write(path, first) == ["new golden"]
+    assert [diff for _, diff in goldens.UPDATED] == [
+        ["new golden"],
+        ["nothing moved"],
+        ["step 1 loss: 5.0 -> 5.5", "step 0 grad_norm: 2.0 -> 2.5"],
+        ["new golden"],
+    ]
+    assert all(p == path for p, _ in goldens.UPDATED)
