@@ -5,11 +5,11 @@
 
 Finds the functions and methods of the guarded modules (tests/mutation_guards.json) whose lines the change
 touched (`git diff` of the work tree against --base: by default the merge base with origin/main, or HEAD~1
-on main itself),
-and runs mutmut on only their mutants, against only those modules' guarding tests, in a copy of the checkout
-(the work tree is never changed). It fails when a mutant survives that tests/mutation_equivalent.json does not
-list, naming each (`mutmut show NAME` in the copy prints its diff), or when the mutants could not all be
-judged within --time-limit. A change that touches no guarded function ends at once, having run nothing.
+on main itself), and runs mutmut on only their mutants, against only those modules' guarding tests, in a
+copy of the checkout (the work tree is never changed). It exits 1 when a mutant survives that
+tests/mutation_equivalent.json does not list, naming each (`mutmut show NAME` in the copy prints its diff);
+3 (undecided) when none survived but not all were judged within --time-limit; 0 otherwise. A change that
+touches no guarded function ends at once, having run nothing.
 
 The nightly run (docs/mutation-testing.md) mutates every guarded module; this one holds a change to the
 functions it touched, so a rule cannot land untested.
@@ -39,6 +39,8 @@ _spec.loader.exec_module(ms)
 
 #: mutmut's separator in a method's mangled name: xǁClassǁmethod
 _SEP = "\N{LATIN LETTER LATERAL CLICK}"
+#: the exit status when no mutant survived but some were not judged within the time limit
+UNDECIDED = 3
 _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@", re.M)
 
 
@@ -236,13 +238,15 @@ def _run(
         print(
             f"SURVIVED {n} ({by_mutant[n]}): test it, or list it in tests/mutation_equivalent.json with why"
         )
+    if survivors:
+        return 1
     if timed_out or unjudged:
         print(
             f"{len(unjudged)} mutant(s) not judged within --time-limit {args.time_limit:.0f} s",
             file=sys.stderr,
         )
-        return 1
-    return 1 if survivors else 0
+        return UNDECIDED
+    return 0
 
 
 if __name__ == "__main__":
