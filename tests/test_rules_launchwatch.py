@@ -1,0 +1,168 @@
+"""The launch watch's rules in this process (runtime/launchwatch.py; test_launchwatch.py runs them in real
+ranks, slowly): which bound or signal makes a rank give up, the one line it says, what it leaves in the store,
+and where it says it waited. The store is a stand-in and the exit is recorded, not taken."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from distbench.runtime import launchwatch
+from distbench.runtime.launchwatch import ABORT, REFUSED, RELEASED, Watch, where
+
+#: the recorded exit ends the watch's thread with SystemExit, which pytest reports from a thread as a warning;
+#: a watch that fails otherwise never records its exit, and its test fails waiting for it
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+
+
+class Store:
+    """The calls a Watch makes on torchrun's store, on a dict; `broken`: every call raises that message."""
+
+    def __init__(self, broken: str | None = None) -> None:
+        self.kv: dict[str, str] = {}
+        self.waited: list[tuple[list[str], timedelta]] = []
+        self.broken = broken
+
+    def _check_broken(self) -> None:
+        if self.broken is not None:
+            raise RuntimeError(self.broken)
+
+    def check(self, keys: list[str]) -> bool:
+        self._check_broken()
+        return all(k in self.kv for k in keys)
+
+    def set(self, key: str, value: str) -> None:
+        self.kv[key] = value
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        self.waited.append((keys, timeout))
+
+
+class Exits(list[int]):
+    """The statuses a watch exited with, and an event set at the first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = threading.Event()
+
+
+@pytest.fixture
+def exits(monkeypatch: pytest.MonkeyPatch) -> Exits:
+    """The statuses the watch exits with; its thread then ends instead of the process."""
+    codes = Exits()
+
+    def _exit(code: int) -> None:
+        codes.append(code)
+        codes.done.set()
+        sys.exit()  # ends the watch's thread only
+
+    monkeypatch.setattr(launchwatch.os, "_exit", _exit)
+    monkeypatch.setattr(launchwatch, "_TICK_S", 0.01)
+    return codes
+
+
+def run_watch(store: Store, controller: bool, exits: Exits, setup: Any = None) -> Watch:
+    watch = Watch(3, store, controller)
+    if setup is not None:
+        setup(watch)
+    assert exits.done.wait(10), "the watch never gave up"
+    return watch
+
+
+def test_a_rank_past_its_deadline_says_so_once_leaves_its_stack_and_exits_1(exits, capfd) -> None:
+    """Rank 0, stuck, also tells every follower that nothing more of the launch runs (abort, released)."""
+    store = Store()
+    run_watch(store, True, exits, lambda w: w.expect("job 8: train", 0.0, "waiting for rank 1's outcome"))
+    err = capfd.readouterr().err
+    assert (
+        err
+        == "distbench launch rank 3: job 8: train: gave up after 0s; waiting for rank 1's outcome; exiting 1\n"
+    )
+    assert exits == [1]
+    assert store.kv[ABORT] == "1" and store.kv[RELEASED] == "1" and "stack/3" in store.kv
+    assert "Thread" in store.kv["stack/3"]  # faulthandler's dump of every thread
+
+
+def test_a_follower_that_rank_0_gave_up_on_waits_for_the_results_then_exits_1(exits, capfd) -> None:
+    store = Store()
+    store.kv[ABORT] = "1"
+    run_watch(store, False, exits, lambda w: w.expect("job 2: bench", 1e6, "waiting in a collective"))
+    assert capfd.readouterr().err == (
+        "distbench launch rank 3: job 2: bench: rank 0 gave up on the launch's current job; waiting in a "
+        "collective; exiting 1\n"
+    )
+    assert exits == [1] and ABORT in store.kv and RELEASED not in store.kv  # a follower posts neither
+    assert store.waited == [([RELEASED], timedelta(seconds=launchwatch._RELEASE_WAIT_S))]
+    assert "stack/3" in store.kv
+
+
+def test_a_follower_between_jobs_says_so(exits, capfd) -> None:
+    store = Store()
+    store.kv[ABORT] = "1"
+    run_watch(store, False, exits)
+    assert "rank 3: between jobs: rank 0 gave up" in capfd.readouterr().err
+
+
+def test_a_refusal_by_another_rank_stops_a_follower_silently(exits, capfd) -> None:
+    store = Store()
+    store.kv[REFUSED] = "rank 1 refused"
+    run_watch(store, False, exits, lambda w: w.expect("job 1", 1e6, "x"))
+    assert exits == [1] and capfd.readouterr().err == "" and "stack/3" not in store.kv
+
+
+def test_rank_0_does_not_stop_for_a_refusal_or_its_own_abort(exits, capfd) -> None:
+    """Rank 0 reads the refusal itself (cluster.py); only its deadline stops its watch."""
+    store = Store()
+    store.kv[REFUSED] = store.kv[ABORT] = "1"
+    watch = Watch(0, store, True)
+    assert not exits.done.wait(0.2)
+    watch.expect("job 4", 0.0, "its own wait")
+    assert exits.done.wait(10)
+    assert "job 4: gave up after 0s; its own wait" in capfd.readouterr().err
+
+
+def test_a_lost_store_is_said_with_its_first_line(exits, capfd) -> None:
+    """A C++ error carries its frames on the next lines: the one line keeps the first; where the main
+    thread stands follows."""
+    run_watch(Store(broken="Connection reset by peer\n  frame 1\n  frame 2"), False, exits)
+    err = capfd.readouterr().err
+    assert err.startswith(
+        "distbench launch rank 3: between jobs: lost torchrun's store (Connection reset by peer); waiting in "
+    )
+    assert err.endswith("; exiting 1\n") and err.count("\n") == 1 and exits == [1]
+
+
+def test_a_stopped_watch_never_exits(exits) -> None:
+    watch = Watch(1, Store(), False)
+    watch.expect("job 1", 0.0, "x")
+    watch.stop()
+    assert not exits.done.wait(0.2)
+
+
+def test_a_cleared_wait_has_no_deadline(exits) -> None:
+    watch = Watch(1, Store(), True)
+    watch.expect("job 1", 0.05, "x")
+    watch.clear()
+    assert not exits.done.wait(0.3)
+    watch.stop()
+
+
+def test_a_rank_says_one_line_whichever_bound_passes_first(capfd) -> None:
+    watch = Watch(2, Store(), True)
+    watch.stop()
+    assert watch.say("job 1", "why", "what") is True
+    assert watch.say("job 1", "again", "what") is False
+    assert capfd.readouterr().err == "distbench launch rank 2: job 1: why; what; exiting 1\n"
+
+
+def test_where_names_the_innermost_frame_outside_torch_distributed() -> None:
+    def inner() -> tuple[str, int]:
+        return where(sys._getframe()), sys._getframe().f_lineno
+
+    said, line = inner()
+    assert said == f"waiting in test_rules_launchwatch.py:{line} in inner"
+    assert where(None) == "waiting with no Python frame"
