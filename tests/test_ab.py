@@ -241,3 +241,14 @@ def test_gpu_defaults_are_sized_to_the_card_and_a_given_micro_batch_is_kept(
         checkpointing,
         2 * micro_batch,
     )
+
+
+def test_ab_and_bisect_take_every_precision_run_takes():
+    """The bisect a history proposes for the GPU grid names its precision (bf16-amp): ab and bisect parse it."""
+    from distbench.commands import COMMANDS
+    from distbench.commands.parser import build_parser
+
+    parser = build_parser(COMMANDS)
+    for precision in ("fp32", "bf16", "fp16", "bf16-amp"):
+        assert parser.parse_args(["ab", "--precision", precision]).precision == precision
+        assert parser.parse_args(["bisect", "--good", "a", "--precision", precision]).precision == precision

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config import PRECISIONS
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -118,7 +120,7 @@ def add_comparison_flags(
         "smaller where two runs would not fit on the card, as the memory model predicts: gate/fit.py)",
     )
     p.add_argument("--seq-len", type=int, help="sequence length (default: 1024 on GPUs, the model's on CPU)")
-    p.add_argument("--precision", choices=["fp32", "bf16"])
+    p.add_argument("--precision", choices=PRECISIONS)
     p.add_argument("--steps", type=int, help="timed steps per run")
     p.add_argument("--windows", type=int, help="timed windows per run (the run's value is their median)")
     p.add_argument("--warmup", type=int, help="untimed steps per run")
