@@ -20,6 +20,14 @@ from distbench.gate import relative, stats
 from distbench.gate.relative import SCHEMA, Bridge, Night, NightRow, Reference, load_night, save_night
 from distbench.history import report
 from distbench.history.series import from_nights
+from extras import need
+
+
+@pytest.fixture(autouse=True, scope="module")
+def history_extra() -> None:
+    """The ratio series' change points are ruptures' search (the history extra, which `.[test]` brings)."""
+    need("ruptures")
+
 
 #: fsdp_full at one rank on GPT-2 124M: a host-bound row (device busy 0.67-0.85 on one H200)
 CFG = RunConfig(
@@ -393,9 +401,9 @@ def test_asv_keeps_each_pairs_ratio_and_history_reads_it_as_a_ratio_series(tmp_p
     import importlib
     import sys
 
-    from asv import results, runner
-
     from distbench.history.series import from_asv
+
+    results, runner = need("asv.results"), need("asv.runner")
 
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))
