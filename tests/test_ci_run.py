@@ -10,7 +10,6 @@ import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -130,25 +129,29 @@ def test_the_readme_parser_takes_the_run_it_block_only():
             readme_run_it.run_it_lines(broken)
 
 
-def check_results(out: Path, marker: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "check_run_results.py"), str(out), str(marker)],
-        capture_output=True, text=True, env=env,
-    )  # fmt: skip
+_spec = importlib.util.spec_from_file_location("check_run_results", ROOT / "scripts" / "check_run_results.py")
+assert _spec is not None and _spec.loader is not None
+check_run_results = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check_run_results)
 
 
-def test_the_results_check_wants_fresh_ok_results(tmp_path):
+def check_results(out: Path, marker: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = check_run_results.main([str(out), str(marker)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_results_check_wants_fresh_ok_results(tmp_path, capsys):
     """After the README's first line CI requires what `distbench run` wrote: fresh results, every one ok."""
     out, marker = tmp_path / "distbench-results", tmp_path / "started"
     out.mkdir()
     old = save_result(make_result(CONFIG | {"world_size": 1}), out)
     os.utime(old, (time.time() - 60, time.time() - 60))
     marker.touch()
-    assert check_results(out, marker).returncode == 1  # only an older run's result: this run wrote none
+    assert check_results(out, marker, capsys)[0] == 1  # only an older run's result: this run wrote none
     save_result(make_result(CONFIG | {"world_size": 2}), out)
-    ok = check_results(out, marker)
-    assert ok.returncode == 0 and "wrote 1 result(s)" in ok.stdout, ok.stderr
+    code, stdout, stderr = check_results(out, marker, capsys)
+    assert code == 0 and "wrote 1 result(s)" in stdout, stderr
     save_result(make_result(CONFIG | {"strategy": "zero3"}, status="error", error="boom"), out)
-    failed = check_results(out, marker)
-    assert failed.returncode == 1 and "boom" in failed.stderr
+    code, _, stderr = check_results(out, marker, capsys)
+    assert code == 1 and "boom" in stderr

@@ -130,6 +130,7 @@ def test_an_old_variant_server_cannot_resume_and_says_so():
     assert reply["status"] == "error" and "predates numerics resumed runs" in reply["error"]
 
 
+@pytest.mark.slow  # real ranks save, stop and resume: 14 s of the default tier's budget
 def test_the_resume_recipe_in_real_ranks_continues_the_uninterrupted_curve(suite):
     """run_curve at 2 ddp ranks, saved after step 2 and resumed in fresh trainers: one curve of all the steps,
     bitwise the uninterrupted run's (what a variant whose resume works reports)."""
