@@ -130,25 +130,41 @@ def _runs(case, good: dict[str, int], bad: dict[str, int]) -> list:
 
 
 def test_the_decision_fails_a_case_the_gate_passes_on_its_bad_release():
-    """The planted fakes: canned exit statuses for the accumulation case's two checks (suite must catch,
-    ab-numerics is a known gap)."""
+    """The planted fakes: canned exit statuses for the accumulation case's two checks (both must catch), and for
+    a copy whose ab-numerics is a known gap (as it was before ab's numerics trained the recipes)."""
     case = next(c for c in CASES if c.id == "ds-0.17.6-zero12-accumulation")
-    held = zoo.decide(case, _runs(case, {"suite": 0, "ab-numerics": 0}, {"suite": 1, "ab-numerics": 0}))
-    assert held.ok and held.caught_by == ("suite",)
-    missed = zoo.decide(case, _runs(case, {"suite": 0, "ab-numerics": 0}, {"suite": 0, "ab-numerics": 0}))
-    assert not missed.ok and "suite: pass on the bad release 0.17.6" in missed.problems[0]
+    held = zoo.decide(case, _runs(case, {"suite": 0, "ab-numerics": 0}, {"suite": 1, "ab-numerics": 4}))
+    assert held.ok and held.caught_by == ("suite", "ab-numerics")
+    missed = zoo.decide(case, _runs(case, {"suite": 0, "ab-numerics": 0}, {"suite": 1, "ab-numerics": 0}))
+    assert not missed.ok and missed.problems == ("ab-numerics: pass on the bad release 0.17.6 (exit 0)",)
     false_alarm = zoo.decide(
-        case, _runs(case, {"suite": 1, "ab-numerics": 0}, {"suite": 1, "ab-numerics": 0})
+        case, _runs(case, {"suite": 1, "ab-numerics": 0}, {"suite": 1, "ab-numerics": 4})
     )
     assert not false_alarm.ok and "on the good release 0.17.5" in false_alarm.problems[0]
-    gap_alarm = zoo.decide(case, _runs(case, {"suite": 0, "ab-numerics": 4}, {"suite": 1, "ab-numerics": 4}))
-    assert not gap_alarm.ok and gap_alarm.problems == (
-        "ab-numerics: caught on the good release 0.17.5 (exit 4)",
-    )
-    broken = zoo.decide(case, _runs(case, {"suite": 0, "ab-numerics": 0}, {"suite": 2, "ab-numerics": 0}))
+    broken = zoo.decide(case, _runs(case, {"suite": 0, "ab-numerics": 0}, {"suite": 2, "ab-numerics": 4}))
     assert not broken.ok and "error on the bad release" in broken.problems[0]
     unrun = zoo.decide(case, _runs(case, {"suite": 0}, {"suite": 1}))
     assert not unrun.ok and unrun.problems == ("ab-numerics: not run on both releases",)
+    known_gap = case.model_copy(
+        update={
+            "checks": [
+                c
+                if c.name == "suite"
+                else c.model_copy(update={"must_catch": False, "gap": "one micro-batch"})
+                for c in case.checks
+            ]
+        }
+    )
+    held_with_gap = zoo.decide(
+        known_gap, _runs(case, {"suite": 0, "ab-numerics": 0}, {"suite": 1, "ab-numerics": 0})
+    )
+    assert held_with_gap.ok and held_with_gap.caught_by == ("suite",)
+    gap_alarm = zoo.decide(
+        known_gap, _runs(case, {"suite": 0, "ab-numerics": 4}, {"suite": 1, "ab-numerics": 4})
+    )
+    assert not gap_alarm.ok and gap_alarm.problems == (
+        "ab-numerics: caught on the good release 0.17.5 (exit 4)",
+    )
 
 
 def test_a_case_no_check_reaches_fails_the_run_and_the_table_says_so(tmp_path, capsys):
@@ -158,7 +174,7 @@ def test_a_case_no_check_reaches_fails_the_run_and_the_table_says_so(tmp_path, c
     caught = next(c for c in CASES if c.id == "ds-0.17.6-zero12-accumulation")
 
     def fake(case, venvs, out, timeout):
-        return _runs(case, {"suite": 0, "ab-numerics": 0}, {"suite": 1, "ab-numerics": 0})
+        return _runs(case, {"suite": 0, "ab-numerics": 0}, {"suite": 1, "ab-numerics": 4})
 
     out = tmp_path / "out"
     args = ["--venvs", str(tmp_path / "v"), "-o", str(out), "--case", caught.id]
