@@ -168,7 +168,9 @@ def test_a_stopped_run_leaves_nothing(tmp_path: Path, stop: str):
     assert run.returncode == 128 + STOP_SIGNALS[stop], out[-3000:]
     # one line says what was kept; where the main thread happened to wait is no news to whoever stopped it
     assert "stopped: 0 of 1 result(s) finished" in out and "Traceback" not in out, out[-3000:]
-    assert took < 4, f"{stop} took {took:.1f}s to end the run"
+    # side by side (the default) the run holds two pools, ddp's two ranks and the one-rank baseline, each stopped
+    # in turn: 4.1 s on 2 cores beside another test session, where one pool took under 4
+    assert took < 8, f"{stop} took {took:.1f}s to end the run"
     left = wait_clean(tag, tmp, shm, within=10.0)
     assert not left, f"left behind by an interrupted run: {left}\n{out[-3000:]}"
 
