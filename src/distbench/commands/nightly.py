@@ -24,9 +24,7 @@ WINDOW_STEPS, WARMUP = 2, 5
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from typing import get_args
-
-    from ..config import Precision
+    from ..config import PRECISIONS
     from ..gate.relative import PAIRS
 
     p = sub.add_parser(
@@ -75,7 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", "-m", help="model (default: the grid's)")
     p.add_argument("--micro-batch", type=int, help="per-rank micro-batch (default: the grid's)")
-    p.add_argument("--precision", choices=get_args(Precision), help="default: the grid's")
+    p.add_argument("--precision", choices=PRECISIONS, help="default: the grid's")
     p.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
     p.add_argument("--steps", type=int, help=f"timed steps per run (default: {WINDOW_STEPS} per window)")
     p.add_argument(
