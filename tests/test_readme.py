@@ -358,6 +358,8 @@ def link_error(target: str, page: Path) -> str | None:
     dest = (page.parent / file).resolve() if file else page
     if not dest.exists():
         return f"{target}: {_where(dest)} does not exist"
+    if page.resolve().is_relative_to(DOCS) and not dest.is_relative_to(DOCS):
+        return f"{target}: the site holds docs/ alone, so a link out of it breaks its build; cite the path in backticks"
     if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
         return f"{target}: no heading #{anchor} in {_where(dest)}"
     return None
@@ -564,6 +566,9 @@ def test_the_path_checks_catch_a_missing_path_test_and_link(tmp_path):
     )
     errors = page_errors(page)
     assert len(errors) == 7, errors
+    in_docs = DOCS / "planted-page-that-links-out.md"
+    assert link_error("../README.md", in_docs) and "backticks" in str(link_error("../README.md", in_docs))
+    assert link_error("index.md", in_docs) is None
     for missing in ("nowhere.py", "runtime/nowhere.py", "test_no_such_test", "test_nothing_like_this"):
         assert any(missing in e for e in errors), (missing, errors)
     assert any("configs/nowhere.yaml" in e for e in errors)
