@@ -218,9 +218,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--bind-cpus",
         action=argparse.BooleanOptionalAction,
         help="bind each rank to its own equal slice of this process's CPUs, its GPU's share where "
-        "configurations run side by side (DISTBENCH_BIND_CPUS=exclusive, or the mode it already names, such "
-        "as pinned: the training threads on one CPU of the slice; recorded in each result's env); "
-        "default: on GPUs, where ranks then never compete for a core",
+        "configurations run side by side; where their windows take turns (the default), the training threads "
+        "on the slice's first CPU as well, so that every row's host work runs on the same vCPU "
+        "(DISTBENCH_BIND_CPUS=pinned; exclusive with --one-at-a-time or --side-by-side; a mode the variable "
+        "already names stays; recorded in each result's env); default: on GPUs",
     )
     p.add_argument(
         "--gc-during-steps",
@@ -327,6 +328,16 @@ def fit_world_sizes(world_sizes: list[int], gpus: int, *, asked: bool) -> tuple[
     return fits, notes
 
 
+def binding_mode(matrix: Any) -> str:
+    """The CPU binding `--bind-cpus` means for this matrix: pinned where its rows' windows take turns (the
+    default), so that each row's host work runs on the same vCPU and the paired windows' ratios cancel the
+    vCPU's speed (on one H200 VM the same launch work took 2.9-4.6 ms on different vCPUs at once, and unpinned
+    speedups moved up to 28% between two runs, pinned at most 2%: results/table-pinned-h200-2026-12-02);
+    exclusive where rows run alone (--one-at-a-time) or at once on disjoint GPUs (--side-by-side), where one
+    shared CPU would be a bottleneck, not a control."""
+    return "exclusive" if matrix.one_at_a_time or matrix.side_by_side else "pinned"
+
+
 def _usage_error(message: str) -> int:
     """A refused run: one line on stderr, exit 2 (the same shape as argparse's own usage errors)."""
     print(f"distbench run: error: {message}", file=sys.stderr)
@@ -354,8 +365,8 @@ def run(args: argparse.Namespace, pools: Any = None, device_count: int | None = 
     try:
         matrix = build_matrix(args, device_type, n_cuda)
         bind = device_type == "cuda" if args.bind_cpus is None else args.bind_cpus
-        if bind:  # a mode the caller set (pinned) stays: `--bind-cpus` asks for binding, not for its kind
-            os.environ[affinity.ENV] = os.environ.get(affinity.ENV) or "exclusive"
+        if bind:  # a mode the caller set stays: `--bind-cpus` asks for binding, not for its kind
+            os.environ[affinity.ENV] = os.environ.get(affinity.ENV) or binding_mode(matrix)
         elif args.bind_cpus is False:
             os.environ.pop(affinity.ENV, None)
         affinity.rank_cpus(0, max(matrix.world_sizes))  # a bad setting or too few CPUs: say so now
