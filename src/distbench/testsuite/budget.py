@@ -24,6 +24,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 import pytest
@@ -53,15 +54,30 @@ def reference_workload(slices: int = SLICES) -> float:
     try:
         t0 = time.perf_counter()
         for _ in range(slices):
-            a = torch.ones(192, 192)
-            for _ in range(250):
-                a = torch.tanh(a @ a / 192.0)
-            total = 0
-            for i in range(375_000):
-                total += i % 7
+            _torch_half()
+            _python_half()
         return time.perf_counter() - t0
     finally:
         torch.set_num_threads(threads)
+
+
+def _torch_half() -> Any:
+    """250 products of two 192 x 192 matrices, each squashed by tanh (its entries shrink towards 0 and stay
+    finite): the result, so that a test can hold the work to its size."""
+    import torch
+
+    a = torch.ones(192, 192)
+    for _ in range(250):
+        a = torch.tanh(a @ a / 192.0)
+    return a
+
+
+def _python_half() -> int:
+    """A Python loop of 375,000 additions; its sum, so that a test can hold the work to its length."""
+    total = 0
+    for i in range(375_000):
+        total += i % 7
+    return total
 
 
 def machine_busy_s() -> float:
@@ -113,14 +129,15 @@ class TierBudget:
     """One session's figures, registered as a plugin while the budget is active: its tests' summed seconds,
     and the reference workload's, sampled through the session."""
 
+    meter: ShareMeter  # from the session's start
+    share: Share  # what others took of the machine, read when the session is judged
+
     def __init__(self, budget: float) -> None:
         self.budget = budget
         self.tests = 0.0
         self.sampled_at = 0.0  # self.tests when the last slice was timed
         self.slices: list[float] = []  # seconds per slice, each sample
         self.judged = False
-        self.meter: ShareMeter | None = None
-        self.share = Share(0.0, 0.0)
 
     def _sample(self, slices: int) -> None:
         self.slices += [reference_workload(slices) / slices] * slices
@@ -160,7 +177,6 @@ class TierBudget:
         if session.shouldstop or session.shouldfail or exitstatus not in (0, 1):
             return
         self._sample(SLICES)
-        assert self.meter is not None
         self.share = self.meter.read()
         self.judged = True
         if self.over:
@@ -212,7 +228,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def is_whole_default_tier(config: pytest.Config) -> bool:
     """`pytest` as the README runs it: the testpaths, the addopts' -m, nothing deselected, not a lane."""
     addopts = config.getini("addopts")  # already split, as the shell would
-    default_mark = next((v for k, v in zip(addopts, addopts[1:], strict=False) if k == "-m"), "")
+    default_mark = addopts[addopts.index("-m") + 1] if "-m" in addopts else ""
     return (
         config.args_source == pytest.Config.ArgsSource.TESTPATHS
         and not config.option.keyword
@@ -244,4 +260,4 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.option.collectonly:
         return
     if mode == "on" or (mode == "auto" and is_whole_default_tier(config)):
-        config.pluginmanager.register(TierBudget(_budget(config)), "distbench-tier-budget")
+        config.pluginmanager.register(TierBudget(_budget(config)))
