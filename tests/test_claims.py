@@ -323,3 +323,62 @@ def test_an_undecided_claim_is_reported_neither_failed_nor_passed(pytester):
     skipped = cases["test_noisy"].find("skipped")
     assert skipped is not None and "UNDECIDED: overhead" in skipped.get("message", "")
     assert cases["test_fine"].find("skipped") is None
+
+
+def test_an_interval_needs_two_samples_left_after_trimming_not_two_drawn():
+    """Three samples trimmed by 0.34 leave one: refused, named, though three were drawn."""
+    with pytest.raises(
+        ValueError, match=r"an interval needs at least 2 samples left after trimming; 3 at trim 0.34"
+    ):
+        mean_interval([1.0, 2.0, 3.0], 0.05, trim=0.34)
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        mean_interval([1.0], 0.05)
+
+
+class _Clock:
+    """time.monotonic for claims: `step` seconds pass with each sample drawn."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        return self.now
+
+    def draw(self, values):
+        it = iter(values)
+
+        def one() -> float:
+            self.now += self.step
+            return next(it)
+
+        return one
+
+
+def test_a_claim_looks_first_after_four_samples_and_stops_at_its_minute(monkeypatch):
+    """decide's defaults: an interval with no bound holds at the first look, after 4 samples; one still
+    undecided (its interval about 0, its estimate clear of the reach at 16 samples) stops once 60 s have
+    passed, exactly then."""
+    import distbench.testsuite.claims as claims
+
+    assert len(decide(lambda: 1.0).samples) == 4
+    clock = _Clock(15.0)
+    monkeypatch.setattr(claims.time, "monotonic", clock)
+    d = decide(clock.draw([1.0, 2.0, 3.0, 4.0] * 10), low=0.0)
+    assert (d.verdict, len(d.samples)) == (UNDECIDED, 4)  # 4 x 15 s = 60 s: the budget, reached
+
+
+def test_a_time_claim_fails_after_three_that_agree_and_gives_up_at_eight_or_its_minute(monkeypatch):
+    """decide_time's defaults: three samples over the bound within 1.5x of each other fail it; samples 2x apart
+    are a burst, undecided, up to 8 of them; at 20 s a sample the minute ends it at the third."""
+    import distbench.testsuite.claims as claims
+
+    assert (lambda d: (d.verdict, len(d.samples)))(decide_time(iter([4.0, 5.9, 4.0]).__next__, high=3.0)) == (
+        FAILS,
+        3,
+    )
+    burst = decide_time(iter([4.0, 8.0] * 10).__next__, high=3.0)
+    assert (burst.verdict, len(burst.samples)) == (UNDECIDED, 8)
+    clock = _Clock(20.0)
+    monkeypatch.setattr(claims.time, "monotonic", clock)
+    timed = decide_time(clock.draw([4.0, 8.0] * 10), high=3.0)
+    assert (timed.verdict, len(timed.samples)) == (UNDECIDED, 3)
