@@ -166,3 +166,45 @@ def test_where_names_the_innermost_frame_outside_torch_distributed() -> None:
     said, line = inner()
     assert said == f"waiting in test_rules_launchwatch.py:{line} in inner"
     assert where(None) == "waiting with no Python frame"
+
+
+def _frame(path: str, line: int, name: str) -> Any:
+    import traceback
+
+    return traceback.FrameSummary(path, line, name, lookup_line=False)
+
+
+C10D = "/env/site-packages/torch/distributed/distributed_c10d.py"
+
+
+@pytest.mark.parametrize(("stack", "said"), [
+    (  # the user's last frame before torch.distributed, past DeepSpeed's and torch's wrappers; the innermost
+       # c10d call named; a user path holding "deepspeed" and "comm/" is the user's
+     [_frame("/home/u/train.py", 10, "main"), _frame("/home/u/lib.py", 20, "step"),
+      _frame("/home/u/deepspeed_runs/comm/sync.py", 30, "sync"),
+      _frame("/env/site-packages/deepspeed/comm/comm.py", 40, "all_reduce"),
+      _frame("/env/site-packages/torch/distributed/c10d_logger.py", 50, "wrapper"),
+      _frame(C10D, 60, "all_reduce"), _frame("/home/u/hook.py", 70, "hook"), _frame(C10D, 80, "_coalesced"),
+      _frame(C10D, 90, "barrier"), _frame("/env/site-packages/torch/foo.py", 95, "inner")],
+     "waiting in torch.distributed.barrier, called from sync.py:30 in sync"),
+    ([_frame("/env/site-packages/torch/x.py", 1, "a"), _frame(C10D, 2, "barrier")],
+     "waiting in torch.distributed.barrier"),  # nothing of the user's outside torch
+    ([_frame("/home/u/train.py", 10, "main"), _frame("/home/u/lib.py", 20, "poll")],
+     "waiting in lib.py:20 in poll"),  # not in torch.distributed: the innermost frame
+])  # fmt: skip
+def test_where_names_the_innermost_collective_and_the_users_call_into_it(monkeypatch, stack, said) -> None:
+    monkeypatch.setattr(launchwatch.traceback, "extract_stack", lambda frame: stack)
+    assert where(sys._getframe()) == said
+
+
+def test_the_watch_runs_in_a_named_daemon_thread() -> None:
+    """Named, so a rank's stack dump says which thread is the watch; a daemon, so it never holds a rank that
+    has finished."""
+    watch = Watch(1, Store(), True)
+    try:
+        (thread,) = [t for t in threading.enumerate() if t.name == "distbench-launch-watch" and t.is_alive()][
+            -1:
+        ]
+        assert thread.daemon
+    finally:
+        watch.stop()
