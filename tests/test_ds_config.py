@@ -271,3 +271,22 @@ def test_a_value_of_the_wrong_type_is_refused_by_deepspeed():
 def test_neither_dict_nor_path_is_refused():
     with pytest.raises(ConfigError, match="dict or a path"):
         build(42)
+
+
+def test_releasing_an_engine_resets_deepspeeds_autocast_marks_where_a_release_has_them(monkeypatch):
+    """A bf16-amp engine marks autocast initialized for the whole process; giving it back unmarks it. A DeepSpeed
+    without the torch_autocast module (before 0.17.2, inside the project's floor of 0.16) has nothing to reset,
+    and releasing an engine there must not fail: the zoo's 0.17.1 could not run a single ZeRO job."""
+    import sys
+
+    from deepspeed.runtime import torch_autocast
+
+    from distbench.strategies.deepspeed import forget_torch_autocast
+
+    monkeypatch.setattr(torch_autocast, "TORCH_AUTOCAST_INITIALIZED", True)
+    monkeypatch.setattr(torch_autocast, "TORCH_AUTOCAST_DTYPE", "bf16")
+    forget_torch_autocast()
+    assert (torch_autocast.TORCH_AUTOCAST_INITIALIZED, torch_autocast.TORCH_AUTOCAST_DTYPE) == (False, None)
+    monkeypatch.setitem(sys.modules, "deepspeed.runtime.torch_autocast", None)  # as if absent: import fails
+    monkeypatch.delattr("deepspeed.runtime.torch_autocast", raising=False)
+    forget_torch_autocast()

@@ -250,9 +250,12 @@ def forget_torch_autocast() -> None:
     marks autocast initialized in module globals and never unmarks it, and from then on every ZeRO-1/2 engine
     of the process reduces each gradient in its parameter's dtype, whatever its communication_data_type says.
     In a rank pool a bf16-amp job thus changed the wire of every later DeepSpeed job (the CPU tier's planted
-    bf16 communication went unseen after one)."""
-    from deepspeed.runtime import torch_autocast
-
+    bf16 communication went unseen after one). DeepSpeed before 0.17.2 has no such section, nor anything to
+    reset (the project's floor is 0.16; the zoo's 0.17.1 found the import missing)."""
+    try:
+        from deepspeed.runtime import torch_autocast
+    except ImportError:
+        return
     torch_autocast.TORCH_AUTOCAST_INITIALIZED = False
     torch_autocast.TORCH_AUTOCAST_DTYPE = None
 
