@@ -176,16 +176,19 @@ def test_the_share_is_the_machines_busy_time_less_this_trees_over_its_capacity(m
     assert (share.foreign_s, share.capacity_s, share.fraction) == (4.0, 20.0, 0.2)
 
 
-def test_the_machine_is_busy_in_every_state_but_idle_and_iowait_and_a_missing_one_counts_nothing(monkeypatch):
-    """Each state a power of two, so the sum names exactly the states counted: user, nice, system, irq, softirq
-    and steal (guest is already in user); a platform without `steal` counts it as 0."""
-    fields = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest")
-    Times = namedtuple("Times", fields)  # noqa: PYI024
-    monkeypatch.setattr(budget.psutil, "cpu_times", lambda: Times(*(2.0**i for i in range(len(fields)))))
-    assert budget.machine_busy_s() == 1 + 2 + 4 + 32 + 64 + 128
-    NoSteal = namedtuple("NoSteal", ("user", "nice", "system", "idle", "irq", "softirq"))  # noqa: PYI024
-    monkeypatch.setattr(budget.psutil, "cpu_times", lambda: NoSteal(1.0, 2.0, 4.0, 8.0, 16.0, 32.0))
-    assert budget.machine_busy_s() == 1 + 2 + 4 + 16 + 32
+def test_the_machine_is_busy_in_every_state_but_idle_and_iowait_and_unreadable_counters_count_nothing(
+    monkeypatch,
+):
+    """/proc/stat's eight counters (user, nice, system, idle, iowait, irq, softirq, steal) each a power of two, so
+    the sum names exactly the states counted: all but idle and iowait, steal included (guest is already in user),
+    in seconds of the kernel's clock ticks; a machine without the counters counts nothing."""
+    from distbench.measure import hostspeed
+
+    monkeypatch.setattr(hostspeed, "cpu_stat", lambda: [2**i for i in range(8)])
+    monkeypatch.setattr(budget.os, "sysconf", lambda name: {"SC_CLK_TCK": 4}[name])
+    assert budget.machine_busy_s() == (1 + 2 + 4 + 32 + 64 + 128) / 4
+    monkeypatch.setattr(hostspeed, "cpu_stat", lambda: None)
+    assert budget.machine_busy_s() == 0.0
 
 
 _Times = namedtuple("_Times", ("user", "system", "children_user", "children_system"))  # noqa: PYI024

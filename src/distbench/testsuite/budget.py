@@ -7,7 +7,7 @@ teardown, as junit counts them) over the time of a fixed reference workload (a C
 timed through the same session. Both slow down alike on a busy machine; more work, or slower work, moves
 the ratio.
 
-A ratio still cannot judge a machine the tier shares: two tiers at once on 2 cores measured 1,343-1,643
+A ratio still cannot judge a machine the tier shares: two tiers at once on 2 cores measured 1,346-1,643
 reference workloads against a lone tier's 578, since ranks that wait on each other lose more to a neighbour
 than one thread does. So the session also measures the CPU time other processes took (the machine's busy time,
 hypervisor steal included, less this session's process tree); past SHARED_ABOVE of the machine, the ratio is
@@ -28,6 +28,8 @@ from typing import Any
 
 import psutil
 import pytest
+
+from ..measure.hostspeed import host_jiffies
 
 #: The reference workload is this many slices; one slice is timed every SAMPLE_EVERY_S seconds of tests, and
 #: the whole workload at the session's start and end. A shared machine's speed moves within minutes (the
@@ -81,10 +83,11 @@ def _python_half() -> int:
 
 
 def machine_busy_s() -> float:
-    """CPU seconds the whole machine has been busy since boot, every core summed: time stolen by the hypervisor
-    counts, since a neighbouring VM slows the tier as a neighbouring process does."""
-    t = psutil.cpu_times()
-    return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+    """CPU seconds the whole machine has been busy since boot, every core summed (measure/hostspeed.py's
+    host_jiffies: all but idle and iowait, so time stolen by the hypervisor counts, since a neighbouring VM slows
+    the tier as a neighbouring process does); 0 where the counters cannot be read, so no share is seen."""
+    jiffies = host_jiffies()
+    return jiffies[0] / os.sysconf("SC_CLK_TCK") if jiffies else 0.0
 
 
 def own_tree_s() -> float:
