@@ -504,3 +504,16 @@ def test_a_references_id_follows_its_commit_interpreter_and_environment():
 
     assert rid("rev=HEAD") == rid("rev=HEAD") == rid("")
     assert len({rid("rev=HEAD"), rid("rev=HEAD~1"), rid("rev=HEAD,env.X=1")}) == 3
+
+
+def test_a_night_on_a_gpu_runs_no_numerics(tmp_path, fake_servers, monkeypatch):
+    """On a GPU the gate's servers first take the numerics' GPU workload, which reads workload flags a night's
+    flags do not have: a night there must ask for no numerics at all (it raised AttributeError on one H200)."""
+    from distbench.runtime import pool
+
+    monkeypatch.setattr(pool, "cuda_device_count", lambda: 1)
+    out = tmp_path / "night"
+    argv = [a if a != "cpu" else "cuda" for a in ARGS]
+    assert main([*argv, "-m", "gpt2-tiny", "--reference", f"tree={Path.cwd()}", "-o", str(out)]) == 0
+    (row,) = load_night(out / "night.json").rows
+    assert row.pairs == 3 and row.ratios["step_time_s"].pairs

@@ -249,7 +249,12 @@ def numerics_configurations(
     """What the numerics train of each configuration: on GPUs, the NUMERICS workload where --model,
     --micro-batch, --global-batch and --seq-len leave it to the tier (the code paths a recipe runs are the same
     at any size, and the whole recipe set fits its budget: docs/gate.md); on CPU, the configurations as they are.
-    Activation checkpointing only where asked (the card's sizing may have turned it on for speed)."""
+    Activation checkpointing only where asked (the card's sizing may have turned it on for speed). None where
+    the flags ask for no numerics (a night's flags have no workload flags to read)."""
+    from ..gate.numerics import compares
+
+    if not compares(args):
+        return []
     if device != "cuda":
         return configs
     out = []

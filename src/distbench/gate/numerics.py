@@ -611,6 +611,12 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def compares(args: argparse.Namespace) -> bool:
+    """Whether a comparison's flags ask for the numerics in its servers (not --numerics off or suite: `nightly`,
+    whose flags are only the speed runs', leaves it off)."""
+    return getattr(args, "numerics", "off") not in ("off", "suite")
+
+
 def compare_servers(
     args: argparse.Namespace,
     configs: list[RunConfig],
@@ -621,7 +627,7 @@ def compare_servers(
 ) -> list[NumericsOutcome]:
     """Unless --numerics is off or suite: head's numerics against base's per configuration and recipe, then
     fresh ranks for the speed runs; `label_of` names a configuration as the report does."""
-    if getattr(args, "numerics", "off") in ("off", "suite"):
+    if not compares(args):
         return []
 
     def show(o: NumericsOutcome) -> None:
