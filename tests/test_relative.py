@@ -517,3 +517,79 @@ def test_a_night_on_a_gpu_runs_no_numerics(tmp_path, fake_servers, monkeypatch):
     assert main([*argv, "-m", "gpt2-tiny", "--reference", f"tree={Path.cwd()}", "-o", str(out)]) == 0
     (row,) = load_night(out / "night.json").rows
     assert row.pairs == 3 and row.ratios["step_time_s"].pairs
+
+
+def _spread_row(label: str, logs: list[float], regime: str = "host-bound") -> NightRow:
+    """A night's row whose pairs' step-time ratios are exp(logs)."""
+    ratio = relative.Ratio(
+        ratio=1.0,
+        low=0.99,
+        high=1.01,
+        level=0.95,
+        gated=True,
+        verdict="UNCHANGED",
+        pairs=[math.exp(x) for x in logs],
+    )
+    return NightRow(
+        label=label,
+        config=CFG.to_dict(),
+        pairs=len(logs),
+        interleave="windows",
+        regime=regime,
+        ratios={"step_time_s": ratio},
+    )
+
+
+def test_a_row_gets_the_pairs_its_spread_over_the_last_nights_needs():
+    """allot: the pairs' log ratios about their own night's mean, pooled over the nights: squares 0.0010125 +
+    0.0008 over 2 degrees of freedom, sd 0.0301, so a host-bound row needs (2 x 0.0301 / 0.02)^2 = 9.06 -> 10
+    pairs (about the mean of all four it would be 0.0390 and 15, capped at 12). The same spread in a
+    device-bound row (bound 1%) is capped at the most; a steady row, a row no night measured and one measured
+    with a single pair get the least; nights before the last ALLOT_NIGHTS do not count."""
+    a = [
+        _spread_row("noisy", [0.045, 0.0]),
+        _spread_row("steady", [0.001, -0.001]),
+        _spread_row("device", [0.045, 0.0], "device-bound"),
+        _spread_row("single pair", [0.3]),
+    ]
+    b = [_spread_row("noisy", [-0.01, -0.05]), _spread_row("device", [-0.01, -0.05], "device-bound")]
+    got = relative.allot(
+        ["noisy", "steady", "device", "single pair", "new"], [night(0, a), night(1, b)], 4, 12
+    )
+    assert got == {"noisy": 10, "steady": 4, "device": 12, "single pair": 4, "new": 4}
+    old = [night(0, a), *(night(i, []) for i in range(1, relative.ALLOT_NIGHTS + 1))]
+    assert relative.allot(["noisy"], old, 4, 12) == {"noisy": 4}
+
+
+def test_a_night_plays_each_row_its_own_pairs():
+    """measure with a quota: each configuration plays its own number of pairs, the others --pairs."""
+    host = Host(np.random.default_rng(2))
+    other = CFG.replace(strategy="ddp")
+    rows = relative.measure(
+        [CFG, other],
+        lambda c: host.run("base"),
+        lambda c: host.run("head"),
+        servers=host,
+        pairs=3,
+        quota={gate_ab.label_of(CFG): 5},
+    )
+    assert [r.pairs for r in rows] == [5, 3]
+    assert [len(r.ratios["step_time_s"].pairs) for r in rows] == [5, 3]
+
+
+def test_the_command_gives_a_row_whose_pairs_spread_more_pairs(tmp_path, fake_servers, capsys):
+    """`distbench nightly` reads the earlier nights beside --output: after a night whose pairs spread 3%, the
+    next gives the row (2 x 0.03 / 0.02)^2 = 9 -> up to --max-pairs 6 pairs, and says so."""
+    first = tmp_path / "nights" / "1"
+    assert main([*ARGS, "--reference", f"tree={Path.cwd()}", "-o", str(first)]) == 0
+    data = json.loads((first / "night.json").read_text())
+    data["rows"][0]["ratios"]["step_time_s"]["pairs"] = [math.exp(x) for x in (0.03, -0.03, 0.0)]
+    (first / "night.json").write_text(json.dumps(data))
+    second = tmp_path / "nights" / "2"
+    assert main([*ARGS, "--max-pairs", "6", "--reference", f"tree={Path.cwd()}", "-o", str(second)]) == 0
+    (row,) = load_night(second / "night.json").rows
+    assert row.pairs == 6 and len(row.ratios["step_time_s"].pairs) == 6
+    assert (
+        "pairs from the spread of each row's pairs over 1 earlier night(s): ddp ws1"
+        in capsys.readouterr().out
+    )

@@ -499,6 +499,7 @@ def alternate(
                 servers=Interleaved() if interleave == "windows" else None,
                 gate=gate,
                 device=args.device_metric,
+                quota=getattr(args, "quota", None),
             )
             report.sizing, report.numerics = sizing, numerics
             return report

@@ -25,7 +25,7 @@ WINDOW_STEPS, WARMUP = 2, 5
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from ..config import PRECISIONS
-    from ..gate.relative import PAIRS
+    from ..gate.relative import MAX_PAIRS, PAIRS
 
     p = sub.add_parser(
         "nightly",
@@ -81,7 +81,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--warmup", type=int, help=f"untimed steps per run (default {WARMUP})")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is present")
-    p.add_argument("--pairs", type=int, default=PAIRS, help=f"pairs per configuration (default {PAIRS})")
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=PAIRS,
+        help=f"the fewest pairs a configuration gets (default {PAIRS}); one whose pairs spread over the earlier "
+        "nights gets as many as its ratio needs to land within its regime's bound, up to --max-pairs",
+    )
+    p.add_argument(
+        "--max-pairs",
+        type=int,
+        default=MAX_PAIRS,
+        help=f"the most pairs a configuration gets (default {MAX_PAIRS})",
+    )
     p.add_argument(
         "--alpha", type=float, default=0.05, help="each ratio's interval is 1 - alpha (default 0.05)"
     )
@@ -161,6 +173,8 @@ def check_flags(args: argparse.Namespace) -> str | None:
 
     if args.pairs < stats.MIN_RUNS:
         return f"--pairs must be at least {stats.MIN_RUNS} (an interval needs them), got {args.pairs}"
+    if args.max_pairs < args.pairs:
+        return f"--max-pairs ({args.max_pairs}) must be at least --pairs ({args.pairs})"
     if not 0 < args.alpha < 0.5:
         return f"--alpha must be between 0 and 0.5, got {args.alpha}"
     if args.budget <= 0 or args.timeout <= 0:
@@ -168,14 +182,19 @@ def check_flags(args: argparse.Namespace) -> str | None:
     return None
 
 
-def last_night(args: argparse.Namespace) -> Night | None:
-    """The latest night in --history (default: the folder above --output), this night's own left out."""
+def earlier_nights(args: argparse.Namespace) -> list[Night]:
+    """The nights in --history (default: the folder above --output), oldest first, this night's own left out."""
     from ..gate.relative import NIGHT_FILE, load_night
 
     where = args.history or args.output.resolve().parent
     own = (args.output / NIGHT_FILE).resolve()
     files = [f for f in sorted(where.rglob(NIGHT_FILE)) if f.resolve() != own] if where.is_dir() else []
-    nights = sorted((load_night(f) for f in files), key=lambda n: n.created)
+    return sorted((load_night(f) for f in files), key=lambda n: n.created)
+
+
+def last_night(args: argparse.Namespace) -> Night | None:
+    """The latest of earlier_nights, or None."""
+    nights = earlier_nights(args)
     return nights[-1] if nights else None
 
 
@@ -198,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
         configs = configurations(args, device, n_cuda)
         head, reference, ref_v, ref_error = _variants(args)
         previous = _previous(args, reference, console) if ref_v is not None else None
+        args.quota = _allot(args, configs, console)
     except DistbenchError as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         return 2
@@ -218,6 +238,24 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/] {escape(night.reference_error)}; head's absolute figures are stored")
     missing = night.reference_error or any(not r.ratios for r in night.rows)
     return 3 if missing else 0
+
+
+def _allot(args: argparse.Namespace, configs: list[RunConfig], console: Console) -> dict[str, int]:
+    """Each configuration's pairs tonight (gate/relative.py's allot over the earlier nights), said where one
+    gets more than --pairs."""
+    from ..gate.ab import label_of
+    from ..gate.relative import ALLOT_NIGHTS, allot
+
+    nights = earlier_nights(args)
+    quota = allot([label_of(c) for c in configs], nights, args.pairs, args.max_pairs)
+    more = {k: n for k, n in quota.items() if n > args.pairs}
+    if more:
+        console.print(
+            f"pairs from the spread of each row's pairs over {min(len(nights), ALLOT_NIGHTS)} earlier night(s): "
+            + ", ".join(f"{k} {n}" for k, n in more.items())
+            + f"; the others {args.pairs}"
+        )
+    return quota
 
 
 def _variants(args: argparse.Namespace) -> tuple[Variant, Reference, Variant | None, str | None]:
@@ -347,11 +385,12 @@ def _ab_args(args: argparse.Namespace, output: Path) -> argparse.Namespace:
         alpha=args.alpha,
         threshold=0.02,
         min_effect=0.005,
-        min_pairs=args.pairs,
-        max_pairs=args.pairs,
-        look_every=args.pairs,
+        min_pairs=max([args.pairs, *args.quota.values()]),  # no look before the last pair: no early stop
+        max_pairs=max([args.pairs, *args.quota.values()]),
+        look_every=max([args.pairs, *args.quota.values()]),
         budget=args.budget,
         device_metric=None,
+        quota=args.quota,
     )
 
 

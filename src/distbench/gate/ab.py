@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -314,6 +314,7 @@ def run_ab(
     servers: Servers | None = None,
     gate: tuple[str, ...] | None = None,
     device: str | None = None,
+    quota: Mapping[str, int] | None = None,
 ) -> ABReport:
     """Alternate base and head over `configs` until decided or out of budget (see the module doc).
 
@@ -324,6 +325,8 @@ def run_ab(
     `between_rounds` runs after every round but the last (the runner recycles the variants' rank processes).
     `gate` names the metrics to gate instead of the regime's (a bisect probe asks about the one that moved);
     `device` the device-side candidate to gate instead of device_metric's default for the world size.
+    `quota`: per configuration's label, the most pairs it plays (at most max_pairs): a night gives a noisy
+    row more pairs than a steady one (gate/relative.py's allot).
     """
     if min_pairs < stats.MIN_RUNS or max_pairs < min_pairs:
         raise ValueError(f"need {stats.MIN_RUNS} <= min_pairs <= max_pairs, got {min_pairs}, {max_pairs}")
@@ -358,8 +361,11 @@ def run_ab(
                 pair = _play_pair(o, order, run_base, run_head)
             if pair is None:
                 open_.remove(o)
-            elif on_pair:
+                continue
+            if on_pair:
                 on_pair(o, pair)
+            if quota is not None and len(o.pairs) >= quota.get(o.label, max_pairs):
+                open_.remove(o)  # its pairs are played; judged with the others at the end
         if between_rounds and open_ and rnd + 1 < max_pairs:
             between_rounds()
         round_s.append(clock() - t0)

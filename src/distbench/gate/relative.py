@@ -6,9 +6,11 @@ Why ratios: on a cloud VM the host's speed moves host-bound rows 5-30% from nigh
 repeats on 2x H200), so an absolute history cannot see a 10% host-side regression there. Head and reference
 take turns window by window on the same host, so both meet its speed and the ratio keeps still.
 
-Why a fixed number of pairs rather than the gate's early stop: a history needs a figure with an interval
+Why a set number of pairs rather than the gate's early stop: a history needs a figure with an interval
 every night, for every gated metric, and one of comparable width from night to night; a gate stops a
 configuration as soon as it is decided, which leaves a decided row with three pairs and another with twelve.
+The number is each configuration's own (`allot`): as many as its pairs' spread over the last nights needs for
+a ratio within its regime's bound, so the ZeRO rows, whose pairs spread most, get more than DDP's.
 
 A night stores (`Night`, schema distbench.night/1, one night.json per night):
 - per configuration (`NightRow`): each gated and reported metric's ratio head/reference with its interval
@@ -42,11 +44,16 @@ SCHEMA = "distbench.night/1"
 #: asv's class of ratio tracks (benchmarks/bench_relative.py): one track per metric a night may gate.
 ASV_CLASS = "Relative"
 NIGHT_FILE = "night.json"
-#: Pairs per configuration and night: the t interval over 6 pairs is 2.6 standard errors wide either way
-#: (5 degrees of freedom), against 4.3 over 3. A pair of a GPT-2 124M row is planned at about 20 s on one
-#: H200 (a bisect probe's GPT-2 355M pairs took 27 s there), so seed 004's six rows at one GPU would take
-#: about 12 minutes a night; `--pairs 3` halves that.
-PAIRS = 6
+#: The fewest pairs a configuration gets in a night (the t interval over 4 pairs is 3.2 standard errors wide
+#: either way, against 4.3 over 3), and the most `allot` gives a noisy one. On one H200 a pair of seed 004's
+#: GPT-2 124M rows took 14 s on average (six rows of 3 pairs: 245-268 s a night,
+#: results/relative-nightly-h200-2026-12-02).
+PAIRS, MAX_PAIRS = 4, 12
+#: What a night's step-time ratio should keep within of the truth, at about Z standard errors (`allot`): the
+#: bounds docs/reference-runs.md holds a row's nights to.
+DEVICE_BOUND, HOST_BOUND, Z = 0.01, 0.02, 2.0
+#: The earlier nights whose pairs say how much a configuration's pairs spread.
+ALLOT_NIGHTS = 5
 
 
 def asv_ratio_benchmarks() -> dict[str, str]:
@@ -211,22 +218,55 @@ def measure(
     alpha: float = 0.05,
     budget_s: float = 1800.0,
     servers: Servers | None = None,
+    quota: dict[str, int] | None = None,
 ) -> list[NightRow]:
-    """Every configuration interleaved against the reference for `pairs` pairs (fewer only where the budget
-    ends first: each row says how many it got), judged once at the end (`night_rows`). The schedule of
-    `distbench nightly`, which plays it through commands/ab.py's servers with the same pairs."""
+    """Every configuration interleaved against the reference for `pairs` pairs, or its own number in `quota`
+    (by label: `allot`), fewer only where the budget ends first (each row says how many it got), judged once at
+    the end (`night_rows`). The schedule of `distbench nightly`, which plays it through commands/ab.py's
+    servers with the same pairs."""
+    most = max([pairs, *(quota or {}).values()])
     report = run_ab(
         configs,
         run_reference,
         run_head,
         alpha=alpha,
-        min_pairs=pairs,
-        max_pairs=pairs,
-        look_every=pairs,
+        min_pairs=most,  # no look before the last pair: no configuration stops early
+        max_pairs=most,
+        look_every=most,
         budget_s=budget_s,
         servers=servers,
+        quota={label_of(c): (quota or {}).get(label_of(c), pairs) for c in configs},
     )
     return night_rows(report, alpha)
+
+
+def allot(
+    labels: list[str], nights: list[Night], least: int = PAIRS, most: int = MAX_PAIRS
+) -> dict[str, int]:
+    """Per configuration label, the pairs tonight gives it: enough that its step-time ratio's standard error is
+    1/Z of its regime's bound (DEVICE_BOUND, HOST_BOUND), from how its pairs' ratios spread about their own
+    night's mean over the last ALLOT_NIGHTS nights (pooled); `least` where no earlier night has two pairs of it.
+    On one H200 the six rows' pairs spread 0.6-4.2% (results/relative-nightly-h200-2026-12-02): three pairs each
+    kept four rows within 1.1% over three nights and left the two ZeRO rows, the noisiest, 3.0-3.3% out."""
+    out = {}
+    for label in labels:
+        squares, df, regime = 0.0, 0, None
+        for n in nights[-ALLOT_NIGHTS:]:
+            row = next((r for r in n.rows if r.label == label), None)
+            ratio = row.ratios.get("step_time_s") if row else None
+            if row is None or ratio is None or len(ratio.pairs) < 2:
+                continue
+            logs = [math.log(x) for x in ratio.pairs]
+            mean = statistics.fmean(logs)
+            squares += sum((x - mean) ** 2 for x in logs)
+            df += len(logs) - 1
+            regime = row.regime or regime
+        if df == 0:
+            out[label] = least
+            continue
+        bound = DEVICE_BOUND if regime == "device-bound" else HOST_BOUND
+        out[label] = min(most, max(least, math.ceil((Z * math.sqrt(squares / df) / bound) ** 2)))
+    return out
 
 
 def head_alone(
