@@ -5,18 +5,19 @@
 # in bf16-amp, measured against a reference that is this same checkout (an A/A night), NIGHTS nights back to back.
 # Prints per row and night the step-time ratio head/reference, its deviation from the row's median over the nights
 # (targets: +-1% on device-bound rows, +-2% on host-bound ones) and head's absolute step time with its deviation
-# beside it, then each night's wall time (target: at most 10 minutes). Not timed on a GPU yet: planned from a bisect
-# probe's pairs on one H200 (27 s each for GPT-2 355M with 20 timed steps; fresh rank processes for both sides, a
-# build and a warm-up are most of it), about 20 s a pair here, so 6 rows x 3 pairs take 6-7 minutes a night and
-# three nights 18-20 minutes; ROWS="ddp fsdp_full zero2" halves it, NIGHTS=2 takes a third off.
+# beside it, then each night's wall time (target: at most 10 minutes). On one H200 (2026-12-02), 6 rows x 3 pairs
+# took 245-268 s a night, 14 s a pair (results/relative-nightly-h200-2026-12-02). From the second night on, a
+# night gives a row whose pairs spread more pairs (up to MAX_PAIRS, `distbench nightly --max-pairs`), read from
+# the nights before it in OUT/nights: over those three nights' spreads, 36 pairs, about 8.5 minutes.
 #
 # MODE=plant: a 3% host-side slowdown (scripts/plants/host-step-3pct.patch: a busy loop on the training thread at the
 # optimizer step, on the step's critical path in a host-bound row) planted in revision 1 of a repository made from
 # this checkout's src under OUT/repo. BEFORE short nights of revision 0 and AFTER of revision 1, each one row
 # (PLANT_ROW, default fsdp_full: device busy 0.67-0.85) against a frozen reference (a worktree of revision 0), then
-# `distbench history --nights PATH` on the ratio series must find the change at revision 1. Planned: 5 + 5 nights
-# of about 70 s (two servers' start and 3 pairs), 11-12 minutes on one H200; BEFORE=4 AFTER=4 takes 9 minutes, but
-# then a perfect separation's p is 0.03-0.044 against --alpha 0.05 (5 + 5: 0.009-0.017, docs/history.md). The
+# `distbench history --nights PATH` on the ratio series must find the change at revision 1. A night took 91-100 s
+# on one H200 (two servers' start and 3 pairs), so 5 + 5 nights take about 16 minutes, two or more calls there;
+# BEFORE=4 AFTER=4 takes 13, but then a perfect separation's p is 0.03-0.044 against --alpha 0.05 (5 + 5:
+# 0.009-0.017, docs/history.md). The
 # after-nights' mean ratio over the before-nights' is the plant's
 # slowdown as measured side by side (15 pairs a side); LONG_AB=1 adds a `distbench ab` of revision 1 against 0.
 #
@@ -27,7 +28,7 @@
 # (1) is the first night this call runs and keeps the nights already in OUT/nights; DEADLINE (seconds) starts
 # no night that the longest night so far would take past it; NIGHTS=0 only writes the summary (and the plant's
 # repository and history), e.g. here after copying the nights of several calls into one OUT.
-# Knobs: NIGHTS (aa 3, plant BEFORE + AFTER), PAIRS (3), NIGHT_BUDGET (900 s: a night's pairs stop there), ROWS,
+# Knobs: NIGHTS (aa 3, plant BEFORE + AFTER), PAIRS (3, the fewest a row gets), MAX_PAIRS (12), NIGHT_BUDGET (900 s: a night's pairs stop there), ROWS,
 # CONFIG (the workload flags; the night's own windows of 2 steps and 5 warm-up steps unless it says otherwise;
 # on CPU: CONFIG="-n 1 -m gpt2-tiny --precision fp32 --micro-batch 2 --steps 4 --windows 2 --warmup 1
 # --device cpu", as tests/test_relative.py runs it), BEFORE (5), AFTER (5), PLANT_ROW, DISTBENCH_PLANT_SHARE
@@ -68,7 +69,7 @@ night() {  # night NAME FLAGS...: one `distbench nightly` into OUT/nights/NAME, 
   t0=$(date +%s)
   rm -rf "$out/nights/$name" "$out/nights/$name.s"
   # shellcheck disable=SC2086  # CONFIG is a flag list
-  distbench nightly $config --pairs "$pairs" --budget "${NIGHT_BUDGET:-900}" "$@" -o "$out/nights/$name" 2>&1 |
+  distbench nightly $config --pairs "$pairs" --max-pairs "${MAX_PAIRS:-12}" --budget "${NIGHT_BUDGET:-900}" "$@" -o "$out/nights/$name" 2>&1 |
     tee -a "$out/nightly.log" || rc=$?
   echo "$(($(date +%s) - t0))" > "$out/nights/$name.s"
   longest=$(( $(cat "$out/nights/$name.s") > longest ? $(cat "$out/nights/$name.s") : longest ))
