@@ -28,7 +28,8 @@
 # (1) is the first night this call runs and keeps the nights already in OUT/nights; DEADLINE (seconds) starts
 # no night that the longest night so far would take past it; NIGHTS=0 only writes the summary (and the plant's
 # repository and history), e.g. here after copying the nights of several calls into one OUT.
-# Knobs: NIGHTS (aa 3, plant BEFORE + AFTER), PAIRS (3, the fewest a row gets), MAX_PAIRS (12), NIGHT_BUDGET (900 s: a night's pairs stop there), ROWS,
+# Knobs: NIGHTS (aa 3, plant BEFORE + AFTER), PAIRS (3, the fewest a row gets), MAX_PAIRS (12), NIGHT_BUDGET
+# (900 s: a night's pairs stop there), ROWS,
 # CONFIG (the workload flags; the night's own windows of 2 steps and 5 warm-up steps unless it says otherwise;
 # on CPU: CONFIG="-n 1 -m gpt2-tiny --precision fp32 --micro-batch 2 --steps 4 --windows 2 --warmup 1
 # --device cpu", as tests/test_relative.py runs it), BEFORE (5), AFTER (5), PLANT_ROW, DISTBENCH_PLANT_SHARE
