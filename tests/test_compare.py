@@ -302,3 +302,200 @@ def test_cli_exit_codes(rng, tmp_path, monkeypatch, capsys):
     assert main(["compare", str(tmp_path / "base"), str(tmp_path / "same"), "--alpha", "5"]) == 2
     assert main(["compare", str(tmp_path / "base"), str(tmp_path / "missing")]) == 2
     assert "no results at" in capsys.readouterr().err
+
+
+def _run(
+    strategy: str, mfu: float, mem: float, *, step: float = 0.5, trace: dict | None = None, **kw
+) -> dict:
+    cfg = {**CFG, "strategy": strategy}
+    metrics = {"step_time_s": step, "mfu": mfu, "mem_allocated_peak_bytes": mem}
+    r = make_result(
+        cfg, metrics=metrics, env=kw.pop("env", ENV), nvml={"throttled": False}, trace=trace, **kw
+    )
+    return r
+
+
+def _report_of_every_kind():
+    """Three configurations, compared on peak memory and MFU (6 runs a side unless said):
+    ddp: memory equal (unchanged), MFU 0.40 -> 0.42 (improvement);
+    fsdp_full: one head run (both rows insufficient);
+    zero3: memory within +-4% on both sides (undecided), MFU 0.40 -> 0.38 (regression), its step time
+    0.5 -> 0.526 s split by each run's trace (60/30/10 -> 62/28 with no idle time, the parts' shares of
+    their sum: 362.4/163.6/0 ms; a base run without a trace and one whose trace is all zeros count for
+    nothing);
+    and runs left out: a base run that failed (with its error), one that timed out (without; nor an id), a
+    throttled head run, and one head run on another machine."""
+    base_trace, head_trace = (
+        {"compute_pct": 60, "non_compute_pct": 30, "idle_pct": 10},
+        {"compute_pct": 62, "non_compute_pct": 28},
+    )
+    zeros = {"compute_pct": 0, "non_compute_pct": 0, "idle_pct": 0}
+    noisy_base, noisy_head = [100, 104, 96, 102, 98, 100], [101, 105, 95, 103, 97, 103]
+    base = [_run("ddp", 0.40, 100.0) for _ in range(6)] + [_run("fsdp_full", 0.40, 100.0) for _ in range(6)]
+    base += [
+        _run("zero3", 0.40, m, trace=t)
+        for m, t in zip(noisy_base, [None, zeros] + [base_trace] * 4, strict=True)
+    ]
+    head = [_run("ddp", 0.42, 100.0) for _ in range(6)] + [_run("fsdp_full", 0.40, 100.0)]
+    head += [_run("zero3", 0.38, m, step=0.526, trace=head_trace) for m in noisy_head]
+    head[0]["env"] = {"gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 2}
+    failed = _run("ddp", 0.4, 100.0, status="error", error="CUDA error: out of memory")
+    failed["id"] = "base-failed"
+    timed_out = _run("ddp", 0.4, 100.0)
+    timed_out["status"] = "timeout"
+    del timed_out["id"]
+    throttled = _run("zero3", 0.38, 100.0, step=0.526)
+    throttled["nvml"] = {"throttled": True}
+    throttled["id"] = "head-throttled"
+    return compare(
+        base + [failed, timed_out], head + [throttled], metrics=["mem_allocated_peak_bytes", "mfu"]
+    )
+
+
+def test_the_report_of_every_kind_of_row_reads_as_written():
+    """The markdown report, in full: the summary counts each verdict and the excluded runs, the criteria
+    name the per-row level (0.05 over the 4 testable rows: 98.750%), the note names both machines, rows go
+    regression, undecided, insufficient, improvement, unchanged (then by configuration and metric), with
+    the medians and run counts, the interval, the detectable effect and p, or dashes and why; the
+    regression of a time is attributed to the trace's parts (ms per step, largest growth first), and each
+    excluded run is listed with its side, configuration, id ("?" where it has none) and reason."""
+    from scipy.stats import mannwhitneyu, t
+
+    report = _report_of_every_kind()
+    b, h = np.log([100, 104, 96, 102, 98, 100]), np.log([101, 105, 95, 103, 97, 103])
+    vb, vh = b.var(ddof=1) / 6, h.var(ddof=1) / 6
+    df = (vb + vh) ** 2 / (vb**2 / 5 + vh**2 / 5)
+    d, se = h.mean() - b.mean(), np.sqrt(vb + vh)
+    half = t.ppf(1 - 0.0125 / 2, df) * se
+    reach = (t.ppf(1 - 0.0125 / 2, int(df)) + t.ppf(0.8, int(df))) * se
+    p = mannwhitneyu(h, b).pvalue
+    undecided = (
+        f"{np.expm1(d):+.2%} [{np.expm1(d - half):+.2%}, {np.expm1(d + half):+.2%}] | ±{np.expm1(reach):.2%} | "
+        f"{p:.3g}"
+    )
+    zero3, fsdp, ddp = (f"{s} ws2 gpt2-large bf16 s1024 gb32 mb8" for s in ("zero3", "fsdp_full", "ddp"))
+    expected = f"""\
+## distbench compare: FAIL: significant regression (exit 1); 1 regression, 1 improvement, 1 unchanged, 1 undecided, 2 insufficient-data, 3 runs excluded (1 throttled)
+
+Welch's t interval on log values at 98.750% (family-wise alpha 0.05 over 6 rows), Mann-Whitney U p beside it; regression when the interval excludes 0 and the change is at least 1.0%; unchanged when a 2.0% regression is ruled out; at least 6 runs per side.
+
+> base ran on 2x NVIDIA H200, head on 2x NVIDIA H100 80GB HBM3, 2x NVIDIA H200: throughput and memory are not comparable across machines
+
+| Config | Metric | Base median (n) | Head median (n) | Change [CI] | Detectable | p | Verdict |
+|---|---|---|---|---|---|---|---|
+| {zero3} | mfu | 40.0% (6) | 38.0% (6) | -5.00% [-5.00%, -5.00%] | ±0.00% | 0 | regression |
+| {zero3} | mem_allocated_peak_bytes | 0.00 GiB (6) | 0.00 GiB (6) | {undecided} | undecided |
+| {fsdp} | mem_allocated_peak_bytes | 0.00 GiB (6) | 0.00 GiB (1) | — | — | — | insufficient-data (need 6 runs per side, have 6 base / 1 head) |
+| {fsdp} | mfu | 40.0% (6) | 40.0% (1) | — | — | — | insufficient-data (need 6 runs per side, have 6 base / 1 head) |
+| {ddp} | mfu | 40.0% (6) | 42.0% (6) | +5.00% [+5.00%, +5.00%] | ±0.00% | 0 | improvement |
+| {ddp} | mem_allocated_peak_bytes | 0.00 GiB (6) | 0.00 GiB (6) | +0.00% [-0.00%, +0.00%] | ±0.00% | 1 | unchanged |
+
+### Where the time went (trace breakdown, per step, largest growth first)
+
+- **{zero3} mfu**: step time +26.0 ms/step: compute 300.0 → 362.4 ms (+62.4), non-compute 150.0 → 163.6 ms (+13.6), idle 50.0 → 0.0 ms (-50.0)
+
+### Excluded runs
+
+| Side | Config | Run | Reason |
+|---|---|---|---|
+| base | {ddp} | base-failed | status error: CUDA error: out of memory |
+| base | {ddp} | ? | status timeout |
+| head | {zero3} | head-throttled | throttled |
+"""
+    assert report.to_markdown() == expected
+
+
+def test_the_terminal_report_holds_the_same_rows_styled_by_verdict():
+    """The rich rendering: one table titled "distbench compare" with the criteria as its caption, the
+    markdown's columns and cells, each row styled by its verdict (regression bold red, undecided and
+    insufficient yellow, improvement green, unchanged plain); then the note (yellow), the attribution (red),
+    each excluded run (dim), and the summary in its status's style (a regression: bold red)."""
+    report = _report_of_every_kind()
+    md = report.to_markdown().splitlines()
+    start = md.index(
+        "| Config | Metric | Base median (n) | Head median (n) | Change [CI] | Detectable | p | Verdict |"
+    )
+    md_rows = [line[2:-2].split(" | ") for line in md[start + 2 : start + 8]]
+    table, *texts = report.__rich__().renderables
+    assert (table.title, table.caption) == ("distbench compare", md[2])
+    assert [c.header for c in table.columns] == md[start][2:-2].split(" | ")
+    assert [list(row) for row in zip(*(c._cells for c in table.columns), strict=True)] == md_rows
+    assert [r.style for r in table.rows] == ["bold red", "yellow", "yellow", "yellow", "green", ""]
+    zero3, ddp = (f"{s} ws2 gpt2-large bf16 s1024 gb32 mb8" for s in ("zero3", "ddp"))
+    attribution = md[
+        md.index("### Where the time went (trace breakdown, per step, largest growth first)") + 2
+    ]
+    assert [(t.plain, t.style) for t in texts] == [
+        (f"note: {md[4][2:]}", "yellow"),
+        (f"{zero3} mfu: {attribution.split('**: ', 1)[1]}", "red"),
+        (f"excluded base run base-failed ({ddp}): status error: CUDA error: out of memory", "dim"),
+        (f"excluded base run ? ({ddp}): status timeout", "dim"),
+        (f"excluded head run head-throttled ({zero3}): throttled", "dim"),
+        (report.summary(), "bold red"),
+    ]
+
+
+def test_a_passing_and_an_empty_comparison_say_so():
+    """Equal sides: PASS, counting the unchanged rows, in bold green; nothing at all to compare: UNDECIDED,
+    saying there was nothing, in bold yellow, with a note for each empty side and none about machines."""
+    same = [_run("ddp", 0.4, 100.0) for _ in range(6)]
+    report = compare(same, same, metrics=["mem_allocated_peak_bytes", "mfu"])
+    assert report.summary() == "PASS (exit 0); 2 unchanged"
+    assert report.__rich__().renderables[-1].style == "bold green"
+    empty = compare([], [])
+    assert empty.summary() == (
+        "UNDECIDED: could not rule out a regression (too few usable runs, or too noisy) (exit 3); nothing to compare"
+    )
+    assert empty.__rich__().renderables[-1].style == "bold yellow"
+    one_side = compare(same, [])
+    assert one_side.notes == ["the head side holds no usable result: nothing can pass"]
+
+
+def test_rows_follow_the_configurations_names_and_only_regressions_are_attributed(rng):
+    """ddp at world size 16 is named before world size 2 ("ws16" < "ws2"), whatever the order of the
+    configuration's fields; an improvement in a time (MFU), traces and all, has no attribution."""
+
+    def at(ws: int, mfu: float) -> list[dict]:
+        trace = {"compute_pct": 60, "non_compute_pct": 30, "idle_pct": 10}
+        return [_run("ddp", mfu, 100.0, trace=trace) | {"config": {**CFG, "strategy": "ddp", "world_size": ws}}
+                for _ in range(6)]  # fmt: skip
+
+    report = compare(at(2, 0.4) + at(16, 0.4), at(2, 0.42) + at(16, 0.42), metrics=["mfu"])
+    assert [r.label.split()[1] for r in report.rows] == ["ws16", "ws2"]
+    assert [r.verdict for r in report.rows] == [IMPROVEMENT, IMPROVEMENT]
+    assert all(r.attribution == [] for r in report.rows)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"min_runs": 2}, "min_runs must be at least 3 for an interval, got 2"),
+        ({"alpha": 0.5}, "alpha must be between 0 and 0.5, got 0.5"),
+        ({"alpha": 0.6}, "alpha must be between 0 and 0.5, got 0.6"),
+        ({"min_effect": 0.0}, "need 0 < min_effect <= threshold < 1, got 0.0 and 0.02"),
+        ({"min_effect": 0.5, "threshold": 1.0}, "need 0 < min_effect <= threshold < 1, got 0.5 and 1.0"),
+        ({"min_effect": 0.5, "threshold": 1.5}, "need 0 < min_effect <= threshold < 1, got 0.5 and 1.5"),
+        ({"metrics": ["tokens_per_sec"]}, "unknown metric(s) ['tokens_per_sec']; known metrics: "),
+    ],
+)
+def test_each_refused_setting_is_named(rng, kw, message):
+    """The bounds are strict where the gate cannot work (alpha of a half, a min_effect of 0, a threshold
+    of 100%) and each refusal says which setting and what it got."""
+    import re
+
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
+        compare(runs(rng, 6), runs(rng, 6), **kw)
+
+
+def test_the_loosest_settings_the_gate_works_at_are_accepted(rng):
+    """Three runs a side, and a min_effect equal to the threshold, are enough for an interval and a rule."""
+    report = compare(runs(rng, 3), runs(rng, 3), min_runs=3, min_effect=0.02, threshold=0.02)
+    assert report.min_runs == 3 and all(r.effect is not None for r in report.rows)
+
+
+def test_the_known_metrics_are_listed_comma_separated(rng):
+    from distbench.metrics import METRICS
+
+    with pytest.raises(ConfigError) as e:
+        compare(runs(rng, 6), runs(rng, 6), metrics=["tokens_per_sec"])
+    assert str(e.value).endswith("known metrics: " + ", ".join(METRICS))

@@ -363,3 +363,120 @@ def test_the_gpu_script_finds_and_bisects_a_plant_on_cpu(tmp_path):
     assert "revision 0: this checkout's src -> revision 2" in table
     saved = json.loads((tmp_path / "history" / "history.json").read_text())
     assert [c["metric"] for c in saved] == ["step_time_s"] and saved[0]["regression"]
+
+
+ASV_COLUMNS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b"]
+
+
+def write_asv_file(mdir: Path, name: str, sha: str, date: int, results: dict[str, list]) -> None:
+    """One asv results file as asv writes it (each benchmark a row of ASV_COLUMNS, trailing empty columns
+    dropped), in a machine folder with its machine.json."""
+    mdir.mkdir(parents=True, exist_ok=True)
+    (mdir / "machine.json").write_text(json.dumps({"machine": mdir.name, "version": 1}))
+    data = {"commit_hash": sha, "date": date, "result_columns": ASV_COLUMNS, "version": 2}
+    data["results"] = {f"bench_training.{k}": v for k, v in results.items()}
+    (mdir / name).write_text(json.dumps(data))
+
+
+STRATEGIES = [["'ddp'", "'fsdp'"], ["1"]]
+
+
+def test_an_asv_history_is_read_by_date_skipping_what_asv_could_not_measure(tmp_path):
+    """Two results files whose names sort against their dates: points follow the dates. A combination asv
+    could not measure (null, or NaN) and a benchmark without a result are skipped, the rest of the file
+    still read; a column shorter than the combinations, or dropped, is no interval; flags count only where
+    they were taken over the same combinations (the newer file's, over ddp alone, flag its ratio); a bus bandwidth series is named by its collective and a
+    ratio track is a ratio series of its registry metric."""
+    older, newer, m = "b" * 40, "a" * 40, tmp_path / "m1"
+    write_asv_file(m, "bbbbbbbb-env.json", older, 1000, {
+        "StepTime.track_step_time": [[None, 0.50], STRATEGIES, "1", 0, 1, [None], [None]],
+        "Plausibility.track_warnings": [[0, 1], STRATEGIES],
+        "Memory.track_peak_mem_allocated": [None, STRATEGIES],
+        "Relative.track_step_time_s": [[1.02], [["'ddp'"], ["1"]]],
+        "BusBandwidth.track_ms_per_bus_gb": [[5.0], [["'all_reduce'"], ["2"]], "1", 0, 1, [4.9], [5.1]],
+    })  # fmt: skip
+    write_asv_file(m, "aaaaaaaa-env.json", newer, 2000, {
+        "StepTime.track_step_time": [[0.40, 0.52], STRATEGIES],
+        "Plausibility.track_warnings": [[1], [["'ddp'"], ["1"]]],
+        "Memory.track_peak_mem_allocated": [[float("nan"), 100.0], STRATEGIES],
+        "Relative.track_step_time_s": [[1.03], [["'ddp'"], ["1"]]],
+    })  # fmt: skip
+    got = {
+        s.label: (s.metric, s.config, s.asv_form, s.ratio, [(p.commit, p.value, p.low, p.high, p.flagged) for p in s.points])
+        for s in from_asv(tmp_path, machine="m1")
+    }  # fmt: skip
+    training = {"world_size": 1, "machine": "m1"}
+    assert got == {
+        "StepTime.track_step_time ddp 1 [m1]": ("step_time_s", {"strategy": "ddp", **training}, True, False,
+                                                [(newer, 0.40, None, None, False)]),
+        "StepTime.track_step_time fsdp 1 [m1]": ("step_time_s", {"strategy": "fsdp", **training}, True, False,
+                                                 [(older, 0.50, None, None, True), (newer, 0.52, None, None, False)]),
+        "Memory.track_peak_mem_allocated fsdp 1 [m1]": ("mem_allocated_peak_bytes", {"strategy": "fsdp", **training},
+                                                        True, False, [(newer, 100.0, None, None, False)]),
+        "Relative.track_step_time_s ddp 1 [m1]": ("step_time_s", {"strategy": "ddp", **training}, False, True,
+                                                  [(older, 1.02, None, None, False), (newer, 1.03, None, None, True)]),
+        "BusBandwidth.track_ms_per_bus_gb all_reduce 2 [m1]": ("busbw_gbps", {"op": "all_reduce", "world_size": 2, "machine": "m1"},
+                                                               True, False, [(older, 5.0, 4.9, 5.1, False)]),
+    }  # fmt: skip
+
+
+def test_an_asv_directory_that_is_not_one_is_refused_naming_what_was_looked_for(tmp_path):
+    """No machine folder, no folder of the machine asked for, a file asv did not write: one ConfigError
+    each, naming the directory, the machine and the file."""
+    import re
+
+    from distbench.errors import ConfigError
+
+    shape = " (a directory with a folder per machine, each with its machine.json, as `asv run` writes .asv/results)"
+    with pytest.raises(ConfigError, match=f"^{re.escape(f'--asv {tmp_path}: no asv results{shape}')}$"):
+        from_asv(tmp_path)
+    write_asv_file(tmp_path / "m1", "aaaaaaaa-env.json", "a" * 40, 1000, {})
+    with pytest.raises(
+        ConfigError, match=f"^{re.escape(f'--asv {tmp_path}: no asv results of machine m2{shape}')}$"
+    ):
+        from_asv(tmp_path, machine="m2")
+    assert from_asv(tmp_path, machine="m1") == []
+    bad = tmp_path / "m1" / "bbbbbbbb-env.json"
+    bad.write_text("not json")
+    with pytest.raises(
+        ConfigError, match=f"^{re.escape(f'--asv {tmp_path}: {bad} is not an asv results file (')}"
+    ):
+        from_asv(tmp_path)
+
+
+def test_distbench_results_give_the_tracked_metrics_with_their_windows_range(tmp_path):
+    """Per configuration, one series for each metric with an asv track (not tokens/s, which has none, nor
+    bus bandwidth, which asv's collectives follow), in the order the runs were made (not the order of their
+    folders), runs without a commit left out. A time's range over the timed windows
+    is proportional to them, a rate's or an efficiency's (MFU, scaling) inversely so; memory, which the
+    windows do not time, has none, nor a run that kept no windows."""
+    v = 0.1
+    runs = [("", "00:01", [0.99, 1.0, 1.01]), ("b" * 40, "00:02", [0.99, 1.0, 1.01]), ("c" * 40, "00:00", [0.98, 1.02]),
+            ("d" * 40, "00:03", [])]  # fmt: skip
+    for sha, created, windows in runs:
+        r = make_result(
+            {"strategy": "ddp", "world_size": 1, "model": "gpt2-tiny", "precision": "fp32", "seq_len": 32,
+             "global_batch": 4, "micro_batch": 2, "steps": 5, "warmup": 2, "windows": 5, "device": "cpu"},
+            metrics={"step_time_s": v, "tokens_per_s": 128 / v, "mfu": 0.3, "scaling_efficiency": 0.9,
+                     "mem_allocated_peak_bytes": 1e9, "busbw_gbps": 10.0},
+            step_time_s={"median": v, "p10": v, "p90": v, "windows": [v * w for w in windows]},
+            env={"git_commit": sha},
+        )  # fmt: skip
+        r["created"] = f"2026-11-01T00:{created}+00:00"
+        save_result(r, tmp_path / sha[:1])
+    got = {s.metric: [(p.commit, p.value, p.low, p.high) for p in s.points] for s in from_results([tmp_path])}
+    assert sorted(got) == ["mem_allocated_peak_bytes", "mfu", "scaling_efficiency", "step_time_s"]
+    commits = ["c" * 40, "b" * 40, "d" * 40]
+    assert [c for c, *_ in got["step_time_s"]] == commits
+    assert got["step_time_s"] == [
+        (commits[0], v, pytest.approx(0.98 * v), pytest.approx(1.02 * v)),
+        (commits[1], v, pytest.approx(0.99 * v), pytest.approx(1.01 * v)),
+        (commits[2], v, None, None),
+    ]
+    for metric, value in (("mfu", 0.3), ("scaling_efficiency", 0.9)):
+        assert got[metric] == [
+            (commits[0], value, pytest.approx(value / 1.02), pytest.approx(value / 0.98)),
+            (commits[1], value, pytest.approx(value / 1.01), pytest.approx(value / 0.99)),
+            (commits[2], value, None, None),
+        ], metric
+    assert got["mem_allocated_peak_bytes"] == [(c, 1e9, None, None) for c in commits]

@@ -593,3 +593,52 @@ def test_the_command_gives_a_row_whose_pairs_spread_more_pairs(tmp_path, fake_se
         "pairs from the spread of each row's pairs over 1 earlier night(s): ddp ws1"
         in capsys.readouterr().out
     )
+
+
+def _night_files(tmp_path: Path, nights_: list[Night]) -> dict[str, object]:
+    for k, n in enumerate(nights_):
+        save_night(n, tmp_path / f"night-{k:02d}")
+    return {s.label: s for s in from_nights([tmp_path])}
+
+
+def test_a_chained_ratios_interval_is_carried_with_it_across_each_bridge(tmp_path):
+    """Three references, a then b (b / a measured 0.8) then c (c / b measured 0.5): each night's ratio and
+    both ends of its interval are carried to reference a's scale by the product of the bridges, 0.8 and then
+    0.4; a night without a commit is left out and the nights after it are still read."""
+    r = [_row(1.0), _row(1.25), _row(2.5)]  # head / a, head / b, head / c: the same head throughout
+    b = Bridge(previous=Reference(spec="tree=/refs/ref-a", describe="ref-a", id="ref-a"), rows=[_row(0.8)])
+    c = Bridge(previous=Reference(spec="tree=/refs/ref-b", describe="ref-b", id="ref-b"), rows=[_row(0.5)])
+    nights_ = [night(0, [r[0]]), night(1, [r[0]]), night(2, [r[1]], "ref-b", b), night(3, [r[1]], "ref-b")]
+    nights_ += [night(4, [r[2]], "ref-c", c).model_copy(update={"commit": ""}), night(5, [r[2]], "ref-c", c)]
+    nights_ += [night(6, [r[2]], "ref-c")]
+    (chained,) = [s for s in _night_files(tmp_path, nights_).values() if s.ratio]
+    assert [p.commit for p in chained.points] == [commit(i) for i in (0, 1, 2, 3, 5, 6)]
+    for p in chained.points:
+        assert (p.value, p.low, p.high) == pytest.approx((1.0, 0.995, 1.005)), p
+
+
+def test_a_bridge_without_the_configurations_ratio_starts_a_new_series(tmp_path):
+    """The bridge measured the new reference against the old for another metric only: this metric's ratios
+    cannot be chained, so they start a series of their own, named by the new reference."""
+    other = _row(0.8)
+    other = other.model_copy(update={"ratios": {"mem_allocated_peak_bytes": other.ratios["step_time_s"]}})
+    b = Bridge(previous=Reference(spec="tree=/refs/ref-a", describe="ref-a", id="ref-a"), rows=[other])
+    series = _night_files(tmp_path, [night(0, [_row(1.0)]), night(1, [_row(1.25)], "ref-b", b)])
+    ratios = sorted((s for s in series.values() if s.ratio), key=lambda s: s.label)
+    assert [[p.value for p in s.points] for s in ratios] == [[1.0], [1.25]]
+    assert "since reference ref-b" in ratios[1].label
+
+
+def test_heads_absolute_figures_are_series_of_the_tracked_metrics_at_each_nights_commit(tmp_path):
+    """Head's own figures of each night: one series per metric with an asv track and a positive figure,
+    named for the configuration, at the night's commit; an unknown metric, one without a track (tokens/s)
+    and a figure of 0 are left out, whatever order they come in."""
+    row = _row(1.0)
+    head = {"unknown": 1.0, "tokens_per_s": 5.0, "mem_reserved_peak_bytes": 0.0, "step_time_s": 0.1}
+    row = row.model_copy(update={"head": head})
+    series = _night_files(tmp_path, [night(0, [row]), night(1, [row])])
+    absolute = [s for s in series.values() if not s.ratio]
+    assert [(s.metric, s.label) for s in absolute] == [("step_time_s", ABSOLUTE)]
+    (s,) = absolute
+    assert s.config == CFG.to_dict()
+    assert [(p.commit, p.value) for p in s.points] == [(commit(0), 0.1), (commit(1), 0.1)]

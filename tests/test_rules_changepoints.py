@@ -110,3 +110,101 @@ def test_a_change_goes_to_the_best_commit_boundary_when_it_gains_nearly_as_much(
     assert changepoints.best_split(y) == 2
     assert changepoints.best_split(y, commits) == 4
     assert changepoints.best_split(y, ["a"] * 12) == 2  # no boundary: the best split
+
+
+def test_a_boundary_gaining_exactly_the_share_takes_the_change() -> None:
+    """The share is "at least": ranks whose best split (before point 6) gains 630^2 / (6 * 15 * 21) = 210 and
+    whose only commit boundary (before point 2) gains 399^2 / (2 * 19 * 21) = 199.5, exactly 0.95 of it, put
+    the change at the boundary. (Each gain is (m L - S k)^2 / (k (m - k) m), L the left ranks' sum, S all of
+    them.)"""
+    y = np.array([2, 1, 8, 7, 12, 6, 14, 15, 4, 19, 16, 17, 18, 13, 3, 20, 21, 11, 10, 5, 9], dtype=float)
+    assert changepoints.BOUNDARY_GAIN_SHARE == 0.95
+    assert changepoints.best_split(y) == 6
+    assert changepoints.best_split(y, ["a"] * 2 + ["b"] * 19) == 2
+
+
+def test_each_change_is_measured_between_its_neighbours(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three noise-free levels 1, 2 and 4 (ten points each), changes before points 10 and 20: each change's
+    medians and ratio are its own two segments', 1 -> 2 and 2 -> 4, never a segment reaching past a
+    neighbouring change."""
+    monkeypatch.setattr(changepoints, "candidates", lambda x: [10, 20])
+    monkeypatch.setattr(changepoints, "split_p_value", lambda y, rng: 0.001)
+    changes = changepoints.find_changes(np.repeat([1.0, 2.0, 4.0], 10))
+    got = [(c.index, *np.round([c.before, c.after, c.ratio, c.low, c.high], 12)) for c in changes]
+    assert got == [(10, 1.0, 2.0, 2.0, 2.0, 2.0), (20, 2.0, 4.0, 2.0, 2.0, 2.0)], changes
+
+
+def test_a_step_no_shuffle_matches_is_reported_at_the_tests_floor() -> None:
+    """20 runs at one level and 20 at +50% (1% noise): no shuffle of the 40 ranks splits them as well (that
+    takes the same 20 on one side: 2 / C(40, 20) of shuffles), so the change's p-value is the smallest the
+    test can give, 1 / (999 + 1), measured on the whole series either side of it."""
+    x = np.r_[np.ones(20), 1.5 * np.ones(20)] * (1 + np.random.default_rng(1).uniform(-0.01, 0.01, 40))
+    (c,) = changepoints.find_changes(x)
+    assert changepoints.PERMUTATIONS == 999
+    assert (c.index, c.p_value) == (20, 0.001)
+
+
+def test_the_permutation_p_value_of_small_and_flat_segments() -> None:
+    """Three points leave no split with MIN_SIZE a side: p is 1. Four have one split, in the middle, and a
+    shuffle matches it when it puts the same pair on one side: 8 of the 24 orders, p about 1/3. A flat
+    segment's split gains nothing, and every shuffle gains as much: p is 1."""
+    rng = np.random.default_rng(0)
+    assert changepoints.split_p_value(np.array([0.0, 1.0, 2.0]), rng) == 1.0
+    assert changepoints.split_p_value(np.array([0.0, 1.0, 2.0, 3.0]), rng) == pytest.approx(1 / 3, abs=0.05)
+    assert changepoints.split_p_value(np.zeros(10), rng) == 1.0
+
+
+def test_the_search_proposes_a_split_of_four_points_and_none_of_three() -> None:
+    """Four points are two segments of MIN_SIZE: a clear step between them is proposed (the permutation test
+    judges it later). Three cannot be split: no candidate, and no change, rather than an error."""
+    assert changepoints.candidates(np.log([1.0, 1.0, 2.0, 2.0])) == [2]
+    assert changepoints.candidates(np.log([1.0, 1.0, 2.0])) == []
+    assert changepoints.find_changes([1.0, 1.0, 2.0]) == []
+
+
+def test_the_noise_scale_is_the_noises_sigma_whatever_the_steps() -> None:
+    """2000 points of N(0, 0.01) with a step of 10 sigma half way: the scale is sigma (from the consecutive
+    differences, the step moving one of them), not the standard deviation the step inflates to 0.05."""
+    x = np.random.default_rng(7).normal(0.0, 0.01, 2000)
+    x[1000:] += 0.1
+    assert changepoints.noise_scale(x) == pytest.approx(0.01, rel=0.05)
+
+
+def test_a_series_gives_the_same_answer_every_time_and_the_seed_is_the_permutations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A split of noise kept whatever its p-value (alpha 1), in three series: find_changes gives the same
+    p-values call after call, those of seed 0 by default, and another seed draws other permutations."""
+    monkeypatch.setattr(changepoints, "candidates", lambda x: [15])
+    series = [noise(s, 30) for s in range(3)]
+
+    def ps(seed: int | None = None) -> list[float]:
+        kw = {} if seed is None else {"seed": seed}
+        return [c.p_value for s in series for c in changepoints.find_changes(s, alpha=1.0, **kw)]
+
+    first = ps()
+    assert len(first) == 3 and ps() == first == ps(0)
+    assert ps(1) != first
+
+
+def test_a_series_is_refused_unless_positive_and_finite_and_its_groups_must_match() -> None:
+    """A figure of 0, below 0 or not finite has no log: refused, saying so; and one commit per point."""
+    for bad in ([1.0, 0.0, 2.0, 3.0], [1.0, -1.0, 2.0, 3.0], [1.0, float("nan"), 2.0, 3.0]):
+        with (
+            np.errstate(divide="ignore", invalid="ignore"),
+            pytest.raises(ValueError, match="^a change-point series must be positive and finite$"),
+        ):
+            changepoints.find_changes(bad)
+    with pytest.raises(ValueError, match="^3 groups for 4 points$"):
+        changepoints.find_changes([1.0, 1.0, 2.0, 2.0], groups=["a", "a", "b"])
+
+
+def test_a_series_of_any_real_numbers_is_read_as_floats() -> None:
+    """Figures as Decimals (what a JSON reader with parse_float=Decimal gives) find the changes their floats
+    do."""
+    from decimal import Decimal
+
+    x = np.round(np.repeat([1.0, 1.5], 20) * noise(0, 40), 4)
+    floats = changepoints.find_changes(x)
+    assert [c.index for c in floats] == [20]
+    assert changepoints.find_changes([Decimal(str(v)) for v in x]) == floats
