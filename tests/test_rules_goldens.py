@@ -43,7 +43,7 @@ def own_updates(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(goldens, "UPDATED", [])
 
 
-# --- the machine class and what a run records ------------------------------------------------------------------
+# --- the machine class and what a run records ---------------------------------------------------------------
 
 
 def test_the_machine_class_is_each_gpu_model_once_sorted_else_the_cpu_instruction_set(monkeypatch) -> None:
@@ -105,7 +105,7 @@ def test_a_factory_models_colon_is_a_dot_in_the_file_name() -> None:
     assert goldens.file_name(cfg) == "ddp-ws2-mypkg.models.tiny-fp32.json"
 
 
-# --- what a mismatch and an update say ---------------------------------------------------------------------------
+# --- what a mismatch and an update say ----------------------------------------------------------------------
 
 
 def test_versions_are_described_in_a_fixed_order_leaving_out_those_not_recorded() -> None:
@@ -180,7 +180,7 @@ def test_the_replaced_values_digest_is_sha256_of_the_curves_sorted_json() -> Non
     assert goldens.curve_digest(curve([6.0, 5.9], [2.0, 2.1])) == hashlib.sha256(text).hexdigest()[:16]
 
 
-# --- reading and writing a golden file ---------------------------------------------------------------------------
+# --- reading and writing a golden file ----------------------------------------------------------------------
 
 
 def test_an_unreadable_golden_names_the_file_the_error_and_the_fix(tmp_path) -> None:
