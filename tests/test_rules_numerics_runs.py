@@ -405,7 +405,7 @@ def test_a_server_too_old_for_the_request_is_refused_before_asking_and_says_whic
     assert ask("head", _config(), None)["status"] == "ok"
     assert ask("base", _config(), None) == {
         "status": "error",
-        "error": "the base variant's distbench predates numerics numerics runs (its server speaks protocol 2, "
+        "error": "the base variant's distbench predates numerics runs (its server speaks protocol 2, "
         "they need 3): leave them out with --recipes, or compare speed alone with --numerics off",
     }
     assert ask("head", _config(), 1)["error"].startswith(
