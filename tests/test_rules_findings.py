@@ -39,6 +39,47 @@ def test_the_promised_regime_is_clean_and_a_mixed_one_is_not() -> None:
     assert [d.split(":")[0] for d in regime_differences("bf16-amp", every_part_off)] == list(CLEAN)
 
 
+def dispatch(recorder: DtypeRecorder, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Hand `op` to the recorder as torch's dispatcher does under the mode, without the torch._dynamo guard
+    torch wraps every mode's __torch_dispatch__ in (one level: what it wrapped is the method as the class
+    defines it): its first call imports torch._dynamo (1.4 s here), which the slow test below pays to run the
+    mode end to end."""
+    guarded = DtypeRecorder.__torch_dispatch__
+    return guarded.__wrapped__(recorder, op, (), args, kwargs)  # type: ignore[attr-defined]
+
+
+def test_the_recorder_keeps_each_matmuls_output_dtype_and_each_layer_norms_input_dtype() -> None:
+    """mm and addmm: the dtype of what they return (the compute dtype of the matmul with the weights);
+    native_layer_norm: the dtype of its input; any other op is not recorded; names as EXPECTED spells them
+    ("bfloat16", not "torch.bfloat16"). Every op runs with its keyword arguments and its result is returned as
+    it is."""
+    rec = DtypeRecorder()
+    a, w, b = torch.ones(2, 4), torch.ones(4, 4), torch.ones(4)
+    out = dispatch(rec, torch.ops.aten.addmm.default, b, a, w, beta=0.5)
+    assert torch.equal(out, torch.full((2, 4), 4.5))  # 0.5 x 1 + 4: beta reached the op
+    assert dispatch(rec, torch.ops.aten.mm.default, a.bfloat16(), w.bfloat16()).dtype == torch.bfloat16
+    normed, _, _ = dispatch(
+        rec, torch.ops.aten.native_layer_norm.default, a.bfloat16(), [4], None, None, 1e-5
+    )
+    assert normed.dtype == torch.bfloat16 and normed.shape == (2, 4)
+    assert torch.equal(
+        dispatch(rec, torch.ops.aten.add.Tensor, a.half(), a.half()), torch.full((2, 4), 2.0).half()
+    )
+    assert rec.seen == {"matmul": {"float32", "bfloat16"}, "layer_norm": {"bfloat16"}}
+
+
+def test_a_regime_is_each_parts_dtypes_sorted_with_the_parameters() -> None:
+    regime = regime_of(
+        {"matmul": {"float32", "bfloat16"}, "layer_norm": {"float32"}},
+        [torch.zeros(1), torch.zeros(1, dtype=torch.bfloat16), torch.zeros(2)],
+    )
+    assert regime == {
+        "matmul": ["bfloat16", "float32"],
+        "layer_norm": ["float32"],
+        "parameters": ["bfloat16", "float32"],
+    }
+
+
 @pytest.mark.slow  # the first op under a TorchDispatchMode takes ~10 s here (torch's lazy set-up)
 def test_the_recorder_keeps_every_dtype_it_saw() -> None:
     """What the check is given is every dtype of every matmul and layer norm run, sorted, with the parameters'.

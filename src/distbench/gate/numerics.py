@@ -520,7 +520,7 @@ def ask_servers(servers: dict[str, Any], timeout: float) -> Ask:
 
     def ask(side: str, cfg: RunConfig, resume_at: int | None) -> dict[str, Any]:
         server = servers[side]
-        needs, what = (PROTOCOL, "numerics runs") if resume_at is None else (RESUME_PROTOCOL, "resumed runs")
+        needs, what = (PROTOCOL, "runs") if resume_at is None else (RESUME_PROTOCOL, "resumed runs")
         if server.protocol < needs:
             return {
                 "status": "error",
