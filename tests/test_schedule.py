@@ -638,3 +638,94 @@ def test_a_device_kept_for_the_solo_seats_wider_lanes_but_no_one_rank_lane():
     assert next_world_size([Unit(1, ["a"], 1.0)], {}, s) is None
     s.give([0])
     assert s.take(2) == [0, 1]
+
+
+# --- single rules of the plan and the seats, each with hand-computed expectations -------------------------------
+
+
+def test_a_device_seats_one_lane_unless_told_otherwise():
+    """`plan`'s seats default to 1: two units on one device without a seat count run one at a time."""
+    p = plan(cases("ddp", 1, 1) + cases("zero3", 1, 1), devices=1)
+    assert p.seats == 1 and p.lanes_at_once == 1 and not p.worth_it
+
+
+def test_groups_go_in_order_of_their_whole_cost_not_of_their_last_unit(monkeypatch):
+    """A group's place is the sum of its units' seconds: three 2-s units of one strategy (6 s, in three modules)
+    go before another strategy's single 5-s unit, though each of them is shorter."""
+    from distbench.testsuite import schedule
+
+    monkeypatch.setattr(schedule, "LONG_UNIT_SHARE", float("inf"))  # no unit split: the group order alone
+    cs = [
+        Case("a.py::t[many]", 1, "many", cost=2.0),
+        Case("b.py::t[many]", 1, "many", cost=2.0),
+        Case("c.py::t[many]", 1, "many", cost=2.0),
+        Case("d.py::t[one]", 1, "one", cost=5.0),
+    ]
+    assert [u.group for u in plan(cs, devices=1).units] == ["many", "many", "many", "one"]
+
+
+@pytest.mark.parametrize(("devices", "ws"), [(1, 1), (3, 2)])
+def test_with_one_lane_at_a_time_a_unit_is_long_from_a_third_of_all_its_world_sizes_work(devices, ws):
+    """A world size's phase is its work over the lanes of it that fit at once: on one device with one seat, or
+    for two ranks on three devices (a second two-rank lane would need a fourth), that is one lane, and the phase
+    is all 12 s. Unit `a` (6 s) is long and split; `b` (3 s, a quarter) is not, though it is a third of half
+    the work or of 12 s over 1.5 lanes."""
+    cs = (
+        [Case(f"a.py::t{i}", ws, "a", cost=3.0) for i in range(2)]
+        + [Case(f"b.py::t{i}", ws, "b", cost=1.5) for i in range(2)]
+        + [Case(f"{g}.py::t", ws, g, cost=1.0) for g in "cde"]
+    )
+    p = plan(cs, devices=devices, seats=1)
+    assert [u.nodeids for u in p.units] == [
+        ["a.py::t0"],
+        ["b.py::t0", "b.py::t1"],
+        ["a.py::t1"],
+        ["c.py::t"],
+        ["d.py::t"],
+        ["e.py::t"],
+    ]
+
+
+def test_a_unit_of_exactly_a_third_of_its_phase_is_long():
+    """LONG_UNIT_SHARE is inclusive: a 3-s unit of 9 s of work on one lane is split, its tests leading."""
+    cs = [Case(f"a.py::t{i}", 1, "a", cost=1.5) for i in range(2)] + [
+        Case(f"{g}.py::t", 1, g, cost=2.0) for g in "bcd"
+    ]
+    assert [u.nodeids for u in plan(cs, devices=1).units] == [
+        ["a.py::t0"],
+        ["b.py::t"],
+        ["a.py::t1"],
+        ["c.py::t"],
+        ["d.py::t"],
+    ]
+
+
+def test_the_solo_unit_is_named_as_the_solo_and_runs_in_its_cases_tier():
+    """The solo's group is SOLO (the lanes count it apart from the strategies'), and its lane starts the rank
+    pool of its cases' tier, as any unit's does."""
+    from distbench.testsuite.schedule import SOLO
+
+    cs = [Case("b.py::spin", 1, "b.py", exclusive=True, device_type="cuda"), *cases("ddp", 1, 1)]
+    solo = plan(cs, devices=2, seats=2, solo=True).solo
+    assert solo is not None and solo.group == SOLO and solo.device_type == "cuda"
+
+
+def test_the_solo_takes_a_device_whole_only_when_no_lane_holds_a_seat_there():
+    s = Seats.of(devices=2, seats=2)
+    assert s.take(1) == [0]
+    assert not s.take_whole(0, 2) and s.free == [1, 2], "took a device a lane still sits on"
+    assert s.take_whole(1, 2) and s.free == [1, 0]
+
+
+def test_without_a_cap_the_lanes_on_a_group_do_not_turn_a_lane_away_from_it():
+    """cap=0 (the default) is no cap: the first unit in plan order, however many lanes run its group."""
+    pending = [Unit(1, ["a"], 5.0, "zero3"), Unit(1, ["c"], 3.0, "ddp")]
+    assert take_unit(list(pending), 1, {"zero3": 3}).nodeids == ["a"]
+
+
+def test_without_a_memory_figure_the_host_cores_alone_bound_the_seats():
+    """An unknown device memory or rank peak (None, as a CPU tier has) leaves the cores' bound: 16 cores at 2 a
+    rank on one device seat 8 lanes."""
+    assert seats_per_device(1, None, 5 * GIB, cores=16) == 8
+    assert seats_per_device(1, 141 * GIB, None, cores=16) == 8
+    assert seats_per_device(1, 0, 5 * GIB, cores=16) == 8
