@@ -596,6 +596,7 @@ def _sized(monkeypatch, peak_of) -> None:
         (lambda mb, ckpt: 90.0 if not ckpt else 96.0, (16, False)),  # none fits twice: alone, as given
         (lambda mb, ckpt: 94.0 if ckpt and mb == 4 else 99.0, (4, True)),  # alone, at the largest that fits
         (lambda mb, ckpt: 96.0, (16, False)),  # nothing fits at all: as given
+        (lambda mb, ckpt: 47.0 if mb > 16 else 99.0, (16, False)),  # never a larger micro-batch than given
     ],
     ids=[
         "as-given",
@@ -606,6 +607,7 @@ def _sized(monkeypatch, peak_of) -> None:
         "alone",
         "alone-smaller",
         "nothing",
+        "never-larger",
     ],
 )
 def test_the_size_chosen_is_the_first_of_the_gate_s_order_that_fits_two_runs_else_one(
