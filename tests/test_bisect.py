@@ -12,9 +12,11 @@ import json
 import math
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import numpy as np
 import pytest
 
 from distbench.config import RunConfig
+from distbench.errors import ConfigError
 from distbench.gate import bisect, stats
 from distbench.gate.ab import run_ab
 from distbench.gate.bisect import Bisection, Candidate, ProbeRecord, Setup, StateFileError, Step
@@ -902,3 +905,223 @@ def worktrees(repo: Path) -> list[str]:
         ["git", "worktree", "list", "--porcelain"], cwd=repo, capture_output=True, text=True
     )
     return [line.split(" ", 1)[1] for line in listed.stdout.splitlines() if line.startswith("worktree ")]
+
+
+# ---- what a bisect walks: the candidates of a git history or a variants file -----------------------------
+
+
+def test_a_git_history_s_candidates_are_the_good_end_then_each_first_parent_revision_labelled_by_subject(
+    tmp_path,
+):
+    """from_git, given any folder of the repository, reads the repository at its top: GOOD, then each revision
+    up to BAD, each labelled by its short id and subject (a revision without a subject by its id alone). A
+    repository that is not distbench runs on this distbench's PYTHONPATH, its worktree and its src/ both."""
+    from bisect_history import git
+    from distbench.gate.history import Checkouts, from_git
+
+    repo = tmp_path / "repo"
+    (repo / "src" / "pkg").mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    for i, subject in enumerate(["the good end", "", "two words"]):
+        (repo / "src" / "pkg" / "__init__.py").write_text(f"REVISION = {i}\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "--allow-empty-message", "-m", subject)
+    ids = [git(repo, "rev-parse", f"HEAD~{k}") for k in (2, 1, 0)]
+    hist = from_git(repo / "src", "HEAD~2", "HEAD")
+    assert [c.spec for c in hist.candidates] == ids
+    assert [c.label for c in hist.candidates] == [
+        f"{ids[0][:10]} the good end",
+        ids[1][:10],
+        f"{ids[2][:10]} two words",
+    ]
+    assert (hist.kind, hist.repo) == ("user", repo)
+    assert hist.source == "revisions of repo (on PYTHONPATH of this distbench)"
+    co = Checkouts(hist, tmp_path / "checkouts", tmp_path / "logs")
+    try:
+        tree = tmp_path / "checkouts" / "candidate-1"
+        assert co.variant(1, "head").path == (str(tree), str(tree / "src"))
+    finally:
+        co.close()
+
+
+def test_a_history_that_cannot_be_bisected_is_refused_naming_what_is_wrong(tmp_path):
+    """A --repo that is not a folder, and a --bad that is not a commit, are refused in words that name them."""
+    from bisect_history import git
+    from distbench.gate.history import from_git
+
+    with pytest.raises(ConfigError, match=r"^--repo .*missing is not a directory$"):
+        from_git(tmp_path / "missing", "HEAD~1", "HEAD")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "one")
+    with pytest.raises(ConfigError, match=rf"^--bad nope is not a commit of {repo}$"):
+        from_git(repo, "HEAD", "nope")
+
+
+def test_a_variants_file_s_candidates_are_its_lines_less_comments_and_blanks(tmp_path):
+    """--variants: one candidate a line, in order, what follows a `#` and blank lines left out, each labelled
+    by its spec; the source names the file. An unreadable file is refused naming it."""
+    from distbench.gate.history import from_file
+
+    (tmp_path / "a").mkdir()
+    lines = tmp_path / "lines.txt"
+    lines.write_text(
+        f"# good first\npath={tmp_path}  # the good end\n\n   \nenv.X=1\npath={tmp_path / 'a'}\n"
+    )
+    hist = from_file(lines)
+    specs = [f"path={tmp_path}", "env.X=1", f"path={tmp_path / 'a'}"]
+    assert [(c.spec, c.label) for c in hist.candidates] == [(s, s) for s in specs]
+    assert (hist.kind, hist.source, hist.repo) == ("variants", "variants of lines.txt", None)
+    lines.write_bytes(b"path=.\n\xff\n")
+    with pytest.raises(ConfigError, match=r"^cannot read --variants .*lines\.txt: 'utf-8' codec"):
+        from_file(lines)
+    with pytest.raises(ConfigError, match=r"^cannot read --variants .*nowhere\.txt: \[Errno 2\]"):
+        from_file(tmp_path / "nowhere.txt")
+
+
+def test_a_bisect_forgets_the_worktrees_whose_folders_are_gone(history, tmp_path):
+    """Checkouts prunes its repository first: an (unlocked) worktree whose folder was deleted is no longer
+    listed, so its path can be checked out again."""
+    from distbench.gate.history import Checkouts, from_git
+
+    repo, ids = history
+    gone = tmp_path / "gone"
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(gone), ids[0]], cwd=repo, check=True, capture_output=True
+    )
+    shutil.rmtree(gone)
+    assert str(gone) in worktrees(repo)
+    Checkouts(from_git(repo, ids[0], ids[2]), tmp_path / "checkouts", tmp_path / "logs").close()
+    assert str(gone) not in worktrees(repo)
+
+
+# ---- how a candidate's processes run ----------------------------------------------------------------------
+
+
+def _state_of(pid: int) -> str:
+    """A process's state letter, "gone" once it was reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+def test_a_logged_run_gives_its_exit_status_and_last_line_and_leaves_nothing_of_its_group_running(tmp_path):
+    """run_logged runs the command in the folder and environment given, with no input (here its stdin is a
+    pipe nobody writes), its output to the log (its folders made); it answers the exit status and the last
+    line printed (undecodable bytes replaced, trailing blank lines dropped), and kills whatever the command
+    left running in its process group."""
+    from distbench.gate.history import run_logged
+
+    script = (
+        "import os, subprocess, sys\n"
+        "child = subprocess.Popen(['sleep', '30'])\n"
+        "open('child.pid', 'w').write(str(child.pid))\n"
+        "print(os.getcwd(), os.environ['WHO'], repr(sys.stdin.read()), flush=True)\n"
+        "sys.stdout.buffer.write(b'last \\xff\\n\\n')\n"
+        "sys.exit(5)\n"
+    )
+    log = tmp_path / "logs" / "deeper" / "run.log"
+    read, write = os.pipe()
+    stdin = os.dup(0)
+    os.dup2(read, 0)
+    try:
+        rc, tail = run_logged(
+            [sys.executable, "-c", script], tmp_path, {**os.environ, "WHO": "me"}, 20.0, log
+        )
+    finally:
+        os.dup2(stdin, 0)
+        for fd in (stdin, read, write):
+            os.close(fd)
+    child = int((tmp_path / "child.pid").read_text())
+    try:
+        assert (rc, tail) == (5, "last \N{REPLACEMENT CHARACTER}")
+        assert log.read_bytes().startswith(f"{tmp_path} me ''\n".encode())
+        for _ in range(200):
+            if _state_of(child) in ("Z", "gone"):
+                break
+            time.sleep(0.01)
+        assert _state_of(child) in ("Z", "gone"), "the command's child outlived it"
+    finally:
+        if _state_of(child) not in ("Z", "gone"):
+            os.kill(child, signal.SIGKILL)
+    assert run_logged(["true"], None, dict(os.environ), 20.0, log) == (0, "(no output)")  # the folder exists
+
+
+def test_a_run_past_its_timeout_is_killed_and_answers_none(tmp_path):
+    """A command still running at the timeout is killed with its group; its exit status is None."""
+    from distbench.gate.history import run_logged
+
+    start = time.monotonic()
+    rc, tail = run_logged(
+        ["sh", "-c", "echo started; exec sleep 30"], None, dict(os.environ), 0.5, tmp_path / "l"
+    )
+    assert (rc, tail) == (None, "started") and time.monotonic() - start < 10
+
+
+FAKE_PYTEST = """#!/bin/sh
+# stands in for a candidate's interpreter running pytest: records what it was given, prints as pytest would
+printf '%s\\n' "$@" > argv.txt
+printf '%s\\n' "$PYTHONPATH" > pythonpath.txt
+printf '%s\\n' "$WHO" > who.txt
+case "$9" in
+  *::passes) echo "t.py ."; echo "1 passed in 0.01s" ;;
+  *::fails) echo "E   assert 1 == 2"; echo "1 failed in 0.01s"; exit 1 ;;
+  *::skips) echo "1 skipped in 0.01s" ;;
+  *::missing) echo "ERROR: not found: $9"; exit 4 ;;
+  *::hangs) exec sleep 30 ;;
+esac
+"""
+
+
+def test_a_node_runs_from_the_candidate_s_checkout_with_its_code_first_on_pythonpath(tmp_path, monkeypatch):
+    """run_test runs `PYTHON -m pytest -q -x -p no:cacheprovider -m "" NODE` with the candidate's interpreter:
+    a tree= candidate from its tree, its src/ first on PYTHONPATH; a path= candidate from its first path, its
+    paths first; the variant's environment over this one's. It judges what was printed: a pass is good, a
+    failure bad with pytest's error; a node that did not run is a skip saying why, with its log's name."""
+    from distbench.gate.history import run_test
+    from distbench.gate.variants import Variant
+
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTEST)
+    fake.chmod(0o755)
+    tree, a, b = (tmp_path / name for name in ("tree", "a", "b"))
+    for folder in (tree, a, b):
+        folder.mkdir()
+    monkeypatch.setenv("PYTHONPATH", "/outer")
+    monkeypatch.setenv("WHO", "outer")
+    head = Variant("head", python=str(fake), tree=str(tree), env={"WHO": "head"})
+    assert run_test(head, "t.py::passes", 20.0, tmp_path / "p.log") == ("good", "1 passed in 0.01s")
+    argv = (tree / "argv.txt").read_text().splitlines()
+    assert argv == ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "", "t.py::passes"]
+    assert (tree / "pythonpath.txt").read_text() == f"{tree / 'src'}{os.pathsep}/outer\n"
+    assert (tree / "who.txt").read_text() == "head\n"
+    monkeypatch.delenv("PYTHONPATH")
+    user = Variant("base", python=str(fake), path=(str(a), str(b)))
+    outcome = run_test(user, "t.py::fails", 20.0, tmp_path / "f.log")
+    assert outcome == ("bad", "1 failed in 0.01s: assert 1 == 2")
+    assert (a / "pythonpath.txt").read_text() == f"{a}{os.pathsep}{b}\n" and (
+        a / "who.txt"
+    ).read_text() == "outer\n"
+    assert run_test(user, "t.py::skips", 20.0, tmp_path / "s.log") == (
+        "skip",
+        "t.py::skips: nothing ran (skipped, deselected or xfailed): 1 skipped in 0.01s (log: s.log)",
+    )
+    assert run_test(user, "t.py::missing", 20.0, tmp_path / "m.log") == (
+        "skip",
+        "t.py::missing: exited 4: ERROR: not found: t.py::missing (log: m.log)",
+    )
+    assert run_test(user, "t.py::hangs", 0.6, tmp_path / "h.log") == (
+        "skip",
+        "t.py::hangs: timed out after 1 s: (no output) (log: h.log)",
+    )
+
+
+def test_a_process_is_running_until_it_has_ended():
+    """_running: this process runs; one that exited and was reaped does not."""
+    from distbench.gate.history import _running
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    assert _running(os.getpid()) and not _running(ended.pid)

@@ -527,6 +527,181 @@ def test_no_card_or_no_model_leaves_the_configuration_as_given():
     assert fit.choose(tiny, n, H100) == tiny and "no memory model" in fit.describe(tiny, n, H100)
 
 
+def test_a_rank_s_predicted_peak_is_its_state_and_its_family_s_measured_terms(monkeypatch):
+    """predicted_peak = the state as invariants/memory.py shards it (asked with the strategy, parameters, world
+    size, precision and replicate option) + the bf16 parameters fsdp_grad keeps gathered, 2 n (1 - 1/world)
+    bytes + (held + micro-batch x per sample, checkpointed or not) GiB of the strategy's family + 1 GiB of NCCL
+    at two or more ranks; None for a strategy or a model nothing was measured for."""
+    asked = []
+
+    def state(strategy, n_params, world_size, precision, replicate=None):
+        asked.append((strategy, n_params, world_size, precision, replicate))
+        return {"params": 100.0, "grads": 20.0}
+
+    def size(
+        strategy: str, world_size: int, micro_batch: int, checkpointed: bool = False, **changes
+    ) -> RunConfig:
+        return CFGS[0].replace(
+            strategy=strategy,
+            world_size=world_size,
+            micro_batch=micro_batch,
+            global_batch=micro_batch * world_size,
+            activation_checkpointing=checkpointed,
+            **changes,
+        )
+
+    monkeypatch.setattr("distbench.invariants.memory.analytic_bytes", state)
+    n, gib = 10**9, 2**30
+    cases = [
+        (size("ddp", 1, 16), 120 + (5.43 + 16 * 4.90) * gib),  # ddp at one rank: no NCCL
+        (size("single", 1, 16), 120 + (5.43 + 16 * 4.90) * gib),  # single is ddp's family
+        (size("ddp", 2, 8, True), 120 + (5.43 + 8 * 1.14 + 1) * gib),
+        (size("fsdp_grad", 4, 4), 120 + 1.5 * n + (2.42 + 4 * 3.54 + 1) * gib),
+        (size("fsdp1_grad", 2, 2), 120 + 1.0 * n + (2.42 + 2 * 3.54 + 1) * gib),
+        (size("fsdp_full", 4, 4), 120 + (2.42 + 4 * 3.54 + 1) * gib),
+        (size("zero3", 2, 3), 120 + (8.49 + 3 * 3.15 + 1) * gib),
+    ]
+    for cfg, expected in cases:
+        assert fit.predicted_peak(cfg, n) == pytest.approx(expected, rel=1e-12), cfg.strategy
+    asked.clear()
+    hybrid = size("fsdp_hybrid", 4, 16, options={"replicate": 2})
+    assert fit.predicted_peak(hybrid, n) == pytest.approx(120 + (2.42 + 16 * 3.54 + 1) * gib, rel=1e-12)
+    assert asked == [("fsdp_hybrid", n, 4, "bf16", 2)]
+    assert fit.predicted_peak(size("zero3_offload", 1, 16), n) is None
+    assert fit.predicted_peak(size("ddp", 1, 16, model="gpt2-tiny"), n) is None
+
+
+def test_runs_fit_when_together_they_take_at_most_95_percent_of_the_card():
+    """fits: runs x peak <= (1 - HEADROOM) x card, the boundary included."""
+    assert fit.fits(47.5, 100, 2) and fit.fits(95.0, 100, 1) and fit.fits(95.0, 200, 2)
+    assert not fit.fits(47.5 + 1e-9, 100, 2) and not fit.fits(95.0 + 1e-9, 100, 1)
+    assert not fit.fits(47.5, 100, 3) and fit.fits(31.0, 100, 3)
+
+
+def _sized(monkeypatch, peak_of) -> None:
+    """Stand predicted_peak in for a model whose peak is peak_of(micro_batch, checkpointed)."""
+    monkeypatch.setattr(
+        fit, "predicted_peak", lambda cfg, n: peak_of(cfg.micro_batch, cfg.activation_checkpointing)
+    )
+
+
+@pytest.mark.parametrize(
+    ("peak_of", "expected"),
+    [
+        (lambda mb, ckpt: 47.0, (16, False)),  # two runs fit as given
+        (lambda mb, ckpt: 40.0 if ckpt else 60.0, (16, True)),  # checkpointing first, at the same micro-batch
+        (lambda mb, ckpt: 6.0 * mb if ckpt else 99.0, (7, True)),  # then the largest micro-batch two runs fit
+        (lambda mb, ckpt: 47.0 if ckpt and mb == 15 else 99.0, (15, True)),  # one less than given
+        (lambda mb, ckpt: 47.0 if ckpt and mb == 1 else 99.0, (1, True)),  # down to a single sample
+        (lambda mb, ckpt: 90.0 if not ckpt else 96.0, (16, False)),  # none fits twice: alone, as given
+        (lambda mb, ckpt: 94.0 if ckpt and mb == 4 else 99.0, (4, True)),  # alone, at the largest that fits
+        (lambda mb, ckpt: 96.0, (16, False)),  # nothing fits at all: as given
+        (lambda mb, ckpt: 47.0 if mb > 16 else 99.0, (16, False)),  # never a larger micro-batch than given
+    ],
+    ids=[
+        "as-given",
+        "checkpointed",
+        "smaller",
+        "one-less",
+        "one-sample",
+        "alone",
+        "alone-smaller",
+        "nothing",
+        "never-larger",
+    ],
+)
+def test_the_size_chosen_is_the_first_of_the_gate_s_order_that_fits_two_runs_else_one(
+    monkeypatch, peak_of, expected
+):
+    """choose, on a 100-byte card (95 usable): the configuration as given, then checkpointed, then checkpointed
+    at each smaller micro-batch down to 1 (its global batch micro-batch x world size), the first whose two runs
+    fit; failing all, the first that fits once; failing that, the configuration as given."""
+    _sized(monkeypatch, peak_of)
+    cfg = CFGS[0].replace(world_size=2, micro_batch=16, global_batch=32, activation_checkpointing=False)
+    chosen = fit.choose(cfg, 1, 100)
+    assert (chosen.micro_batch, chosen.activation_checkpointing) == expected
+    assert chosen.global_batch == 2 * chosen.micro_batch
+    assert chosen.replace(micro_batch=16, global_batch=32, activation_checkpointing=False) == cfg
+
+
+def test_the_size_chosen_prefers_two_runs_at_a_smaller_batch_to_one_run_as_given(monkeypatch):
+    """Two runs of micro-batch 1 fitting outrank one run of the configuration as given, and three runs are
+    never asked for: a peak that fits twice but not three times is kept as given."""
+    _sized(monkeypatch, lambda mb, ckpt: 30.0 if ckpt and mb == 1 else 40.0 if not ckpt else 94.0)
+    cfg = CFGS[0].replace(world_size=2, micro_batch=16, global_batch=32, activation_checkpointing=False)
+    assert fit.choose(cfg, 1, 100) == cfg  # 40 fits twice (80 <= 95), not three times
+    _sized(monkeypatch, lambda mb, ckpt: 40.0 if ckpt and mb == 1 else 94.0)
+    assert (fit.choose(cfg, 1, 100).micro_batch, fit.choose(cfg, 1, 100).activation_checkpointing) == (
+        1,
+        True,
+    )
+
+
+def test_the_size_line_says_the_predicted_peak_and_how_many_runs_the_card_holds(monkeypatch):
+    """describe: the configuration's label, its predicted GiB a run and the card's, to one decimal, and
+    whether two runs are resident at once or one runs at a time; without a card or a model it says so."""
+    from distbench.gate.ab import label_of
+
+    cfg = CFGS[0]
+    gib = 2**30
+    _sized(monkeypatch, lambda mb, ckpt: 30.25 * gib)
+    assert fit.describe(cfg, 1, 80 * gib) == (
+        f"{label_of(cfg)}: 30.2 GiB a run predicted by the memory model (gate/fit.py), two runs resident at once "
+        "on this 80.0 GiB card"
+    )
+    assert fit.describe(cfg, 1, 60 * gib).endswith(", one run at a time on this 60.0 GiB card")
+    assert (
+        fit.describe(cfg, 1, None)
+        == f"{label_of(cfg)}: no memory model for it, or no card to hold it against"
+    )
+    _sized(monkeypatch, lambda mb, ckpt: None)
+    assert (
+        fit.describe(cfg, 1, 80 * gib)
+        == f"{label_of(cfg)}: no memory model for it, or no card to hold it against"
+    )
+    assert fit.choose(cfg, 1, 80 * gib) == cfg
+
+
+def test_the_card_is_the_smallest_gpu_as_nvml_counts_it(monkeypatch):
+    """card_bytes: the least total memory over the GPUs NVML lists; None without NVML, without GPUs, or when
+    NVML fails to answer."""
+
+    class Memory:
+        def __init__(self, total):
+            self.total = total
+
+    class NVML:
+        def __init__(self, totals, fails=False):
+            self.totals, self.fails = totals, fails
+
+        def nvmlDeviceGetCount(self):
+            return len(self.totals)
+
+        def nvmlDeviceGetHandleByIndex(self, i):
+            if self.fails:
+                raise RuntimeError("NVML_ERROR_UNKNOWN")
+            return i
+
+        def nvmlDeviceGetMemoryInfo(self, handle):
+            return Memory(self.totals[handle])
+
+    for nv, expected in [
+        (NVML([80, 40, 60]), 40),
+        (NVML([80]), 80),
+        (NVML([]), None),
+        (NVML([80], fails=True), None),
+        (None, None),
+    ]:
+        monkeypatch.setattr("distbench.machine.nvml", lambda nv=nv: nv)
+        assert fit.card_bytes() == expected
+
+
+def test_a_model_s_parameter_count_is_its_spec_s():
+    from distbench.workloads import get_model
+
+    assert fit.n_params("gpt2-tiny") == get_model("gpt2-tiny").param_count() > 0
+
+
 # --- the device-side metric is chosen before the data ------------------------------------------------------
 def _device_candidates(result: dict, rng: np.random.Generator, quiet: str) -> dict:
     """The run's result with the three device-side candidates, `quiet` the one with the least noise."""
