@@ -324,7 +324,7 @@ def _report_of_every_kind():
     shares of their sum, whatever their scale: 362.4/163.6/0 ms; a base run without a trace and one whose
     trace is all zeros count for nothing);
     and runs left out: a base run that failed (with its error), one that timed out (without; nor an id), a
-    throttled head run (without an id); one base run on a one-GPU machine, one head run on an H100."""
+    throttled head run with its id and one without; one base run on a one-GPU machine, one head run on an H100."""
     base_trace, head_trace = (
         {"compute_pct": 60, "non_compute_pct": 30, "idle_pct": 10},
         {"compute_pct": 0.62, "non_compute_pct": 0.28},
@@ -347,9 +347,10 @@ def _report_of_every_kind():
     del timed_out["id"]
     throttled = _run("zero3", 0.38, 100.0, step=0.526)
     throttled["nvml"] = {"throttled": True}
+    named = {**throttled, "id": "head-throttled"}
     del throttled["id"]
     return compare(
-        base + [failed, timed_out], head + [throttled], metrics=["mem_allocated_peak_bytes", "mfu"]
+        base + [failed, timed_out], head + [named, throttled], metrics=["mem_allocated_peak_bytes", "mfu"]
     )
 
 
@@ -376,7 +377,7 @@ def test_the_report_of_every_kind_of_row_reads_as_written():
     )
     zero3, fsdp, ddp = (f"{s} ws2 gpt2-large bf16 s1024 gb32 mb8" for s in ("zero3", "fsdp_full", "ddp"))
     expected = f"""\
-## distbench compare: FAIL: significant regression (exit 1); 1 regression, 1 improvement, 1 unchanged, 1 undecided, 2 insufficient-data, 3 runs excluded (1 throttled)
+## distbench compare: FAIL: significant regression (exit 1); 1 regression, 1 improvement, 1 unchanged, 1 undecided, 2 insufficient-data, 4 runs excluded (2 throttled)
 
 Welch's t interval on log values at 98.750% (family-wise alpha 0.05 over 6 rows), Mann-Whitney U p beside it; regression when the interval excludes 0 and the change is at least 1.0%; unchanged when a 2.0% regression is ruled out; at least 6 runs per side.
 
@@ -401,6 +402,7 @@ Welch's t interval on log values at 98.750% (family-wise alpha 0.05 over 6 rows)
 |---|---|---|---|
 | base | {ddp} | base-failed | status error: CUDA error: out of memory |
 | base | {ddp} | ? | status timeout |
+| head | {zero3} | head-throttled | throttled |
 | head | {zero3} | ? | throttled |
 """
     assert report.to_markdown() == expected
@@ -431,6 +433,7 @@ def test_the_terminal_report_holds_the_same_rows_styled_by_verdict():
         (f"{zero3} mfu: {attribution.split('**: ', 1)[1]}", "red"),
         (f"excluded base run base-failed ({ddp}): status error: CUDA error: out of memory", "dim"),
         (f"excluded base run ? ({ddp}): status timeout", "dim"),
+        (f"excluded head run head-throttled ({zero3}): throttled", "dim"),
         (f"excluded head run ? ({zero3}): throttled", "dim"),
         (report.summary(), "bold red"),
     ]
