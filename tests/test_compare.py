@@ -320,14 +320,14 @@ def _report_of_every_kind():
     ddp: memory equal (unchanged), MFU 0.40 -> 0.42 (improvement);
     fsdp_full: one head run (both rows insufficient);
     zero3: memory within +-4% on both sides (undecided), MFU 0.40 -> 0.38 (regression), its step time
-    0.5 -> 0.526 s split by each run's trace (60/30/10 -> 62/28 with no idle time, the parts' shares of
-    their sum: 362.4/163.6/0 ms; a base run without a trace and one whose trace is all zeros count for
-    nothing);
+    0.5 -> 0.526 s split by each run's trace (60/30/10 -> 0.62/0.28 with no idle time: the parts are
+    shares of their sum, whatever their scale: 362.4/163.6/0 ms; a base run without a trace and one whose
+    trace is all zeros count for nothing);
     and runs left out: a base run that failed (with its error), one that timed out (without; nor an id), a
-    throttled head run, and one head run on another machine."""
+    throttled head run with its id and one without; one base run on a one-GPU machine, one head run on an H100."""
     base_trace, head_trace = (
         {"compute_pct": 60, "non_compute_pct": 30, "idle_pct": 10},
-        {"compute_pct": 62, "non_compute_pct": 28},
+        {"compute_pct": 0.62, "non_compute_pct": 0.28},
     )
     zeros = {"compute_pct": 0, "non_compute_pct": 0, "idle_pct": 0}
     noisy_base, noisy_head = [100, 104, 96, 102, 98, 100], [101, 105, 95, 103, 97, 103]
@@ -339,6 +339,7 @@ def _report_of_every_kind():
     head = [_run("ddp", 0.42, 100.0) for _ in range(6)] + [_run("fsdp_full", 0.40, 100.0)]
     head += [_run("zero3", 0.38, m, step=0.526, trace=head_trace) for m in noisy_head]
     head[0]["env"] = {"gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 2}
+    base[0]["env"] = {"gpu_model": "NVIDIA H200", "gpu_count": 1}
     failed = _run("ddp", 0.4, 100.0, status="error", error="CUDA error: out of memory")
     failed["id"] = "base-failed"
     timed_out = _run("ddp", 0.4, 100.0)
@@ -346,9 +347,10 @@ def _report_of_every_kind():
     del timed_out["id"]
     throttled = _run("zero3", 0.38, 100.0, step=0.526)
     throttled["nvml"] = {"throttled": True}
-    throttled["id"] = "head-throttled"
+    named = {**throttled, "id": "head-throttled"}
+    del throttled["id"]
     return compare(
-        base + [failed, timed_out], head + [throttled], metrics=["mem_allocated_peak_bytes", "mfu"]
+        base + [failed, timed_out], head + [named, throttled], metrics=["mem_allocated_peak_bytes", "mfu"]
     )
 
 
@@ -375,11 +377,11 @@ def test_the_report_of_every_kind_of_row_reads_as_written():
     )
     zero3, fsdp, ddp = (f"{s} ws2 gpt2-large bf16 s1024 gb32 mb8" for s in ("zero3", "fsdp_full", "ddp"))
     expected = f"""\
-## distbench compare: FAIL: significant regression (exit 1); 1 regression, 1 improvement, 1 unchanged, 1 undecided, 2 insufficient-data, 3 runs excluded (1 throttled)
+## distbench compare: FAIL: significant regression (exit 1); 1 regression, 1 improvement, 1 unchanged, 1 undecided, 2 insufficient-data, 4 runs excluded (2 throttled)
 
 Welch's t interval on log values at 98.750% (family-wise alpha 0.05 over 6 rows), Mann-Whitney U p beside it; regression when the interval excludes 0 and the change is at least 1.0%; unchanged when a 2.0% regression is ruled out; at least 6 runs per side.
 
-> base ran on 2x NVIDIA H200, head on 2x NVIDIA H100 80GB HBM3, 2x NVIDIA H200: throughput and memory are not comparable across machines
+> base ran on 1x NVIDIA H200, 2x NVIDIA H200, head on 2x NVIDIA H100 80GB HBM3, 2x NVIDIA H200: throughput and memory are not comparable across machines
 
 | Config | Metric | Base median (n) | Head median (n) | Change [CI] | Detectable | p | Verdict |
 |---|---|---|---|---|---|---|---|
@@ -401,6 +403,7 @@ Welch's t interval on log values at 98.750% (family-wise alpha 0.05 over 6 rows)
 | base | {ddp} | base-failed | status error: CUDA error: out of memory |
 | base | {ddp} | ? | status timeout |
 | head | {zero3} | head-throttled | throttled |
+| head | {zero3} | ? | throttled |
 """
     assert report.to_markdown() == expected
 
@@ -431,6 +434,7 @@ def test_the_terminal_report_holds_the_same_rows_styled_by_verdict():
         (f"excluded base run base-failed ({ddp}): status error: CUDA error: out of memory", "dim"),
         (f"excluded base run ? ({ddp}): status timeout", "dim"),
         (f"excluded head run head-throttled ({zero3}): throttled", "dim"),
+        (f"excluded head run ? ({zero3}): throttled", "dim"),
         (report.summary(), "bold red"),
     ]
 
@@ -441,6 +445,10 @@ def test_a_passing_and_an_empty_comparison_say_so():
     same = [_run("ddp", 0.4, 100.0) for _ in range(6)]
     report = compare(same, same, metrics=["mem_allocated_peak_bytes", "mfu"])
     assert report.summary() == "PASS (exit 0); 2 unchanged"
+    assert report.to_markdown().splitlines()[3:5] == [
+        "",
+        "| Config | Metric | Base median (n) | Head median (n) | Change [CI] | Detectable | p | Verdict |",
+    ]  # no note, no blank line for one
     assert report.__rich__().renderables[-1].style == "bold green"
     empty = compare([], [])
     assert empty.summary() == (
