@@ -811,6 +811,8 @@ def test_the_command_line_s_threshold_is_the_one_every_probe_s_comparison_runs_w
         (1, "/usr/bin/python: No module named pytest", "skip"),  # a candidate without pytest
         (4, "ERROR: not found: tests/test_a.py::nope", "skip"),
         (None, "", "skip"),  # killed at the timeout
+        (0, "1 passed, 1 error in 0.3s", "skip"),  # a teardown's error: the node did not pass cleanly
+        (0, "1 passed, 2 errors in 0.3s", "skip"),
     ],
     ids=[
         "passed",
@@ -822,6 +824,8 @@ def test_the_command_line_s_threshold_is_the_one_every_probe_s_comparison_runs_w
         "no-pytest",
         "not-found",
         "timeout",
+        "passed-with-an-error",
+        "passed-with-errors",
     ],
 )
 def test_what_pytest_printed_at_a_candidate_is_judged_as_it_ran(rc, output, outcome):
@@ -1116,6 +1120,7 @@ case "$9" in
   *::skips) echo "1 skipped in 0.01s" ;;
   *::missing) echo "ERROR: not found: $9"; exit 4 ;;
   *::hangs) exec sleep 30 ;;
+  *::undecodable) printf 'captured \\377\\n1 passed in 0.01s\\n' ;;
 esac
 """
 
@@ -1161,6 +1166,12 @@ def test_a_node_runs_from_the_candidate_s_checkout_with_its_code_first_on_python
         "skip",
         "t.py::hangs: timed out after 1 s: (no output) (log: h.log)",
     )
+    assert run_test(user, "t.py::undecodable", 20.0, tmp_path / "u.log") == ("good", "1 passed in 0.01s")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)  # a candidate of this checkout, neither tree nor path: from where the bisect runs
+    assert run_test(Variant("x", python=str(fake)), "t.py::passes", 20.0, tmp_path / "x.log")[0] == "good"
+    assert (here / "pythonpath.txt").read_text() == "\n"
 
 
 def test_a_process_is_running_until_it_has_ended_and_asking_sends_it_nothing():
