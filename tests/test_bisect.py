@@ -726,7 +726,7 @@ def test_distbench_s_own_history_runs_each_revision_s_own_src_and_a_rev_line_is_
     co = Checkouts(hist, tmp_path / "checkouts", tmp_path / "logs")
     try:
         v = co.variant(1, "head")
-        assert v.tree == str(tmp_path / "checkouts" / "candidate-1") and v.path == ()
+        assert v.tree == str(tmp_path / "checkouts" / "candidate-1") and v.path == () and v.label == "head"
         assert "REVISION = 1" in (Path(v.tree) / "src" / "distbench" / "__init__.py").read_text()
     finally:
         co.close()
@@ -811,6 +811,8 @@ def test_the_command_line_s_threshold_is_the_one_every_probe_s_comparison_runs_w
         (1, "/usr/bin/python: No module named pytest", "skip"),  # a candidate without pytest
         (4, "ERROR: not found: tests/test_a.py::nope", "skip"),
         (None, "", "skip"),  # killed at the timeout
+        (0, "1 passed, 1 error in 0.3s", "skip"),  # a teardown's error: the node did not pass cleanly
+        (0, "1 passed, 2 errors in 0.3s", "skip"),
     ],
     ids=[
         "passed",
@@ -822,6 +824,8 @@ def test_the_command_line_s_threshold_is_the_one_every_probe_s_comparison_runs_w
         "no-pytest",
         "not-found",
         "timeout",
+        "passed-with-an-error",
+        "passed-with-errors",
     ],
 )
 def test_what_pytest_printed_at_a_candidate_is_judged_as_it_ran(rc, output, outcome):
@@ -911,37 +915,61 @@ def worktrees(repo: Path) -> list[str]:
 
 
 def test_a_git_history_s_candidates_are_the_good_end_then_each_first_parent_revision_labelled_by_subject(
-    tmp_path,
+    tmp_path, capfd
 ):
     """from_git, given any folder of the repository, reads the repository at its top: GOOD, then each revision
-    up to BAD, each labelled by its short id and subject (a revision without a subject by its id alone). A
-    repository that is not distbench runs on this distbench's PYTHONPATH, its worktree and its src/ both."""
+    up to BAD, each labelled by its short id and subject (a revision without a subject, the bad end's too, by
+    its id alone), printing nothing of git's own. A repository that is not distbench runs on this distbench's
+    PYTHONPATH, its worktree and its src/ both, under the label asked for."""
     from bisect_history import git
     from distbench.gate.history import Checkouts, from_git
 
     repo = tmp_path / "repo"
     (repo / "src" / "pkg").mkdir(parents=True)
     git(repo, "init", "-q", "-b", "main")
-    for i, subject in enumerate(["the good end", "", "two words"]):
+    for i, subject in enumerate(["before", "the good end", "", "two words", ""]):
         (repo / "src" / "pkg" / "__init__.py").write_text(f"REVISION = {i}\n")
         git(repo, "add", "-A")
         git(repo, "commit", "-q", "--allow-empty-message", "-m", subject)
-    ids = [git(repo, "rev-parse", f"HEAD~{k}") for k in (2, 1, 0)]
-    hist = from_git(repo / "src", "HEAD~2", "HEAD")
+    ids = [git(repo, "rev-parse", f"HEAD~{k}") for k in (3, 2, 1, 0)]
+    capfd.readouterr()
+    hist = from_git(repo / "src", "HEAD~3", "HEAD")
+    assert capfd.readouterr() == ("", "")
     assert [c.spec for c in hist.candidates] == ids
     assert [c.label for c in hist.candidates] == [
         f"{ids[0][:10]} the good end",
         ids[1][:10],
         f"{ids[2][:10]} two words",
+        ids[3][:10],
     ]
     assert (hist.kind, hist.repo) == ("user", repo)
     assert hist.source == "revisions of repo (on PYTHONPATH of this distbench)"
     co = Checkouts(hist, tmp_path / "checkouts", tmp_path / "logs")
     try:
         tree = tmp_path / "checkouts" / "candidate-1"
-        assert co.variant(1, "head").path == (str(tree), str(tree / "src"))
+        v = co.variant(1, "head")
+        assert (v.label, v.path, v.tree) == ("head", (str(tree), str(tree / "src")), None)
     finally:
         co.close()
+
+
+def test_a_merge_is_one_step_of_the_history(tmp_path):
+    """Only the first-parent line is walked: a branch merged into main is one candidate, the merge, not each of
+    the branch's commits."""
+    from bisect_history import git
+    from distbench.gate.history import from_git
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "good")
+    git(repo, "checkout", "-q", "-b", "side")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "on the side")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "on main")
+    git(repo, "merge", "-q", "--no-ff", "-m", "the merge", "side")
+    hist = from_git(repo, "HEAD~2", "HEAD")
+    assert [c.label.split(" ", 1)[1] for c in hist.candidates] == ["good", "on main", "the merge"]
 
 
 def test_a_history_that_cannot_be_bisected_is_refused_naming_what_is_wrong(tmp_path):
@@ -960,24 +988,44 @@ def test_a_history_that_cannot_be_bisected_is_refused_naming_what_is_wrong(tmp_p
 
 
 def test_a_variants_file_s_candidates_are_its_lines_less_comments_and_blanks(tmp_path):
-    """--variants: one candidate a line, in order, what follows a `#` and blank lines left out, each labelled
-    by its spec; the source names the file. An unreadable file is refused naming it."""
-    from distbench.gate.history import from_file
+    """--variants: one candidate a line, in order, what follows a line's first `#` and blank lines left out,
+    each labelled by its spec and run under the label asked for; the source names the file. An unreadable file
+    is refused naming it."""
+    from distbench.gate.history import Checkouts, from_file
 
     (tmp_path / "a").mkdir()
     lines = tmp_path / "lines.txt"
     lines.write_text(
-        f"# good first\npath={tmp_path}  # the good end\n\n   \nenv.X=1\npath={tmp_path / 'a'}\n"
+        f"# good first\npath={tmp_path}  # the good end # a note\n\n   \nenv.X=1\npath={tmp_path / 'a'}\n"
     )
     hist = from_file(lines)
     specs = [f"path={tmp_path}", "env.X=1", f"path={tmp_path / 'a'}"]
     assert [(c.spec, c.label) for c in hist.candidates] == [(s, s) for s in specs]
     assert (hist.kind, hist.source, hist.repo) == ("variants", "variants of lines.txt", None)
+    v = Checkouts(hist, tmp_path / "checkouts", tmp_path / "logs").variant(1, "head")
+    assert (v.label, v.env) == ("head", {"X": "1"})
     lines.write_bytes(b"path=.\n\xff\n")
     with pytest.raises(ConfigError, match=r"^cannot read --variants .*lines\.txt: 'utf-8' codec"):
         from_file(lines)
     with pytest.raises(ConfigError, match=r"^cannot read --variants .*nowhere\.txt: \[Errno 2\]"):
         from_file(tmp_path / "nowhere.txt")
+
+
+def test_a_variants_file_is_read_as_utf_8_whatever_the_locale(tmp_path):
+    """The file's bytes are UTF-8 under any locale: an environment value of `café` reads as written where the
+    locale's own encoding is ASCII."""
+    import locale
+
+    from distbench.gate.history import from_file
+
+    lines = tmp_path / "lines.txt"
+    lines.write_bytes("env.X=caf\u00e9\nenv.X=2\n".encode())
+    was = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        assert from_file(lines).candidates[0].spec == "env.X=caf\u00e9"
+    finally:
+        locale.setlocale(locale.LC_CTYPE, was)
 
 
 def test_a_bisect_forgets_the_worktrees_whose_folders_are_gone(history, tmp_path):
@@ -1019,6 +1067,7 @@ def test_a_logged_run_gives_its_exit_status_and_last_line_and_leaves_nothing_of_
         "child = subprocess.Popen(['sleep', '30'])\n"
         "open('child.pid', 'w').write(str(child.pid))\n"
         "print(os.getcwd(), os.environ['WHO'], repr(sys.stdin.read()), flush=True)\n"
+        "print('to stderr', file=sys.stderr, flush=True)\n"
         "sys.stdout.buffer.write(b'last \\xff\\n\\n')\n"
         "sys.exit(5)\n"
     )
@@ -1037,7 +1086,7 @@ def test_a_logged_run_gives_its_exit_status_and_last_line_and_leaves_nothing_of_
     child = int((tmp_path / "child.pid").read_text())
     try:
         assert (rc, tail) == (5, "last \N{REPLACEMENT CHARACTER}")
-        assert log.read_bytes().startswith(f"{tmp_path} me ''\n".encode())
+        assert log.read_bytes().startswith(f"{tmp_path} me ''\nto stderr\n".encode())
         for _ in range(200):
             if _state_of(child) in ("Z", "gone"):
                 break
@@ -1071,6 +1120,7 @@ case "$9" in
   *::skips) echo "1 skipped in 0.01s" ;;
   *::missing) echo "ERROR: not found: $9"; exit 4 ;;
   *::hangs) exec sleep 30 ;;
+  *::undecodable) printf 'captured \\377\\n1 passed in 0.01s\\n' ;;
 esac
 """
 
@@ -1116,12 +1166,82 @@ def test_a_node_runs_from_the_candidate_s_checkout_with_its_code_first_on_python
         "skip",
         "t.py::hangs: timed out after 1 s: (no output) (log: h.log)",
     )
+    assert run_test(user, "t.py::undecodable", 20.0, tmp_path / "u.log") == ("good", "1 passed in 0.01s")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)  # a candidate of this checkout, neither tree nor path: from where the bisect runs
+    assert run_test(Variant("x", python=str(fake)), "t.py::passes", 20.0, tmp_path / "x.log")[0] == "good"
+    assert (here / "pythonpath.txt").read_text() == "\n"
 
 
-def test_a_process_is_running_until_it_has_ended():
-    """_running: this process runs; one that exited and was reaped does not."""
+def test_a_process_is_running_until_it_has_ended_and_asking_sends_it_nothing():
+    """_running: a live process runs, and is left as it was (the question is signal 0: a SIGHUP would end this
+    one); one that exited and was reaped does not run."""
     from distbench.gate.history import _running
 
+    hup = (
+        "import signal, time; signal.signal(signal.SIGHUP, signal.SIG_DFL); print(flush=True); time.sleep(30)"
+    )
+    live = subprocess.Popen([sys.executable, "-c", hup], stdout=subprocess.PIPE)
+    try:
+        live.stdout.readline()  # its SIGHUP handler is the default one
+        assert _running(live.pid)
+        time.sleep(0.05)
+        assert live.poll() is None
+    finally:
+        live.kill()
+        live.wait()
     ended = subprocess.Popen(["true"])
     ended.wait()
     assert _running(os.getpid()) and not _running(ended.pid)
+
+
+def test_a_build_past_the_timeout_makes_its_revision_a_skip_saying_so(history, tmp_path):
+    """--build is held to the checkouts' timeout: a build still running then is killed, and its revision does
+    not start, said to have timed out."""
+    from distbench.gate.history import Checkouts, from_git
+
+    repo, ids = history
+    hangs = [sys.executable, "-c", "import time; time.sleep(30)"]
+    co = Checkouts(from_git(repo, ids[0], ids[2]), tmp_path / "co", tmp_path / "logs", hangs, timeout=0.6)
+    try:
+        start = time.monotonic()
+        with pytest.raises(
+            VariantStartError, match=r"does not build: `.* -c .*` timed out after 1 s: \(no output\)"
+        ):
+            co.variant(1, "head")
+        assert time.monotonic() - start < 20
+    finally:
+        co.close()
+
+
+def test_only_the_worktrees_of_bisects_of_this_host_whose_process_is_gone_are_removed(tmp_path, monkeypatch):
+    """remove_abandoned(repo), from any working directory: of the worktrees locked by a bisect (the lock names
+    its process and host), those of this host whose process has ended go, and are listed; a running bisect's,
+    another host's, one locked for another reason and an unlocked one stay."""
+    import socket
+
+    from bisect_history import git
+    from distbench.gate.history import OWNER, remove_abandoned
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "one")
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    host = socket.gethostname()
+    locks = {
+        "ended": OWNER.format(pid=ended.pid, host=host),
+        "running": OWNER.format(pid=os.getpid(), host=host),
+        "elsewhere": OWNER.format(pid=ended.pid, host=host + "-other"),
+        "foreign": "kept by hand",
+        "unlocked": None,
+    }
+    for name, lock in locks.items():
+        locked = ["--lock", "--reason", lock] if lock else []
+        git(repo, "worktree", "add", "-q", "--detach", *locked, str(tmp_path / name), "HEAD")
+    monkeypatch.chdir(tmp_path)
+    assert remove_abandoned(repo) == [str(tmp_path / "ended")]
+    assert sorted(worktrees(repo)) == sorted([str(repo)] + [str(tmp_path / n) for n in locks if n != "ended"])
+    assert not (tmp_path / "ended").exists()

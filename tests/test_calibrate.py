@@ -81,8 +81,12 @@ def test_a_biased_aa_is_counted_as_an_alarm_and_replayed_centred():
 def test_a_comparison_of_two_variants_is_refused():
     report = aa([0.3] * 6, [0.3] * 6)
     report["head"] = "rev=HEAD~1"
-    with pytest.raises(ValueError, match="not an A/A comparison"):
+    with pytest.raises(ValueError) as refused:
         cal.calibrate(report, default_looks=[6, 9, 12])
+    assert str(refused.value) == (
+        "not an A/A comparison: base 'this checkout', head 'rev=HEAD~1'; calibrate reads comparisons of a "
+        "variant against itself (distbench ab with no --head)"
+    )
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -270,6 +274,8 @@ def test_each_gated_metric_of_an_aa_is_replayed_with_its_own_settings_and_descri
     report["looks"] = [6, 9, 12]
     assert cal.calibrate(report, resamples=7, seed=11, default_looks=[6])[0].nominal == pytest.approx(0.6)
     assert given[-2][2] == [6, 9, 12]
+    cal.calibrate(report, default_looks=[6])  # without a seed: seed 0, as the command's --seed default
+    assert given[-2][6:] == (cal.RESAMPLES, np.random.default_rng(0).random())
 
 
 def test_an_aa_verdict_count_comes_with_its_clopper_pearson_interval():
