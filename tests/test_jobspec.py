@@ -16,6 +16,7 @@ launch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -539,3 +540,210 @@ def test_a_job_swapped_after_rank_0_posts_it_is_run_by_no_rank(swapped, monkeypa
         )
     else:
         assert (status, marks, said) == (0, ["posted/rank0", "posted/rank1"], [])
+
+
+# --- each refusal's own words, and the registry's rules, each with its expectation written out -----------------
+
+
+def takes_nothing(ctx: RankContext) -> dict[str, Any]:
+    """A job of no arguments."""
+    return {}
+
+
+def counts_unnamed(ctx: RankContext, *sizes: int) -> dict[str, Any]:
+    """A job whose arguments have no names."""
+    return {}
+
+
+def takes_any_options(ctx: RankContext, **options: int) -> dict[str, Any]:
+    """A job whose arguments are named only by the sender."""
+    return {}
+
+
+def unannotated(ctx: RankContext, cfg: RunConfig, n=1) -> dict[str, Any]:
+    """A job with a parameter of no annotation."""
+    return {}
+
+
+def _refusal(data: bytes, adm: Admission, jobs: JobRegistry = LAUNCH_JOBS) -> str:
+    with pytest.raises(JobSpecError) as refused:
+        jobs.decode(data, adm)
+    return str(refused.value)
+
+
+def test_each_refusal_names_its_key_and_says_what_is_wrong_and_what_to_do(tmp_path):
+    """A follower prints the refusal as its one line: what a stranger wrote, quoted short, and what to do."""
+    adm = admission(tmp_path)
+    good = LAUNCH_JOBS.encode(bench, {"cfg": CFG, "nvml": False}, 2, 60.0)
+    assert _refusal(_with(good, kwargs__cfg__model="mypkg.models:build"), adm) == (
+        "key 'kwargs.cfg.model': 'mypkg.models:build' is not a model this rank's command line names (a factory "
+        "is code the rank would import); name it with --model on every node"
+    )
+    ds = tmp_path / "ds.json"
+    ds.write_text("{}")
+    assert _refusal(_with(good, kwargs__cfg__options={"ds_config": str(ds)}), adm) == (
+        "key 'kwargs.cfg.options.ds_config': not the value this rank's command line gives it; give every node "
+        "the same --ds-config / --config"
+    )
+    pickled = b"\x80\x04\x95\x11\x00\x00\x00\x00\x00\x00\x00\x8c"
+    assert _refusal(pickled, adm) == (
+        "not UTF-8 JSON (starts b'\\x80\\x04\\x95\\x11\\x00\\x00\\x00\\x00'): distbench sends JSON only, and "
+        "refuses a pickle unread"
+    ), "the first 8 bytes, no more"
+    assert _refusal(b'{"job": ', adm).startswith("not JSON (JSONDecodeError: Expecting value")
+    assert _refusal(b"[1]", adm) == "a JSON list, not an object"
+    assert _refusal(b'"job"', adm) == "a JSON str, not an object"
+    assert _refusal(_with(good, target="x"), adm) == (
+        "unknown key 'target' (a job message has job, kwargs, world_size, timeout)"
+    )
+    assert _refusal(b'{"stop": true, "status": 0, "job": 1}', adm) == (
+        "unknown key 'job' (a stop message has stop, status)"
+    )
+    assert _refusal(_with(good, job="os:system"), adm) == (
+        "key 'job': 'os:system' is not a job a launch runs (registered: distbench.jobs.bench:bench, "
+        "distbench.jobs.bench:trace, distbench.jobs.checks:reference_job, distbench.jobs.train:train)"
+    )
+    assert (
+        _refusal(_with(good, world_size=8), adm) == "key 'world_size': 8 exceeds the 2 ranks of this launch"
+    )
+    assert (
+        _refusal(_with(good, timeout=61), adm) == "key 'timeout': 61 s exceeds this launch's --timeout 60 s"
+    )
+    assert _refusal(_with(good, timeout="60"), adm).startswith("key 'timeout' = '60' is invalid")
+    assert _refusal(_with(good, kwargs=[1]), adm) == "key 'kwargs' must be an object, not list"
+    assert _refusal(_with(good, kwargs__evil=1), adm) == (
+        "key 'kwargs.evil': distbench.jobs.bench:bench has no such parameter (it takes cfg, nvml)"
+    )
+    assert _refusal(_with(good, kwargs__cfg="ddp"), adm) == (
+        "key 'kwargs.cfg' must be an object of RunConfig fields, not str"
+    )
+    none = JobRegistry([takes_nothing])
+    sent = none.encode(takes_nothing, {}, 1, 1.0)
+    assert _refusal(_with(sent, kwargs__n=1), adm, none) == (
+        "key 'kwargs.n': test_jobspec:takes_nothing has no such parameter (it takes none)"
+    )
+    with pytest.raises(JobSpecError) as refused:
+        decode_outcome(b'{"status": "ok", "reply": 1, "eval": "x"}', 1)
+    assert str(refused.value) == (
+        "the outcome posted for rank 1 is not one a follower writes (keys ['eval', 'reply', 'status'])"
+    )
+
+
+def test_a_job_not_registered_is_not_sent_and_the_sender_is_told_where_to_register_it():
+    jobs = JobRegistry([takes_nothing, leaves_a_mark])
+    with pytest.raises(JobSpecError) as refused:
+        jobs.encode(bench, {"cfg": CFG}, 2, 60.0)
+    assert str(refused.value) == (
+        "job distbench.jobs.bench:bench is not one a launch runs (registered: test_jobspec:leaves_a_mark, "
+        "test_jobspec:takes_nothing); add it to distbench.jobs.registry"
+    )
+
+
+def test_a_strategy_option_is_admitted_with_the_value_this_ranks_command_line_gives_it_and_no_other(tmp_path):
+    ours, theirs = tmp_path / "ds.json", tmp_path / "other.json"
+    ours.write_text("{}")
+    theirs.write_text("{}")
+    adm = Admission(frozenset({"gpt2-tiny"}), {"ds_config": str(ours)}, str(tmp_path / "out"), 2, 60.0)
+    cfg = dataclasses.replace(CFG, options={"ds_config": str(ours)})
+    good = LAUNCH_JOBS.encode(bench, {"cfg": cfg}, 2, 60.0)
+    job = LAUNCH_JOBS.decode(good, adm)
+    assert isinstance(job, Job) and job.kwargs["cfg"].options == {"ds_config": str(ours)}
+    with pytest.raises(JobSpecError, match="key 'kwargs.cfg.options.ds_config': not the value"):
+        LAUNCH_JOBS.decode(_with(good, kwargs__cfg__options={"ds_config": str(theirs)}), adm)
+
+
+def test_a_stop_carries_an_exit_status_of_0_to_255_and_no_other(tmp_path):
+    adm = admission(tmp_path)
+    assert LAUNCH_JOBS.decode(b'{"stop": true, "status": 0}', adm) == Stop(0)
+    assert LAUNCH_JOBS.decode(b'{"stop": true, "status": 255}', adm) == Stop(255)
+    assert _refusal(b'{"stop": true, "status": 256}', adm) == "key 'status': 256 is no exit status (0-255)"
+
+
+def test_a_registry_checks_each_argument_against_the_registered_jobs_own_signature(tmp_path):
+    """A registry made from jobs (not only the launch's): each parameter after the RankContext, as annotated;
+    those without a default required, those with one optional; a LocalPath (or LocalPath | None) only inside
+    --output; a Literal only its values."""
+    adm = admission(tmp_path)
+    jobs = JobRegistry([takes_declared_text, leaves_a_mark])
+    inside, outside = str(tmp_path / "out" / "a"), str(tmp_path / "elsewhere")
+    only_cfg = jobs.encode(takes_declared_text, {"cfg": CFG}, 2, 60.0)
+    job = jobs.decode(only_cfg, adm)
+    assert isinstance(job, Job) and job.kwargs == {"cfg": CFG}, "an argument with a default was required"
+    every = jobs.encode(takes_declared_text, {"cfg": CFG, "at": inside, "mode": "b"}, 2, 60.0)
+    job = jobs.decode(every, adm)
+    assert isinstance(job, Job) and job.kwargs == {"cfg": CFG, "at": inside, "mode": "b"}
+    assert _refusal(_with(every, kwargs__cfg=DELETE), adm, jobs) == (
+        "key 'kwargs.cfg' is missing: test_jobspec:takes_declared_text needs it"
+    )
+    assert _refusal(_with(every, kwargs__at=outside), adm, jobs).startswith(
+        f"key 'kwargs.at': {outside!r} lies outside this rank's --output"
+    )
+    assert _refusal(_with(every, kwargs__mode="c"), adm, jobs).startswith(
+        "key 'kwargs.mode' = 'c' is invalid"
+    )
+    mark = jobs.encode(leaves_a_mark, {"at": inside}, 2, 60.0)
+    job = jobs.decode(mark, adm)
+    assert isinstance(job, Job) and job.kwargs == {"at": inside}, "a LocalPath was refused inside --output"
+    assert _refusal(_with(mark, kwargs__at=outside), adm, jobs).startswith("key 'kwargs.at': ")
+    assert _refusal(_with(mark, kwargs__at=DELETE), adm, jobs) == (
+        "key 'kwargs.at' is missing: test_jobspec:leaves_a_mark needs it"
+    )
+
+
+def test_a_job_whose_arguments_lack_a_name_or_an_annotation_cannot_be_registered():
+    """Its arguments from the network would have no schema to be checked against: *args, **kwargs, or a
+    parameter without an annotation; and text other than a LocalPath could name any file."""
+    for job, param in [(counts_unnamed, "sizes"), (takes_any_options, "options"), (unannotated, "n")]:
+        with pytest.raises(TypeError) as refused:
+            JobRegistry([job])
+        assert str(refused.value) == (
+            f"test_jobspec:{job.__name__} cannot run under a launch: its parameter {param} needs a name and an "
+            "annotation, which its arguments from the network are checked against"
+        )
+    with pytest.raises(TypeError) as refused:
+        JobRegistry([writes_where_told])
+    assert str(refused.value) == (
+        "test_jobspec:writes_where_told cannot run under a launch: its parameter dump_to takes text, which "
+        "could name a file; annotate it LocalPath (or LocalPath | None), which each rank confines to its "
+        "--output, or a Literal of the values it takes"
+    )
+
+
+def test_a_job_is_sent_only_as_strict_json():
+    """No NaN or infinity (JSON has none, and every decoder refuses them) and nothing JSON cannot hold."""
+    for timeout in (float("nan"), float("inf")):
+        with pytest.raises(JobSpecError) as refused:
+            LAUNCH_JOBS.encode(bench, {"cfg": CFG}, 2, timeout)
+        assert str(refused.value).startswith(
+            "the arguments of job distbench.jobs.bench:bench cannot travel as JSON (Out of range float values"
+        )
+    with pytest.raises(JobSpecError) as refused:
+        LAUNCH_JOBS.encode(bench, {"cfg": CFG, "nvml": object()}, 2, 60.0)
+    assert str(refused.value) == (
+        "the arguments of job distbench.jobs.bench:bench cannot travel as JSON (Object of type object is not "
+        "JSON serializable)"
+    )
+
+
+def test_a_followers_outcome_arrives_as_it_sent_it_error_or_reply():
+    ok = {"status": "ok", "reply": {"loss": [2.5, 2.25]}}
+    assert decode_outcome(jobspec.encode_outcome(ok, "j"), 1) == ok
+    error = {"status": "error", "exc_type": "RuntimeError", "text": "NCCL timeout"}
+    assert decode_outcome(jobspec.encode_outcome(error, "j"), 1) == error
+    assert decode_outcome(json.dumps(error).encode(), 3) == error
+
+
+@pytest.mark.parametrize("reply", [torch.ones(1), float("nan")], ids=["tensor", "nan"])
+def test_a_reply_that_cannot_travel_as_json_becomes_that_ranks_error(reply):
+    """Not an outcome rank 0 would refuse as a stranger's (NaN is no JSON), nor a crash of the follower: an
+    error outcome that says what to do."""
+    sent = jobspec.encode_outcome({"status": "ok", "reply": {"x": reply}}, "distbench.jobs.bench:bench")
+    got = decode_outcome(sent, 1)
+    assert set(got) == {"status", "exc_type", "text"} and (got["status"], got["exc_type"]) == (
+        "error",
+        "TypeError",
+    )
+    assert got["text"].startswith(
+        "distbench.jobs.bench:bench returned data that cannot travel as JSON to rank 0 ("
+    )
+    assert got["text"].endswith("); return tensors from rank 0 only")
