@@ -192,12 +192,6 @@ def earlier_nights(args: argparse.Namespace) -> list[Night]:
     return sorted((load_night(f) for f in files), key=lambda n: n.created)
 
 
-def last_night(args: argparse.Namespace) -> Night | None:
-    """The latest of earlier_nights, or None."""
-    nights = earlier_nights(args)
-    return nights[-1] if nights else None
-
-
 def run(args: argparse.Namespace) -> int:
     """`distbench nightly`: the flags, the reference (and the previous one), the night, night.json."""
     from rich.console import Console
@@ -216,8 +210,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         configs = configurations(args, device, n_cuda)
         head, reference, ref_v, ref_error = _variants(args)
-        previous = _previous(args, reference, console) if ref_v is not None else None
-        args.quota = _allot(args, configs, console)
+        nights = earlier_nights(args)
+        previous = _previous(args, reference, nights, console) if ref_v is not None else None
+        args.quota = _allot(args, configs, nights, console)
     except DistbenchError as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         return 2
@@ -240,13 +235,14 @@ def run(args: argparse.Namespace) -> int:
     return 3 if missing else 0
 
 
-def _allot(args: argparse.Namespace, configs: list[RunConfig], console: Console) -> dict[str, int]:
+def _allot(
+    args: argparse.Namespace, configs: list[RunConfig], nights: list[Night], console: Console
+) -> dict[str, int]:
     """Each configuration's pairs tonight (gate/relative.py's allot over the earlier nights), said where one
     gets more than --pairs."""
     from ..gate.ab import label_of
     from ..gate.relative import ALLOT_NIGHTS, allot
 
-    nights = earlier_nights(args)
     quota = allot([label_of(c) for c in configs], nights, args.pairs, args.max_pairs)
     more = {k: n for k, n in quota.items() if n > args.pairs}
     if more:
@@ -280,8 +276,11 @@ def _variants(args: argparse.Namespace) -> tuple[Variant, Reference, Variant | N
     return head, ref, ref_v, error
 
 
-def _previous(args: argparse.Namespace, reference: Reference, console: Console) -> Reference | None:
-    """The reference to bridge from: --previous-reference, or the last night's when its id differs."""
+def _previous(
+    args: argparse.Namespace, reference: Reference, nights: list[Night], console: Console
+) -> Reference | None:
+    """The reference to bridge from: --previous-reference, or the last of the earlier nights' when its id
+    differs."""
     from ..gate.relative import Reference, reference_id
     from ..gate.variants import parse_variant
 
@@ -290,7 +289,7 @@ def _previous(args: argparse.Namespace, reference: Reference, console: Console) 
         return Reference(
             spec=args.previous_reference, describe=v.describe(), id=reference_id(v, args.previous_reference)
         )
-    last = last_night(args)
+    last = nights[-1] if nights else None
     if last is None or last.reference.id == reference.id:
         return None
     console.print(
@@ -376,7 +375,9 @@ def _night(
 
 
 def _ab_args(args: argparse.Namespace, output: Path) -> argparse.Namespace:
-    """The flags commands/ab.py's `alternate` reads, for a night's fixed pairs."""
+    """The flags commands/ab.py's `alternate` reads, for a night's pairs (gate/relative.py's pair_plan)."""
+    from ..gate.relative import pair_plan
+
     return argparse.Namespace(
         timeout=args.timeout,
         output=output,
@@ -385,12 +386,9 @@ def _ab_args(args: argparse.Namespace, output: Path) -> argparse.Namespace:
         alpha=args.alpha,
         threshold=0.02,
         min_effect=0.005,
-        min_pairs=max([args.pairs, *args.quota.values()]),  # no look before the last pair: no early stop
-        max_pairs=max([args.pairs, *args.quota.values()]),
-        look_every=max([args.pairs, *args.quota.values()]),
+        **pair_plan(args.pairs, args.quota),
         budget=args.budget,
         device_metric=None,
-        quota=args.quota,
     )
 
 

@@ -224,20 +224,25 @@ def measure(
     (by label: `allot`), fewer only where the budget ends first (each row says how many it got), judged once at
     the end (`night_rows`). The schedule of `distbench nightly`, which plays it through commands/ab.py's
     servers with the same pairs."""
-    most = max([pairs, *(quota or {}).values()])
+    every = {label_of(c): (quota or {}).get(label_of(c), pairs) for c in configs}
     report = run_ab(
         configs,
         run_reference,
         run_head,
         alpha=alpha,
-        min_pairs=most,  # no look before the last pair: no configuration stops early
-        max_pairs=most,
-        look_every=most,
         budget_s=budget_s,
         servers=servers,
-        quota={label_of(c): (quota or {}).get(label_of(c), pairs) for c in configs},
+        **pair_plan(pairs, every),
     )
     return night_rows(report, alpha)
+
+
+def pair_plan(pairs: int, quota: dict[str, int]) -> dict[str, Any]:
+    """run_ab's pair arguments for a night whose configurations play `quota` pairs each (by label, every one of
+    them listed; `pairs` the fewest): none is judged before the most of them is played (min = max =
+    look_every), so none stops early."""
+    most = max([pairs, *quota.values()])
+    return {"min_pairs": most, "max_pairs": most, "look_every": most, "quota": quota}
 
 
 def allot(
@@ -246,8 +251,8 @@ def allot(
     """Per configuration label, the pairs tonight gives it: enough that its step-time ratio's standard error is
     1/Z of its regime's bound (DEVICE_BOUND, HOST_BOUND), from how its pairs' ratios spread about their own
     night's mean over the last ALLOT_NIGHTS nights (pooled); `least` where no earlier night has two pairs of it.
-    On one H200 the six rows' pairs spread 0.6-4.2% (results/relative-nightly-h200-2026-12-02): three pairs each
-    kept four rows within 1.1% over three nights and left the two ZeRO rows, the noisiest, 3.0-3.3% out."""
+    On one H200 the six rows' pairs spread 0.7-4.6% so pooled (results/relative-nightly-h200-2026-12-02): three
+    pairs each kept four rows within 1.1% over three nights and left the two ZeRO rows 3.0-3.3% out."""
     out = {}
     for label in labels:
         squares, df, regime = 0.0, 0, None
