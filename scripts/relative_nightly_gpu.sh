@@ -19,7 +19,7 @@
 # BEFORE=4 AFTER=4 takes 13, but then a perfect separation's p is 0.03-0.044 against --alpha 0.05 (5 + 5:
 # 0.009-0.017, docs/history.md). The
 # after-nights' mean ratio over the before-nights' is the plant's
-# slowdown as measured side by side (15 pairs a side); LONG_AB=1 adds a `distbench ab` of revision 1 against 0.
+# slowdown as measured side by side; LONG_AB=1 adds a `distbench ab` of revision 1 against 0 (AB_BUDGET s, 300).
 #
 # Usage: scripts/relative_nightly_gpu.sh OUT     writes OUT/nights/ (every night.json and its runs, NAME.s its wall
 # time), then, once every night of the mode is there, OUT/summary.md, OUT/junit.xml, OUT/repeats.png (aa),
@@ -28,7 +28,7 @@
 # (1) is the first night this call runs and keeps the nights already in OUT/nights; DEADLINE (seconds) starts
 # no night that the longest night so far would take past it; NIGHTS=0 only writes the summary (and the plant's
 # repository and history), e.g. here after copying the nights of several calls into one OUT.
-# Knobs: NIGHTS (aa 3, plant BEFORE + AFTER), PAIRS (3, the fewest a row gets), MAX_PAIRS (12), NIGHT_BUDGET
+# Knobs: NIGHTS (aa 3, plant BEFORE + AFTER), PAIRS (4, the fewest a row gets), MAX_PAIRS (12), NIGHT_BUDGET
 # (900 s: a night's pairs stop there), ROWS,
 # CONFIG (the workload flags; the night's own windows of 2 steps and 5 warm-up steps unless it says otherwise;
 # on CPU: CONFIG="-n 1 -m gpt2-tiny --precision fp32 --micro-batch 2 --steps 4 --windows 2 --warmup 1
@@ -47,7 +47,7 @@ out=$(cd "$out" && pwd)
 rm -rf "$out/repo" "$out/ref" "$out"/rev-* "$out/history" "$out/ab"
 [ "$first" != 1 ] || rm -rf "$out/nights"
 machine_txt "$out/machine.txt" || true
-pairs=${PAIRS:-3}
+pairs=${PAIRS:-4}
 config=${CONFIG:-"-n 1 -m gpt2-124m --precision bf16-amp --micro-batch 8"}
 touch "$out/nightly.log"
 t_start=$(date +%s)
@@ -75,6 +75,8 @@ night() {  # night NAME FLAGS...: one `distbench nightly` into OUT/nights/NAME, 
   echo "$(($(date +%s) - t0))" > "$out/nights/$name.s"
   longest=$(( $(cat "$out/nights/$name.s") > longest ? $(cat "$out/nights/$name.s") : longest ))
   [ "$rc" = 0 ] || echo "night $name: exit $rc" | tee -a "$out/nightly.log"
+  # what is left running after a night (a leftover process on the pinned core would slow every later night)
+  { echo "processes after night $name:"; ps -eo pid,etimes,pcpu,psr,comm --sort=-pcpu | head -6; } >> "$out/nightly.log"
 }
 
 if [ "$mode" = aa ]; then
@@ -122,7 +124,7 @@ elif [ "$mode" = plant ]; then
   if [ "${LONG_AB:-0}" = 1 ]; then
     # shellcheck disable=SC2086
     distbench ab --base "tree=$out/rev-0" --head "tree=$out/rev-1" -s "$row" $config --bind-cpus --numerics off \
-      --min-pairs 6 --max-pairs 12 --budget 300 -o "$out/ab" 2>&1 | tee -a "$out/nightly.log" || true
+      --min-pairs 6 --max-pairs 12 --budget "${AB_BUDGET:-300}" -o "$out/ab" 2>&1 | tee -a "$out/nightly.log" || true
   fi
   for d in ref rev-0 rev-1; do git -C "$repo" worktree remove --force "$out/$d"; done
 else

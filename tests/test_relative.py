@@ -557,6 +557,10 @@ def test_a_row_gets_the_pairs_its_spread_over_the_last_nights_needs():
         ["noisy", "steady", "device", "single pair", "new"], [night(0, a), night(1, b)], 4, 12
     )
     assert got == {"noisy": 10, "steady": 4, "device": 12, "single pair": 4, "new": 4}
+    # (2 x 0.0255 / 0.02)^2 = 6.5 -> 7 pairs, one order played once more than the other: 8; an odd cap holds
+    odd = [night(0, [_spread_row("seven", [0.018, -0.018])])]
+    assert relative.allot(["seven"], odd, 4, 12) == {"seven": 8}
+    assert relative.allot(["seven"], odd, 4, 7) == {"seven": 7}
     old = [night(0, a), *(night(i, []) for i in range(1, relative.ALLOT_NIGHTS + 1))]
     assert relative.allot(["noisy"], old, 4, 12) == {"noisy": 4}
 

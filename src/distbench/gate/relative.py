@@ -250,7 +250,8 @@ def allot(
 ) -> dict[str, int]:
     """Per configuration label, the pairs tonight gives it: enough that its step-time ratio's standard error is
     1/Z of its regime's bound (DEVICE_BOUND, HOST_BOUND), from how its pairs' ratios spread about their own
-    night's mean over the last ALLOT_NIGHTS nights (pooled); `least` where no earlier night has two pairs of it.
+    night's mean over the last ALLOT_NIGHTS nights (pooled), rounded up to an even number so that as many pairs
+    play AB as BA (an order effect cancels); `least` where no earlier night has two pairs of it.
     On one H200 the six rows' pairs spread 0.7-4.6% so pooled (results/relative-nightly-h200-2026-12-02): three
     pairs each kept four rows within 1.1% over three nights and left the two ZeRO rows 3.0-3.3% out."""
     out = {}
@@ -270,7 +271,8 @@ def allot(
             out[label] = least
             continue
         bound = DEVICE_BOUND if regime == "device-bound" else HOST_BOUND
-        out[label] = min(most, max(least, math.ceil((Z * math.sqrt(squares / df) / bound) ** 2)))
+        need = math.ceil((Z * math.sqrt(squares / df) / bound) ** 2)
+        out[label] = min(most, max(least, need + need % 2))
     return out
 
 
