@@ -131,7 +131,7 @@ def round_log_ratios(rounds: Sequence[Sequence[float]]) -> np.ndarray:
 
 def log_ratio_effect(d: np.ndarray, alpha: float) -> Effect:
     """Effect from paired log ratios d = ln(head / base): Student-t interval on their mean, Wilcoxon beside."""
-    from scipy.stats import ttest_1samp, wilcoxon
+    from scipy.stats import ttest_1samp
 
     if d.size < MIN_RUNS:
         raise ValueError(f"a paired effect needs at least {MIN_RUNS} pairs, got {d.size}")
@@ -141,13 +141,27 @@ def log_ratio_effect(d: np.ndarray, alpha: float) -> Effect:
     sd = float(d.std(ddof=1))
     if sd == 0.0:  # identical ratios: the interval collapses onto the estimate
         lo = hi = mean
-        p = 1.0 if mean == 0.0 else 0.0
     else:
         lo, hi = ttest_1samp(d, 0.0).confidence_interval(1 - alpha)
-        p = float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
     return Effect(
-        n, _rel(mean), _rel(lo), _rel(hi), 1 - alpha, _rel(_reach(sd / math.sqrt(n), n - 1, alpha)), p, sd
+        n,
+        _rel(mean),
+        _rel(lo),
+        _rel(hi),
+        1 - alpha,
+        _rel(_reach(sd / math.sqrt(n), n - 1, alpha)),
+        signed_rank_p(d),
+        sd,
     )
+
+
+def signed_rank_p(d: np.ndarray) -> float:
+    """The Wilcoxon signed-rank p of paired log ratios, beside every interval as a cross-check that decides
+    nothing; 1 where every ratio is exactly 1. Identical ratios get the test's own p too (with n pairs of one
+    sign it cannot go below about 2^(1-n)), not 0: both intervals report the same p for the same pairs."""
+    from scipy.stats import wilcoxon
+
+    return float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
 
 
 #: Share of the pairs trimmed from each end for a memory metric's interval (at 6 pairs: one each side).
@@ -160,7 +174,7 @@ def trimmed_log_ratio_effect(d: np.ndarray, alpha: float) -> Effect:
     the kept count less one degrees of freedom). On one H200, DDP's peak allocated memory at GPT-2 124M was
     one fp32 copy of the parameters (+474 MiB) higher in one run of six on either side, in A/A runs too: a
     plain t interval then stayed undecided at every look, and no such configuration could pass."""
-    from scipy.stats import mstats, wilcoxon
+    from scipy.stats import mstats
 
     if d.size < MIN_RUNS:
         raise ValueError(f"a paired effect needs at least {MIN_RUNS} pairs, got {d.size}")
@@ -172,9 +186,17 @@ def trimmed_log_ratio_effect(d: np.ndarray, alpha: float) -> Effect:
         lo = hi = mean
     else:
         lo, hi = (float(x) for x in mstats.trimmed_mean_ci(d, limits=limits, alpha=alpha))
-    p = float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
     noise = float(np.std(mstats.winsorize(d, limits=limits), ddof=1))
-    return Effect(d.size, _rel(mean), _rel(lo), _rel(hi), 1 - alpha, _rel(_reach(se, df, alpha)), p, noise)
+    return Effect(
+        d.size,
+        _rel(mean),
+        _rel(lo),
+        _rel(hi),
+        1 - alpha,
+        _rel(_reach(se, df, alpha)),
+        signed_rank_p(d),
+        noise,
+    )
 
 
 def intervals(d: np.ndarray, alpha: float, *, trimmed: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
