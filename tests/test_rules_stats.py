@@ -196,3 +196,24 @@ def test_an_effect_of_exactly_min_effect_is_decided(direction: int) -> None:
     regression, improvement = (worse, better) if direction < 0 else (better, worse)
     assert stats.verdict(regression, direction, threshold=0.02, min_effect=0.01) == stats.REGRESSION
     assert stats.verdict(improvement, direction, threshold=0.02, min_effect=0.01) == stats.IMPROVEMENT
+
+
+def test_only_a_spread_of_zero_collapses_the_interval() -> None:
+    """The collapse is for ratios that agree exactly, not for a spread of one in log units: three pairs at
+    ln ratios -1, 0, 1 (sd exactly 1) and three whose trimmed standard error is exactly 1 keep intervals as
+    wide as t gives them."""
+    from scipy.stats import mstats
+
+    d = np.array([-1.0, 0.0, 1.0])
+    assert d.std(ddof=1) == 1.0
+    e = stats.log_ratio_effect(d, 0.05)
+    half = t.ppf(0.975, 2) / math.sqrt(3)
+    assert (e.low, e.high) == (pytest.approx(math.expm1(-half)), pytest.approx(math.expm1(half)))
+    d = np.array([-1.0, 0.0, 1.0]) / float(mstats.trimmed_stde(np.array([-1.0, 0.0, 1.0]), limits=(0.2, 0.2)))
+    assert float(mstats.trimmed_stde(d, limits=(0.2, 0.2))) == 1.0
+    e = stats.trimmed_log_ratio_effect(d, 0.05)
+    assert e.low < e.estimate < e.high
+    assert (e.low, e.high) == (
+        pytest.approx(math.expm1(-t.ppf(0.975, 2))),
+        pytest.approx(math.expm1(t.ppf(0.975, 2))),
+    )
