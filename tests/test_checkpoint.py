@@ -24,7 +24,7 @@ from distbench.runtime.pool import JobError
 from distbench.strategies import REGISTRY
 from distbench.strategies.checkpoint_files import MANIFEST, write_manifest
 from distbench.strategies.fsdp1 import LORA_ONE_RANK_WHY
-from recipe_jobs import LORA, refuses_lora
+from recipe_jobs import BF16, LORA, refuses_lora
 
 
 @pytest.mark.default_cases(
@@ -54,6 +54,18 @@ def test_lora_checkpoint_roundtrip(suite, strategy, world_size):
     if refuses_lora(strategy, world_size):
         pytest.skip(f"refused, as the LoRA parity test asserts: {LORA_ONE_RANK_WHY}")
     _assert_roundtrip(suite, strategy, world_size, **LORA)
+
+
+@pytest.mark.up_to_world_size(2)
+@pytest.mark.strategies("zero0")
+@pytest.mark.default_cases("zero0-ws2")
+def test_bf16_checkpoint_roundtrip(suite, strategy, world_size):
+    """The same in bf16 without ZeRO, where the DeepSpeed engine's own bf16 wrapper holds the fp32 master weights
+    and Adam's moments (BF16_Optimizer up to 0.17.5, the fp16 wrapper at bf16 since): its checkpoint must carry
+    them. DeepSpeed 0.17.6 saved none of that state for bf16 at stage 0 and failed to load it (the zoo's
+    ds-0.17.6-bf16-stage0-checkpoint); from #7586 on it loaded without it, so a resumed run restarted Adam from
+    zero, until 0.18.5 (#7786)."""
+    _assert_roundtrip(suite, strategy, world_size, **BF16)
 
 
 def _assert_roundtrip(suite, strategy: str, world_size: int, **overrides: Any) -> None:
