@@ -185,6 +185,22 @@ def test_world_size_mismatch_needs_reshard(suite, strategy_name):
     )
 
 
+@pytest.mark.nightly  # the default tier's zero0 checkpoint is its bf16 round-trip; this one adds a run
+def test_a_stage0_checkpoint_refuses_another_world_size_even_with_reshard(suite):
+    """zero0's format does not reshard (no ZeRO partitions for DeepSpeed's universal conversion): asked to, its
+    load says so rather than failing inside the conversion."""
+    cfg = suite.config("zero0", 2)
+    run = suite.checkpointed_run(cfg)
+    _expect_checkpoint_error(
+        suite,
+        cfg.replace(world_size=1),
+        run["checkpoint"],
+        "without ZeRO (stage 0)",
+        "at that world size only",
+        reshard=True,
+    )
+
+
 def test_zero_stage_mismatch_fails_clearly(suite):
     run = suite.checkpointed_run(suite.config("zero2", 1))
     _expect_checkpoint_error(suite, suite.config("zero3", 1), run["checkpoint"], "saved with ZeRO stage 2")

@@ -192,6 +192,12 @@ class DeepSpeedTrainer(Trainer):
                 f"{self.ctx.world_size}; load it with resharding (load_checkpoint(path, reshard=True)), which "
                 "converts it to a DeepSpeed universal checkpoint"
             )
+        if other_ws and self.stage == 0:
+            raise CheckpointError(
+                f"DeepSpeed checkpoint {path} was saved without ZeRO (stage 0) at world size {meta['world_size']}; "
+                f"it loads at that world size only (DeepSpeed's universal conversion merges ZeRO partitions, "
+                f"which stage 0 has none of), not at {self.ctx.world_size}"
+            )
         if other_ws:
             self._to_universal(path)
             # The engine reads this at load time; it is a config key only because DeepSpeed expects to know
