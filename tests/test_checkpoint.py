@@ -68,6 +68,29 @@ def test_bf16_checkpoint_roundtrip(suite, strategy, world_size):
     _assert_roundtrip(suite, strategy, world_size, **BF16)
 
 
+@pytest.mark.up_to_world_size(2)
+@pytest.mark.strategies("zero0")
+@pytest.mark.default_cases("zero0-ws2")
+def test_bf16_checkpoint_restores_adams_state(suite, strategy, world_size):
+    """What the round trip above rests on, read directly: a fresh bf16 zero0 trainer that loads the checkpoint
+    saved after step k holds the optimizer state (AdamW's step count and both moments, on each rank) of one that
+    trained k steps. Unlike the round trip it does not depend on what the steps after k do, so it passes under
+    DeepSpeed 0.18.5, which fixed the checkpoint (#7786) but still never zeroed bf16 stage-0 gradients (the
+    zoo's other stage-0 case, which makes the round trip fail there)."""
+    from rank_jobs import deepspeed_adam_state
+
+    cfg = suite.config(strategy, world_size, **BF16)
+    run = suite.checkpointed_run(cfg)
+    kept = suite.run_job(world_size, deepspeed_adam_state, cfg=cfg, steps=run["save_at"])
+    loaded = suite.run_job(world_size, deepspeed_adam_state, cfg=cfg, resume_from=str(run["checkpoint"]))
+    assert all(s[0] > 0 and s[1] > 0 for rank in kept for s in rank), f"no Adam state after training: {kept}"
+    assert loaded == kept, (
+        f"{strategy} ws{world_size} bf16: Adam's state [step, |exp_avg|^2, |exp_avg_sq|^2] per parameter after "
+        f"loading the checkpoint of step {run['save_at']} is {loaded[0][:3]}..., after training to it "
+        f"{kept[0][:3]}..."
+    )
+
+
 def _assert_roundtrip(suite, strategy: str, world_size: int, **overrides: Any) -> None:
     cfg = suite.config(strategy, world_size, **overrides)
     run = suite.checkpointed_run(cfg)
