@@ -47,9 +47,8 @@ class DeepSpeedTrainer(Trainer):
         super().__init__(ctx, cfg, model)
         self.stage, self.offload = stage, offload
         self._stage0_norm: torch.Tensor | None = None
-        self._norm_scale = (
-            1.0  # what DeepSpeed's reported norm is multiplied by (stage 0 in fp16: the loss scale)
-        )
+        # what DeepSpeed's reported norm is multiplied by (stage 0 in fp16: the loss scale)
+        self._norm_scale = 1.0
         deepspeed = _import_deepspeed(ctx)  # first: importing it picks the accelerator
         forget_groups_of_a_gone_world()
         if stage == 3 and ctx.world_size > 1:
@@ -106,9 +105,9 @@ class DeepSpeedTrainer(Trainer):
         Under fp16 it records the loss scale the step ran with and whether the engine skipped it (an overflow).
         """
         if self._unwrapped() and self.cfg.clip_grad_norm:
-            # Stage 0 in fp32 hands the gradients to torch's optimizer as they are: the engine clips them
-            # (clip_fp32_gradients) and keeps no norm, so the norm it clipped by is measured here first, from the
-            # all-reduced gradients every rank holds whole.
+            # Stage 0 without a wrapper (fp32, bf16-amp) hands the gradients to torch's optimizer as they are:
+            # the engine clips them (clip_fp32_gradients) and keeps no norm, so the norm it clips by is measured
+            # here first, from the all-reduced gradients every rank holds whole.
             grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
             self._stage0_norm = torch.nn.utils.get_total_norm(grads).detach().float().cpu()
         if self.cfg.precision != "fp16":
