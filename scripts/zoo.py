@@ -207,7 +207,10 @@ def ensure_venv(venvs: Path, package: str, version: str, log: Path) -> Path:
     ready = root / ".zoo-ready"
     if ready.exists():
         return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True)
+    # --without-pip: ensurepip's own setuptools (65.5 under Python 3.11) would shadow this environment's, and
+    # a --no-build-isolation build of DeepSpeed's sdist then failed without `wheel` (invalid command
+    # 'bdist_wheel'); this interpreter's pip and setuptools, reached through the .pth, install into the venv
+    subprocess.run([sys.executable, "-m", "venv", "--clear", "--without-pip", str(root)], check=True)
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         check=True,

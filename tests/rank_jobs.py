@@ -323,3 +323,33 @@ def raises_mid_step(ctx: Any, rank: int) -> None:
         raise RuntimeError(f"planted failure in the middle of a step on rank {ctx.rank}")
     loss.backward()
     ctx.synchronize()
+
+
+def deepspeed_adam_state(
+    ctx: Any, cfg: Any, steps: int = 0, resume_from: str | None = None
+) -> list[list[float]]:
+    """The state of the torch optimizer a fresh DeepSpeed trainer of `cfg` was given (whatever DeepSpeed wraps
+    it in), after `steps` steps or, with `resume_from`, just after loading that checkpoint: per parameter in the
+    optimizer's order, its step count and the sums of squares of Adam's two moments (-1 where absent; this
+    rank's own share where the wrapper partitions them, as BF16_Optimizer does)."""
+    from distbench.jobs.train import make_trainer, run_steps
+
+    trainer = make_trainer(ctx, cfg)
+    try:
+        if resume_from:
+            trainer.load_checkpoint(resume_from)
+        else:
+            run_steps(ctx, trainer, cfg, steps)
+        opt = trainer.engine.basic_optimizer  # type: ignore[attr-defined]
+        out = []
+        for group in opt.param_groups:
+            for p in group["params"]:
+                st = opt.state.get(p, {})
+                step = [float(st["step"]) if "step" in st else -1.0]
+                moments = [
+                    float(st[k].double().pow(2).sum()) if k in st else -1.0 for k in ("exp_avg", "exp_avg_sq")
+                ]
+                out.append(step + moments)
+        return out
+    finally:
+        trainer.close()

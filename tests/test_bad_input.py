@@ -78,7 +78,7 @@ CLI = [
     (
         "ds-config-not-zero",
         ["-s", "ddp", "--ds-config", "{tmp}/ds_ok.json"],
-        "option 'ds_config' applies to zero1, zero2, zero3, zero3_offload only",
+        "option 'ds_config' applies to zero0, zero1, zero2, zero3, zero3_offload only",
     ),
     ("ds-config-missing", ["-s", "zero2", "-n", "1", "--ds-config", "{tmp}/nope.json"], "does not exist"),
     (
@@ -94,7 +94,7 @@ CLI = [
     (
         "ds-conflict",
         ["-s", "zero2", "-n", "1", "--ds-config", "{tmp}/ds_stage.json"],
-        "pick zero1, zero2 or zero3 instead",
+        "pick zero0, zero1, zero2 or zero3 instead",
     ),
     ("ds-malformed", ["-s", "zero2", "-n", "1", "--ds-config", "{tmp}/ds_bad.json"], "is not valid JSON"),
 ]

@@ -24,7 +24,7 @@ from distbench.runtime.pool import JobError
 from distbench.strategies import REGISTRY
 from distbench.strategies.checkpoint_files import MANIFEST, write_manifest
 from distbench.strategies.fsdp1 import LORA_ONE_RANK_WHY
-from recipe_jobs import LORA, refuses_lora
+from recipe_jobs import BF16, LORA, refuses_lora
 
 
 @pytest.mark.default_cases(
@@ -54,6 +54,41 @@ def test_lora_checkpoint_roundtrip(suite, strategy, world_size):
     if refuses_lora(strategy, world_size):
         pytest.skip(f"refused, as the LoRA parity test asserts: {LORA_ONE_RANK_WHY}")
     _assert_roundtrip(suite, strategy, world_size, **LORA)
+
+
+@pytest.mark.up_to_world_size(2)
+@pytest.mark.strategies("zero0")
+@pytest.mark.default_cases("zero0-ws2")
+def test_bf16_checkpoint_roundtrip(suite, strategy, world_size):
+    """The same in bf16 without ZeRO, where the DeepSpeed engine's own bf16 wrapper holds the fp32 master weights
+    and Adam's moments (BF16_Optimizer up to 0.17.5, the fp16 wrapper at bf16 since): its checkpoint must carry
+    them. DeepSpeed 0.17.6 saved none of that state for bf16 at stage 0 and failed to load it (the zoo's
+    ds-0.17.6-bf16-stage0-checkpoint); from #7586 on it loaded without it, so a resumed run restarted Adam from
+    zero, until 0.18.5 (#7786)."""
+    _assert_roundtrip(suite, strategy, world_size, **BF16)
+
+
+@pytest.mark.up_to_world_size(2)
+@pytest.mark.strategies("zero0")
+@pytest.mark.default_cases("zero0-ws2")
+def test_bf16_checkpoint_restores_adams_state(suite, strategy, world_size):
+    """What the round trip above rests on, read directly: a fresh bf16 zero0 trainer that loads the checkpoint
+    saved after step k holds the optimizer state (AdamW's step count and both moments, on each rank) of one that
+    trained k steps. Unlike the round trip it does not depend on what the steps after k do, so it passes under
+    DeepSpeed 0.18.5, which fixed the checkpoint (#7786) but still never zeroed bf16 stage-0 gradients (the
+    zoo's other stage-0 case, which makes the round trip fail there)."""
+    from rank_jobs import deepspeed_adam_state
+
+    cfg = suite.config(strategy, world_size, **BF16)
+    run = suite.checkpointed_run(cfg)
+    kept = suite.run_job(world_size, deepspeed_adam_state, cfg=cfg, steps=run["save_at"])
+    loaded = suite.run_job(world_size, deepspeed_adam_state, cfg=cfg, resume_from=str(run["checkpoint"]))
+    assert all(s[0] > 0 and s[1] > 0 for rank in kept for s in rank), f"no Adam state after training: {kept}"
+    assert loaded == kept, (
+        f"{strategy} ws{world_size} bf16: Adam's state [step, |exp_avg|^2, |exp_avg_sq|^2] per parameter after "
+        f"loading the checkpoint of step {run['save_at']} is {loaded[0][:3]}..., after training to it "
+        f"{kept[0][:3]}..."
+    )
 
 
 def _assert_roundtrip(suite, strategy: str, world_size: int, **overrides: Any) -> None:
@@ -170,6 +205,22 @@ def test_world_size_mismatch_needs_reshard(suite, strategy_name):
     run = suite.checkpointed_run(cfg)
     _expect_checkpoint_error(
         suite, cfg.replace(world_size=1), run["checkpoint"], "saved at world size 2", "reshard"
+    )
+
+
+@pytest.mark.nightly  # the default tier's zero0 checkpoint is its bf16 round-trip; this one adds a run
+def test_a_stage0_checkpoint_refuses_another_world_size_even_with_reshard(suite):
+    """zero0's format does not reshard (no ZeRO partitions for DeepSpeed's universal conversion): asked to, its
+    load says so rather than failing inside the conversion."""
+    cfg = suite.config("zero0", 2)
+    run = suite.checkpointed_run(cfg)
+    _expect_checkpoint_error(
+        suite,
+        cfg.replace(world_size=1),
+        run["checkpoint"],
+        "without ZeRO (stage 0)",
+        "at that world size only",
+        reshard=True,
     )
 
 

@@ -21,7 +21,9 @@ from recipe_jobs import LORA
 
 
 @pytest.mark.up_to_world_size(2)
-@pytest.mark.strategies("zero3", "fsdp_full")
+@pytest.mark.strategies("zero3", "fsdp_full", "zero0")
+# zero0's exporter (the stage-0 model file) runs nightly: the default tier's zero0 time is its bf16 round trip
+@pytest.mark.default_cases("zero3-ws1", "zero3-ws2", "fsdp_full-ws1", "fsdp_full-ws2")
 def test_export_to_plain_and_pretrained(suite, strategy, world_size, tmp_path):
     cfg = suite.config(strategy, world_size)
     run = suite.checkpointed_run(cfg)

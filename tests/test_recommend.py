@@ -428,7 +428,7 @@ def test_activation_checkpointing_is_a_candidate_only_for_models_with_the_switch
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["-s", "ddp", "--ds-config", "ds.json"], "applies to zero1"),  # no candidate takes it
+        (["-s", "ddp", "--ds-config", "ds.json"], "applies to zero0"),  # no candidate takes it
         (["-s", "zero2", "--ds-config", "missing.json"], "ds_config file missing.json does not exist"),
     ],
 )

@@ -79,7 +79,7 @@ def check_packages() -> list[Check]:
         Check(
             "deepspeed",
             OK if ds else WARN,
-            ds or "not installed: zero1/zero2/zero3 strategies unavailable",
+            ds or "not installed: zero0/zero1/zero2/zero3 strategies unavailable",
             "" if ds else "pip install deepspeed",
         ),
         Check(

@@ -64,6 +64,7 @@ FAMILIES = {
     "fsdp_hybrid": "fsdp",
     "fsdp1_full": "fsdp",
     "fsdp1_grad": "fsdp",
+    "zero0": "deepspeed",  # the DeepSpeed engine's own buffers, its state replicated (the memory model's term)
     "zero1": "deepspeed",
     "zero2": "deepspeed",
     "zero3": "deepspeed",

@@ -34,6 +34,15 @@ def _zero_to_fp32(path: str) -> dict[str, torch.Tensor]:
     return dict(get_fp32_state_dict_from_zero_checkpoint(path))
 
 
+def _ds_module(path: str) -> dict[str, torch.Tensor]:
+    """The module of a DeepSpeed checkpoint saved without ZeRO (stage 0): whole in its latest tag's model file,
+    which zero_to_fp32 does not read (it merges ZeRO partitions). Under bf16 the file holds the bf16 weights."""
+    with open(os.path.join(path, "latest"), encoding="utf-8") as f:
+        tag = f.read().strip()
+    state = torch.load(os.path.join(path, tag, "mp_rank_00_model_states.pt"), map_location="cpu")
+    return {k: v.float() for k, v in state["module"].items()}
+
+
 def _dcp(path: str) -> dict[str, torch.Tensor]:
     """The model half of a DCP checkpoint, gathered as torch's dcp_to_torch_save does."""
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
@@ -51,7 +60,11 @@ def _dcp(path: str) -> dict[str, torch.Tensor]:
 
 
 #: exporter name (a registry CheckpointFormat's `exporter`) -> checkpoint directory to fp32 full state dict
-EXPORTERS: dict[str, Callable[[str], dict[str, torch.Tensor]]] = {"zero_to_fp32": _zero_to_fp32, "dcp": _dcp}
+EXPORTERS: dict[str, Callable[[str], dict[str, torch.Tensor]]] = {
+    "zero_to_fp32": _zero_to_fp32,
+    "ds_module": _ds_module,
+    "dcp": _dcp,
+}
 
 
 def full_state_dict_from_checkpoint(path: str | os.PathLike[str], strategy: str) -> dict[str, torch.Tensor]:

@@ -188,6 +188,16 @@ def _zero(precision: str, ws: int, m: ModelFacts, *, stage: int) -> Table:
     return table
 
 
+def _zero0(precision: str, ws: int, m: ModelFacts) -> Table:
+    """DeepSpeed without ZeRO all-reduces every gradient once at the boundary (buffered_allreduce_fallback),
+    flattened into buckets it fills until they pass DeepSpeed's 5e8 elements (not capped: stage 0 reads no ZeRO
+    bucket size), in the communication dtype of the regime, as _zero says; exactly N elements, on one rank too."""
+    comm = FP32 if precision == "bf16-amp" else DTYPE[precision]
+    most = m.elements // DS_BUCKET_ELEMENTS + 1  # every bucket but the last holds more than 5e8
+    least = -(-m.elements // (DS_BUCKET_ELEMENTS + m.largest))
+    return {"all_reduce": Traffic(comm, ws, (m.elements, m.elements), (least, most))}
+
+
 def _single(precision: str, ws: int, m: ModelFacts) -> Table:
     """One process: nothing to communicate."""
     return {}
@@ -215,6 +225,7 @@ POLICIES: dict[str, Policy] = {
     "fsdp_offload": lambda p, ws, m, r: _fsdp2(p, ws, m, reshard_after_forward=True),
     "fsdp1_full": lambda p, ws, m, r: _fsdp1(p, ws, m, full=True),
     "fsdp1_grad": lambda p, ws, m, r: _fsdp1(p, ws, m, full=False),
+    "zero0": lambda p, ws, m, r: _zero0(p, ws, m),
     "zero1": lambda p, ws, m, r: _zero(p, ws, m, stage=1),
     "zero2": lambda p, ws, m, r: _zero(p, ws, m, stage=2),
     "zero3": lambda p, ws, m, r: _zero(p, ws, m, stage=3),

@@ -18,6 +18,7 @@ from .spec import (
     COMPONENTS,
     DCP,
     DEEPSPEED,
+    DEEPSPEED_STAGE0,
     FULLY_SHARDED,
     GRIDS,
     REPLICATED,
@@ -127,6 +128,19 @@ _ENTRIES = [
         gpu_only_why="legacy FSDP1 requires CUDA",
         defaults=(("sharding", "SHARD_GRAD_OP"),),
         user_options=FSDP1_OPTIONS,
+    ),
+    StrategySpec(
+        "zero0",
+        "DeepSpeed engine without ZeRO (stage 0): replicated like DDP, DeepSpeed's gradient all-reduce, bf16/fp16 "
+        "optimizer wrappers and checkpoint",
+        _ZERO,
+        memory=MemoryLayout(bytes_per_param="deepspeed"),
+        checkpoint=DEEPSPEED_STAGE0,
+        defaults=(("stage", 0),),
+        user_options=DS_OPTIONS,
+        config_check=DS_CHECK,
+        fp16_devices=("cuda",),
+        fp16_why=DS_FP16_WHY,
     ),
     StrategySpec(
         "zero1",

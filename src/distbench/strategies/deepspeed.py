@@ -1,4 +1,5 @@
-"""DeepSpeed ZeRO stages 1-3 (and stage 3 with CPU offload) behind the uniform Trainer interface."""
+"""The DeepSpeed engine without ZeRO (stage 0), ZeRO stages 1-3 (and stage 3 with CPU offload) behind the uniform
+Trainer interface."""
 
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ class DeepSpeedTrainer(Trainer):
     ) -> None:
         super().__init__(ctx, cfg, model)
         self.stage, self.offload = stage, offload
+        self._stage0_norm: torch.Tensor | None = None
+        # what DeepSpeed's reported norm is multiplied by (stage 0 in fp16: the loss scale)
+        self._norm_scale = 1.0
         deepspeed = _import_deepspeed(ctx)  # first: importing it picks the accelerator
         forget_groups_of_a_gone_world()
         if stage == 3 and ctx.world_size > 1:
@@ -90,7 +94,9 @@ class DeepSpeedTrainer(Trainer):
         """The global norm DeepSpeed measured before it clipped (read after the step that computed it)."""
         if not self.cfg.clip_grad_norm:
             return None
-        return torch.as_tensor(float(self.engine.get_global_grad_norm()))
+        if self._stage0_norm is not None:
+            return self._stage0_norm
+        return torch.as_tensor(float(self.engine.get_global_grad_norm()) / self._norm_scale)
 
     def optimizer_step(self) -> None:
         """At the accumulation boundary engine.step() steps the optimizer and LR schedule and zeroes gradients.
@@ -98,12 +104,45 @@ class DeepSpeedTrainer(Trainer):
         It runs here rather than in forward_backward so that full_grads() can still see the step's gradients.
         Under fp16 it records the loss scale the step ran with and whether the engine skipped it (an overflow).
         """
+        if self._unwrapped() and self.cfg.clip_grad_norm:
+            # Stage 0 without a wrapper (fp32, bf16-amp) hands the gradients to torch's optimizer as they are:
+            # the engine clips them (clip_fp32_gradients) and keeps no norm, so the norm it clips by is measured
+            # here first, from the all-reduced gradients every rank holds whole.
+            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            self._stage0_norm = torch.nn.utils.get_total_norm(grads).detach().float().cpu()
         if self.cfg.precision != "fp16":
             self.engine.step()
             return
         scale, skipped_before = self.engine._get_optimizer_loss_scale(), self.engine.skipped_steps
+        if self.stage == 0:
+            # The fp16 wrapper without ZeRO (FP16_UnfusedOptimizer) keeps the norm of the still-scaled
+            # gradients ("norm is in fact norm*scale", DeepSpeed 0.19); ZeRO's optimizers unscale theirs. Not
+            # in bf16, where the scale is 1 in a sound release and a norm 2^16 too large is the defect of the
+            # zoo's ds-0.17.6-bf16-stage0-loss-scale.
+            self._norm_scale = float(scale)
         self.engine.step()
         self.record_loss_scale(float(scale), self.engine.skipped_steps > skipped_before)
+
+    def _unwrapped(self) -> bool:
+        """Whether the engine steps the client optimizer itself, with no DeepSpeed wrapper between (stage 0 in
+        fp32 or bf16-amp): then DeepSpeed records no gradient norm."""
+        return self.engine.optimizer is self.engine.basic_optimizer
+
+    def _master(self, p: nn.Parameter) -> torch.Tensor:
+        """The optimizer's fp32 copy of trainable `p`: ZeRO's and BF16_Optimizer's through DeepSpeed's mapping;
+        without ZeRO, the fp16/bf16 optimizer wrapper's fp32 group beside `p` (DeepSpeed maps none), or `p`
+        itself when no wrapper keeps a copy (fp32)."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        full = safe_get_full_fp32_param(p)
+        if full is not None:
+            return full
+        opt = self.engine.optimizer
+        for low, high in zip(getattr(opt, "fp16_groups", ()), getattr(opt, "fp32_groups", ()), strict=False):
+            for lp, hp in zip(low, high, strict=False):
+                if lp is p:
+                    return hp
+        return p
 
     def full_grads(self) -> dict[str, torch.Tensor]:
         from deepspeed.utils import safe_get_full_grad
@@ -118,8 +157,6 @@ class DeepSpeedTrainer(Trainer):
         }
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        from deepspeed.utils import safe_get_full_fp32_param
-
         module = self.engine.module
         # safe_get_full_fp32_param gathers the optimizer's fp32 master copy (a collective under ZeRO-3), so
         # under bf16 this returns what training holds, not the bf16 compute copy; tied weights map to one tensor.
@@ -129,7 +166,7 @@ class DeepSpeedTrainer(Trainer):
         for key, t in module.state_dict(keep_vars=True).items():
             if isinstance(t, nn.Parameter):
                 if id(t) not in full:
-                    full[id(t)] = (safe_get_full_fp32_param(t) if t.requires_grad else _gathered(t)).detach()
+                    full[id(t)] = (self._master(t) if t.requires_grad else _gathered(t)).detach()
                     full[id(t)] = full[id(t)].float().cpu().clone()
                 out[key] = full[id(t)]
             else:
@@ -162,6 +199,12 @@ class DeepSpeedTrainer(Trainer):
                 f"DeepSpeed checkpoint {path} was saved at world size {meta['world_size']}, this run has "
                 f"{self.ctx.world_size}; load it with resharding (load_checkpoint(path, reshard=True)), which "
                 "converts it to a DeepSpeed universal checkpoint"
+            )
+        if other_ws and self.stage == 0:
+            raise CheckpointError(
+                f"DeepSpeed checkpoint {path} was saved without ZeRO (stage 0) at world size {meta['world_size']}; "
+                f"it loads at that world size only (DeepSpeed's universal conversion merges ZeRO partitions, "
+                f"which stage 0 has none of), not at {self.ctx.world_size}"
             )
         if other_ws:
             self._to_universal(path)
@@ -324,7 +367,10 @@ def _read_meta(meta_file: str) -> dict[str, Any]:
             meta = json.load(f)
         world_size, stage, offload = meta["world_size"], meta["stage"], meta["offload"]
         if not (
-            type(world_size) is int and world_size >= 1 and stage in (1, 2, 3) and isinstance(offload, bool)
+            type(world_size) is int
+            and world_size >= 1
+            and stage in (0, 1, 2, 3)
+            and isinstance(offload, bool)
         ):
             raise ValueError(f"unexpected values {meta!r}")
     except FileNotFoundError:

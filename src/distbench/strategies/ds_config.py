@@ -75,8 +75,10 @@ def harness_config(cfg: RunConfig, stage: int, offload: bool, n_params: int | No
     never fills. A bucket at least as large as the model holds every gradient either way, so the collectives
     (and the numerics) are those of the default; GPU-size models (>= 5e8 parameters) keep the default as is.
     """
-    zero: dict[str, Any] = {"stage": stage, **THROUGHPUT}
-    if n_params is not None:
+    # Stage 0 is DeepSpeed's data parallelism without ZeRO: one all-reduce of every gradient at the boundary,
+    # none of ZeRO's buckets or overlap to set
+    zero: dict[str, Any] = {"stage": stage, **THROUGHPUT} if stage else {"stage": 0}
+    if n_params is not None and stage:
         bucket = max(1, min(DS_DEFAULT_BUCKET, n_params))
         zero["reduce_bucket_size"] = zero["allgather_bucket_size"] = bucket
     if offload:
@@ -154,7 +156,7 @@ def _controlled(cfg: RunConfig, stage: int, offload: bool) -> dict[tuple[str, ..
         ),
         ("zero_optimization", "stage"): (
             stage,
-            "the strategy sets the stage: pick zero1, zero2 or zero3 instead, or remove the key",
+            "the strategy sets the stage: pick zero0, zero1, zero2 or zero3 instead, or remove the key",
         ),
         ("zero_optimization", "offload_optimizer", "device"): (device, off_fix),
         ("zero_optimization", "offload_param", "device"): (device, off_fix),

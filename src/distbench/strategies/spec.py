@@ -60,6 +60,11 @@ DCP = CheckpointFormat("torch.distributed.checkpoint (DCP)", reshards=True, expo
 DEEPSPEED = CheckpointFormat(
     "DeepSpeed, resharded through its universal checkpoint", reshards=True, exporter="zero_to_fp32"
 )
+#: Stage 0 keeps no ZeRO partitions for DeepSpeed's universal conversion to merge: the engine's own files, loaded
+#: at the world size that saved them, and its model file holds the weights.
+DEEPSPEED_STAGE0 = CheckpointFormat(
+    "DeepSpeed engine checkpoint without ZeRO (stage 0)", reshards=False, exporter="ds_module"
+)
 
 
 @dataclass(frozen=True)
