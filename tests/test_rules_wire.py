@@ -226,6 +226,33 @@ def test_zero_3_reduce_scatters_buckets_and_gathers_each_tensor_at_most_twice():
         }
 
 
+@pytest.mark.parametrize(
+    ("precision", "dtype"), [("fp32", F32), ("bf16", BF16), ("fp16", F16), ("bf16-amp", F32)]
+)
+def test_zero_0_all_reduces_every_gradient_once_unpadded_and_gathers_nothing(precision, dtype):
+    """Stage 0 keeps every rank's whole state: one all-reduce of exactly N elements (no partition padding), no
+    gather, on one rank as on two."""
+    for ws in (1, 2):
+        assert expected_traffic("zero0", precision, ws, M) == {
+            "all_reduce": Traffic(dtype, ws, (1000, 1000), (1, 1))
+        }
+
+
+def test_zero_0_buckets_are_filled_past_half_a_billion_elements_uncapped():
+    """Buckets close once they pass 5e8 elements, so every one but the last holds more than 5e8 (at most
+    N // 5e8 + 1 of them) and none more than 5e8 plus the largest gradient (at least N / (5e8 + largest),
+    rounded up): 1.2e9 elements whose largest is 6e8 take 2 or 3; 1e9 whose largest is 5e8, 1 to 3; 2.5e9
+    whose largest is 1e8, 5 (4.17 rounded up) to 6."""
+    big = ModelFacts(elements=1_200_000_000, tensors=2, rows=10, largest=600_000_000, layers=2)
+    assert expected_traffic("zero0", "bf16", 2, big)["all_reduce"].count == (2, 3)
+    exact = ModelFacts(elements=1_000_000_000, tensors=2, rows=10, largest=500_000_000, layers=2)
+    assert expected_traffic("zero0", "fp32", 2, exact)["all_reduce"].count == (1, 3)
+    many = ModelFacts(elements=2_500_000_000, tensors=25, rows=10, largest=100_000_000, layers=2)
+    assert expected_traffic("zero0", "fp32", 4, many)["all_reduce"] == Traffic(
+        F32, 4, (2_500_000_000, 2_500_000_000), (5, 6)
+    )
+
+
 def test_deepspeed_buckets_of_half_a_billion_elements_are_filled_greedily():
     """1.2 billion elements: 3 buckets at least, fewer than twice that (at most 5); capped at N below it."""
     big = ModelFacts(elements=1_200_000_000, tensors=2, rows=10, largest=600_000_000, layers=2)
