@@ -89,3 +89,32 @@ def test_nccl_env_and_max_connections_listed():
     checks = by_name(run_checks({"NCCL_DEBUG": "INFO", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}))
     assert "NCCL_DEBUG=INFO" in checks["nccl env"].detail
     assert checks["CUDA_DEVICE_MAX_CONNECTIONS"].fix
+
+
+def test_an_interrupted_extension_build_is_named_with_the_lock_to_remove(tmp_path):
+    """A JIT build's lock older than STALE_LOCK_S is a killed build's: named with its age and the rm that frees
+    every later build; a fresh lock (a build compiling now) and a finished build's folder are fine."""
+    import os
+
+    old = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    fresh = tmp_path / "py311_cpu" / "fused_adam" / "lock"
+    (tmp_path / "py311_cpu" / "cpu_adam").mkdir(parents=True)
+    for lock in (old, fresh):
+        lock.parent.mkdir(parents=True)
+        lock.touch()
+    now = 1_000_000.0
+    os.utime(old, (now - 3600, now - 3600))
+    os.utime(fresh, (now - 60, now - 60))
+    check = doctor.check_extension_locks(str(tmp_path), now)
+    assert check.status == WARN
+    assert f"{old} (60 min old)" in check.detail and str(fresh) not in check.detail
+    assert check.fix.endswith(f"rm {old}")
+    os.utime(old, (now - doctor.STALE_LOCK_S + 1, now - doctor.STALE_LOCK_S + 1))
+    assert doctor.check_extension_locks(str(tmp_path), now).status == OK
+
+
+def test_extensions_are_looked_for_where_torch_builds_them(monkeypatch):
+    from torch.utils.cpp_extension import get_default_build_root
+
+    assert doctor.extensions_root({"TORCH_EXTENSIONS_DIR": "/x/ext"}) == "/x/ext"
+    assert doctor.extensions_root({}) == get_default_build_root()

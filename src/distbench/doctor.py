@@ -12,8 +12,10 @@ import os
 import platform
 import re
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from .machine import COMM_ENV_PREFIXES, NO_NVIDIA_SMI, cuda_devices, nccl_version, package_version, topology
 
@@ -176,6 +178,42 @@ def check_max_connections(env: Mapping[str, str]) -> Check:
     )
 
 
+#: A JIT build's lock older than this is taken for an interrupted build (DeepSpeed's CUDA ops build in minutes).
+STALE_LOCK_S = 30 * 60
+
+
+def check_extension_locks(root: str, now: float) -> Check:
+    """torch's JIT extension builds (DeepSpeed's ops) hold ROOT/<build>/<op>/lock while they compile; a build
+    that was killed leaves it, and every later build of that op, in every test and rank that needs it, waits
+    for it forever (seen: a killed run's lock held DeepSpeed's CPU op for an hour, and each DeepSpeed test hung
+    until its timeout)."""
+    stale = []
+    for lock in sorted(Path(root).glob("*/*/lock")):
+        try:
+            age = now - lock.stat().st_mtime
+        except OSError:  # the build finished meanwhile
+            continue
+        if age > STALE_LOCK_S:
+            stale.append(f"{lock} ({age / 60:.0f} min old)")
+    if not stale:
+        return Check("extension builds", OK, f"no interrupted build under {root}")
+    return Check(
+        "extension builds",
+        WARN,
+        "an interrupted build left its lock, and every build of that op waits for it: " + "; ".join(stale),
+        "when no compiler is running, remove it: rm " + " ".join(s.split(" (")[0] for s in stale),
+    )
+
+
+def extensions_root(env: Mapping[str, str]) -> str:
+    """Where torch builds JIT extensions: TORCH_EXTENSIONS_DIR, else its per-user cache folder."""
+    if env.get("TORCH_EXTENSIONS_DIR"):
+        return env["TORCH_EXTENSIONS_DIR"]
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return get_default_build_root()
+
+
 def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
     """Every check, in reading order. `env` defaults to os.environ (tests pass their own)."""
     env = os.environ if env is None else env
@@ -191,6 +229,8 @@ def run_checks(env: Mapping[str, str] | None = None) -> list[Check]:
         check_cuda_arch_list(env, package_version("deepspeed") is not None),
         check_max_connections(env),
     ]
+    if package_version("torch") is not None:
+        checks.append(check_extension_locks(extensions_root(env), time.time()))
     return checks
 
 
