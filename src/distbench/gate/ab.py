@@ -191,10 +191,15 @@ def _play_pair(
     run_base: Callable[[RunConfig], dict[str, Any]],
     run_head: Callable[[RunConfig], dict[str, Any]],
 ) -> Pair | None:
-    """One run of each variant in `order`, recorded in `o`; None (and `o.error`) when a run failed."""
-    first, second = (run_base, run_head) if order == "AB" else (run_head, run_base)
-    r1 = first(o.cfg)
-    r2 = second(o.cfg) if r1.get("status") == "ok" else r1
+    """One run of each variant in `order`, recorded in `o`; None (and `o.error`, naming the side whose run
+    failed) when a run failed: a failed first run ends the pair before the second."""
+    sides = (("base", run_base), ("head", run_head))
+    (first, run_first), (_, run_second) = sides if order == "AB" else sides[::-1]
+    r1 = run_first(o.cfg)
+    if r1.get("status") != "ok":
+        _failed(o, first, r1)
+        return None
+    r2 = run_second(o.cfg)
     base, head = (r1, r2) if order == "AB" else (r2, r1)
     return _record(o, Pair(order, base, head))
 
