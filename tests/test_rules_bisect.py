@@ -1,0 +1,87 @@
+"""bisect's verdict rules, one test each, on probe records written by hand (no processes, no comparisons run):
+which verdict a bisect whose ends do not hold ends with, which revision its words name, and the range it
+reports. Each was shown failing on the one-line bug it names."""
+
+from __future__ import annotations
+
+from distbench.gate.bisect import Bisection, ProbeRecord, Verdict
+from test_bisect import setup_of
+
+N = 4
+NODE = "tests/test_x.py::test_y"
+
+
+def perf(confirm: ProbeRecord | None) -> Verdict:
+    return Bisection(setup_of(N), [confirm] if confirm else []).verdict()
+
+
+def confirm(outcome: str, error: str | None = None, failed: str | None = None) -> ProbeRecord:
+    return ProbeRecord(kind="confirm", base=0, head=N, outcome=outcome, error=error, failed=failed)
+
+
+def test_a_confirm_not_run_yet_is_undecided_over_the_whole_range_without_a_reason():
+    """No confirm yet: undecided over 0..n, and no "(None)" where there is no error to give."""
+    assert perf(None) == Verdict("undecided", "could not tell whether bad is slower than good", 0, N)
+
+
+def test_an_undecided_confirm_gives_its_error_in_brackets_and_only_where_it_has_one():
+    assert perf(confirm("undecided", error="the gate ran out of pairs")) == Verdict(
+        "undecided", "could not tell whether bad is slower than good (the gate ran out of pairs)", 0, N
+    )
+    assert perf(confirm("undecided")) == Verdict(
+        "undecided", "could not tell whether bad is slower than good", 0, N
+    )
+
+
+def test_a_good_confirm_is_same_and_names_the_threshold_ruled_out():
+    """bad not slower than good: "same" (exit 0) over 0..n, with the 2% slowdown the gate ruled out."""
+    v = perf(confirm("good"))
+    assert v == Verdict(
+        "same",
+        "bad is not slower than good (a slowdown of 2.0% ruled out on every gated metric): nothing to find",
+        0,
+        N,
+    )
+    assert v.exit_code == 0
+
+
+def test_a_confirm_that_could_not_run_an_end_names_that_end_by_its_revision():
+    """The side that failed is named as the good end (candidate 0) or the bad end (candidate n), else "an end"."""
+    assert perf(confirm("skip", error="boom", failed="base")) == Verdict(
+        "ends", "the good end 0/4 rev0 could not be run: boom", 0, N
+    )
+    assert perf(confirm("skip", error="boom", failed="head")) == Verdict(
+        "ends", "the bad end 4/4 rev4 could not be run: boom", 0, N
+    )
+    assert perf(confirm("skip", error="boom")) == Verdict("ends", "an end could not be run: boom", 0, N)
+
+
+def node_bisect(*ends: tuple[int, str, str | None]) -> Verdict:
+    probes = [ProbeRecord(kind="end", base=None, head=i, outcome=o, error=e) for i, o, e in ends]
+    return Bisection(setup_of(N, "test"), probes).verdict()
+
+
+def test_a_test_that_passes_at_the_bad_end_is_same_over_the_whole_range():
+    assert node_bisect((N, "good", None)) == Verdict(
+        "same", f"{NODE} passes at the bad end: nothing to find", 0, N
+    )
+
+
+def test_a_test_that_cannot_run_at_the_bad_end_says_so_and_that_it_must_fail_there():
+    assert node_bisect((N, "skip", "no GPU")) == Verdict(
+        "ends", f"{NODE} cannot run (no GPU) at the bad end; it must fail at it", 0, N
+    )
+
+
+def test_a_test_that_fails_at_the_good_end_says_it_must_pass_there():
+    assert node_bisect((N, "bad", None), (0, "bad", None)) == Verdict(
+        "ends", f"{NODE} fails at the good end; it must pass at it", 0, N
+    )
+
+
+def test_a_value_in_a_state_file_error_is_shown_whole_up_to_60_characters_else_cut_to_60_with_an_ellipsis():
+    from distbench.gate.bisect import _short
+
+    assert _short("a" * 58) == repr("a" * 58)  # 60 characters with its quotes: whole
+    assert _short("a" * 59) == "'" + "a" * 56 + "..."  # 61: its first 57, then "..."
+    assert len(_short("a" * 59)) == 60
