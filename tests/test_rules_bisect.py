@@ -4,7 +4,8 @@ reports. Each was shown failing on the one-line bug it names."""
 
 from __future__ import annotations
 
-from distbench.gate.bisect import Bisection, ProbeRecord, Verdict
+from distbench.gate import stats
+from distbench.gate.bisect import Bisection, MetricRow, ProbeRecord, Verdict, step_time_reason
 from test_bisect import setup_of
 
 N = 4
@@ -85,3 +86,43 @@ def test_a_value_in_a_state_file_error_is_shown_whole_up_to_60_characters_else_c
     assert _short("a" * 58) == repr("a" * 58)  # 60 characters with its quotes: whole
     assert _short("a" * 59) == "'" + "a" * 56 + "..."  # 61: its first 57, then "..."
     assert len(_short("a" * 59)) == 60
+
+
+NOT_SAMPLED = (
+    "the step time moved and the device's kernel time was not sampled: followed on step time (a host-side change, "
+    "or a device-side one the run could not show)"
+)
+
+
+def device(verdict: str, gated: bool = False, high: float | None = 0.01) -> MetricRow:
+    return MetricRow(
+        metric="device_compute_s", gated=gated, verdict=verdict, estimate=0.0, low=-0.01, high=high
+    )
+
+
+def test_step_time_reason_says_the_device_time_was_not_sampled_where_no_row_has_an_interval():
+    """No device row, or one without both ends of its interval: "not sampled", never a figure half made up."""
+    assert step_time_reason([]) == NOT_SAMPLED
+    assert step_time_reason([device(stats.UNCHANGED, high=None)]) == NOT_SAMPLED
+
+
+def test_step_time_reason_takes_an_ungated_device_row_where_no_device_row_is_gated():
+    """The device row that was sampled but not gated still says what the device time did."""
+    assert step_time_reason([device(stats.UNCHANGED)]) == (
+        "the step time moved and the device's kernel time did not (device_compute_s +0.00% [-1.00%, +1.00%], a "
+        "slowdown ruled out): a host-side change, followed on step time"
+    )
+
+
+def test_step_time_reason_says_the_device_time_moved_with_the_step_time_where_it_regressed():
+    assert step_time_reason([device(stats.REGRESSION, gated=True)]) == (
+        "the step time moved and the device's kernel time with it (device_compute_s +0.00% [-1.00%, +1.00%]): "
+        "followed on step time"
+    )
+
+
+def test_step_time_reason_says_the_device_time_got_faster_where_it_improved():
+    assert step_time_reason([device(stats.IMPROVEMENT, gated=True)]) == (
+        "the step time moved and the device's kernel time got faster (device_compute_s +0.00% [-1.00%, +1.00%]): "
+        "a host-side change, followed on step time"
+    )
