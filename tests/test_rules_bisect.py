@@ -126,3 +126,51 @@ def test_step_time_reason_says_the_device_time_got_faster_where_it_improved():
         "the step time moved and the device's kernel time got faster (device_compute_s +0.00% [-1.00%, +1.00%]): "
         "a host-side change, followed on step time"
     )
+
+
+def step_row(estimate: float | None, low: float, high: float, metric: str = "step_time_s") -> MetricRow:
+    return MetricRow(
+        metric=metric, gated=True, verdict=stats.REGRESSION, estimate=estimate, low=low, high=high
+    )
+
+
+def found(rest: str | None, ends: MetricRow, mid: list[MetricRow]) -> str:
+    """The verdict's words over 3 candidates: the confirm found bad slower by `ends`, the search's one probe
+    found candidate 1 bad (its rows `mid`), and the remainder (1 against 2) answered `rest`."""
+    probes = [
+        ProbeRecord(kind="confirm", base=0, head=2, outcome="bad", metric="step_time_s", rows=[ends]),
+        ProbeRecord(kind="search", base=0, head=1, outcome="bad", metric=mid[0].metric, rows=mid),
+    ]
+    if rest:
+        probes.append(ProbeRecord(kind="remainder", base=1, head=2, outcome=rest))
+    v = Bisection(setup_of(2), probes).verdict()
+    assert (v.status, v.first_bad) == ("culprit", (1,))
+    return v.message
+
+
+MORE = (
+    "the first bad one is 1/2 rev1; more than one change may lie in the history: bad is +10.0% against good on "
+    "step_time_s, past 1/2 rev1's +2.0% [+1.0%, +3.0%], so a further change may lie after it"
+)
+
+
+def test_an_undecided_remainder_with_the_ends_slowdown_past_the_culprits_interval_says_more_may_lie_after_it():
+    assert found("undecided", step_row(0.10, 0.08, 0.12), [step_row(0.02, 0.01, 0.03)]) == MORE
+
+
+def test_a_good_remainder_rules_out_a_further_change_whatever_the_ends_slowdown():
+    assert (
+        found("good", step_row(0.10, 0.08, 0.12), [step_row(0.02, 0.01, 0.03)])
+        == "the first bad one is 1/2 rev1"
+    )
+
+
+def test_the_culprits_interval_is_read_on_the_confirms_metric_not_on_the_one_its_probe_followed():
+    mid = [step_row(0.09, 0.0, 0.12, "device_compute_s"), step_row(0.02, 0.01, 0.03)]
+    assert found("undecided", step_row(0.10, 0.08, 0.12), mid) == MORE
+
+
+def test_no_further_words_where_the_ends_slowdown_has_no_estimate_or_lies_within_the_culprits_interval():
+    bare = "the first bad one is 1/2 rev1"
+    assert found("undecided", step_row(None, 0.08, 0.12), [step_row(0.02, 0.01, 0.03)]) == bare
+    assert found("undecided", step_row(0.10, 0.08, 0.12), [step_row(0.02, 0.01, 0.10)]) == bare
