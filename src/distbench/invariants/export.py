@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..config import RunConfig
 from ..errors import CheckpointError, first_line
 from ..strategies import get_spec
+from ..strategies.base import torch_load
 from ..strategies.checkpoint_files import SafeFileSystemReader, verify_manifest, weights_only_loads
 from ..workloads import get_model
 from ..workloads.data import global_batch
@@ -39,7 +40,7 @@ def _ds_module(path: str) -> dict[str, torch.Tensor]:
     which zero_to_fp32 does not read (it merges ZeRO partitions). Under bf16 the file holds the bf16 weights."""
     with open(os.path.join(path, "latest"), encoding="utf-8") as f:
         tag = f.read().strip()
-    state = torch.load(os.path.join(path, tag, "mp_rank_00_model_states.pt"), map_location="cpu")
+    state = torch_load(os.path.join(path, tag, "mp_rank_00_model_states.pt"))
     return {k: v.float() for k, v in state["module"].items()}
 
 
