@@ -152,12 +152,30 @@ def overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return a["start"] < b["end"] and b["start"] < a["end"]
 
 
+#: The concurrent session's expected seconds (distbench_durations), so that its plan is fixed: test_two's tests
+#: are long (each at least LONG_UNIT_SHARE of the one-rank phase), so each is a unit of its own and they lead;
+#: test_one's two are short, one unit that one lane runs in turn. With every test at the default cost both
+#: modules were long and split, and whether one_a and one_b met in one lane was a race of the lanes' requests.
+PLANNED = {
+    "pytest.ini": "[pytest]\ndistbench_durations = durations.json\n",
+    "durations.json": json.dumps(
+        {"test_one.py::test_one_a": 0.1, "test_one.py::test_one_b": 0.1}
+        | {"test_two.py::test_two_a": 20.0, "test_two.py::test_two_b": 20.0}
+    ),
+}
+
+
 @pytest.fixture(scope="module")
 def concurrent(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
     tmp = tmp_path_factory.mktemp("concurrent")
     (tmp / "tmpdir").mkdir()
     out = session(
-        tmp, CONCURRENT, "--lanes", "2", LANES_LOG=str(tmp / "log.jsonl"), TMPDIR=str(tmp / "tmpdir")
+        tmp,
+        {**CONCURRENT, **PLANNED},
+        "--lanes",
+        "2",
+        LANES_LOG=str(tmp / "log.jsonl"),
+        TMPDIR=str(tmp / "tmpdir"),
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     return out, intervals(tmp / "log.jsonl")
