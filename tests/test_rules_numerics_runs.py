@@ -290,8 +290,9 @@ def test_each_recipe_asks_base_and_head_once_then_base_repeats_times_without_det
 
 
 def test_base_and_head_run_one_after_the_other_unless_asked_at_once() -> None:
-    """By default each run is asked from the caller's thread, one at a time; at_once asks base's and head's
-    deterministic runs from two threads of their own."""
+    """By default each run is asked from the caller's thread, one at a time; at_once asks every run of the
+    recipe (both deterministic runs and base's noisy one) from a thread of its own, so that a side with several
+    servers runs them at once."""
     one = Asked()
     nm.compare_variants([("ddp ws2", _config())], one, recipes=("default",), steps=2, repeats=1)
     assert [main for *_, main in one.asked] == [True, True, True]
@@ -299,7 +300,7 @@ def test_base_and_head_run_one_after_the_other_unless_asked_at_once() -> None:
     nm.compare_variants(
         [("ddp ws2", _config())], both, recipes=("default",), steps=2, repeats=1, at_once=True
     )
-    assert [main for *_, main in both.asked] == [False, False, True]
+    assert [main for *_, main in both.asked] == [False, False, False]
 
 
 def test_the_clipping_threshold_comes_from_the_default_recipes_base_run_without_another() -> None:
@@ -514,6 +515,128 @@ def test_on_cpu_both_sides_run_at_once_where_the_machine_has_a_core_per_rank_of_
     cfg = _config(world_size=n_ranks, global_batch=2 * n_ranks)
     nm.compare_servers(_args(numerics_repeats=0), [cfg], servers, Console(), str, device)
     assert [main for s in servers.values() for _, _, main in s.requests] == [not at_once] * 2
+
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    "card_gib, cores, kind, ranks, at_once",
+    [
+        (80, 16, "zero2", 1, 4),  # an H100: the bound (16.6 GiB a run, gpt2-774m's footprint) places four
+        (141, 16, "zero2", 1, 5),  # an H200: all five of a recipe's runs
+        (141, 6, "zero2", 1, 3),  # two host cores a rank
+        (141, 16, "fsdp_full", 2, 4),  # two ranks a run: 16 cores for four
+        (16, 16, "zero2", 1, 1),  # not even one run fits the bound: one at a time
+        (141, 16, "fsdp2_offload", 1, 1),  # no memory model for an offloaded strategy: one at a time
+        (None, 16, "zero2", 1, 1),  # no card to hold it against
+    ],
+)
+def test_gpu_runs_go_at_once_as_far_as_the_memory_models_bound_and_the_cores_allow(
+    monkeypatch, card_gib: int | None, cores: int, kind: str, ranks: int, at_once: int
+) -> None:
+    """On GPUs a recipe's five runs (both deterministic runs, three noisy ones) share the card where the memory
+    model's bound for the numerics' gpt2-124m places them all, with two host cores a rank: the wall time of the
+    recipe set is then that of its slowest run, not five."""
+    from distbench.gate import fit
+
+    monkeypatch.setattr(fit, "card_bytes", lambda: None if card_gib is None else card_gib * GIB)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    cfg = _config(
+        strategy=kind,
+        world_size=ranks,
+        model="gpt2-124m",
+        micro_batch=2,
+        global_batch=2 * ranks,
+        seq_len=256,
+    )
+    assert nm.runs_at_once([cfg], "cuda", 5) == at_once
+
+
+class Twinned(Server):
+    """A stand-in server that makes twins (VariantProcess.twin) and answers from several threads at once: each
+    request waits until `together` requests are in flight on the side's servers, so a test passes only if they
+    really run at the same time."""
+
+    def __init__(self, name: str, side: list[Twinned], together: int, broken: set[int] = frozenset()) -> None:
+        super().__init__(name, 4)
+        self.side, self.together, self.broken = side, together, broken
+        self.started = self.closed = False
+        side.append(self)
+
+    def twin(self, n: int) -> Twinned:
+        return Twinned(f"{self.log.split('/')[-1][:-4]}-{n}", self.side, self.together, self.broken)
+
+    def start(self) -> None:
+        from distbench.gate.variants import VariantStartError
+
+        if int(self.log[-5]) in self.broken:
+            raise VariantStartError("base", "planted start failure")
+        self.started = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def request(self, request: dict[str, Any], timeout: float) -> Any:
+        barrier = IN_FLIGHT.setdefault(id(self.side), threading.Barrier(self.together, timeout=10))
+        barrier.wait()
+        return super().request(request, timeout)
+
+
+IN_FLIGHT: dict[int, threading.Barrier] = {}
+
+
+def test_on_a_card_that_holds_them_a_recipes_runs_go_to_base_and_its_twins_at_once(monkeypatch) -> None:
+    """Five runs at once on an H200: base's deterministic and three noisy runs on base's server and three twins
+    (one each, all four in flight together), head's on its own; the twins are closed once the numerics end,
+    so the speed runs that follow have the card to themselves; the verdict is the serial one's."""
+    from distbench.gate import fit
+
+    monkeypatch.setattr(fit, "card_bytes", lambda: 141 * GIB)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    base_side: list[Twinned] = []
+    base = Twinned("base", base_side, together=4)
+    servers: dict[str, Any] = {"base": base, "head": Server("head", 4)}
+    cfg = _config(world_size=1, global_batch=2, model="gpt2-124m", seq_len=256)
+    (o,) = nm.compare_servers(_args(), [cfg], servers, Console(), str, "cuda")
+    assert o.kind == nm.IDENTICAL
+    assert len(base_side) == 4 and [len(s.requests) for s in base_side] == [1, 1, 1, 1]
+    assert all(s.started and s.closed for s in base_side[1:]) and not base.closed
+    assert sorted(RunConfig.from_dict(s.requests[0][0]["cfg"]).deterministic for s in base_side) == [
+        False,
+        False,
+        False,
+        True,
+    ]
+    assert len(servers["head"].requests) == 1
+
+
+def test_a_twin_that_does_not_start_is_left_out_and_its_runs_take_turns_on_the_others(monkeypatch) -> None:
+    from distbench.gate import fit
+
+    monkeypatch.setattr(fit, "card_bytes", lambda: 141 * GIB)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    base_side: list[Twinned] = []
+    base = Twinned("base", base_side, together=1, broken={2})
+    console = Console()
+    cfg = _config(world_size=1, global_batch=2, model="gpt2-124m", seq_len=256)
+    (o,) = nm.compare_servers(_args(), [cfg], {"base": base, "head": Server("head", 4)}, console, str, "cuda")
+    assert o.kind == nm.IDENTICAL
+    assert sum(len(s.requests) for s in base_side) == 4 and base_side[2].requests == []
+    assert [line for line in console.lines if "did not start" in line] == [
+        "  note: a second server of the base variant did not start (planted start failure); its runs take turns"
+    ]
+
+
+def test_a_twin_serves_the_same_checkout_and_logs_apart(tmp_path) -> None:
+    """A twin of a rev= variant runs the worktree its first server made (one checkout, removed once, by the
+    first) and writes a log of its own."""
+    from distbench.gate.variants import Variant, VariantProcess
+
+    first = VariantProcess(Variant("base", tree=str(tmp_path / "tree")), tmp_path, "cpu", tmp_path)
+    twin = first.twin(2)
+    assert (twin.tree, twin.variant.rev, twin.log.name) == (str(tmp_path / "tree"), None, "base-2.log")
+    assert twin.src == first.src and twin.environment()["PYTHONPATH"] == first.environment()["PYTHONPATH"]
 
 
 def test_the_numerics_flags_parse_to_what_the_comparison_reads() -> None:

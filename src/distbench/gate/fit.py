@@ -71,13 +71,14 @@ FAMILIES = {
 }
 
 
-def predicted_peak(cfg: RunConfig, n_params: int) -> float | None:
-    """Predicted peak device bytes of one rank of `cfg` (module doc), None where nothing was measured."""
+def predicted_peak(cfg: RunConfig, n_params: int, footprint: Footprint | None = None) -> float | None:
+    """Predicted peak device bytes of one rank of `cfg` (module doc), None where nothing was measured;
+    `footprint`: another model's measured terms in place of cfg.model's (bounding_peak)."""
     from ..invariants.memory import analytic_bytes
     from ..workloads import get_model
 
     family = FAMILIES.get(cfg.strategy)
-    fp = FOOTPRINTS.get((family or "", get_model(cfg.model).name))
+    fp = footprint or FOOTPRINTS.get((family or "", get_model(cfg.model).name))
     if fp is None:
         return None
     replicate = cfg.options.get("replicate")
@@ -88,6 +89,22 @@ def predicted_peak(cfg: RunConfig, n_params: int) -> float | None:
     per_sample = fp.per_sample_checkpointed if cfg.activation_checkpointing else fp.per_sample
     comm = COMM_ALLOWANCE if cfg.world_size > 1 else 0
     return state + gathered + (fp.held + cfg.micro_batch * per_sample) * GIB + comm
+
+
+def bounding_peak(cfg: RunConfig, n_params: int) -> float | None:
+    """predicted_peak, or for a model without probes of its own, the prediction with the footprint of its
+    family's smallest probed model at least as large (its buffers and activations per sample are no smaller):
+    an upper bound for placing several small runs on one card (the numerics' gpt2-124m runs), too loose to
+    size a timed run by. None where no probed model of the family is as large."""
+    from ..workloads import get_model
+
+    peak = predicted_peak(cfg, n_params)
+    family = FAMILIES.get(cfg.strategy)
+    if peak is not None or family is None:
+        return peak
+    probed = sorted((get_model(m).param_count(), m) for f, m in FOOTPRINTS if f == family)
+    larger = [m for count, m in probed if count >= n_params]
+    return predicted_peak(cfg, n_params, FOOTPRINTS[(family, larger[0])]) if larger else None
 
 
 def fits(peak: float, card: int, runs: int) -> bool:

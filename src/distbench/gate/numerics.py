@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import queue
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -461,18 +462,21 @@ def compare_variants(
 def _compare_recipe(
     o: NumericsOutcome, ask: Ask, cfg: RunConfig, resume_at: int | None, repeats: int, at_once: bool
 ) -> None:
-    """Base's and head's deterministic runs (`at_once`: both at the same time, each side its own server),
-    base's noisy runs, the verdict."""
+    """Base's and head's deterministic runs and base's noisy runs (`at_once`: all asked at the same time; each
+    side's runs then go to as many of its servers as it has, ask_servers), the verdict."""
+    noisy_cfg = cfg.replace(deterministic=False)
     if at_once:
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(2) as both:
-            sides = [both.submit(_curve, ask, side, cfg, resume_at, o.versions) for side in ("base", "head")]
+        with ThreadPoolExecutor(2 + repeats) as runs:
+            sides = [runs.submit(_curve, ask, side, cfg, resume_at, o.versions) for side in ("base", "head")]
+            spread = [runs.submit(_curve, ask, "base", noisy_cfg, resume_at) for _ in range(repeats)]
             o.base, o.head = (f.result() for f in sides)
+            noisy = [f.result() for f in spread]
     else:
         o.base = _curve(ask, "base", cfg, resume_at, o.versions)
         o.head = _curve(ask, "head", cfg, resume_at, o.versions)
-    noisy = [_curve(ask, "base", cfg.replace(deterministic=False), resume_at) for _ in range(repeats)]
+        noisy = [_curve(ask, "base", noisy_cfg, resume_at) for _ in range(repeats)]
     o.tolerance = tolerance(o.base, noisy)
     o.verdict = compare(o.base, o.head, o.tolerance)
 
@@ -515,11 +519,24 @@ def exit_status(outcomes: list[NumericsOutcome]) -> int | None:
 PROTOCOL, RESUME_PROTOCOL = 3, 4
 
 
-def ask_servers(servers: dict[str, Any], timeout: float) -> Ask:
-    """An Ask over `distbench ab`'s two variant servers (gate/variants.py's VariantProcess, started)."""
+def ask_servers(servers: dict[str, Any], timeout: float, twins: dict[str, list[Any]] | None = None) -> Ask:
+    """An Ask over `distbench ab`'s two variant servers (gate/variants.py's VariantProcess, started), and a
+    side's `twins` (started servers of the same variant): a side's run goes to whichever of its servers is
+    free, so that runs asked at once from several threads run at once."""
+    free: dict[str, queue.SimpleQueue[Any]] = {}
+    for side, server in servers.items():
+        free[side] = queue.SimpleQueue()
+        for s in [server, *(twins or {}).get(side, [])]:
+            free[side].put(s)
 
     def ask(side: str, cfg: RunConfig, resume_at: int | None) -> dict[str, Any]:
-        server = servers[side]
+        server = free[side].get()
+        try:
+            return _ask(side, server, cfg, resume_at)
+        finally:
+            free[side].put(server)
+
+    def _ask(side: str, server: Any, cfg: RunConfig, resume_at: int | None) -> dict[str, Any]:
         needs, what = (PROTOCOL, "runs") if resume_at is None else (RESUME_PROTOCOL, "resumed runs")
         if server.protocol < needs:
             return {
@@ -537,6 +554,61 @@ def ask_servers(servers: dict[str, Any], timeout: float) -> Ask:
         }
 
     return ask
+
+
+#: The precisions the recipes train in (bf16-amp, fp16, and the strategies' defaults): runs_at_once bounds the
+#: memory of the hungriest.
+RECIPE_PRECISIONS = ("fp32", "bf16-amp", "fp16")
+
+
+def runs_at_once(configs: list[RunConfig], device: str, runs: int) -> int:
+    """How many of a recipe's `runs` (both sides' deterministic runs, then base's noisy ones) may run at the same
+    time: on CPU as many as have a core for each rank; on GPUs as many as fit on the card together by the memory
+    model's bound (gate/fit.py's bounding_peak, at the hungriest precision a recipe trains) and have
+    CORES_PER_RANK host cores a rank; one where the card or the bound is unknown. The curves do not depend on
+    it: the deterministic runs are deterministic, and the noisy runs' spread is that of their kernels."""
+    from ..testsuite.schedule import CORES_PER_RANK
+    from . import fit
+
+    if not configs:
+        return 1
+    cores, widest = os.cpu_count() or 1, max(c.world_size for c in configs)
+    if device != "cuda":
+        return max(1, min(runs, cores // widest))
+    card = fit.card_bytes()
+    peaks = [
+        fit.bounding_peak(c.replace(precision=p), fit.n_params(c.model))
+        for c in configs
+        for p in RECIPE_PRECISIONS
+    ]
+    if card is None or any(p is None for p in peaks):
+        return 1
+    peak = max(p for p in peaks if p is not None)
+    by_memory = max((k for k in range(1, runs + 1) if fit.fits(peak, card, k)), default=1)
+    return max(1, min(runs, by_memory, cores // (CORES_PER_RANK * widest)))
+
+
+def _start_twins(server: Any, count: int, console: Console) -> list[Any]:
+    """`count` more servers of `server`'s variant, started at once (their imports and ranks' start overlap); one
+    that does not start is left out, said, and its runs go to the others."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..errors import DistbenchError
+
+    twins = [server.twin(n) for n in range(1, count + 1)]
+
+    def start(twin: Any) -> Any:
+        try:
+            twin.start()
+        except DistbenchError as e:
+            console.print(
+                f"  note: a second server of the base variant did not start ({e}); its runs take turns"
+            )
+            return None
+        return twin
+
+    with ThreadPoolExecutor(max(1, count)) as pool:
+        return [t for t in pool.map(start, twins) if t is not None]
 
 
 #: --numerics: on (the recipes, then speed), only (the recipes, no speed), default (the default step alone, then
@@ -635,16 +707,25 @@ def compare_servers(
             f"  numerics {o.recipe} {o.label}: {o.detail if o.verdict else f'{o.kind}: {o.detail}'}"
         )
 
-    outcomes = compare_variants(
-        [(label_of(c), c) for c in configs],
-        ask_servers(servers, args.timeout),
-        recipes=recipes_of(args),
-        device=device,
-        steps=args.numerics_steps,
-        repeats=REPEATS_BY_DEVICE[device] if args.numerics_repeats is None else args.numerics_repeats,
-        at_once=device == "cpu" and all(2 * c.world_size <= (os.cpu_count() or 1) for c in configs),
-        on_outcome=show,
+    repeats = REPEATS_BY_DEVICE[device] if args.numerics_repeats is None else args.numerics_repeats
+    at_once = runs_at_once(configs, device, 2 + repeats)
+    twins = (
+        _start_twins(servers["base"], min(at_once - 1, 1 + repeats) - 1, console) if "base" in servers else []
     )
+    try:
+        outcomes = compare_variants(
+            [(label_of(c), c) for c in configs],
+            ask_servers(servers, args.timeout, {"base": twins}),
+            recipes=recipes_of(args),
+            device=device,
+            steps=args.numerics_steps,
+            repeats=repeats,
+            at_once=at_once > 1,
+            on_outcome=show,
+        )
+    finally:
+        for twin in twins:
+            twin.close()
     for server in servers.values():
         server.recycle()
     return outcomes

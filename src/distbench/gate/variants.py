@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -146,6 +146,17 @@ class VariantProcess:
         self._buffer = b""
         self.log = log_dir / f"{variant.label}.log"
         self.info: dict[str, Any] = {}
+
+    def twin(self, n: int) -> VariantProcess:
+        """Another server of this variant, on the same checkout (made now if it is a rev=; this process keeps
+        and removes it), logging to <label>-<n>.log: a second process to run the variant's requests beside
+        this one's (the numerics' runs of one side at once)."""
+        self.checkout()
+        twin = VariantProcess(
+            replace(self.variant, rev=None, tree=self.tree), self.workdir, self.device_type, self.log.parent
+        )
+        twin.log = self.log.with_name(f"{self.variant.label}-{n}.log")
+        return twin
 
     def checkout(self) -> None:
         """A rev= variant's temporary worktree, made once (remove_checkout takes it away)."""
