@@ -11,6 +11,7 @@ check passed, 1 otherwise.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -156,6 +157,41 @@ else:
     ab = out / "ab" / "ab.json"
     if ab.exists():
         lines.append(f"long A/B of revision 1 against 0: {ab}")
+
+
+def spread_lines(nights) -> list[str]:
+    """Per row, where its step-time ratio's noise comes from: the pairs' spread about their night's mean (log
+    ratios, pooled over the nights) against the windows' spread within a pair divided by the root of the
+    windows a pair has (what of the pairs' spread window noise alone would make). Window noise is what more
+    windows a pair would average; the rest (each pair's fresh processes) only more pairs do."""
+    out = []
+    for label in sorted({r.label for n in nights for r in n.rows}):
+        between, within, per_pair = [], [], []
+        for n in nights:
+            iv = next((r.ratios.get("step_time_s") for r in n.rows if r.label == label), None)
+            if iv is None or len(iv.pairs) < 2:
+                continue
+            logs = [math.log(x) for x in iv.pairs]
+            mean = statistics.fmean(logs)
+            between += [(x - mean) ** 2 for x in logs]
+            for w in iv.windows:
+                if len(w) >= 2:
+                    within.append(statistics.variance([math.log(x) for x in w]))
+                    per_pair.append(len(w))
+        if not between or not within:
+            continue
+        pairs_sd = math.sqrt(sum(between) / (len(between) - 1))
+        windows_sd = math.sqrt(statistics.fmean(within))
+        from_windows = windows_sd / math.sqrt(statistics.fmean(per_pair))
+        out.append(
+            f"spread of {label}: pairs {pairs_sd:.2%} about their night's mean; windows {windows_sd:.2%} within "
+            f"a pair, {from_windows:.2%} over its {statistics.fmean(per_pair):.0f} windows "
+            f"({min(1.0, (from_windows / pairs_sd) ** 2):.0%} of the pairs' variance)"
+        )
+    return out
+
+
+lines += ["", *spread_lines(nights)]
 for name_, ok, detail in cases:
     lines.append(f"- {'PASS' if ok else 'FAIL'}: {name_}: {detail}")
 text = "\n".join(lines) + "\n"

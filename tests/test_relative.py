@@ -326,6 +326,12 @@ def test_the_command_stores_ratios_beside_both_sides_absolute_figures(tmp_path, 
     assert row.pairs == 3 and row.interleave == "windows" and row.failed is None
     r = row.ratios["step_time_s"]
     assert r.gated and len(r.pairs) == 3 and r.low <= r.ratio <= r.high
+    # each pair's windows are kept, and the pair's ratio is their trimmed mean (what a night's spread within
+    # and between pairs is read from)
+    assert [len(w) for w in r.windows] == [len(RunConfig.from_dict(row.config).window_steps)] * 3
+    trimmed = stats.round_log_ratios([[math.log(x) for x in w] for w in r.windows])
+    assert np.allclose(np.exp(trimmed), r.pairs) and len({round(x, 12) for x in r.windows[0]}) > 1
+    assert all(not x.windows for k, x in row.ratios.items() if k != "step_time_s")
     assert row.head["step_time_s"] > 0 and row.reference["step_time_s"] > 0
     assert n.reference.id and n.bridge is None and not n.reference_error
     assert list((out / "runs" / "head").glob("*.json")) and list((out / "runs" / "base").glob("*.json"))

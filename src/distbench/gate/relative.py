@@ -79,6 +79,10 @@ class Ratio(_Strict):
     gated: bool  # one of the metrics the gate decides on for this configuration's regime
     verdict: str  # the gate's verdict at this night's alpha, for the log: a history judges the series
     pairs: list[Annotated[float, Field(gt=0)]]  # head / reference of each pair (its windows' for step time)
+    #: step time of interleaved pairs: head / reference of each pair's adjacent windows, whose trimmed mean
+    #: `pairs` holds; their spread within a pair (window noise: more windows average it) against the pairs'
+    #: spread (each pair's fresh processes too: only more pairs do) says which a row needs
+    windows: list[list[Annotated[float, Field(gt=0)]]] = []
 
 
 class NightRow(_Strict):
@@ -170,8 +174,10 @@ def row_of(o: ConfigOutcome) -> NightRow:
         if r.effect is None:
             continue
         windows = [p.window_log_ratios for p in o.pairs]
+        within: list[list[float]] = []
         if r.metric == "step_time_s" and all(windows):
             per_pair = [math.exp(x) for x in stats.round_log_ratios([w for w in windows if w])]
+            within = [[math.exp(x) for x in w] for w in windows if w]
         else:
             per_pair = [h / b for b, h in zip(r.base, r.head, strict=True)]
         e = r.effect
@@ -183,6 +189,7 @@ def row_of(o: ConfigOutcome) -> NightRow:
             gated=r.gated,
             verdict=r.verdict,
             pairs=per_pair,
+            windows=within,
         )
     error = o.error.replace("base run", "reference run") if o.error else None
     return NightRow(
