@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 #: same state (an H200 VM's vCPU speed flipped by x1.7 within seconds); a warm-up of five steps, so that
 #: FSDP's and ZeRO's first steps (allocations, bucket builds) are out of every window.
 WINDOW_STEPS, WARMUP = 2, 5
+#: Timed windows per run: a pair's ratio is the trimmed mean of its windows' ratios, and on one H200 a lone
+#: host-bound row (fsdp_full, device busy 0.79) with 10 windows a pair spread its pairs' windows -6.7..+8.7%
+#: and four A/A nights 0.988-1.024; with 30, pairs within -1.2..+0.6% and four A/A nights 0.993-1.005, in as
+#: long a night (112-123 s at 4 pairs against 96-118 s): a pair's cost is its processes' start, not its windows
+#: (results/relative-nightly-h200-2026-12-02/windows-30).
+NIGHT_WINDOWS = 30
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -76,9 +82,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=PRECISIONS, help="default: the grid's")
     p.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
     p.add_argument("--steps", type=int, help=f"timed steps per run (default: {WINDOW_STEPS} per window)")
-    p.add_argument(
-        "--windows", type=int, help=f"timed windows per run (default: the grid's steps / {WINDOW_STEPS})"
-    )
+    p.add_argument("--windows", type=int, help=f"timed windows per run (default {NIGHT_WINDOWS})")
     p.add_argument("--warmup", type=int, help=f"untimed steps per run (default {WARMUP})")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when a GPU is present")
     p.add_argument(
@@ -135,7 +139,7 @@ def configurations(args: argparse.Namespace, device: str, n_cuda: int) -> list[R
     given = args.strategy or [",".join(default_strategies("cuda" if gpus else "asv-cpu"))]
     strategies = [s.strip() for v in given for s in v.split(",") if s.strip()]
     sizes = args.world_size or ([n for n in (1, 2, 4, 8) if n <= gpus] if gpus else [1, 2])
-    windows = args.windows or max(3, w["steps"] // WINDOW_STEPS)
+    windows = args.windows or NIGHT_WINDOWS
     mb = args.micro_batch or w["micro_batch"]
     precision = args.precision or w["precision"]
     configs = []
