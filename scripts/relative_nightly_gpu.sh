@@ -10,14 +10,16 @@
 # night gives a row whose pairs spread more pairs (up to MAX_PAIRS, `distbench nightly --max-pairs`), read from
 # the nights before it in OUT/nights: over those three nights' spreads, 36 pairs, about 8.5 minutes.
 #
-# MODE=plant: a 3% host-side slowdown (scripts/plants/host-step-3pct.patch: a busy loop on the training thread at the
-# optimizer step, on the step's critical path in a host-bound row) planted in revision 1 of a repository made from
+# MODE=plant: host work of DISTBENCH_PLANT_SHARE (3%) of the step's period (scripts/plants/host-step-3pct.patch: a
+# busy loop on the training thread at the optimizer step) planted in revision 1 of a repository made from
 # this checkout's src under OUT/repo. BEFORE short nights of revision 0 and AFTER of revision 1, each one row
 # (PLANT_ROW, default fsdp_full: device busy 0.67-0.85) against a frozen reference (a worktree of revision 0), then
 # `distbench history --nights PATH` on the ratio series must find the change at revision 1. A night took 91-100 s
 # on one H200 (two servers' start and 3 pairs), so 5 + 5 nights take about 16 minutes, two or more calls there;
 # BEFORE=4 AFTER=4 takes 13, but then a perfect separation's p is 0.03-0.044 against --alpha 0.05 (5 + 5:
-# 0.009-0.017, docs/history.md). The
+# 0.009-0.017, docs/history.md). Host work overlaps device work already queued: in fsdp_full on one H200 the
+# 3% share slowed the step by about 1% (+0.66% [-0.97%, +2.32%] over 5 pairs of 30 windows,
+# results/relative-nightly-h200-2026-12-02/windows-30), so size the share with LONG_AB=1 first. The
 # after-nights' mean ratio over the before-nights' is the plant's
 # slowdown as measured side by side; LONG_AB=1 adds a `distbench ab` of revision 1 against 0 (AB_BUDGET s, 300).
 #
@@ -30,7 +32,7 @@
 # repository and history), e.g. here after copying the nights of several calls into one OUT.
 # Knobs: NIGHTS (aa 3, plant BEFORE + AFTER), PAIRS (4, the fewest a row gets), MAX_PAIRS (12), NIGHT_BUDGET
 # (900 s: a night's pairs stop there), ROWS,
-# CONFIG (the workload flags; the night's own windows of 2 steps and 5 warm-up steps unless it says otherwise;
+# CONFIG (the workload flags; the night's own 30 windows of 2 steps and 5 warm-up steps unless it says otherwise;
 # on CPU: CONFIG="-n 1 -m gpt2-tiny --precision fp32 --micro-batch 2 --steps 4 --windows 2 --warmup 1
 # --device cpu", as tests/test_relative.py runs it), BEFORE (5), AFTER (5), PLANT_ROW, DISTBENCH_PLANT_SHARE
 # (0.03), HISTORY (more `distbench history` flags; default --alpha 0.05: 5 + 5 nights cannot reach p < 0.01,
@@ -123,7 +125,9 @@ elif [ "$mode" = plant ]; then
   fi
   if [ "${LONG_AB:-0}" = 1 ]; then
     # shellcheck disable=SC2086
-    distbench ab --base "tree=$out/rev-0" --head "tree=$out/rev-1" -s "$row" $config --bind-cpus --numerics off \
+    # the nights' windows (30 of 2 steps, 5 warm-up steps; `ab`'s own are 6 of 2), unless CONFIG says otherwise
+    distbench ab --base "tree=$out/rev-0" --head "tree=$out/rev-1" -s "$row" --windows 30 --steps 60 --warmup 5 \
+      $config --bind-cpus --numerics off \
       --min-pairs 6 --max-pairs 12 --budget "${AB_BUDGET:-300}" -o "$out/ab" 2>&1 | tee -a "$out/nightly.log" || true
   fi
   for d in ref rev-0 rev-1; do git -C "$repo" worktree remove --force "$out/$d"; done
