@@ -25,6 +25,7 @@ from distbench.gate.bisect import (
     save_state,
     step_time_reason,
 )
+from distbench.gate.variants import VariantStartError
 from test_bisect import CFG, setup_of
 
 N = 4
@@ -433,3 +434,14 @@ def test_each_probe_records_the_seconds_its_own_probe_took():
 
     bisect.run(b, probe, clock=lambda: next(ticks))
     assert [(p.head, p.seconds) for p in b.probes[1:]] == [(2, 3.5), (3, 2.0)]
+
+
+def test_a_good_end_that_cannot_start_beside_a_midpoint_stops_the_search_and_never_skips_the_midpoint():
+    """The failure is the good end's (its label "base"): undecided with failed="base", which stops the search
+    as "ends"; read as the midpoint's own failure it would skip a candidate that was never tried."""
+
+    def compare(step: Step, **_: object) -> ABReport:
+        raise VariantStartError("base", "rev0 does not import")
+
+    record = compare_probe(Bisection(setup_of(N), [BAD_CONFIRM]), Step("search", 0, 2), compare)
+    assert (record.outcome, record.failed, record.error) == ("undecided", "base", "rev0 does not import")
