@@ -258,3 +258,9 @@ def config_label(cfg: Mapping[str, Any]) -> str:
         f"s{cfg.get('seq_len')} gb{cfg.get('global_batch')} mb{cfg.get('micro_batch')}"
     )
     return label + (" compiled" if cfg.get("compile") else "")
+
+
+def label_of(cfg: RunConfig) -> str:
+    """A configuration as the report names it (+AC: activation checkpointing)."""
+    ac = " +AC" if cfg.activation_checkpointing else ""
+    return f"{cfg.strategy} ws{cfg.world_size} {cfg.model} {cfg.precision} mb{cfg.micro_batch}{ac}"

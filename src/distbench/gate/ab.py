@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..config import RunConfig
+from ..config import RunConfig, label_of  # label_of: the name every report of the gate gives a configuration
 from ..errors import error_line
 from ..metrics import METRICS, names
 from . import stats
@@ -121,12 +121,6 @@ class ConfigOutcome:
             if v in gated:
                 return v
         return stats.UNCHANGED if gated else stats.UNDECIDED
-
-
-def label_of(cfg: RunConfig) -> str:
-    """A configuration as the report names it (+AC: activation checkpointing)."""
-    ac = " +AC" if cfg.activation_checkpointing else ""
-    return f"{cfg.strategy} ws{cfg.world_size} {cfg.model} {cfg.precision} mb{cfg.micro_batch}{ac}"
 
 
 def gated_metrics(

@@ -27,8 +27,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ..config import RunConfig
-from .ab import label_of
+from ..config import RunConfig, label_of
 
 GIB = 2**30
 
