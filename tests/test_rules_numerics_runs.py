@@ -526,6 +526,7 @@ GIB = 2**30
         (80, 16, "zero2", 1, 4),  # an H100: the bound (16.6 GiB a run, gpt2-774m's footprint) places four
         (141, 16, "zero2", 1, 5),  # an H200: all five of a recipe's runs
         (141, 6, "zero2", 1, 3),  # two host cores a rank
+        (141, 7, "zero2", 1, 3),  # whole ranks only: 7 cores hold three
         (141, 16, "fsdp_full", 2, 4),  # two ranks a run: 16 cores for four
         (16, 16, "zero2", 1, 1),  # not even one run fits the bound: one at a time
         (141, 16, "fsdp2_offload", 1, 1),  # no memory model for an offloaded strategy: one at a time
@@ -550,7 +551,78 @@ def test_gpu_runs_go_at_once_as_far_as_the_memory_models_bound_and_the_cores_all
         global_batch=2 * ranks,
         seq_len=256,
     )
-    assert nm.runs_at_once([cfg], "cuda", 5) == at_once
+    got = nm.runs_at_once([cfg], "cuda", 5)
+    assert got == at_once and isinstance(got, int)
+
+
+def test_no_configurations_run_one_at_a_time() -> None:
+    assert nm.runs_at_once([], "cuda", 5) == 1 and nm.runs_at_once([], "cpu", 2) == 1
+
+
+def test_the_memory_bound_of_an_unprobed_model_is_its_familys_smallest_probed_model_at_least_as_large(
+    monkeypatch,
+) -> None:
+    """bounding_peak: a model's own footprint where it was probed; else the footprint of the smallest probed model
+    of the strategy's family that is at least as large (never another family's, never a smaller model's); None
+    where the family probed none as large."""
+    from distbench.gate import fit
+
+    n = fit.n_params("gpt2-774m")
+    probed = _config(strategy="zero2", world_size=1, model="gpt2-774m", micro_batch=2, global_batch=2)
+    assert fit.bounding_peak(probed, n) == fit.predicted_peak(probed, n) is not None
+    small, large = fit.Footprint(1.0, 1.0, 0.5), fit.Footprint(9.0, 9.0, 4.0)
+    monkeypatch.setattr(
+        fit,
+        "FOOTPRINTS",
+        {("ddp", "gpt2-124m"): small, ("ddp", "gpt2-xl"): large, ("fsdp", "gpt2-355m"): large},
+    )
+    cfg = _config(strategy="ddp", world_size=1, model="gpt2-tiny", micro_batch=2, global_batch=2)
+    tiny = fit.n_params("gpt2-tiny")
+    assert fit.bounding_peak(cfg, tiny) == fit.predicted_peak(cfg, tiny, small)
+    mid = cfg.replace(model="gpt2-355m")
+    assert fit.bounding_peak(mid, fit.n_params("gpt2-355m")) == fit.predicted_peak(
+        mid, fit.n_params("gpt2-355m"), large
+    )
+    beyond = cfg.replace(model="gpt2-xl").replace(strategy="fsdp_full")
+    assert fit.bounding_peak(beyond, fit.n_params("gpt2-xl")) is None
+
+
+class Gathered(Server):
+    """A stand-in server whose requests and start wait until `together` of them are in flight at once."""
+
+    def __init__(self, name: str, barrier: threading.Barrier) -> None:
+        super().__init__(name, 4)
+        self.barrier = barrier
+
+    def twin(self, n: int) -> Gathered:
+        return Gathered(f"base-{n}", self.barrier)
+
+    def start(self) -> None:
+        self.barrier.wait()
+
+    def request(self, request: dict[str, Any], timeout: float) -> Any:
+        self.barrier.wait()
+        return super().request(request, timeout)
+
+
+def test_every_run_of_a_recipe_and_every_twin_start_is_in_flight_at_once_whatever_the_cores(
+    monkeypatch,
+) -> None:
+    """A recipe's runs and the twins' starts each get a thread of their own, not a pool sized by the host's cores
+    (min(32, cores + 4) on one core is five): eight runs at once on base's eight servers and head's, and
+    seven twins started together, on a host that reports one core."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    starts = threading.Barrier(7, timeout=10)
+    twins = nm._start_twins(Gathered("base", starts), 7, Console())
+    assert len(twins) == 7
+    runs = threading.Barrier(8, timeout=10)
+    base = [Gathered("base", runs), *(Gathered(f"base-{n}", runs) for n in range(1, 7))]
+    head = Gathered("head", runs)
+    ask = nm.ask_servers({"base": base[0], "head": head}, 9.0, {"base": base[1:]})
+    (o,) = nm.compare_variants(
+        [("ddp ws2", _config())], ask, recipes=("default",), steps=2, repeats=6, at_once=True
+    )
+    assert o.kind == nm.IDENTICAL and sum(len(b.requests) for b in base) == 7
 
 
 class Twinned(Server):
@@ -626,6 +698,27 @@ def test_a_twin_that_does_not_start_is_left_out_and_its_runs_take_turns_on_the_o
     assert [line for line in console.lines if "did not start" in line] == [
         "  note: a second server of the base variant did not start (planted start failure); its runs take turns"
     ]
+
+
+def test_a_twin_of_a_rev_variant_runs_its_first_servers_worktree_and_makes_none(
+    monkeypatch, tmp_path
+) -> None:
+    """A rev= variant's twin: the worktree its first server made, once; the twin itself a tree= of it (it makes
+    and removes no checkout), on the same device type and temporary directory."""
+    from distbench.gate import variants
+
+    made: list[str] = []
+    monkeypatch.setattr(variants, "add_worktree", lambda rev, path: made.append(path))
+    monkeypatch.setattr(variants, "remove_worktree", lambda path: made.append(f"removed {path}"))
+    first = variants.VariantProcess(variants.Variant("base", rev="v1"), tmp_path, "cuda", tmp_path)
+    twin = first.twin(1)
+    twin.checkout()
+    twin.remove_checkout()
+    where = str(tmp_path / "worktree-base")
+    assert made == [where] and (twin.tree, twin.variant.rev) == (where, None)
+    assert (twin.workdir, twin.device_type) == (tmp_path, "cuda")
+    first.remove_checkout()
+    assert made == [where, f"removed {where}"]
 
 
 def test_a_twin_serves_the_same_checkout_and_logs_apart(tmp_path) -> None:

@@ -585,7 +585,7 @@ def runs_at_once(configs: list[RunConfig], device: str, runs: int) -> int:
         return 1
     peak = max(p for p in peaks if p is not None)
     by_memory = max((k for k in range(1, runs + 1) if fit.fits(peak, card, k)), default=1)
-    return max(1, min(runs, by_memory, cores // (CORES_PER_RANK * widest)))
+    return max(1, min(by_memory, cores // (CORES_PER_RANK * widest)))
 
 
 def _start_twins(server: Any, count: int, console: Console) -> list[Any]:
@@ -595,6 +595,8 @@ def _start_twins(server: Any, count: int, console: Console) -> list[Any]:
 
     from ..errors import DistbenchError
 
+    if count < 1:
+        return []
     twins = [server.twin(n) for n in range(1, count + 1)]
 
     def start(twin: Any) -> Any:
@@ -607,7 +609,7 @@ def _start_twins(server: Any, count: int, console: Console) -> list[Any]:
             return None
         return twin
 
-    with ThreadPoolExecutor(max(1, count)) as pool:
+    with ThreadPoolExecutor(count) as pool:
         return [t for t in pool.map(start, twins) if t is not None]
 
 
@@ -709,9 +711,7 @@ def compare_servers(
 
     repeats = REPEATS_BY_DEVICE[device] if args.numerics_repeats is None else args.numerics_repeats
     at_once = runs_at_once(configs, device, 2 + repeats)
-    twins = (
-        _start_twins(servers["base"], min(at_once - 1, 1 + repeats) - 1, console) if "base" in servers else []
-    )
+    twins = _start_twins(servers["base"], at_once - 2, console)  # base's servers: all at once but head's run
     try:
         outcomes = compare_variants(
             [(label_of(c), c) for c in configs],
