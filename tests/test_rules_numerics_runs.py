@@ -615,6 +615,8 @@ def test_every_run_of_a_recipe_and_every_twin_start_is_in_flight_at_once_whateve
     starts = threading.Barrier(7, timeout=10)
     twins = nm._start_twins(Gathered("base", starts), 7, Console())
     assert len(twins) == 7
+    (one,) = nm._start_twins(Gathered("base", threading.Barrier(1)), 1, Console())  # three at once: one twin
+    assert one.log == "/logs/base-1.log" and nm._start_twins(Gathered("base", starts), 0, Console()) == []
     runs = threading.Barrier(8, timeout=10)
     base = [Gathered("base", runs), *(Gathered(f"base-{n}", runs) for n in range(1, 7))]
     head = Gathered("head", runs)
