@@ -329,7 +329,7 @@ def test_the_command_stores_ratios_beside_both_sides_absolute_figures(tmp_path, 
     # each pair's windows are kept, and the pair's ratio is their trimmed mean (what a night's spread within
     # and between pairs is read from)
     played = RunConfig.from_dict(row.config)
-    # 30 windows of 2 steps by default: with 10 a lone host-bound row's nights spread 3.6% on one H200, with 30 0.6%
+    # 30 windows of 2 steps by default: on one H200 a lone host-bound row's A/A nights spread 3.6% at 10, 1.2% at 30
     assert (played.windows, played.steps, played.warmup) == (30, 60, 5)
     assert [len(w) for w in r.windows] == [len(played.window_steps)] * 3
     trimmed = stats.round_log_ratios([[math.log(x) for x in w] for w in r.windows])
