@@ -17,10 +17,14 @@
 # `distbench history --nights PATH` on the ratio series must find the change at revision 1. A night took 91-100 s
 # on one H200 (two servers' start and 3 pairs), so 5 + 5 nights take about 16 minutes, two or more calls there;
 # BEFORE=4 AFTER=4 takes 13, but then a perfect separation's p is 0.03-0.044 against --alpha 0.05 (5 + 5:
-# 0.009-0.017, docs/history.md). Host work overlaps device work already queued: in fsdp_full on one H200 the
-# 3% share slowed the step by about 1% (+0.66% [-0.97%, +2.32%] over 5 pairs of 30 windows,
-# results/relative-nightly-h200-2026-12-02/windows-30), so size the share with LONG_AB=1 first. The
-# after-nights' mean ratio over the before-nights' is the plant's
+# 0.009-0.017, docs/history.md). GRID=N makes the first N before-nights nights of the grid (ROWS): A/A nights of
+# every row (head revision 0 against the reference, revision 0 too), checked as MODE=aa checks its nights, whose
+# plant row is also a before-point of the plant's series.
+# The plant's share is sized first: host work overlaps device work already queued (in fsdp_full on one H200 a
+# 3% share slowed the step by about 0.7%, results/relative-nightly-h200-2026-12-02/windows-30), so unless
+# DISTBENCH_PLANT_SHARE is set, scripts/plant_size.py measures in one process which share slows the row's step by
+# SIZE_TARGET (0.03; SIZE_FLAGS: more of its flags, e.g. --shares) and writes OUT/plant-share, which the later
+# calls read; SIZE=0 skips it (share 0.03). The after-nights' mean ratio over the before-nights' is the plant's
 # slowdown as measured side by side; LONG_AB=1 adds a `distbench ab` of revision 1 against 0 (AB_BUDGET s, 300).
 #
 # Usage: scripts/relative_nightly_gpu.sh OUT     writes OUT/nights/ (every night.json and its runs, NAME.s its wall
@@ -28,7 +32,7 @@
 # OUT/history/ (plant) through scripts/relative_nightly_summary.py, which prints the summary table last; exit 0
 # when every check passed. Nights can be spread over several calls (a GPU lease of 10 minutes a command): FIRST
 # (1) is the first night this call runs and keeps the nights already in OUT/nights; DEADLINE (seconds) starts
-# no night that the longest night so far would take past it; NIGHTS=0 only writes the summary (and the plant's
+# no night that the longest night of its kind so far would take past it; NIGHTS=0 only writes the summary (and the plant's
 # repository and history), e.g. here after copying the nights of several calls into one OUT.
 # Knobs: NIGHTS (aa 3, plant BEFORE + AFTER), PAIRS (4, the fewest a row gets), MAX_PAIRS (12), NIGHT_BUDGET
 # (900 s: a night's pairs stop there), ROWS,
@@ -47,21 +51,22 @@ first=${FIRST:-1}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 rm -rf "$out/repo" "$out/ref" "$out"/rev-* "$out/history" "$out/ab"
-[ "$first" != 1 ] || rm -rf "$out/nights"
+[ "$first" != 1 ] || rm -rf "$out/nights" "$out/plant-share" "$out/plant-size.json"
 machine_txt "$out/machine.txt" || true
 pairs=${PAIRS:-4}
 config=${CONFIG:-"-n 1 -m gpt2-124m --precision bf16-amp --micro-batch 8"}
 touch "$out/nightly.log"
 t_start=$(date +%s)
-longest=0
+declare -A longest=()  # per kind of night (the rows it measures), the longest one so far in this call
+kind=grid
 distbench() {  # the runner's own distbench (this checkout), whatever head and reference are
   PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" python3 -m distbench.cli "$@"
 }
 cut=
-fits() {  # fits N: whether night N fits before DEADLINE, judged by the longest night so far
-  [ -z "${DEADLINE:-}" ] || [ $(($(date +%s) - t_start + longest)) -le "$DEADLINE" ] || {
+fits() {  # fits N: whether night N fits before DEADLINE, judged by the longest night of its kind so far
+  [ -z "${DEADLINE:-}" ] || [ $(($(date +%s) - t_start + ${longest[$kind]:-0})) -le "$DEADLINE" ] || {
     cut=$1
-    echo "no time left before DEADLINE=$DEADLINE s for night $1 (the longest took $longest s): FIRST=$1 goes on" |
+    echo "no time left before DEADLINE=$DEADLINE s for night $1 (the longest of its kind took ${longest[$kind]:-0} s): FIRST=$1 goes on" |
       tee -a "$out/nightly.log"
     return 1
   }
@@ -75,20 +80,21 @@ night() {  # night NAME FLAGS...: one `distbench nightly` into OUT/nights/NAME, 
   distbench nightly $config --pairs "$pairs" --max-pairs "${MAX_PAIRS:-12}" --budget "${NIGHT_BUDGET:-900}" "$@" -o "$out/nights/$name" 2>&1 |
     tee -a "$out/nightly.log" || rc=$?
   echo "$(($(date +%s) - t0))" > "$out/nights/$name.s"
-  longest=$(( $(cat "$out/nights/$name.s") > longest ? $(cat "$out/nights/$name.s") : longest ))
+  local took
+  took=$(cat "$out/nights/$name.s")
+  [ "$took" -le "${longest[$kind]:-0}" ] || longest[$kind]=$took
   [ "$rc" = 0 ] || echo "night $name: exit $rc" | tee -a "$out/nightly.log"
   # what is left running after a night (a leftover process on the pinned core would slow every later night)
   { echo "processes after night $name:"; ps -eo pid,etimes,pcpu,psr,comm --sort=-pcpu | head -6; } >> "$out/nightly.log"
 }
 
+rows=${ROWS:-"single ddp fsdp_full fsdp_grad zero2 zero3"}
 if [ "$mode" = aa ]; then
-  rows=${ROWS:-"single ddp fsdp_full fsdp_grad zero2 zero3"}
   for n in $(seq "$first" "$((first + ${NIGHTS:-3} - 1))"); do
     fits "$n" || break
     night "night-$n" -s "${rows// /,}" --reference "tree=$root"
   done
 elif [ "$mode" = plant ]; then
-  export DISTBENCH_PLANT_SHARE=${DISTBENCH_PLANT_SHARE:-0.03}
   # fixed names and dates: every call makes the same two commits, so nights of several calls share them
   export GIT_AUTHOR_NAME="distbench evidence" GIT_AUTHOR_EMAIL="evidence@distbench.invalid"
   export GIT_COMMITTER_NAME="$GIT_AUTHOR_NAME" GIT_COMMITTER_EMAIL="$GIT_AUTHOR_EMAIL"
@@ -110,12 +116,26 @@ elif [ "$mode" = plant ]; then
   row=${PLANT_ROW:-fsdp_full}
   before=${BEFORE:-5}
   after=${AFTER:-5}
+  grid=${GRID:-0}
+  [ "$grid" -le "$before" ] || { echo "GRID ($grid) must be at most BEFORE ($before)" >&2; exit 2; }
+  if [ -z "${DISTBENCH_PLANT_SHARE:-}" ] && [ ! -s "$out/plant-share" ] && [ "${SIZE:-1}" = 1 ]; then
+    # the share that slows the row's step by SIZE_TARGET, measured in one process (scripts/plant_size.py)
+    # shellcheck disable=SC2086  # CONFIG and SIZE_FLAGS are flag lists
+    PYTHONPATH="$out/rev-1/src${PYTHONPATH:+:$PYTHONPATH}" python3 "$root/scripts/plant_size.py" "$out" -s "$row" \
+      $config --target "${SIZE_TARGET:-0.03}" ${SIZE_FLAGS:-} 2>&1 | tee -a "$out/nightly.log" ||
+      { echo "the plant could not be sized: set DISTBENCH_PLANT_SHARE or SIZE_FLAGS=--shares ..." >&2; exit 1; }
+  fi
+  [ -n "${DISTBENCH_PLANT_SHARE:-}" ] || [ ! -s "$out/plant-share" ] || DISTBENCH_PLANT_SHARE=$(cat "$out/plant-share")
+  export DISTBENCH_PLANT_SHARE=${DISTBENCH_PLANT_SHARE:-0.03}
+  echo "the plant's share of the step's period: $DISTBENCH_PLANT_SHARE" | tee -a "$out/nightly.log"
   last=$((first + ${NIGHTS:-$((before + after))} - 1))
   [ "$last" -le "$((before + after))" ] || last=$((before + after))
   for n in $(seq "$first" "$last"); do
-    fits "$n" || break
     rev=$([ "$n" -le "$before" ] && echo 0 || echo 1)
-    night "$(printf 'night-%02d' "$n")" -s "$row" --head "tree=$out/rev-$rev" --reference "tree=$out/ref"
+    measured=$([ "$n" -le "$grid" ] && echo "${rows// /,}" || echo "$row")
+    kind=$measured
+    fits "$n" || break
+    night "$(printf 'night-%02d' "$n")" -s "$measured" --head "tree=$out/rev-$rev" --reference "tree=$out/ref"
   done
   [ -n "$cut" ] || [ "$last" -ge "$((before + after))" ] || cut=$((last + 1))  # nights left for another call
   if [ -z "$cut" ]; then

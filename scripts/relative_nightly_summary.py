@@ -18,10 +18,15 @@ import sys
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from distbench.gate.relative import find_nights
+from distbench.gate.relative import NIGHT_FILE, load_night
 
 out, mode = Path(sys.argv[1]), sys.argv[2]
-nights = find_nights([out / "nights"])
+#: each night by its folder's name (its wall time is NAME.s beside it), oldest first
+named = sorted(
+    ((f.parent.name, load_night(f)) for f in (out / "nights").glob(f"*/{NIGHT_FILE}")),
+    key=lambda t: t[1].created,
+)
+nights = [n for _, n in named]
 walls = {p.stem: int(p.read_text()) for p in sorted((out / "nights").glob("*.s"))}
 cases: list[tuple[str, bool, str]] = []
 lines: list[str] = []
@@ -82,7 +87,10 @@ def plot_repeats(nights, labels, path: Path) -> None:
     plt.close(fig)
 
 
-if mode == "aa":
+def aa_checks(named: list) -> None:
+    """A/A nights of the grid: each row's ratio within its regime's bound of its median over the nights, head's
+    absolute step time beside it; each night's wall time at most 10 minutes."""
+    nights = [n for _, n in named]
     labels = sorted({r.label for n in nights for r in n.rows})
     lines.append(
         "| row | regime | night | ratio head/ref [interval] | off median | head step ms | off median |"
@@ -112,30 +120,48 @@ if mode == "aa":
         )
     plot_repeats(nights, labels, out / "repeats.png")
     lines.append("figure: repeats.png (each night's deviation from the row's median: ratio against absolute)")
-    for name, s in walls.items():
+    for name, _ in named:
+        s = walls.get(name, 0)
         case(f"{name} wall time at most 10 minutes", s <= 600, f"{s} s")
     case(
         "every night stored its rows",
-        len(nights) == len(walls) and bool(labels),
-        f"{len(nights)} night.json of {len(walls)} nights, {len(labels)} rows",
+        all(name in walls for name, _ in named) and bool(labels),
+        f"{len(nights)} night.json, {sum(name in walls for name, _ in named)} wall times, {len(labels)} rows",
     )
     lines.append("")
-    lines.append("wall time per night: " + ", ".join(f"{k} {v} s" for k, v in walls.items()))
-else:
+    lines.append("wall time per night: " + ", ".join(f"{name} {walls.get(name, '?')} s" for name, _ in named))
+
+
+def plant_checks(named: list) -> None:
+    """The plant's row in every night: its ratio per night by revision, the plant's size as the nights measured
+    it, and the change `distbench history` found in the ratio series (OUT/history/history.json)."""
+    (label,) = set.intersection(*({r.label for r in n.rows} for _, n in named))
     revs = subprocess.run(
         ["git", "-C", str(out / "repo"), "log", "--reverse", "--format=%H %s"], capture_output=True, text=True
     ).stdout
     revision = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1].split(":")[0] for ln in revs.splitlines()}
+    size = out / "plant-size.json"
+    if size.exists():
+        z = json.loads(size.read_text())
+        tried = ", ".join(f"{x:g}: {pct(y)}" for x, y in zip(z["shares"][1:], z["slowdown"][1:], strict=True))
+        lines.append(
+            f"the plant sized in one process ({z['rounds']} rounds of {z['window_steps']}-step windows): "
+            f"share -> slowdown {tried}; share {z['share']:.4f} for {z['target']:.0%}"
+        )
+    lines.append(f"{label}:")
     lines.append("| night | head | ratio head/ref [interval] | head step ms | wall s |")
     lines.append("|---|---|---|---|---|")
     per: dict[str, list[float | None]] = {}
-    for n, (night, s) in zip(nights, sorted(walls.items()), strict=False):
-        (r,) = n.rows
+    for name, n in named:
+        r = next(r for r in n.rows if r.label == label)
         iv = r.ratios.get("step_time_s")
         per.setdefault(revision.get(n.commit, n.commit), []).append(iv.ratio if iv else None)
         ratio = f"{iv.ratio:.4f} [{iv.low:.4f}, {iv.high:.4f}]" if iv else (r.error or "missing")
         head = f"{1000 * r.head['step_time_s']:.2f}" if "step_time_s" in r.head else "-"
-        lines.append(f"| {night} | {revision.get(n.commit, n.commit)} | {ratio} | {head} | {s} |")
+        what = f"{revision.get(n.commit, n.commit)}" + (
+            f" (grid of {len(n.rows)})" if len(n.rows) > 1 else ""
+        )
+        lines.append(f"| {name} | {what} | {ratio} | {head} | {walls.get(name, '?')} |")
     b, a = ([x for x in per.get(k, []) if x] for k in ("revision 0", "revision 1"))
     measured = statistics.mean(a) / statistics.mean(b) - 1 if a and b else float("nan")
     lines.append("")
@@ -190,6 +216,15 @@ def spread_lines(nights) -> list[str]:
         )
     return out
 
+
+if mode == "aa":
+    aa_checks(named)
+else:
+    grid = [(k, n) for k, n in named if len(n.rows) > 1]
+    if grid:
+        aa_checks(grid)
+        lines.append("")
+    plant_checks(named)
 
 lines += ["", *spread_lines(nights)]
 for name_, ok, detail in cases:
