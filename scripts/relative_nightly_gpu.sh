@@ -122,8 +122,7 @@ elif [ "$mode" = plant ]; then
     # the share that slows the row's step by SIZE_TARGET, measured in one process (scripts/plant_size.py)
     # shellcheck disable=SC2086  # CONFIG and SIZE_FLAGS are flag lists
     PYTHONPATH="$out/rev-1/src${PYTHONPATH:+:$PYTHONPATH}" python3 "$root/scripts/plant_size.py" "$out" -s "$row" \
-      $config --target "${SIZE_TARGET:-0.03}" ${SIZE_FLAGS:-} 2>&1 | tee -a "$out/nightly.log" ||
-      { echo "the plant could not be sized: set DISTBENCH_PLANT_SHARE or SIZE_FLAGS=--shares ..." >&2; exit 1; }
+      $config --target "${SIZE_TARGET:-0.03}" ${SIZE_FLAGS:-} 2>&1 | tee -a "$out/nightly.log" || unsized=1
   fi
   [ -n "${DISTBENCH_PLANT_SHARE:-}" ] || [ ! -s "$out/plant-share" ] || DISTBENCH_PLANT_SHARE=$(cat "$out/plant-share")
   export DISTBENCH_PLANT_SHARE=${DISTBENCH_PLANT_SHARE:-0.03}
@@ -132,6 +131,10 @@ elif [ "$mode" = plant ]; then
   [ "$last" -le "$((before + after))" ] || last=$((before + after))
   for n in $(seq "$first" "$last"); do
     rev=$([ "$n" -le "$before" ] && echo 0 || echo 1)
+    if [ "$rev" = 1 ] && [ -n "${unsized:-}" ]; then  # the before-nights ran; the plant's nights cannot
+      echo "the plant could not be sized: set DISTBENCH_PLANT_SHARE or SIZE_FLAGS=--shares ..." >&2
+      exit 1
+    fi
     measured=$([ "$n" -le "$grid" ] && echo "${rows// /,}" || echo "$row")
     kind=$measured
     fits "$n" || break

@@ -4,9 +4,12 @@ and where it says it waited. The store is a stand-in and the exit is recorded, n
 
 from __future__ import annotations
 
+import io
+import re
 import sys
 import threading
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -208,3 +211,117 @@ def test_the_watch_runs_in_a_named_daemon_thread() -> None:
         assert thread.daemon
     finally:
         watch.stop()
+
+
+# ---- one tick at a time, on a clock the test sets -----------------------------------------------------------
+
+
+class _OneTick:
+    """Stands for a watch's stop event: its first wait is one tick that passes unstopped, the next ends the loop."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def wait(self, timeout: float) -> bool:
+        self.waits += 1
+        return self.waits > 1
+
+    def is_set(self) -> bool:
+        return False
+
+
+def at(now: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watch's clock (launchwatch's `time`, not the process's) reads `now`."""
+    monkeypatch.setattr(launchwatch, "time", SimpleNamespace(monotonic=lambda: now))
+
+
+class SteppedWatch(Watch):
+    """A Watch whose loop runs one tick at a time in the test's thread, when the test asks (its own thread ends
+    at once), on the clock `now` the test sets."""
+
+    def _loop(self) -> None:
+        pass
+
+    def gives_up_at(self, now: float, monkeypatch: pytest.MonkeyPatch) -> bool:
+        """Whether the tick at time `now` ends the rank (its exit recorded by the `exits` fixture)."""
+        at(now, monkeypatch)
+        self._done = _OneTick()  # type: ignore[assignment]
+        try:
+            Watch._loop(self)
+        except SystemExit:
+            return True
+        return False
+
+
+def test_a_wait_gives_up_exactly_when_its_seconds_from_its_start_have_passed(exits, capfd, monkeypatch) -> None:
+    """expect(job, 10 s) at t = 1000 holds the rank until t = 1010 and gives up at t = 1010 itself (the bound
+    is inclusive), saying the seconds it was given."""
+    at(1000.0, monkeypatch)
+    watch = SteppedWatch(3, Store(), True)
+    watch.expect("job 5: train", 10.0, "waiting for rank 1's outcome")
+    assert not watch.gives_up_at(1000.0, monkeypatch)
+    assert not watch.gives_up_at(1009.99, monkeypatch)
+    assert exits == [] and capfd.readouterr().err == ""
+    assert watch.gives_up_at(1010.0, monkeypatch)
+    assert exits == [1]
+    assert capfd.readouterr().err == (
+        "distbench launch rank 3: job 5: train: gave up after 10s; waiting for rank 1's outcome; exiting 1\n"
+    )
+
+
+def test_a_cleared_wait_leaves_the_watch_keeping_the_next_one(exits, capfd, monkeypatch) -> None:
+    """Between two waits (clear) the watch keeps ticking; the next expect's deadline still ends the rank."""
+    at(0.0, monkeypatch)
+    watch = SteppedWatch(3, Store(), True)
+    watch.expect("job 1: train", 5.0, "waiting for rank 1's outcome")
+    watch.clear()
+    assert not watch.gives_up_at(100.0, monkeypatch)
+    assert not watch.gives_up_at(200.0, monkeypatch)
+    watch.expect("job 2: bench", 5.0, "waiting for rank 2's outcome")
+    assert watch.gives_up_at(205.0, monkeypatch)
+    assert capfd.readouterr().err == (
+        "distbench launch rank 3: job 2: bench: gave up after 5s; waiting for rank 2's outcome; exiting 1\n"
+    )
+
+
+def test_a_store_lost_during_a_wait_names_that_wait_and_its_job(exits, capfd, monkeypatch) -> None:
+    """Not "between jobs", nor where the main thread stands: the job and the known wait it was in."""
+    watch = SteppedWatch(3, Store(broken="Connection refused\n  frame 1"), False)
+    watch.expect("job 6: bench", 1e6, "waiting for the next job (job/7) from rank 0")
+    assert watch.gives_up_at(0.0, monkeypatch)
+    assert exits == [1]
+    assert capfd.readouterr().err == (
+        "distbench launch rank 3: job 6: bench: lost torchrun's store (Connection refused); waiting for the next "
+        "job (job/7) from rank 0; exiting 1\n"
+    )
+
+
+def test_a_store_error_without_words_is_named_by_its_type(exits, capfd, monkeypatch) -> None:
+    watch = SteppedWatch(3, Store(broken=""), False)
+    assert watch.gives_up_at(0.0, monkeypatch)
+    assert capfd.readouterr().err.startswith(
+        "distbench launch rank 3: between jobs: lost torchrun's store (RuntimeError); "
+    )
+
+
+def test_the_stack_left_in_the_store_is_faulthandlers_whole_dump_of_every_thread(exits, monkeypatch) -> None:
+    """From its first line (faulthandler's header of a thread) on; the thread that is stuck (here the test's
+    own, which ticked the watch) among the threads dumped."""
+    at(0.0, monkeypatch)
+    watch = SteppedWatch(3, Store(), True)
+    watch.expect("job 8: train", 0.0, "waiting for rank 1's outcome")
+    assert watch.gives_up_at(0.0, monkeypatch)
+    stack = watch.store.kv["stack/3"]
+    assert re.match(r"(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):\n", stack), stack[:200]
+    assert "test_the_stack_left_in_the_store_is_faulthandlers_whole_dump_of_every_thread" in stack
+
+
+def test_the_ranks_line_is_out_before_it_exits_even_where_stderr_is_block_buffered(monkeypatch) -> None:
+    """os._exit flushes nothing: a rank whose stderr a tee or a logger replaced with a buffered stream still
+    gets its one line out, because say() flushes it."""
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(raw, encoding="utf-8", line_buffering=False))
+    watch = Watch(4, Store(), True)
+    watch.stop()
+    assert watch.say("job 9: train", "gave up after 3s", "waiting in x.py:1 in f")
+    assert raw.getvalue() == b"distbench launch rank 4: job 9: train: gave up after 3s; waiting in x.py:1 in f; exiting 1\n"
