@@ -253,7 +253,9 @@ class SteppedWatch(Watch):
         return False
 
 
-def test_a_wait_gives_up_exactly_when_its_seconds_from_its_start_have_passed(exits, capfd, monkeypatch) -> None:
+def test_a_wait_gives_up_exactly_when_its_seconds_from_its_start_have_passed(
+    exits, capfd, monkeypatch
+) -> None:
     """expect(job, 10 s) at t = 1000 holds the rank until t = 1010 and gives up at t = 1010 itself (the bound
     is inclusive), saying the seconds it was given."""
     at(1000.0, monkeypatch)
@@ -324,4 +326,7 @@ def test_the_ranks_line_is_out_before_it_exits_even_where_stderr_is_block_buffer
     watch = Watch(4, Store(), True)
     watch.stop()
     assert watch.say("job 9: train", "gave up after 3s", "waiting in x.py:1 in f")
-    assert raw.getvalue() == b"distbench launch rank 4: job 9: train: gave up after 3s; waiting in x.py:1 in f; exiting 1\n"
+    assert (
+        raw.getvalue()
+        == b"distbench launch rank 4: job 9: train: gave up after 3s; waiting in x.py:1 in f; exiting 1\n"
+    )

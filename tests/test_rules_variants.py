@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -522,3 +523,95 @@ def test_recycling_sends_the_recycle_request(
 def test_a_log_with_bytes_that_are_not_utf_8_is_still_read(server: VariantProcess) -> None:
     server.log.write_bytes(b"rank 0: \xff\xfe garbled\nImportError: no module\n")
     assert server._log_tail() == "rank 0: \ufffd\ufffd garbled | ImportError: no module"
+
+
+# ---- the bounds of the runner's own waits, on simulated time ------------------------------------------------
+
+
+def _git_taking(seconds: float, monkeypatch: pytest.MonkeyPatch) -> list[float | None]:
+    """subprocess.run as for a `git` that answers after `seconds`: past a bound shorter than that it raises
+    TimeoutExpired (as subprocess.run does when it stops the process), else it answers. The bounds asked."""
+    asked: list[float | None] = []
+
+    def run(args, *, timeout=None, **kwargs):
+        asked.append(timeout)
+        if timeout is not None and seconds > timeout:
+            raise subprocess.TimeoutExpired(args, timeout)
+        return subprocess.CompletedProcess(args, 0, stdout="answer\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    return asked
+
+
+@pytest.mark.parametrize(("seconds", "answers"), [(119.9, True), (120.1, False)])
+def test_a_git_command_is_waited_for_two_minutes_and_no_longer(
+    seconds: float, answers: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """git() (a rev-parse, a worktree add) gives git 120 s: a slow one that answers within them is read, one
+    still going past them is stopped (TimeoutExpired), a second later is already too late."""
+    _git_taking(seconds, monkeypatch)
+    if answers:
+        assert variants.git("rev-parse", "HEAD", cwd=tmp_path) == "answer"
+    else:
+        with pytest.raises(subprocess.TimeoutExpired):
+            variants.git("rev-parse", "HEAD", cwd=tmp_path)
+
+
+@pytest.mark.parametrize(("seconds", "answers"), [(119.9, True), (120.1, False)])
+def test_removing_a_worktree_waits_for_git_two_minutes_and_no_longer(
+    seconds: float, answers: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """remove_worktree gives `git worktree remove` the same 120 s: within them it returns quietly, past them
+    the hung git is stopped (TimeoutExpired)."""
+    (tmp_path / "wt").mkdir()
+    asked = _git_taking(seconds, monkeypatch)
+    if answers:
+        assert variants.remove_worktree(tmp_path / "wt") is None
+    else:
+        with pytest.raises(subprocess.TimeoutExpired):
+            variants.remove_worktree(tmp_path / "wt")
+    assert len(asked) == 1
+
+
+class _Server:
+    """A variant's server process that ends by itself `after` seconds past the end of its requests, unless its
+    session is killed first, on simulated time (Popen's wait, poll, pid and returncode)."""
+
+    pid = 424242
+
+    def __init__(self, after: float) -> None:
+        self.after = after
+        self.returncode: int | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if timeout is not None and timeout < self.after:
+                raise subprocess.TimeoutExpired("distbench.gate.serve", timeout)
+            self.returncode = 0
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+@pytest.mark.parametrize(("after", "returncode"), [(29.9, 0), (30.1, -signal.SIGKILL)])
+def test_closing_gives_the_server_30_seconds_to_end_by_itself_then_kills_its_session(
+    after: float, returncode: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() ends the requests and waits 30 s for the server to finish on its own (it exits 0, its own
+    teardown done); one still there after them is killed with SIGKILL. Either way its session is then killed,
+    for the ranks it leaves."""
+    server = _Server(after)
+    killed: list[tuple[int, int]] = []
+
+    def killpg(pgid: int, sig: int) -> None:
+        killed.append((pgid, sig))
+        if server.returncode is None:
+            server.returncode = -sig
+
+    monkeypatch.setattr(os, "killpg", killpg)
+    proc = VariantProcess(Variant("head"), tmp_path / "work", "cpu", tmp_path)
+    proc._proc = server  # type: ignore[assignment]
+    proc.close()
+    assert server.returncode == returncode
+    assert killed == [(424242, signal.SIGKILL)] and proc._proc is None
