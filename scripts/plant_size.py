@@ -8,8 +8,8 @@ slowdown of several shares in one process, one rank: after the warm-up, rounds o
 windows: 2 steps, the training thread pinned to one core), one window per share in each round, the shares'
 order rotated from round to round so each takes each place equally often; the plant's share is set in the
 rank between windows (scripts/plants/host-step-3pct.patch reads DISTBENCH_PLANT_SHARE at every step). A share's
-slowdown is the 10%-trimmed mean of its windows' log ratios to the same round's window at share 0, with a
-bootstrap 95% interval (scipy.stats); the share for the target is interpolated between the two shares that
+slowdown is the trimmed mean of its windows' log ratios to the same round's window at share 0, with its
+95% interval (gate/stats, the estimator `ab` decides pairs with); the share for the target is interpolated between the two shares that
 bracket it. Writes OUT/plant-size.json and OUT/plant-share (the share alone, for the script's later nights),
 prints a table last. Exit 0 when a share was found, 1 when no share tried reached the target, 2 when the
 distbench on PYTHONPATH has no plant.
@@ -34,19 +34,15 @@ def set_share(ctx: Any, share: float) -> None:
     os.environ[SHARE_ENV] = repr(share)
 
 
-def trimmed_slowdown(logs: list[float]) -> tuple[float, float, float]:
-    """exp of the 10%-trimmed mean of `logs` minus 1, with its bootstrap 95% interval."""
+def slowdown(logs: list[float]) -> tuple[float, float, float]:
+    """A share's slowdown with its 95% interval: the project's paired estimator (gate/stats, as `ab` decides
+    its pairs: a trimmed mean of the log ratios, so that a window that caught a hiccup does not move it)."""
     import numpy as np
-    from scipy import stats
 
-    x = np.asarray(logs)
-    mean = float(stats.trim_mean(x, 0.1))
-    if len(x) < 3 or np.ptp(x) == 0:
-        return math.expm1(mean), math.expm1(mean), math.expm1(mean)
-    ci = stats.bootstrap(
-        (x,), lambda a, axis: stats.trim_mean(a, 0.1, axis=axis), n_resamples=2000, random_state=0
-    ).confidence_interval
-    return math.expm1(mean), math.expm1(float(ci.low)), math.expm1(float(ci.high))
+    from distbench.gate.stats import trimmed_log_ratio_effect
+
+    e = trimmed_log_ratio_effect(np.asarray(logs), 0.05)
+    return e.estimate, e.low, e.high
 
 
 def share_for(shares: list[float], slowdowns: list[float], target: float) -> float | None:
@@ -127,7 +123,7 @@ def main() -> int:
     finally:
         pools.close_all()
 
-    stats = [trimmed_slowdown([math.log(w[i] / w[0]) for w in walls]) for i in range(len(shares))]
+    stats = [slowdown([math.log(w[i] / w[0]) for w in walls]) for i in range(len(shares))]
     chosen = share_for(shares, [s[0] for s in stats], a.target)
     step_ms = 1000 * sorted(w[0] for w in walls)[len(walls) // 2]
     a.out.mkdir(parents=True, exist_ok=True)
