@@ -129,6 +129,42 @@ def test_decide_draws_until_decided_and_stops_early_when_the_budget_would_buy_no
     assert noisy.verdict == UNDECIDED and len(noisy.samples) < 40  # hopeless: stopped before the cap
 
 
+#: six samples whose 20%-trimmed mean is 10.0 with Yuen's standard error sqrt(0.16 / 12) (worked by hand: one
+#: sample trimmed at each end, winsorized 9.8 9.8 10 10 10.2 10.2, variance 0.032, (6 - 1) 0.032 / (4 x 3))
+SIX = [10.0, 10.4, 9.8, 10.2, 9.6, 10.0]
+
+
+def _reach_at_most() -> float:
+    """The half-width a claim of SIX would have at its cap (decide's defaults: 16 samples, looks 4..16, each at
+    ALPHA / 13; 16 - 2 x 3 - 1 = 9 degrees of freedom), with the spread of the six: se x sqrt(6 / 16)."""
+    return float(stats.t.ppf(1 - ALPHA / 13 / 2, 9)) * math.sqrt(0.16 / 12) * math.sqrt(6 / 16)
+
+
+@pytest.mark.parametrize(
+    ("margin", "stops_at_six"), [(0.99, True), (1.01, False)], ids=["within-reach", "beyond-reach"]
+)
+def test_a_claim_gives_up_two_samples_after_its_first_look_only_if_its_cap_could_not_decide_it(
+    margin, stops_at_six
+):
+    """Hopeless means the estimate lies closer to an edge than the interval's half-width at the cap (the
+    default 16 samples, trimmed degrees of freedom, each look's share of alpha): judged first at the sixth
+    sample. 1% inside that reach the claim stops there, undecided; 1% beyond it, it draws on."""
+    draws = iter(SIX + SIX + SIX)
+    decision = decide(lambda: next(draws), low=10.0 - margin * _reach_at_most(), trim=0.2)
+    assert decision.samples[:6] == SIX and decision.verdict != FAILS
+    assert (len(decision.samples) == 6) is stops_at_six
+    if stops_at_six:
+        assert decision.verdict == UNDECIDED
+
+
+def test_a_claim_whose_first_look_is_its_cap_draws_exactly_that_many():
+    """most = first: one look, at `first` samples, and no more drawn, undecided as the noise leaves it (too
+    early for the give-up rule, which first judges two samples later)."""
+    draws = iter(SIX)
+    decision = decide(lambda: next(draws), low=10.0, first=4, most=4)
+    assert (decision.verdict, decision.samples) == (UNDECIDED, SIX[:4])
+
+
 def _false_failures(alpha_per_claim: float) -> int:
     """Claims of up to 16 looks, the truth exactly at the bound, that fail on noise alone, of 1000."""
     rng = random.Random(1)

@@ -702,36 +702,27 @@ def test_a_twin_that_does_not_start_is_left_out_and_its_runs_take_turns_on_the_o
     ]
 
 
-def test_a_twin_of_a_rev_variant_runs_its_first_servers_worktree_and_makes_none(
-    monkeypatch, tmp_path
-) -> None:
-    """A rev= variant's twin: the worktree its first server made, once; the twin itself a tree= of it (it makes
-    and removes no checkout), on the same device type and temporary directory."""
-    from distbench.gate import variants
-
-    made: list[str] = []
-    monkeypatch.setattr(variants, "add_worktree", lambda rev, path: made.append(path))
-    monkeypatch.setattr(variants, "remove_worktree", lambda path: made.append(f"removed {path}"))
-    first = variants.VariantProcess(variants.Variant("base", rev="v1"), tmp_path, "cuda", tmp_path)
-    twin = first.twin(1)
-    twin.checkout()
-    twin.remove_checkout()
-    where = str(tmp_path / "worktree-base")
-    assert made == [where] and (twin.tree, twin.variant.rev) == (where, None)
-    assert (twin.workdir, twin.device_type) == (tmp_path, "cuda")
-    first.remove_checkout()
-    assert made == [where, f"removed {where}"]
-
-
-def test_a_twin_serves_the_same_checkout_and_logs_apart(tmp_path) -> None:
-    """A twin of a rev= variant runs the worktree its first server made (one checkout, removed once, by the
-    first) and writes a log of its own."""
-    from distbench.gate.variants import Variant, VariantProcess
-
-    first = VariantProcess(Variant("base", tree=str(tmp_path / "tree")), tmp_path, "cpu", tmp_path)
-    twin = first.twin(2)
-    assert (twin.tree, twin.variant.rev, twin.log.name) == (str(tmp_path / "tree"), None, "base-2.log")
-    assert twin.src == first.src and twin.environment()["PYTHONPATH"] == first.environment()["PYTHONPATH"]
+def test_the_numerics_flags_help_says_each_mode_default_and_exit_as_the_code_acts() -> None:
+    """`distbench ab --help` is where a user learns what --numerics on/only/default/suite/off do, what a
+    divergence exits with and the defaults the comparison reads: each flag's help, written out by hand."""
+    p = argparse.ArgumentParser()
+    nm.add_flags(p)
+    helps = {a.dest: a.help for a in p._actions if a.dest != "help"}
+    assert helps == {
+        "numerics": "compare head's per-step loss and gradient norm with base's in deterministic mode, over the "
+        "recipes (--recipes): on (default: then the speed), only (no speed runs), default (the default step "
+        "alone, then the speed), suite (run the invariant tests under base and head instead: those that fail "
+        "under head alone, per strategy; no speed), off (speed alone); a divergence beyond the tolerance, or "
+        "a test failing under head alone, exits 4",
+        "recipes": "the recipes the numerics compare, comma-separated (default: all, i.e. default, "
+        "accumulation, clipping, bf16-amp, fp16, activation-checkpointing, resume); a recipe a strategy "
+        "cannot run on the device is skipped with its reason",
+        "suite_timeout": "seconds each side's test run may take under --numerics suite (default 3600); past "
+        "it, undecided",
+        "numerics_steps": "steps each numerics run trains (default 8)",
+        "numerics_repeats": "runs of base with non-deterministic kernels whose spread sets the tolerance beside "
+        "rounding (default 3 on GPUs, 0 on CPU, whose kernels run alike either way; under 2: rounding alone)",
+    }
 
 
 def test_the_numerics_flags_parse_to_what_the_comparison_reads() -> None:

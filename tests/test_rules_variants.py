@@ -615,3 +615,31 @@ def test_closing_gives_the_server_30_seconds_to_end_by_itself_then_kills_its_ses
     proc.close()
     assert server.returncode == returncode
     assert killed == [(424242, signal.SIGKILL)] and proc._proc is None
+
+
+def test_a_twin_of_a_rev_variant_runs_its_first_servers_worktree_and_makes_none(
+    monkeypatch, tmp_path
+) -> None:
+    """A rev= variant's twin: the worktree its first server made, once; the twin itself a tree= of it (it makes
+    and removes no checkout), on the same device type and temporary directory."""
+    made: list[str] = []
+    monkeypatch.setattr(variants, "add_worktree", lambda rev, path: made.append(path))
+    monkeypatch.setattr(variants, "remove_worktree", lambda path: made.append(f"removed {path}"))
+    first = variants.VariantProcess(variants.Variant("base", rev="v1"), tmp_path, "cuda", tmp_path)
+    twin = first.twin(1)
+    twin.checkout()
+    twin.remove_checkout()
+    where = str(tmp_path / "worktree-base")
+    assert made == [where] and (twin.tree, twin.variant.rev) == (where, None)
+    assert (twin.workdir, twin.device_type) == (tmp_path, "cuda")
+    first.remove_checkout()
+    assert made == [where, f"removed {where}"]
+
+
+def test_a_twin_serves_the_same_checkout_and_logs_apart(tmp_path) -> None:
+    """A twin of a rev= variant runs the worktree its first server made (one checkout, removed once, by the
+    first) and writes a log of its own."""
+    first = VariantProcess(Variant("base", tree=str(tmp_path / "tree")), tmp_path, "cpu", tmp_path)
+    twin = first.twin(2)
+    assert (twin.tree, twin.variant.rev, twin.log.name) == (str(tmp_path / "tree"), None, "base-2.log")
+    assert twin.src == first.src and twin.environment()["PYTHONPATH"] == first.environment()["PYTHONPATH"]
