@@ -52,7 +52,8 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 rm -rf "$out/repo" "$out/ref" "$out"/rev-* "$out/history" "$out/ab"
 [ "$first" != 1 ] || rm -rf "$out/nights" "$out/plant-share" "$out/plant-size.json"
-machine_txt "$out/machine.txt" || true
+# the machine the nights ran on: a call that goes on (FIRST > 1), or only writes the summary, keeps it
+[ "$first" != 1 ] && [ -s "$out/machine.txt" ] || machine_txt "$out/machine.txt" || true
 pairs=${PAIRS:-4}
 config=${CONFIG:-"-n 1 -m gpt2-124m --precision bf16-amp --micro-batch 8"}
 touch "$out/nightly.log"
