@@ -226,14 +226,15 @@ def _run(
     results = subprocess.run([*mutmut, "results", "--all", "true"], cwd=work, capture_output=True, text=True)
     if args.results:
         args.results.write_text(results.stdout)
-    by_mutant = ms.statuses(results.stdout, ms.load_json(ms.EQUIVALENT))
+    equivalent = ms.load_json(ms.EQUIVALENT)
+    by_mutant = ms.statuses(results.stdout, equivalent)
     survivors, unjudged = verdict(by_mutant, wanted)
     judged = sum(1 for n in by_mutant if any(fnmatch.fnmatch(n, p) for p in wanted)) - len(unjudged)
     print(f"{judged} mutant(s) judged in {took:.0f} s against {', '.join(tests)}")
     if args.modules:
         run_here = {ms.module_name(m) for m in modules}
         baseline = {m: b for m, b in ms.load_json(ms.BASELINE).items() if m in run_here}
-        print(ms.summary(ms.scores(by_mutant), baseline, by_mutant))
+        print(ms.summary(ms.scores(by_mutant), baseline, by_mutant, equivalent))
     for n in survivors:
         print(
             f"SURVIVED {n} ({by_mutant[n]}): test it, or list it in tests/mutation_equivalent.json with why"

@@ -107,9 +107,14 @@ def table(baseline: dict[str, Any], guards: dict[str, list[str]]) -> str:
 
 
 def summary(
-    measured: dict[str, dict[str, float | int]], baseline: dict[str, Any], by_mutant: dict[str, str]
+    measured: dict[str, dict[str, float | int]],
+    baseline: dict[str, Any],
+    by_mutant: dict[str, str],
+    equivalent: dict[str, str] | None = None,
 ) -> str:
-    """Markdown: the scores against the baseline, then the surviving mutants by module."""
+    """Markdown: the scores against the baseline, the surviving mutants by module, then the mutants listed as
+    equivalent that the tests detected: their reason is wrong, or the name now numbers another mutant (one
+    whose survival the stale entry would hide), so the entry goes."""
     low = set(dropped(measured, baseline))
     lines = [
         "## Mutation score of the decision modules",
@@ -131,6 +136,10 @@ def summary(
         "",
     ]
     lines += [f"- `{n}` ({by_mutant[n]})" for n in survivors]
+    stale = sorted(n for n, st in by_mutant.items() if st in DETECTED and n in (equivalent or {}))
+    if stale:
+        lines += ["", f"### Listed equivalent but detected ({len(stale)}): remove from {EQUIVALENT.name}", ""]
+        lines += [f"- `{n}` ({by_mutant[n]})" for n in stale]
     return "\n".join(lines) + "\n"
 
 
@@ -151,12 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.results is None:
         parser.error("the results file is needed (or --table)")
-    by_mutant = statuses(args.results.read_text(), load_json(args.equivalent))
+    equivalent = load_json(args.equivalent)
+    by_mutant = statuses(args.results.read_text(), equivalent)
     if not by_mutant:
         print(f"{args.results}: no mutant results (did `mutmut run` run?)", file=sys.stderr)
         return 2
     measured = scores(by_mutant)
-    report = summary(measured, baseline, by_mutant)
+    report = summary(measured, baseline, by_mutant, equivalent)
     print(report)
     if args.summary:
         with open(args.summary, "a") as f:

@@ -57,6 +57,21 @@ def test_a_survivor_listed_as_equivalent_leaves_the_score_and_the_survivors():
     assert "x_verdict__mutmut_3" not in ms.summary(ms.scores(by_mutant), {}, by_mutant)
 
 
+def test_a_listed_equivalent_the_tests_detect_is_named_for_removal():
+    """A killed mutant on the equivalent list has a wrong reason, or its name now numbers another mutant,
+    whose survival the entry would hide: the summary names it under its own heading; a listed survivor stays
+    out of it."""
+    equivalent = {
+        "distbench.gate.stats.x_verdict__mutmut_3": "the two spellings compute the same float",
+        "distbench.gate.stats.x_verdict__mutmut_1": "listed by mistake: killed anyway",
+    }
+    by_mutant = ms.statuses(RESULTS, equivalent)
+    text = ms.summary(ms.scores(by_mutant), {}, by_mutant, equivalent)
+    stale = text.split("### Listed equivalent but detected (1): remove from mutation_equivalent.json\n\n")[1]
+    assert stale == "- `distbench.gate.stats.x_verdict__mutmut_1` (killed)\n"
+    assert "Listed equivalent" not in ms.summary(ms.scores(by_mutant), {}, by_mutant, {})
+
+
 def score(s: float) -> dict[str, float | int]:
     """A baseline entry of score `s` (the counts do not decide the verdict)."""
     return {"judged": 100, "detected": round(100 * s), "equivalent": 0, "score": s}
