@@ -559,34 +559,6 @@ def test_no_configurations_run_one_at_a_time() -> None:
     assert nm.runs_at_once([], "cuda", 5) == 1 and nm.runs_at_once([], "cpu", 2) == 1
 
 
-def test_the_memory_bound_of_an_unprobed_model_is_its_familys_smallest_probed_model_at_least_as_large(
-    monkeypatch,
-) -> None:
-    """bounding_peak: a model's own footprint where it was probed; else the footprint of the smallest probed model
-    of the strategy's family that is at least as large (never another family's, never a smaller model's); None
-    where the family probed none as large."""
-    from distbench.gate import fit
-
-    n = fit.n_params("gpt2-774m")
-    probed = _config(strategy="zero2", world_size=1, model="gpt2-774m", micro_batch=2, global_batch=2)
-    assert fit.bounding_peak(probed, n) == fit.predicted_peak(probed, n) is not None
-    small, large = fit.Footprint(1.0, 1.0, 0.5), fit.Footprint(9.0, 9.0, 4.0)
-    monkeypatch.setattr(
-        fit,
-        "FOOTPRINTS",
-        {("ddp", "gpt2-124m"): small, ("ddp", "gpt2-xl"): large, ("fsdp", "gpt2-355m"): large},
-    )
-    cfg = _config(strategy="ddp", world_size=1, model="gpt2-tiny", micro_batch=2, global_batch=2)
-    tiny = fit.n_params("gpt2-tiny")
-    assert fit.bounding_peak(cfg, tiny) == fit.predicted_peak(cfg, tiny, small)
-    mid = cfg.replace(model="gpt2-355m")
-    assert fit.bounding_peak(mid, fit.n_params("gpt2-355m")) == fit.predicted_peak(
-        mid, fit.n_params("gpt2-355m"), large
-    )
-    beyond = cfg.replace(model="gpt2-xl").replace(strategy="fsdp_full")
-    assert fit.bounding_peak(beyond, fit.n_params("gpt2-xl")) is None
-
-
 class Gathered(Server):
     """A stand-in server whose requests and start wait until `together` of them are in flight at once."""
 
