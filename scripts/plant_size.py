@@ -8,11 +8,11 @@ slowdown of several shares in one process, one rank: after the warm-up, rounds o
 windows: 2 steps, the training thread pinned to one core), one window per share in each round, the shares'
 order rotated from round to round so each takes each place equally often; the plant's share is set in the
 rank between windows (scripts/plants/host-step-3pct.patch reads DISTBENCH_PLANT_SHARE at every step). A share's
-slowdown is the trimmed mean of its windows' log ratios to the same round's window at share 0, with its
-95% interval (gate/stats, the estimator `ab` decides pairs with); the share for the target is interpolated between the two shares that
-bracket it. Writes OUT/plant-size.json and OUT/plant-share (the share alone, for the script's later nights),
-prints a table last. Exit 0 when a share was found, 1 when no share tried reached the target, 2 when the
-distbench on PYTHONPATH has no plant.
+slowdown is the trimmed mean of its windows' log ratios to the same round's window at share 0, with its 95%
+interval (gate/stats, the estimator `ab` decides pairs with); the share for the target is interpolated
+between the two shares that bracket it. Writes OUT/plant-size.json and OUT/plant-share (the share alone, for
+the script's later nights), prints a table last. Exit 0 when a share was found, 1 when no share tried reached
+the target, 2 when the distbench on PYTHONPATH has no plant.
 """
 
 from __future__ import annotations

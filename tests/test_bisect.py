@@ -1011,21 +1011,14 @@ def test_a_variants_file_s_candidates_are_its_lines_less_comments_and_blanks(tmp
         from_file(tmp_path / "nowhere.txt")
 
 
-def test_a_variants_file_is_read_as_utf_8_whatever_the_locale(tmp_path):
+def test_a_variants_file_is_read_as_utf_8_whatever_the_locale(tmp_path, ascii_locale):
     """The file's bytes are UTF-8 under any locale: an environment value of `café` reads as written where the
     locale's own encoding is ASCII."""
-    import locale
-
     from distbench.gate.history import from_file
 
     lines = tmp_path / "lines.txt"
     lines.write_bytes("env.X=caf\u00e9\nenv.X=2\n".encode())
-    was = locale.setlocale(locale.LC_CTYPE)
-    locale.setlocale(locale.LC_CTYPE, "C")
-    try:
-        assert from_file(lines).candidates[0].spec == "env.X=caf\u00e9"
-    finally:
-        locale.setlocale(locale.LC_CTYPE, was)
+    assert from_file(lines).candidates[0].spec == "env.X=caf\u00e9"
 
 
 def test_a_bisect_forgets_the_worktrees_whose_folders_are_gone(history, tmp_path):

@@ -420,12 +420,10 @@ def test_an_asv_history_is_read_by_date_skipping_what_asv_could_not_measure(tmp_
     }  # fmt: skip
 
 
-def test_an_asv_results_file_is_read_as_utf_8_whatever_the_locale(tmp_path):
+def test_an_asv_results_file_is_read_as_utf_8_whatever_the_locale(tmp_path, ascii_locale):
     """JSON's bytes are UTF-8 (RFC 8259) under any locale: a results file that holds a non-ASCII character as
     itself (a tool other than asv wrote it, in the environment's name) reads as written where the locale's own
     encoding is ASCII, its point and all, not refused as a file asv did not write."""
-    import locale
-
     m = tmp_path / "m1"
     write_asv_file(
         m, "aaaaaaaa-env.json", "a" * 40, 1000, {"StepTime.track_step_time": [[0.5], [["'ddp'"], ["1"]]]}
@@ -434,12 +432,7 @@ def test_an_asv_results_file_is_read_as_utf_8_whatever_the_locale(tmp_path):
     data = json.loads(f.read_text(encoding="utf-8"))
     data["env_name"] = "conda-py3.11-caf\u00e9"
     f.write_bytes(json.dumps(data, ensure_ascii=False).encode("utf-8"))
-    was = locale.setlocale(locale.LC_CTYPE)
-    locale.setlocale(locale.LC_CTYPE, "C")
-    try:
-        got = [(s.label, [(p.commit, p.value) for p in s.points]) for s in from_asv(tmp_path)]
-    finally:
-        locale.setlocale(locale.LC_CTYPE, was)
+    got = [(s.label, [(p.commit, p.value) for p in s.points]) for s in from_asv(tmp_path)]
     assert got == [("StepTime.track_step_time ddp 1 [m1]", [("a" * 40, 0.5)])]
 
 

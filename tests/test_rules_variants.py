@@ -625,7 +625,7 @@ def test_a_twin_of_a_rev_variant_runs_its_first_servers_worktree_and_makes_none(
     made: list[str] = []
     monkeypatch.setattr(variants, "add_worktree", lambda rev, path: made.append(path))
     monkeypatch.setattr(variants, "remove_worktree", lambda path: made.append(f"removed {path}"))
-    first = variants.VariantProcess(variants.Variant("base", rev="v1"), tmp_path, "cuda", tmp_path)
+    first = VariantProcess(Variant("base", rev="v1"), tmp_path, "cuda", tmp_path)
     twin = first.twin(1)
     twin.checkout()
     twin.remove_checkout()
