@@ -39,7 +39,8 @@
 # CONFIG (the workload flags; the night's own 30 windows of 2 steps and 5 warm-up steps unless it says otherwise;
 # on CPU: CONFIG="-n 1 -m gpt2-tiny --precision fp32 --micro-batch 2 --steps 4 --windows 2 --warmup 1
 # --device cpu", as tests/test_relative.py runs it), BEFORE (5), AFTER (5), PLANT_ROW, DISTBENCH_PLANT_SHARE
-# (0.03), HISTORY (more `distbench history` flags; default --alpha 0.05: 5 + 5 nights cannot reach p < 0.01,
+# (0.03), PLANT_SRC (the commit whose src/ the plant's repository is made from; default: this checkout's),
+# HISTORY (more `distbench history` flags; default --alpha 0.05: 5 + 5 nights cannot reach p < 0.01,
 # docs/history.md "How much it takes").
 set -euo pipefail
 . "$(dirname "$0")/gpu_env.sh"
@@ -102,8 +103,13 @@ elif [ "$mode" = plant ]; then
   export GIT_AUTHOR_DATE="2026-01-01T00:00:00Z" GIT_COMMITTER_DATE="2026-01-01T00:00:00Z"
   repo=$out/repo
   mkdir -p "$repo"
-  # the tracked files alone (no build leftovers), so that every machine and call makes the same two commits
-  git -C "$root" ls-files -z src | tar -C "$root" --null -T - -cf - | tar -C "$repo" -xf -
+  # the tracked files alone (no build leftovers), so that every machine and call makes the same two commits;
+  # PLANT_SRC=COMMIT takes them from that commit instead, so that nights saved from it go on after src/ changed
+  if [ -n "${PLANT_SRC:-}" ]; then
+    git -C "$root" archive "$PLANT_SRC" src | tar -C "$repo" -xf -
+  else
+    git -C "$root" ls-files -z src | tar -C "$root" --null -T - -cf - | tar -C "$repo" -xf -
+  fi
   (
     cd "$repo"
     git init -q -b main
