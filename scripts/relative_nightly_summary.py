@@ -18,14 +18,11 @@ import sys
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from distbench.gate.relative import NIGHT_FILE, load_night
+from distbench.gate.relative import find_night_files
 
 out, mode = Path(sys.argv[1]), sys.argv[2]
 #: each night by its folder's name (its wall time is NAME.s beside it), oldest first
-named = sorted(
-    ((f.parent.name, load_night(f)) for f in (out / "nights").glob(f"*/{NIGHT_FILE}")),
-    key=lambda t: t[1].created,
-)
+named = [(f.parent.name, night) for f, night in find_night_files([out / "nights"])]
 nights = [n for _, n in named]
 walls = {p.stem: int(p.read_text()) for p in sorted((out / "nights").glob("*.s"))}
 cases: list[tuple[str, bool, str]] = []

@@ -263,6 +263,15 @@ def test_a_night_file_is_validated_and_named_when_damaged(tmp_path):
         relative.find_nights([tmp_path / "empty"])
 
 
+def test_nights_are_found_oldest_first_whatever_their_folders_are_called(tmp_path):
+    """A night's order is when it ran, not its folder's name: a runner's folders may be named by anything."""
+    for name, i in (("a", 2), ("b", 0), ("c", 1)):
+        save_night(night(i, [_row(1.0)]), tmp_path / name)
+    found = relative.find_night_files([tmp_path])
+    assert [(f.parent.name, n.commit) for f, n in found] == [("b", commit(0)), ("c", commit(1)), ("a", commit(2))]
+    assert relative.find_nights([tmp_path]) == [n for _, n in found]
+
+
 class FakeVariant:
     """gate/variants.py's VariantProcess without a process: both variants' servers on one `Host`, the head
     `HEAD_EFFECT` slower; a reference whose interpreter is missing never gets here (parse_variant refuses it)."""

@@ -339,6 +339,11 @@ def load_night(path: str | os.PathLike[str]) -> Night:
 
 def find_nights(paths: list[str | os.PathLike[str]]) -> list[Night]:
     """Every night under `paths` (files, or directories searched for night.json), oldest first."""
+    return [night for _, night in find_night_files(paths)]
+
+
+def find_night_files(paths: list[str | os.PathLike[str]]) -> list[tuple[Path, Night]]:
+    """`find_nights` with each night's file, for a reader that names a night by where it lies."""
     files: list[Path] = []
     for p in map(Path, paths):
         if not p.exists():
@@ -349,4 +354,4 @@ def find_nights(paths: list[str | os.PathLike[str]]) -> list[Night]:
                 f"no {NIGHT_FILE} under {p} (`distbench nightly -o DIR` writes one per night)"
             )
         files += found
-    return sorted((load_night(f) for f in files), key=lambda n: n.created)
+    return sorted(((f, load_night(f)) for f in files), key=lambda t: t[1].created)
