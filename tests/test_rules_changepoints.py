@@ -112,6 +112,34 @@ def test_a_change_goes_to_the_best_commit_boundary_when_it_gains_nearly_as_much(
     assert changepoints.best_split(y, ["a"] * 12) == 2  # no boundary: the best split
 
 
+def _alternating(n: int, level: float = 0.0) -> np.ndarray:
+    """n points alternating level, level + 1: consecutive differences of 1, a noise sigma of 1.4826 / sqrt(2)."""
+    return level + np.tile([0.0, 1.0], n // 2 + 1)[:n]
+
+
+def test_a_split_is_placed_by_values_clipped_at_eight_sigmas() -> None:
+    """Values, not ranks, place a split: behind 30 points whose last lies 2.5 sigmas high, a 16-sigma step
+    stays at point 30 (clipped at 4 sigmas it went one point early). And the clip is what keeps one point far
+    off (1000 sigmas) from pulling a 5-sigma step's split to the pair it ends."""
+    assert changepoints.CLIP_SIGMAS == 8.0
+    sigma = changepoints.noise_scale(_alternating(30))
+    before = _alternating(30)
+    before[-1] = 0.5 + 2.5 * sigma
+    step = np.r_[before, _alternating(4, 16 * sigma)]
+    assert changepoints.best_split(step) == 30
+    outlier = np.r_[_alternating(12), _alternating(4, 5 * sigma), 5 * sigma, 1000.0]
+    assert changepoints.best_split(outlier) == 12
+
+
+def test_a_point_weighs_at_most_clip_sigmas_from_the_median() -> None:
+    y = np.r_[_alternating(9), 1000.0]
+    sigma = changepoints.noise_scale(y)
+    clipped = changepoints._clipped(y)
+    assert clipped[-1] == changepoints.CLIP_SIGMAS
+    assert clipped[:-1] == pytest.approx((y[:-1] - np.median(y)) / sigma)
+    assert changepoints._clipped(-y)[-1] == -changepoints.CLIP_SIGMAS
+
+
 def test_a_boundary_gaining_exactly_the_share_takes_the_change() -> None:
     """The share is "at least": ranks whose best split (before point 6) gains 630^2 / (6 * 15 * 21) = 210 and
     whose only commit boundary (before point 2) gains 399^2 / (2 * 19 * 21) = 199.5, exactly 0.95 of it, put
