@@ -268,7 +268,11 @@ def test_nights_are_found_oldest_first_whatever_their_folders_are_called(tmp_pat
     for name, i in (("a", 2), ("b", 0), ("c", 1)):
         save_night(night(i, [_row(1.0)]), tmp_path / name)
     found = relative.find_night_files([tmp_path])
-    assert [(f.parent.name, n.commit) for f, n in found] == [("b", commit(0)), ("c", commit(1)), ("a", commit(2))]
+    assert [(f.parent.name, n.commit) for f, n in found] == [
+        ("b", commit(0)),
+        ("c", commit(1)),
+        ("a", commit(2)),
+    ]
     assert relative.find_nights([tmp_path]) == [n for _, n in found]
 
 

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ..history.report import Found
+    from ..history.series import Series
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -68,6 +69,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--bisect", action="store_true", help="run the proposed bisect of every regression")
     p.add_argument(
+        "--reach",
+        type=int,
+        metavar="N",
+        help="also say what each series can find: the smallest step found at its point from N more points, "
+        "80%% of the time at the series' own noise (reach.json; a few seconds per series length)",
+    )
+    p.add_argument(
         "--output",
         "-o",
         type=Path,
@@ -93,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not 0 < args.alpha < 1:
         console.print(f"[red]error:[/] --alpha must lie between 0 and 1, got {args.alpha}")
+        return 2
+    if args.reach is not None and args.reach < 2:
+        console.print(f"[red]error:[/] --reach must be at least 2 points (a level is two), got {args.reach}")
         return 2
     if not 0 <= args.min_effect < 1:
         console.print(f"[red]error:[/] --min-effect must lie in [0, 1), got {args.min_effect}")
@@ -131,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"  bisect: {escape(report.command_text(argv))}", soft_wrap=True)
     _plots(found, args.output, console)
     codes = _run_bisects(commands, console) if args.bisect else []
+    if args.reach:
+        _reach(series, found, args, console)
     _table(found, console)
     if 2 in codes:
         return 2
@@ -162,6 +175,32 @@ def _run_bisects(commands: list[list[str] | None], console: Console) -> list[int
             args = build_parser([bisect]).parse_args(argv[1:])
             codes.append(int(args.func(args) or 0))
     return codes
+
+
+def _reach(series: list[Series], found: list[Found], args: argparse.Namespace, console: Console) -> None:
+    """What each series can find with --reach more points, from the points since its last change: a table and
+    reach.json under --output."""
+    from rich.table import Table
+
+    from ..history.reach import POWER, reach
+    from ..history.report import usable_points
+    from ..results import write_json_atomic
+
+    t = Table("series", "points", "noise", f"finds from {args.reach} more", title="what each series can find")
+    rows = []
+    for s in series:
+        points = usable_points(s, args.include_flagged)
+        if points is None:
+            continue
+        since = max((f.change.index for f in found if f.series is s), default=0)
+        r = reach([p.value for p in points], since, args.reach, args.alpha)
+        step = "out of reach: too few points" if r.step is None else f"a {r.step * 100:.2f}% step"
+        t.add_row(s.label, str(r.points), f"{r.noise * 100:.2f}%", step)
+        rows.append({"series": s.label, "points": r.points, "noise": r.noise, "step": r.step})
+    write_json_atomic(
+        args.output / "reach.json", {"after": args.reach, "power": POWER, "alpha": args.alpha, "series": rows}
+    )
+    console.print(t)
 
 
 def _table(found: list[Found], console: Console) -> None:

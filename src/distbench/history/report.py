@@ -45,6 +45,13 @@ class Found:
         return self.last_good.commit == self.first_bad.commit
 
 
+def usable_points(s: Series, include_flagged: bool) -> list[Point] | None:
+    """The points a series' changes are looked for in, flagged ones left out unless `include_flagged`; None when
+    they are too few (MIN_POINTS) or not all positive (changes are relative)."""
+    points = [p for p in s.points if include_flagged or not p.flagged]
+    return points if len(points) >= MIN_POINTS and min(p.value for p in points) > 0 else None
+
+
 def analyse(
     series: list[Series],
     alpha: float,
@@ -56,9 +63,9 @@ def analyse(
     `include_flagged`; a change whose interval lies within +-`min_effect` is marked negligible."""
     found = []
     for s in series:
-        points = [p for p in s.points if include_flagged or not p.flagged]
-        if len(points) < MIN_POINTS or min(p.value for p in points) <= 0:
-            continue  # too short, or not a positive figure whose changes are relative
+        points = usable_points(s, include_flagged)
+        if points is None:
+            continue
         for c in find_changes(
             [p.value for p in points], alpha=alpha, seed=seed, groups=[p.commit for p in points]
         ):
