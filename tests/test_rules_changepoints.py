@@ -131,6 +131,18 @@ def test_a_split_is_placed_by_values_clipped_at_eight_sigmas() -> None:
     assert changepoints.best_split(outlier) == 12
 
 
+#: a commit's first run short of its level (as on an H200, results/history-h200-2026-11-28): on values the best
+#: split is before point 7, one run into commit b; the boundary before point 6 gains 0.972 of it
+FIRST_RUN_SHORT = np.array([0, 1, 0, 1, 0, 1, 5, 10, 11, 10, 11, 10], dtype=float)
+
+
+def test_a_change_one_run_into_a_commit_goes_back_to_its_boundary() -> None:
+    y = FIRST_RUN_SHORT
+    assert changepoints.best_split(y) == 7
+    assert changepoints.best_split(y, ["a"] * 6 + ["b"] * 6) == 6
+    assert changepoints.best_split(y, ["a"] * 7 + ["b"] * 5) == 7  # there the boundary is the best split
+
+
 def test_a_point_weighs_at_most_clip_sigmas_from_the_median() -> None:
     y = np.r_[_alternating(9), 1000.0]
     sigma = changepoints.noise_scale(y)

@@ -173,6 +173,22 @@ def test_four_points_two_a_side_are_enough_to_look_for_a_change() -> None:
     assert report.analyse([Series(s.metric, "y", s.config, s.points[:3])], alpha=0.5) == []
 
 
+def test_analyse_places_a_change_at_the_boundary_of_the_points_commits() -> None:
+    """The points' commits go to the search: a change one run into commit b (its first run short of its
+    level) is reported between a and b, and a series of one run per commit keeps the best split."""
+    need("ruptures")
+    from test_rules_changepoints import FIRST_RUN_SHORT
+
+    values = [float(np.exp(v / 100)) for v in FIRST_RUN_SHORT]
+    s = Series("step_time_s", "x", {"strategy": "ddp", "world_size": 1})
+    s.points = [Point("a" if i < 6 else "b", v) for i, v in enumerate(values)]
+    (f,) = report.analyse([s], alpha=0.01)
+    assert (f.change.index, f.last_good.commit, f.first_bad.commit) == (6, "a", "b")
+    s.points = [Point(f"c{i}", v) for i, v in enumerate(values)]
+    (f,) = report.analyse([s], alpha=0.01)
+    assert f.change.index == 7
+
+
 def test_analyse_reports_the_detectors_changes_at_its_alpha_and_seed() -> None:
     """The p-values history.json reports are the permutation tests' at the alpha and seed asked for: a 1.2%
     step in 12 points is significant at 0.05 and not at 0.01 (p = 0.016 with seed 0), and seeds other than
