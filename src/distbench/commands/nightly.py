@@ -188,12 +188,13 @@ def check_flags(args: argparse.Namespace) -> str | None:
 
 def earlier_nights(args: argparse.Namespace) -> list[Night]:
     """The nights in --history (default: the folder above --output), oldest first, this night's own left out."""
-    from ..gate.relative import NIGHT_FILE, load_night
+    from ..gate.relative import NIGHT_FILE, find_night_files
 
     where = args.history or args.output.resolve().parent
     own = (args.output / NIGHT_FILE).resolve()
-    files = [f for f in sorted(where.rglob(NIGHT_FILE)) if f.resolve() != own] if where.is_dir() else []
-    return sorted((load_night(f) for f in files), key=lambda n: n.created)
+    if not where.is_dir():
+        return []
+    return [night for f, night in find_night_files([where], none_ok=True) if f.resolve() != own]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -342,14 +342,15 @@ def find_nights(paths: list[str | os.PathLike[str]]) -> list[Night]:
     return [night for _, night in find_night_files(paths)]
 
 
-def find_night_files(paths: list[str | os.PathLike[str]]) -> list[tuple[Path, Night]]:
-    """`find_nights` with each night's file, for a reader that names a night by where it lies."""
+def find_night_files(paths: list[str | os.PathLike[str]], none_ok: bool = False) -> list[tuple[Path, Night]]:
+    """`find_nights` with each night's file, for a reader that names a night by where it lies; `none_ok`: a
+    directory without nights is no error (before the first night)."""
     files: list[Path] = []
     for p in map(Path, paths):
         if not p.exists():
             raise NightFileError(f"no nights at {p}")
         found = sorted(p.rglob(NIGHT_FILE)) if p.is_dir() else [p]
-        if not found:
+        if not found and not none_ok:
             raise NightFileError(
                 f"no {NIGHT_FILE} under {p} (`distbench nightly -o DIR` writes one per night)"
             )
