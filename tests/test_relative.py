@@ -668,3 +668,46 @@ def test_heads_absolute_figures_are_series_of_the_tracked_metrics_at_each_nights
     (s,) = absolute
     assert s.config == CFG.to_dict()
     assert [(p.commit, p.value) for p in s.points] == [(commit(0), 0.1), (commit(1), 0.1)]
+
+
+@pytest.mark.slow  # four nights of two gpt2-tiny servers on gloo, in two calls: about 2 minutes on 2 cores
+@pytest.mark.nightly  # the evidence script's mechanics; the nightly's own logic is tested above
+def test_the_gpu_scripts_plant_nights_go_on_across_calls_on_cpu(tmp_path):
+    """scripts/relative_nightly_gpu.sh MODE=plant on CPU, spread over two calls as over two GPU leases: the
+    second call (FIRST=3) keeps the first call's nights and machine.txt, runs the plant's nights against the
+    frozen reference, and writes the history, summary.md and junit.xml over all four. Whether CPU noise lets
+    the history find the plant is not asked here; that every night is read, at its revision, is."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "MODE": "plant",
+        "BEFORE": "2",
+        "AFTER": "2",
+        "PAIRS": "3",
+        "MAX_PAIRS": "3",
+        "SIZE": "0",
+        "PLANT_ROW": "ddp",
+        "CONFIG": "-n 1 -m gpt2-tiny --precision fp32 --micro-batch 2 --steps 4 --windows 2 --warmup 1 --device cpu",
+    }
+    script = ["bash", "scripts/relative_nightly_gpu.sh", str(tmp_path)]
+    first = subprocess.run(script, cwd=root, env={**env, "NIGHTS": "2"}, capture_output=True, text=True)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    assert "nights from 3 on are still to run" in first.stdout
+    (tmp_path / "machine.txt").write_text("the first call's machine\n")
+    second = subprocess.run(script, cwd=root, env={**env, "FIRST": "3"}, capture_output=True, text=True)
+    assert second.returncode in (0, 1), second.stdout[-3000:] + second.stderr[-2000:]
+    assert (tmp_path / "machine.txt").read_text() == "the first call's machine\n"
+    revisions = subprocess.run(
+        ["git", "-C", str(tmp_path / "repo"), "log", "--format=%H"], capture_output=True, text=True
+    ).stdout.split()[::-1]
+    nights = [n for _, n in relative.find_night_files([tmp_path / "nights"])]
+    assert [n.commit for n in nights] == [revisions[0]] * 2 + [revisions[1]] * 2
+    assert len({n.reference.id for n in nights}) == 1  # one frozen reference throughout
+    summary = (tmp_path / "summary.md").read_text()
+    assert all(f"| night-0{i} | revision {i > 2:d} |" in summary for i in range(1, 5)), summary
+    junit = (tmp_path / "junit.xml").read_text()
+    assert "the ratio series&apos;" in junit or "the ratio series'" in junit
+    assert (tmp_path / "history" / "history.json").exists()
