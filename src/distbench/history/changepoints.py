@@ -3,7 +3,7 @@
 A nightly figure moves by a percent or two when something changed and by as much again from night to night
 when nothing did, so a fixed threshold on the night-to-night change either misses the first or cries at the
 second. This module asks instead whether the series is better described by segments of different levels, in
-two steps:
+three steps:
 
 1. Candidates: ruptures' PELT search with the least-squares (l2) cost on the series' log (changes are
    relative), scaled by its noise (a robust estimate from consecutive differences, so the steps themselves do

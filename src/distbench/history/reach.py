@@ -6,8 +6,8 @@ same search `distbench history` runs) places at its point in POWER of DRAWS gene
 the series' last change, then `after` points moved by the step, each with normal noise of the series' own
 size. The search is scale-free (ranks for its test, the log in noise sigmas for the rest), so a reach is a
 number of noise sigmas that depends only on the counts and alpha; it is found once for each and scaled by
-each series' noise. On a cloud
-VM this is what tells a ratio series (noise about 1% a night) from an absolute one (10-30%).
+each series' noise. On a cloud VM this is what tells a ratio series (noise about 1% a night) from an absolute
+one (10-30%).
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ def found_share(before: int, after: int, sigmas: float, alpha: float, seed: int 
 
 @lru_cache(maxsize=64)
 def smallest_sigmas(before: int, after: int, alpha: float) -> float | None:
-    """The smallest step, in noise sigmas, found at its point POWER of the time (the same draws for every size
-    tried, so that more is never found less often by chance); None when even MAX_SIGMAS is not."""
+    """The smallest step, in noise sigmas, found at its point POWER of the time (every size tried on the same
+    draws, so that sizes differ by their size alone), to 1/2**HALVINGS of MAX_SIGMAS; None when even
+    MAX_SIGMAS is not."""
     if found_share(before, after, MAX_SIGMAS, alpha) < POWER:
         return None
     low, high = 0.0, MAX_SIGMAS
