@@ -6,8 +6,13 @@ second; the real processes run in the slow tier."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -420,8 +425,6 @@ def test_asv_keeps_each_pairs_ratio_and_history_reads_it_as_a_ratio_series(tmp_p
     """benchmarks/bench_relative.py records a night's ratios as asv samples (one per pair), skipped without a
     night; asv's own Results code stores them, and from_asv reads them back as a ratio series whose change
     points are found like an absolute one's."""
-    import importlib
-    import sys
 
     from distbench.history.series import from_asv
 
@@ -470,9 +473,6 @@ def test_asv_keeps_each_pairs_ratio_and_history_reads_it_as_a_ratio_series(tmp_p
 def test_a_real_night_on_gloo_and_one_whose_reference_venv_was_deleted(tmp_path, monkeypatch):
     """Through real processes: an A/A night stores a ratio with its interval beside both sides' figures; a
     night whose reference virtualenv was deleted names its interpreter and still stores head's figures."""
-    import shutil
-    import subprocess
-    import sys
 
     monkeypatch.setenv("DISTBENCH_BIND_CPUS", "")
     root = Path(__file__).resolve().parents[1]
@@ -503,9 +503,6 @@ def test_a_real_night_on_gloo_and_one_whose_reference_venv_was_deleted(tmp_path,
 def test_the_gpu_scripts_host_plant_applies_and_sits_on_the_optimizer_steps_path(tmp_path):
     """scripts/plants/host-step-3pct.patch still applies to this checkout's trainer, and its busy loop runs
     right before the optimizer step (on the critical path of a host-bound step)."""
-    import shutil
-    import subprocess
-
     root = Path(__file__).resolve().parents[1]
     target = tmp_path / "src" / "distbench" / "strategies"
     target.mkdir(parents=True)
@@ -677,9 +674,6 @@ def test_the_gpu_scripts_plant_nights_go_on_across_calls_on_cpu(tmp_path):
     second call (FIRST=3) keeps the first call's nights and machine.txt, runs the plant's nights against the
     frozen reference, and writes the history, summary.md and junit.xml over all four. Whether CPU noise lets
     the history find the plant is not asked here; that every night is read, at its revision, is."""
-    import os
-    import subprocess
-
     root = Path(__file__).resolve().parents[1]
     env = {
         **os.environ,
