@@ -27,6 +27,7 @@ class Store:
 
     def __init__(self, broken: str | None = None) -> None:
         self.kv: dict[str, str] = {}
+        self.order: list[str] = []  # the keys set, in the order they were set
         self.waited: list[tuple[list[str], timedelta]] = []
         self.broken = broken
 
@@ -40,6 +41,11 @@ class Store:
 
     def set(self, key: str, value: str) -> None:
         self.kv[key] = value
+        self.order.append(key)
+
+    def get(self, key: str) -> bytes:
+        self._check_broken()
+        return self.kv[key].encode()
 
     def wait(self, keys: list[str], timeout: timedelta) -> None:
         self.waited.append((keys, timeout))
@@ -88,6 +94,46 @@ def test_a_rank_past_its_deadline_says_so_once_leaves_its_stack_and_exits_1(exit
     assert exits == [1]
     assert store.kv[ABORT] == "1" and store.kv[RELEASED] == "1" and "stack/3" in store.kv
     assert "Thread" in store.kv["stack/3"]  # faulthandler's dump of every thread
+
+
+def test_rank_0_giving_up_keeps_the_store_until_every_follower_has_said_its_line(exits, capfd) -> None:
+    """torchrun's store lives on rank 0's node: once rank 0 exits, a follower's agent stops it, often before
+    its next tick reads the abort. So rank 0 releases the followers and exits only once each left its stack
+    (which a follower posts right after its line); rank 2 here posts it 0.3 s after the abort."""
+    store = Store()
+
+    def follower_2() -> None:
+        while ABORT not in store.kv:
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.3)
+        store.set("stack/2", "Thread 0x1 (most recent call first):")
+
+    threading.Thread(target=follower_2, daemon=True).start()
+    store.kv["stack/1"] = "Thread 0x2 (most recent call first):"
+    watch = Watch(0, store, True, followers=range(1, 3))
+    watch.expect("job 8: train", 0.0, "waiting in a collective")
+    assert exits.done.wait(10), "the watch never gave up"
+    assert store.order == ["stack/0", ABORT, "stack/2", RELEASED], store.order
+    assert capfd.readouterr().err.count("\n") == 1 and exits == [1]
+
+
+def test_rank_0_giving_up_waits_a_bounded_time_for_a_follower_that_never_answers(exits, monkeypatch) -> None:
+    """A follower that died leaves no stack: rank 0 still releases the others and exits, STACK_WAIT_S later."""
+    monkeypatch.setattr(launchwatch, "STACK_WAIT_S", 0.2)
+    store = Store()
+    started = launchwatch.time.monotonic()
+    watch = Watch(0, store, True, followers=[1])
+    watch.expect("job 8: train", 0.0, "waiting in a collective")
+    assert exits.done.wait(10), "the watch never gave up"
+    assert 0.2 <= launchwatch.time.monotonic() - started < 5
+    assert store.order == ["stack/0", ABORT, RELEASED]
+
+
+def test_stacks_left_returns_the_stacks_that_arrived_by_rank_and_stops_at_its_bound() -> None:
+    store = Store()
+    store.kv.update({"stack/1": "one", "stack/3": "three"})
+    assert launchwatch.stacks_left(store, [3, 1, 2], 0.05) == {1: "one", 3: "three"}  # type: ignore[arg-type]
+    assert launchwatch.stacks_left(store, [], 60) == {}  # type: ignore[arg-type]
 
 
 def test_a_follower_that_rank_0_gave_up_on_waits_for_the_results_then_exits_1(exits, capfd) -> None:

@@ -46,13 +46,22 @@ from ..errors import ConfigError, JobSpecError, ResourceError
 from .context import RankContext, collective_backend, process_group_backend
 from .fingerprint import nodes_spanned
 from .jobspec import Admission, Job, JobRegistry, Stop, decode_outcome, encode_outcome
-from .launchwatch import ABORT, REFUSED, RELEASED, Watch, hand_out_bound, job_bounds, reply_grace
+from .launchwatch import (
+    ABORT,
+    REFUSED,
+    RELEASED,
+    STACK_WAIT_S,
+    Watch,
+    hand_out_bound,
+    job_bounds,
+    reply_grace,
+    stacks_left,
+)
 from .pool import JobError, RankOutcome, check_configs, failure_summary
 from .worker import job_name
 
 _POLL_S = 0.1  # rank 0 waiting for replies
 _JOB_POLL_S = 0.5  # followers waiting for the next job: every rank of the launch polls the store
-_STACK_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -275,7 +284,7 @@ class Cluster:
         self._broken: str | None = None
         #: Why the store is not distbench's alone (a refused or changed message): every later job raises it.
         self.refused: str | None = None
-        self.watch = Watch(launch.rank, store, controller=True)
+        self.watch = Watch(launch.rank, store, controller=True, followers=range(1, launch.world_size))
 
     def check_world_size(self, world_size: int) -> None:
         self.launch.job_nodes(world_size)
@@ -361,12 +370,8 @@ class Cluster:
         """Tell every follower to write its Python stack and to exit once released; the stacks of `ranks` that
         arrive in time."""
         self.store.set(ABORT, "1")
-        deadline = time.monotonic() + _STACK_WAIT_S
-        return {
-            r: "Python stack at timeout:\n" + self.store.get(f"stack/{r}").decode(errors="replace")
-            for r in ranks
-            if _wait_key(self.store, f"stack/{r}", deadline)
-        }
+        got = stacks_left(self.store, ranks, STACK_WAIT_S)
+        return {r: f"Python stack at timeout:\n{text}" for r, text in got.items()}
 
     def close_all(self) -> None:
         """Nothing to close between matrices: each job forms and destroys its own process group."""

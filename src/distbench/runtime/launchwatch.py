@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -37,6 +38,9 @@ ABORT, RELEASED = "abort", "released"
 _RELEASE_WAIT_S = 120.0  # an aborted follower waits this long at most for the controller to finish writing
 _REPLY_GRACE_S = 30.0
 _TICK_S = 0.5
+#: How long rank 0, giving up, waits for every follower's stack: a follower leaves it right after its line, and
+#: torchrun's store (on rank 0's node) must outlive that, or the follower's agent stops it first, unheard.
+STACK_WAIT_S = 5.0
 
 
 def reply_grace(timeout: float) -> float:
@@ -58,6 +62,19 @@ def hand_out_bound(timeout: float) -> float:
     grace, and what rank 0 does between two jobs (building the matrix, a parity check, writing a result),
     each within the launch's --timeout."""
     return 2 * timeout + reply_grace(timeout)
+
+
+def stacks_left(store: dist.Store, ranks: Iterable[int], seconds: float) -> dict[int, str]:
+    """The Python stacks that `ranks` leave in the store (`stack/<rank>`) within `seconds`, by rank."""
+    deadline, pending, got = time.monotonic() + seconds, sorted(set(ranks)), {}
+    while True:
+        for r in pending:
+            if store.check([f"stack/{r}"]):
+                got[r] = store.get(f"stack/{r}").decode(errors="replace")
+        pending = [r for r in pending if r not in got]
+        if not pending or time.monotonic() >= deadline:
+            return got
+        time.sleep(_TICK_S / 5)
 
 
 def where(frame: FrameType | None) -> str:
@@ -89,10 +106,12 @@ class _Wait:
 
 class Watch:
     """One rank's watch over its current wait, in a daemon thread: its own deadline, rank 0's abort (followers)
-    and a refusal by another rank (followers)."""
+    and a refusal by another rank (followers). `followers`: the ranks whose stacks a controller that gives up
+    waits for before it exits."""
 
-    def __init__(self, rank: int, store: dist.Store, controller: bool) -> None:
+    def __init__(self, rank: int, store: dist.Store, controller: bool, followers: Iterable[int] = ()) -> None:
         self.rank, self.store, self.controller = rank, store, controller
+        self.followers = tuple(followers)
         self._main = threading.main_thread().ident
         self._wait: _Wait | None = None
         self._done = threading.Event()
@@ -152,13 +171,14 @@ class Watch:
 
     def _give_up(self, job: str, why: str, what: str) -> None:
         """Say so, leave the stack for rank 0's record and exit 1; rank 0, whose main thread is stuck, first
-        tells every follower that nothing more of the launch will run."""
+        tells every follower that nothing more of the launch will run and waits until each has said so."""
         if self._done.is_set():
             return
         self.say(job, why, what)
         self._leave_stack()
         if self.controller:
             self.store.set(ABORT, "1")
+            stacks_left(self.store, self.followers, STACK_WAIT_S)
             self.store.set(RELEASED, "1")
         else:  # leave once rank 0 has written its results: torchrun stops a node's ranks when one fails
             try:
