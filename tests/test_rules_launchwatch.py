@@ -45,7 +45,8 @@ class Store:
 
     def get(self, key: str) -> bytes:
         self._check_broken()
-        return self.kv[key].encode()
+        value = self.kv[key]
+        return value if isinstance(value, bytes) else value.encode()
 
     def wait(self, keys: list[str], timeout: timedelta) -> None:
         self.waited.append((keys, timeout))
@@ -129,11 +130,38 @@ def test_rank_0_giving_up_waits_a_bounded_time_for_a_follower_that_never_answers
     assert store.order == ["stack/0", ABORT, RELEASED]
 
 
-def test_stacks_left_returns_the_stacks_that_arrived_by_rank_and_stops_at_its_bound() -> None:
+class Clock:
+    """launchwatch's `time` for stacks_left: sleeping moves the clock, and a stack may be set to arrive at
+    a given time."""
+
+    def __init__(self, store: Store, arrivals: dict[str, float]) -> None:
+        self.now, self.store, self.arrivals = 0.0, store, arrivals
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        for key, at in self.arrivals.items():
+            if self.now >= at:
+                self.store.kv.setdefault(key, f"{key} at {at}")
+
+
+def test_stacks_left_polls_until_each_rank_left_its_stack_or_its_bound_passes(monkeypatch) -> None:
+    """Polled every _TICK_S / 5 (0.125 s here); it returns at the poll that finds the last stack, or at the
+    first poll at or past its bound with the stacks that came, by rank."""
+    monkeypatch.setattr(launchwatch, "_TICK_S", 0.625)
     store = Store()
-    store.kv.update({"stack/1": "one", "stack/3": "three"})
-    assert launchwatch.stacks_left(store, [3, 1, 2], 0.05) == {1: "one", 3: "three"}  # type: ignore[arg-type]
+    store.kv["stack/1"] = b"one \xff"  # a stack need not be UTF-8 (a path's bytes)
+    clock = Clock(store, {"stack/3": 0.3})
+    monkeypatch.setattr(launchwatch, "time", clock)
+    assert launchwatch.stacks_left(store, [3, 1], 1.0) == {1: "one \ufffd", 3: "stack/3 at 0.3"}  # type: ignore[arg-type]
+    assert clock.now == 0.375
+    clock.now = 0.0
+    assert launchwatch.stacks_left(store, [2, 1], 1.0) == {1: "one \ufffd"}  # type: ignore[arg-type]
+    assert clock.now == 1.0
     assert launchwatch.stacks_left(store, [], 60) == {}  # type: ignore[arg-type]
+    assert clock.now == 1.0
 
 
 def test_a_follower_that_rank_0_gave_up_on_waits_for_the_results_then_exits_1(exits, capfd) -> None:
