@@ -7,12 +7,12 @@ not its slowdown (in fsdp_full on one H200, a 3% share slowed the step by about 
 slowdown of several shares in one process, one rank: after the warm-up, rounds of timed windows (the nights'
 windows: 2 steps, the training thread pinned to one core), one window per share in each round, the shares'
 order rotated from round to round so each takes each place equally often; the plant's share is set in the
-rank between windows (scripts/plants/host-step-3pct.patch reads DISTBENCH_PLANT_SHARE at every step). A share's
-slowdown is the trimmed mean of its windows' log ratios to the same round's window at share 0, with its 95%
-interval (gate/stats, the estimator `ab` decides pairs with); the share for the target is interpolated
-between the two shares that bracket it. Writes OUT/plant-size.json and OUT/plant-share (the share alone, for
-the script's later nights), prints a table last. Exit 0 when a share was found, 1 when no share tried reached
-the target, 2 when the distbench on PYTHONPATH has no plant.
+rank between windows (scripts/plants/host-forward.patch and host-step-3pct.patch read DISTBENCH_PLANT_SHARE at
+every step). A share's slowdown is the trimmed mean of its windows' log ratios to the same round's window at
+share 0, with its 95% interval (gate/stats, the estimator `ab` decides pairs with); the share for the target
+is interpolated between the two shares that bracket it. Writes OUT/plant-size.json and OUT/plant-share (the
+share alone, for the script's later nights), prints a table last. Exit 0 when a share was found, 1 when no
+share tried reached the target, 2 when the distbench on PYTHONPATH has no plant.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 SHARE_ENV = "DISTBENCH_PLANT_SHARE"
+#: The functions the plants that read SHARE_ENV at every step add to strategies/base.py (scripts/plants/).
+PLANTS = ("_planted_block_spin", "_planted_step_spin")
 
 
 def set_share(ctx: Any, share: float) -> None:
@@ -80,9 +82,10 @@ def main() -> int:
 
     from distbench.strategies import base
 
-    if not hasattr(base, "_planted_step_spin"):
+    if not any(hasattr(base, name) for name in PLANTS):
         print(
-            f"error: the distbench at {base.__file__} has no plant (apply scripts/plants/host-step-3pct.patch)"
+            f"error: the distbench at {base.__file__} has no plant (apply scripts/plants/host-forward.patch "
+            "or host-step-3pct.patch)"
         )
         return 2
     from distbench.config import RunConfig

@@ -10,10 +10,12 @@
 # night gives a row whose pairs spread more pairs (up to MAX_PAIRS, `distbench nightly --max-pairs`), read from
 # the nights before it in OUT/nights: over those three nights' spreads, 36 pairs, about 8.5 minutes.
 #
-# MODE=plant: host work of DISTBENCH_PLANT_SHARE (3%) of the step's period (scripts/plants/host-step-3pct.patch: a
-# busy loop on the training thread at the optimizer step) planted in revision 1 of a repository made from
-# this checkout's src under OUT/repo. BEFORE short nights of revision 0 and AFTER of revision 1, each one row
-# (PLANT_ROW, default fsdp_full: device busy 0.67-0.85) against a frozen reference (a worktree of revision 0), then
+# MODE=plant: host work of DISTBENCH_PLANT_SHARE (3%) of the step's period planted in revision 1 of a repository
+# made from this checkout's src under OUT/repo: PLANT names it (scripts/plants/PLANT.patch): host-step-3pct (the
+# default, the recorded nights' plant: a busy loop on the training thread at the optimizer step) or host-forward
+# (busy loops in every block's forward, where the device waits for the host's next launch). BEFORE short nights
+# of revision 0 and AFTER of revision 1, each one row (PLANT_ROW, default fsdp_full: device busy 0.67-0.85)
+# against a frozen reference (a worktree of revision 0), then
 # `distbench history --nights PATH` on the ratio series must find the change at revision 1. A night took 91-100 s
 # on one H200 (two servers' start and 3 pairs), so 5 + 5 nights take about 16 minutes, two or more calls there;
 # BEFORE=4 AFTER=4 takes 13, but then a perfect separation's p is 0.03-0.044 against --alpha 0.05 (5 + 5:
@@ -38,7 +40,7 @@
 # (900 s: a night's pairs stop there), ROWS,
 # CONFIG (the workload flags; the night's own 30 windows of 2 steps and 5 warm-up steps unless it says otherwise;
 # on CPU: CONFIG="-n 1 -m gpt2-tiny --precision fp32 --micro-batch 2 --steps 4 --windows 2 --warmup 1
-# --device cpu", as tests/test_relative.py runs it), BEFORE (5), AFTER (5), PLANT_ROW, DISTBENCH_PLANT_SHARE
+# --device cpu", as tests/test_relative.py runs it), BEFORE (5), AFTER (5), PLANT, PLANT_ROW, DISTBENCH_PLANT_SHARE
 # (0.03), PLANT_SRC (the commit whose src/ the plant's repository is made from; default: this checkout's),
 # HISTORY (more `distbench history` flags; default --alpha 0.05: 5 + 5 nights cannot reach p < 0.01,
 # docs/history.md "How much it takes").
@@ -47,7 +49,8 @@ set -euo pipefail
 out=${1:?usage: scripts/relative_nightly_gpu.sh OUT}
 mode=${MODE:-aa}
 root=$(pwd)
-[ -f "$root/scripts/plants/host-step-3pct.patch" ] || { echo "run from the distbench checkout" >&2; exit 2; }
+plant=${PLANT:-host-step-3pct}
+[ -f "$root/scripts/plants/$plant.patch" ] || { echo "run from the distbench checkout; no plant $plant" >&2; exit 2; }
 first=${FIRST:-1}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -114,8 +117,8 @@ elif [ "$mode" = plant ]; then
     cd "$repo"
     git init -q -b main
     git add -A && git commit -q -m "revision 0: this checkout's src"
-    patch -sp1 < "$root/scripts/plants/host-step-3pct.patch"
-    git add -A && git commit -q -m "revision 1: host-step-3pct"
+    patch -sp1 < "$root/scripts/plants/$plant.patch"
+    git add -A && git commit -q -m "revision 1: $plant"
   )
   git -C "$repo" worktree add -q --detach "$out/ref" main~1  # the frozen reference: revision 0
   git -C "$repo" worktree add -q --detach "$out/rev-0" main~1

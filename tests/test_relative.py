@@ -513,6 +513,56 @@ def test_the_gpu_scripts_host_plant_applies_and_sits_on_the_optimizer_steps_path
     assert "_planted_step_spin(self)\n        self.optimizer_step()" in text
 
 
+BLOCK_PLANT = """
+import time
+from torch import nn
+from distbench.strategies import base
+
+class Trainer:  # what the plant reads of a trainer: the module it trains
+    def __init__(self, model):
+        self.model = model
+
+    def trained_module(self):
+        return self.model
+
+blocks = nn.ModuleList(nn.Linear(2, 2) for _ in range(4))
+trainer = Trainer(nn.Sequential(nn.Linear(2, 2), blocks))
+x = nn.Parameter(nn.init.ones_(nn.Linear(2, 2).weight))
+
+def forward_s():
+    t0 = time.perf_counter()
+    for b in blocks:
+        b(x)
+    return time.perf_counter() - t0
+
+base._planted_block_spin(trainer)  # the first step: no period yet, nothing spun
+first = forward_s()
+time.sleep(0.2)
+base._planted_block_spin(trainer)  # a period of 0.2 s
+print(first, forward_s())
+"""
+
+
+@pytest.mark.slow  # a Python process that imports torch: ~4 s on 2 cores
+def test_the_forward_plant_applies_and_spins_its_share_of_the_period_over_the_blocks(tmp_path):
+    """scripts/plants/host-forward.patch still applies to this checkout's trainer, runs at each step's start,
+    and makes the forward of the model's repeated blocks (nn.ModuleList members) spin, together, its share of
+    the step's period: with share 0.25 and a period of 0.2 s, 50 ms over the 4 blocks; nothing before a
+    period is known."""
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    patch = root / "scripts" / "plants" / "host-forward.patch"
+    subprocess.run(["patch", "-sp1", "-i", str(patch)], cwd=tmp_path, check=True)
+    text = (tmp_path / "src" / "distbench" / "strategies" / "base.py").read_text()
+    assert 'step."""\n        _planted_block_spin(self)\n        total = torch.zeros(' in text
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src"), "DISTBENCH_PLANT_SHARE": "0.25"}
+    got = subprocess.run(
+        [sys.executable, "-c", BLOCK_PLANT], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    first, spun = map(float, got.stdout.split())
+    assert first < 0.01 and 0.05 <= spun < 0.1, (first, spun)
+
+
 def test_a_references_id_follows_its_commit_interpreter_and_environment():
     """Two nights share a reference id only when they were measured against the same code, interpreter and
     environment; an empty spec (this checkout) is identified by its commit, so it changes with every commit."""
