@@ -10,9 +10,10 @@ order rotated from round to round so each takes each place equally often; the pl
 rank between windows (scripts/plants/host-forward.patch and host-step-3pct.patch read DISTBENCH_PLANT_SHARE at
 every step). A share's slowdown is the trimmed mean of its windows' log ratios to the same round's window at
 share 0, with its 95% interval (gate/stats, the estimator `ab` decides pairs with); the share for the target
-is interpolated between the two shares that bracket it. Writes OUT/plant-size.json and OUT/plant-share (the
-share alone, for the script's later nights), prints a table last. Exit 0 when a share was found, 1 when no
-share tried reached the target, 2 when the distbench on PYTHONPATH has no plant.
+is interpolated between the two shares that bracket it. Writes OUT/plant-size.json, OUT/plant-share (the
+share alone, for the script's later nights) and OUT/plant-period-s (the step's period without the plant, from
+windows before the rounds: host-forward spins its share of it), prints a table last. Exit 0 when a share was
+found, 1 when no share tried reached the target, 2 when the distbench on PYTHONPATH has no plant.
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SHARE_ENV = "DISTBENCH_PLANT_SHARE"
-#: The functions the plants that read SHARE_ENV at every step add to strategies/base.py (scripts/plants/).
+SHARE_ENV, PERIOD_ENV = "DISTBENCH_PLANT_SHARE", "DISTBENCH_PLANT_PERIOD_S"
+#: The functions the plants that read SHARE_ENV at every step add to strategies/base.py (scripts/plants/);
+#: host-forward's also reads PERIOD_ENV (host-step-3pct learns the period itself).
 PLANTS = ("_planted_block_spin", "_planted_step_spin")
 
 
-def set_share(ctx: Any, share: float) -> None:
-    """Job: the plant's share in this rank from the next step on."""
-    os.environ[SHARE_ENV] = repr(share)
+def set_plant(ctx: Any, share: float, period_s: float) -> None:
+    """Job: the plant's share of the period in this rank from the next step on."""
+    os.environ[SHARE_ENV], os.environ[PERIOD_ENV] = repr(share), repr(period_s)
 
 
 def slowdown(logs: list[float]) -> tuple[float, float, float]:
@@ -68,6 +70,9 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--window-steps", type=int, default=2)
     p.add_argument("--rounds", type=int, default=40)
+    p.add_argument(
+        "--period-windows", type=int, default=10, help="windows without the plant that set its period"
+    )
     p.add_argument("--shares", default="0,0.03,0.06,0.09,0.12", help="comma-separated, 0 first")
     p.add_argument("--target", type=float, default=0.03)
     p.add_argument("--device", choices=["cpu", "cuda"])
@@ -93,7 +98,7 @@ def main() -> int:
     from distbench.runtime.pool import PoolManager, cuda_device_count
 
     os.environ.setdefault("DISTBENCH_BIND_CPUS", "pinned")  # as a night's runs
-    job = importlib.import_module(Path(__file__).stem).set_share  # a name the rank can import
+    job = importlib.import_module(Path(__file__).stem).set_plant  # a name the rank can import
     device = a.device or ("cuda" if cuda_device_count() else "cpu")
     cfg = RunConfig(
         strategy=a.strategy,
@@ -111,13 +116,19 @@ def main() -> int:
     pool = pools.pool_for(1)
     walls: list[list[float]] = []  # per round, per share: seconds per step
     try:
-        pool.run(job, {"share": 0.0}, 600)
+        pool.run(job, {"share": 0.0, "period_s": 0.0}, 600)
         pool.run(bench_setup, {"cfg": cfg, "nvml": False}, 600)
+        # the step's period without the plant, on this host, after the warm-up: the median window's
+        period = sorted(
+            w["wall_s"] / w["steps"]
+            for _ in range(a.period_windows)
+            for w in pool.run(bench_window, {"steps": a.window_steps}, 600)
+        )[a.period_windows // 2]
         for r in range(a.rounds + 1):  # round 0 settles the plant's period estimate: not kept
             order = [(i + r) % len(shares) for i in range(len(shares))]
             row = [0.0] * len(shares)
             for i in order:
-                pool.run(job, {"share": shares[i]}, 60)
+                pool.run(job, {"share": shares[i], "period_s": period}, 60)
                 (w,) = pool.run(bench_window, {"steps": a.window_steps}, 600)
                 row[i] = w["wall_s"] / w["steps"]
             if r:
@@ -139,6 +150,7 @@ def main() -> int:
         "rounds": a.rounds,
         "window_steps": a.window_steps,
         "step_ms_at_share_0": step_ms,
+        "period_s": period,
         "target": a.target,
         "shares": shares,
         "slowdown": [s[0] for s in stats],
@@ -158,6 +170,7 @@ def main() -> int:
         print(f"no share tried slowed the step by {a.target:.1%}: try larger --shares")
         return 1
     (a.out / "plant-share").write_text(f"{chosen:.4f}\n")
+    (a.out / "plant-period-s").write_text(f"{period:.6f}\n")
     print(f"share for a {a.target:.1%} slowdown: {chosen:.4f}")
     return 0
 

@@ -26,8 +26,10 @@
 # 3% share slowed the step by about 0.7%, results/relative-nightly-h200-2026-12-02/windows-30), so unless
 # DISTBENCH_PLANT_SHARE is set, scripts/plant_size.py measures in one process which share slows the row's step by
 # SIZE_TARGET (0.03; SIZE_FLAGS: more of its flags, e.g. --shares) and writes OUT/plant-share, which the later
-# calls read; SIZE=0 skips it (share 0.03). The after-nights' mean ratio over the before-nights' is the plant's
-# slowdown as measured side by side; LONG_AB=1 adds a `distbench ab` of revision 1 against 0 (AB_BUDGET s, 300).
+# calls read (host-forward also OUT/plant-period-s, the step's period it spins a share of, or
+# DISTBENCH_PLANT_PERIOD_S); SIZE=0 skips it (share 0.03). The after-nights' mean ratio over the before-nights'
+# is the plant's slowdown as measured side by side; LONG_AB=1 adds a `distbench ab` of revision 1 against 0
+# (AB_BUDGET s, 300).
 #
 # Usage: scripts/relative_nightly_gpu.sh OUT     writes OUT/nights/ (every night.json and its runs, NAME.s its wall
 # time), then, once every night of the mode is there, OUT/summary.md, OUT/junit.xml, OUT/repeats.png (aa),
@@ -55,7 +57,7 @@ first=${FIRST:-1}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 rm -rf "$out/repo" "$out/ref" "$out"/rev-* "$out/history" "$out/ab"
-[ "$first" != 1 ] || rm -rf "$out/nights" "$out/plant-share" "$out/plant-size.json"
+[ "$first" != 1 ] || rm -rf "$out/nights" "$out/plant-share" "$out/plant-period-s" "$out/plant-size.json"
 # the machine the nights ran on: a call that goes on (FIRST > 1), or only writes the summary, keeps it
 [ "$first" != 1 ] && [ -s "$out/machine.txt" ] || machine_txt "$out/machine.txt" || true
 pairs=${PAIRS:-4}
@@ -136,7 +138,11 @@ elif [ "$mode" = plant ]; then
   fi
   [ -n "${DISTBENCH_PLANT_SHARE:-}" ] || [ ! -s "$out/plant-share" ] || DISTBENCH_PLANT_SHARE=$(cat "$out/plant-share")
   export DISTBENCH_PLANT_SHARE=${DISTBENCH_PLANT_SHARE:-0.03}
-  echo "the plant's share of the step's period: $DISTBENCH_PLANT_SHARE" | tee -a "$out/nightly.log"
+  # host-forward's period (plant_size.py measures it): the plant refuses to run without one
+  [ -n "${DISTBENCH_PLANT_PERIOD_S:-}" ] || [ ! -s "$out/plant-period-s" ] ||
+    export DISTBENCH_PLANT_PERIOD_S=$(cat "$out/plant-period-s")
+  echo "the plant's share of the step's period: $DISTBENCH_PLANT_SHARE (period: ${DISTBENCH_PLANT_PERIOD_S:-learned by the plant} s)" |
+    tee -a "$out/nightly.log"
   last=$((first + ${NIGHTS:-$((before + after))} - 1))
   [ "$last" -le "$((before + after))" ] || last=$((before + after))
   for n in $(seq "$first" "$last"); do

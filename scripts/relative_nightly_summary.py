@@ -144,6 +144,7 @@ def plant_checks(named: list) -> None:
         lines.append(
             f"the plant sized in one process ({z['rounds']} rounds of {z['window_steps']}-step windows): "
             f"share -> slowdown {tried}; share {z['share']:.4f} for {z['target']:.0%}"
+            + (f" (of a {1000 * z['period_s']:.2f} ms period)" if "period_s" in z else "")
         )
     lines.append(f"{label}:")
     lines.append("| night | head | ratio head/ref [interval] | head step ms | wall s |")

@@ -535,11 +535,12 @@ def forward_s():
         b(x)
     return time.perf_counter() - t0
 
-base._planted_block_spin(trainer)  # the first step: no period yet, nothing spun
-first = forward_s()
-time.sleep(0.2)
-base._planted_block_spin(trainer)  # a period of 0.2 s
-print(first, forward_s())
+base._planted_block_spin(trainer)  # step 1: one forward of each block
+one = forward_s()
+base._planted_block_spin(trainer)  # step 2: two micro-batches' forwards
+two = forward_s() + forward_s()
+base._planted_block_spin(trainer)  # step 3: spread over the 8 block forwards step 2 ran
+print(one, two, forward_s() + forward_s())
 """
 
 
@@ -547,8 +548,8 @@ print(first, forward_s())
 def test_the_forward_plant_applies_and_spins_its_share_of_the_period_over_the_blocks(tmp_path):
     """scripts/plants/host-forward.patch still applies to this checkout's trainer, runs at each step's start,
     and makes the forward of the model's repeated blocks (nn.ModuleList members) spin, together, its share of
-    the step's period: with share 0.25 and a period of 0.2 s, 50 ms over the 4 blocks; nothing before a
-    period is known."""
+    the given period each step: share 0.25 of 0.2 s is 50 ms over the 4 blocks, then over the 8 block forwards
+    of a step of two micro-batches once it has seen one. Without the period it refuses to run, saying why."""
     root = Path(__file__).resolve().parents[1]
     shutil.copytree(root / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
     patch = root / "scripts" / "plants" / "host-forward.patch"
@@ -556,11 +557,64 @@ def test_the_forward_plant_applies_and_spins_its_share_of_the_period_over_the_bl
     text = (tmp_path / "src" / "distbench" / "strategies" / "base.py").read_text()
     assert 'step."""\n        _planted_block_spin(self)\n        total = torch.zeros(' in text
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "src"), "DISTBENCH_PLANT_SHARE": "0.25"}
+    env.pop("DISTBENCH_PLANT_PERIOD_S", None)
+    run = [sys.executable, "-c", BLOCK_PLANT]
+    refused = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and "needs DISTBENCH_PLANT_PERIOD_S" in refused.stderr, refused.stderr[
+        -2000:
+    ]
     got = subprocess.run(
-        [sys.executable, "-c", BLOCK_PLANT], env=env, capture_output=True, text=True, timeout=120, check=True
+        run,
+        env={**env, "DISTBENCH_PLANT_PERIOD_S": "0.2"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
-    first, spun = map(float, got.stdout.split())
-    assert first < 0.01 and 0.05 <= spun < 0.1, (first, spun)
+    steps = list(map(float, got.stdout.split()))
+    assert 0.05 <= steps[0] < 0.08 and 0.1 <= steps[1] < 0.15 and 0.05 <= steps[2] < 0.08, steps  # busy cores
+
+
+@pytest.mark.slow  # one gpt2-tiny rank on gloo, 3 shares x 8 rounds of 2-step windows: ~12 s on 2 idle cores
+@pytest.mark.nightly  # its pinned rank shares a core with whatever else runs: on 2 busy cores the spin reads wrong
+def test_the_plant_sizer_measures_the_period_and_a_share_that_slows_a_host_bound_step(tmp_path):
+    """scripts/plant_size.py over host-forward on CPU, where the host is the whole step: the period it writes
+    is the step without the plant, and the plant's slowdown grows with its share, near the share itself (every
+    spin lies on the critical path; 0.23 and 0.96 for shares 0.25 and 1 on an idle machine), so the share it
+    picks for a 50% slowdown lies between the two tried."""
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    patch = root / "scripts" / "plants" / "host-forward.patch"
+    subprocess.run(["patch", "-sp1", "-i", str(patch)], cwd=tmp_path, check=True)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src")}
+    flags = [
+        "-m",
+        "gpt2-tiny",
+        "--precision",
+        "fp32",
+        "--micro-batch",
+        "2",
+        "--device",
+        "cpu",
+        "--warmup",
+        "2",
+    ]
+    sizer = [sys.executable, str(root / "scripts" / "plant_size.py"), str(tmp_path / "out"), *flags]
+    got = subprocess.run(
+        [*sizer, "--shares", "0,0.25,1", "--rounds", "8", "--target", "0.5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-2000:]
+    record = json.loads((tmp_path / "out" / "plant-size.json").read_text())
+    period = float((tmp_path / "out" / "plant-period-s").read_text())
+    assert period == pytest.approx(record["period_s"], rel=1e-4)
+    assert 0.5 < period / (record["step_ms_at_share_0"] / 1000) < 2
+    slow = record["slowdown"]
+    assert slow[0] == 0 and 0.05 < slow[1] < slow[2] and 0.4 < slow[2] < 3, slow
+    assert 0.25 < float((tmp_path / "out" / "plant-share").read_text()) < 1
 
 
 def test_a_references_id_follows_its_commit_interpreter_and_environment():
