@@ -500,16 +500,20 @@ def test_a_real_night_on_gloo_and_one_whose_reference_venv_was_deleted(tmp_path,
     )
 
 
+def _planted_src(tmp_path: Path, plant: str) -> Path:
+    """A copy of this checkout's src/ under tmp_path with scripts/plants/PLANT.patch applied, as the GPU
+    script's revision 1 is made."""
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    patch = root / "scripts" / "plants" / f"{plant}.patch"
+    subprocess.run(["patch", "-sp1", "-i", str(patch)], cwd=tmp_path, check=True)
+    return tmp_path / "src"
+
+
 def test_the_gpu_scripts_host_plant_applies_and_sits_on_the_optimizer_steps_path(tmp_path):
     """scripts/plants/host-step-3pct.patch still applies to this checkout's trainer, and its busy loop runs
     right before the optimizer step (on the critical path of a host-bound step)."""
-    root = Path(__file__).resolve().parents[1]
-    target = tmp_path / "src" / "distbench" / "strategies"
-    target.mkdir(parents=True)
-    shutil.copy(root / "src" / "distbench" / "strategies" / "base.py", target)
-    patch = root / "scripts" / "plants" / "host-step-3pct.patch"
-    subprocess.run(["patch", "-sp1", "-i", str(patch)], cwd=tmp_path, check=True)
-    text = (target / "base.py").read_text()
+    text = (_planted_src(tmp_path, "host-step-3pct") / "distbench" / "strategies" / "base.py").read_text()
     assert "_planted_step_spin(self)\n        self.optimizer_step()" in text
 
 
@@ -550,13 +554,10 @@ def test_the_forward_plant_applies_and_spins_its_share_of_the_period_over_the_bl
     and makes the forward of the model's repeated blocks (nn.ModuleList members) spin, together, its share of
     the given period each step: share 0.25 of 0.2 s is 50 ms over the 4 blocks, then over the 8 block forwards
     of a step of two micro-batches once it has seen one. Without the period it refuses to run, saying why."""
-    root = Path(__file__).resolve().parents[1]
-    shutil.copytree(root / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    patch = root / "scripts" / "plants" / "host-forward.patch"
-    subprocess.run(["patch", "-sp1", "-i", str(patch)], cwd=tmp_path, check=True)
-    text = (tmp_path / "src" / "distbench" / "strategies" / "base.py").read_text()
+    src = _planted_src(tmp_path, "host-forward")
+    text = (src / "distbench" / "strategies" / "base.py").read_text()
     assert 'step."""\n        _planted_block_spin(self)\n        total = torch.zeros(' in text
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src"), "DISTBENCH_PLANT_SHARE": "0.25"}
+    env = {**os.environ, "PYTHONPATH": str(src), "DISTBENCH_PLANT_SHARE": "0.25"}
     env.pop("DISTBENCH_PLANT_PERIOD_S", None)
     run = [sys.executable, "-c", BLOCK_PLANT]
     refused = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
@@ -582,24 +583,10 @@ def test_the_plant_sizer_measures_the_period_and_a_share_that_slows_a_host_bound
     is the step without the plant, and the plant's slowdown grows with its share, near the share itself (every
     spin lies on the critical path; 0.23 and 0.96 for shares 0.25 and 1 on an idle machine), so the share it
     picks for a 50% slowdown lies between the two tried."""
-    root = Path(__file__).resolve().parents[1]
-    shutil.copytree(root / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    patch = root / "scripts" / "plants" / "host-forward.patch"
-    subprocess.run(["patch", "-sp1", "-i", str(patch)], cwd=tmp_path, check=True)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "src")}
-    flags = [
-        "-m",
-        "gpt2-tiny",
-        "--precision",
-        "fp32",
-        "--micro-batch",
-        "2",
-        "--device",
-        "cpu",
-        "--warmup",
-        "2",
-    ]
-    sizer = [sys.executable, str(root / "scripts" / "plant_size.py"), str(tmp_path / "out"), *flags]
+    env = {**os.environ, "PYTHONPATH": str(_planted_src(tmp_path, "host-forward"))}
+    flags = "-m gpt2-tiny --precision fp32 --micro-batch 2 --device cpu --warmup 2".split()
+    script = Path(__file__).resolve().parents[1] / "scripts" / "plant_size.py"
+    sizer = [sys.executable, str(script), str(tmp_path / "out"), *flags]
     got = subprocess.run(
         [*sizer, "--shares", "0,0.25,1", "--rounds", "8", "--target", "0.5"],
         env=env,
