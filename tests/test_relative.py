@@ -584,7 +584,7 @@ def test_the_plant_sizer_measures_the_period_and_a_share_that_slows_a_host_bound
     spin lies on the critical path; 0.23 and 0.96 for shares 0.25 and 1 on an idle machine), so the share it
     picks for a 50% slowdown lies between the two tried."""
     env = {**os.environ, "PYTHONPATH": str(_planted_src(tmp_path, "host-forward"))}
-    flags = "-m gpt2-tiny --precision fp32 --micro-batch 2 --device cpu --warmup 2".split()
+    flags = "-m gpt2-tiny --precision fp32 --micro-batch 2 --device cpu --warmup 4".split()
     script = Path(__file__).resolve().parents[1] / "scripts" / "plant_size.py"
     sizer = [sys.executable, str(script), str(tmp_path / "out"), *flags]
     got = subprocess.run(
