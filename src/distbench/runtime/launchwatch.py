@@ -64,13 +64,18 @@ def hand_out_bound(timeout: float) -> float:
     return 2 * timeout + reply_grace(timeout)
 
 
+def stack_key(rank: int) -> str:
+    """The store key under which `rank` leaves its Python stack when a launch gives up."""
+    return f"stack/{rank}"
+
+
 def stacks_left(store: dist.Store, ranks: Iterable[int], seconds: float) -> dict[int, str]:
     """The Python stacks that `ranks` leave in the store (`stack/<rank>`) within `seconds`, by rank."""
     deadline, pending, got = time.monotonic() + seconds, sorted(set(ranks)), {}
     while True:
         for r in pending:
-            if store.check([f"stack/{r}"]):
-                got[r] = store.get(f"stack/{r}").decode(errors="replace")
+            if store.check([stack_key(r)]):
+                got[r] = store.get(stack_key(r)).decode(errors="replace")
         pending = [r for r in pending if r not in got]
         if not pending or time.monotonic() >= deadline:
             return got
@@ -147,7 +152,7 @@ class Watch:
         with tempfile.TemporaryFile("w+") as f:
             faulthandler.dump_traceback(file=f, all_threads=True)
             f.seek(0)
-            self.store.set(f"stack/{self.rank}", f.read())
+            self.store.set(stack_key(self.rank), f.read())
 
     def _loop(self) -> None:
         try:
