@@ -331,6 +331,10 @@ def test_launch_topology_from_torchruns_environment(monkeypatch):
     monkeypatch.setattr("distbench.machine.gpu_names", lambda: ["NVIDIA H200"] * 2)
     monkeypatch.setattr("distbench.machine.nvlink_links", lambda: [18, 18])
     assert launch_topology({})["interconnect"]["intra_node"] == "nvlink"
+    # a gloo run on that machine goes through the host and TCP, not over its GPUs' links or HCAs
+    on_host = launch_topology({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, device_type="cpu")
+    assert on_host["interconnect"] == {"intra_node": "host", "inter_node": "tcp"}
+    assert launch_topology({}, device_type="cuda")["interconnect"]["intra_node"] == "nvlink"
 
 
 # A second 2x2 launch, ~40 s on 2 cores: nightly. Per submission the shared 2x2 launch above trains across two

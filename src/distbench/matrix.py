@@ -222,7 +222,8 @@ def _failed(pool: Any, cfg: RunConfig, e: JobError, env: dict[str, Any] | None =
     the next job."""
     if is_oom(e) and cfg.world_size > 1:
         pool.close()
-    return failure_result(cfg, getattr(pool, "device_type", None), e, env or environment_fingerprint())
+    device_type = getattr(pool, "device_type", None)
+    return failure_result(cfg, device_type, e, env or environment_fingerprint(device_type))
 
 
 def run_benchmark(
@@ -238,7 +239,7 @@ def run_benchmark(
 
     Out of memory on any rank gives a result with status "oom" (see _failed); other failures raise JobError.
     """
-    env = environment_fingerprint()
+    env = environment_fingerprint(getattr(pool, "device_type", None))
     t0 = time.perf_counter()
     try:
         replies = pool.run(job, {"cfg": cfg, "nvml": nvml}, timeout)
@@ -290,7 +291,9 @@ class SteppedRun:
             replies = self.pool.run(bench_finish, {}, self.timeout)
         except JobError as e:
             return _failed(self.pool, self.cfg, e)
-        return summarize_bench(self.cfg, replies, env=environment_fingerprint())
+        return summarize_bench(
+            self.cfg, replies, env=environment_fingerprint(getattr(self.pool, "device_type", None))
+        )
 
     def close(self) -> None:
         """End the pool's ranks: a run measured side by side has a pool of its own (sidebyside.py)."""

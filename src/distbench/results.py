@@ -194,7 +194,7 @@ def failure_result(
         result_config(cfg, device_type),
         status="oom" if oom else "error",
         error=_oom_message(e) if oom else str(e),
-        env=env or environment_fingerprint(),
+        env=env or environment_fingerprint(device_type),
         per_rank=per_rank,
     )
 

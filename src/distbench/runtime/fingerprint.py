@@ -36,10 +36,11 @@ ENV_NAMES = (
 _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|KEY", re.IGNORECASE)
 
 
-def environment_fingerprint() -> dict[str, Any]:
+def environment_fingerprint(device_type: str | None = None) -> dict[str, Any]:
     """Versions, GPUs, topology, git commit and relevant environment variables, as a JSON-able dict.
 
     `gpus` lists every GPU NVML sees on the machine; `gpu_count` the ones visible to this process.
+    `device_type` is the run's ("cpu", "cuda"; None: unknown), which decides the links its ranks use.
     """
     import distbench
 
@@ -61,26 +62,30 @@ def environment_fingerprint() -> dict[str, Any]:
         "gpus": names,
         "nvlink_links": machine.nvlink_links(),
         "topology": _topology(),
-        **launch_topology(),
+        **launch_topology(device_type=device_type),
         "git_commit": commit,
         "git_dirty": dirty,
         "env": relevant_env(),
     }
 
 
-def launch_topology(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def launch_topology(
+    environ: Mapping[str, str] | None = None, device_type: str | None = None
+) -> dict[str, Any]:
     """The launched world: `nodes` and `ranks_per_node` from torchrun's environment (1 node and None for the
     single-host pool, whose ranks are all on this machine), and the links between ranks (`interconnect`:
-    intra_node nvlink / pcie / host, inter_node infiniband / tcp when the launch spans nodes)."""
+    intra_node nvlink / pcie / host, inter_node infiniband / tcp when the launch spans nodes). A run on
+    `device_type` "cpu" talks over gloo through the host and TCP whatever GPUs and HCAs the machine has."""
     env: Mapping[str, str] = os.environ if environ is None else environ
     per_node = int(env["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in env else None
     nodes = int(env["WORLD_SIZE"]) // per_node if per_node and "WORLD_SIZE" in env else 1
-    links = machine.nvlink_links()
-    intra = "nvlink" if links and any(links) else ("pcie" if machine.gpu_names() else "host")
+    on_host = device_type == "cpu"
+    links = None if on_host else machine.nvlink_links()
+    intra = "nvlink" if links and any(links) else ("pcie" if not on_host and machine.gpu_names() else "host")
     inter = None
     if nodes > 1:
         ib = Path("/sys/class/infiniband")
-        inter = "infiniband" if ib.is_dir() and any(ib.iterdir()) else "tcp"
+        inter = "infiniband" if not on_host and ib.is_dir() and any(ib.iterdir()) else "tcp"
     return {
         "nodes": nodes,
         "ranks_per_node": per_node,
