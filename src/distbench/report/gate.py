@@ -150,15 +150,18 @@ def rank_test_note(report: ABReport) -> str:
 
 
 def ruled_out(o: ConfigOutcome, threshold: float) -> str:
-    """What one configuration's comparison could and could not rule out, in a line: the largest slowdown its
-    gated metrics still allow (the top of their intervals, turned so that up is worse)."""
+    """What one configuration's comparison decided, in a line: the regression it found with its interval, or
+    else the largest slowdown its gated metrics still allow (the top of their intervals, turned so that up is
+    worse)."""
     gated = [r for r in o.rows if r.gated and r.effect is not None]
     if o.error or not gated:
         return f"{o.label}: nothing ruled out ({o.error or 'too few pairs for an interval'})"
     if o.verdict == REGRESSION:
         found = [r for r in gated if r.verdict == REGRESSION]
-        return f"{o.label}: a regression, " + "; ".join(
-            f"{r.metric} {r.effect.estimate:+.2%}" for r in found if r.effect
+        return f"{o.label}: a regression found, nothing ruled out: " + "; ".join(
+            f"{r.metric} {r.effect.estimate:+.2%} [{r.effect.low:+.2%}, {r.effect.high:+.2%}]"
+            for r in found
+            if r.effect
         )
     tops = {r.metric: r.effect.worse(METRICS[r.metric].direction)[2] for r in gated if r.effect}
     worst = max(tops, key=lambda m: tops[m])
@@ -183,7 +186,7 @@ def to_markdown(report: ABReport) -> str:
     lines += [
         criteria(report),
         "",
-        "What was ruled out:",
+        "What each configuration decided:",
         "",
         *[f"- {ruled_out(o, report.threshold)}" for o in report.outcomes],
         "",
