@@ -120,7 +120,7 @@ def test_sbatch_script_runs_distbench_launch_with_slurms_rendezvous(slurm, tmp_p
     out = tmp_path / "results"
     env = {
         **slurm,
-        "PYTHONPATH": str(ROOT / "src"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
         "OMP_NUM_THREADS": "1",
         "DISTBENCH_PROCS_PER_NODE": "2",
         "DISTBENCH_RDZV_PORT": str(free_port()),

@@ -116,7 +116,8 @@ def test_a_bad_listen_address_is_refused_with_the_form():
 @pytest.mark.slow  # a real `distbench run` (one rank, two repeats): ~10 s on 2 cores
 def test_a_live_run_is_scraped_while_it_runs(tmp_path):
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         [
             sys.executable,
