@@ -5,6 +5,7 @@ under a private TMPDIR, and new /dev/shm entries that no live process holds."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 import uuid
 from collections.abc import Collection
@@ -86,3 +87,17 @@ def wait_clean(
         if not any(left.values()) or time.monotonic() > end:
             return {k: v for k, v in left.items() if v}
         time.sleep(0.1)
+
+
+def stop(*procs: subprocess.Popen, grace: float) -> None:
+    """End processes the polite way, SIGTERM to all, so each stops what it started (torchrun its workers, which
+    sit in sessions of their own: killing the agent alone leaves them running); SIGKILL only one still there
+    after `grace` seconds."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

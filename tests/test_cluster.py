@@ -21,7 +21,7 @@ from distbench.runtime.cluster import Launch, job_environment
 from distbench.runtime.fingerprint import launch_topology
 from distbench.strategies.fsdp import hybrid_shape
 from hostile_pickles import Call, Glob, assemble
-from leftovers import TAG_ENV, new_tag, tagged_processes
+from leftovers import TAG_ENV, new_tag, stop, tagged_processes
 from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,20 +90,6 @@ def torchrun_agents(
     ]
 
 
-def stop(*agents: subprocess.Popen) -> None:
-    """End each agent as torchrun is meant to be ended, SIGTERM, which stops its workers first; SIGKILL only
-    an agent that does not exit in 30 s. Its workers run in sessions of their own: killing the agent alone
-    leaves them running."""
-    for a in agents:
-        a.terminate()
-    for a in agents:
-        try:
-            a.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            a.kill()
-            a.wait()
-
-
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     """One 2x2 launch: parity, then the benchmark, of ddp at ws 2 and 4 for a good and a failing model."""
@@ -134,7 +120,7 @@ def launched(tmp_path_factory):
     try:
         codes = [a.wait(timeout=max(1.0, BOUND_S - (time.monotonic() - t0))) for a in agents]
     finally:
-        stop(*agents)
+        stop(*agents, grace=30)
     logs = "\n".join(p.read_text() for p in sorted(out.parent.glob("agent*.log")))
     return {"out": out, "codes": codes, "seconds": time.monotonic() - t0, "logs": logs}
 
@@ -277,7 +263,7 @@ def test_a_hung_rank_is_reported_with_its_stack_and_every_process_exits(tmp_path
     try:
         code = agent.wait(timeout=120)
     finally:
-        stop(agent)
+        stop(agent, grace=30)
     log = (tmp_path / "agent0.log").read_text()
     assert code == 1 and time.monotonic() - t0 < 120, log[-3000:]
     (result,) = load_results(out)
@@ -304,7 +290,7 @@ def test_a_rank_killed_by_a_signal_leaves_its_configuration_and_stack_in_the_log
     try:
         code = agent.wait(timeout=120)
     finally:
-        stop(agent)
+        stop(agent, grace=30)
     log = (tmp_path / "agent0.log").read_text()
     assert code != 0, log[-3000:]
     assert (
@@ -385,7 +371,7 @@ def test_the_hybrid_mesh_spans_the_nodes_at_parity(tmp_path):
     try:
         codes = [a.wait(timeout=BOUND_S) for a in agents]
     finally:
-        stop(*agents)
+        stop(*agents, grace=30)
     logs = "\n".join(p.read_text() for p in sorted(out.parent.glob("agent*.log")))
     assert codes == [0, 0], logs[-3000:]
     rows = json.loads((out / "parity.json").read_text())
@@ -452,7 +438,7 @@ def test_a_stranger_writing_a_job_into_the_store_runs_nothing_and_stops_the_laun
         code = agent.wait(timeout=120)
         said = stranger.communicate(timeout=30)[0]
     finally:
-        stop(agent)
+        stop(agent, grace=30)
         stranger.kill()
     log = (tmp_path / "agent0.log").read_text()
     assert "stranger wrote distbench/attempt_0/job/0" in said, said
@@ -496,7 +482,7 @@ def _two_nodes_of_one_rank(tmp_path: Path, launch_args: list[str], run_args: lis
     try:
         codes = [a.wait(timeout=max(1.0, bound - (time.monotonic() - t0))) for a in agents]
     finally:
-        stop(*agents)
+        stop(*agents, grace=30)
     logs = {i: (tmp_path / f"agent{i}.log").read_text() for i in range(2)}
     return {"out": out, "codes": codes, "seconds": time.monotonic() - t0, "logs": logs}
 

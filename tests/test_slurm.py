@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from distbench.results import load_results
+from leftovers import stop
 from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,13 +91,7 @@ def slurm(tmp_path):
         assert "idle" in state, f"the local Slurm node never became idle ({state!r}); see {d}/slurm*.log"
         yield env
     finally:
-        for p in daemons:
-            p.terminate()
-        for p in daemons:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(*daemons, grace=15)
 
 
 def wait_for_job(job_id: str, env: dict[str, str], timeout: float) -> str:

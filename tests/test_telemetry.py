@@ -18,6 +18,7 @@ import pytest
 
 from distbench.measure import telemetry as tm
 from distbench.results import make_result
+from leftovers import stop
 from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,11 +213,7 @@ def test_a_real_prometheus_server_scrapes_the_endpoint(tmp_path):
             except OSError:  # still starting
                 continue
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server, grace=20)
         t.close()
     assert got, (tmp_path / "prometheus.log").read_text()[-2000:]
     assert got[0]["metric"]["job"] == "distbench"
